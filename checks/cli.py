@@ -1,0 +1,69 @@
+"""`bin/preflight`: check a job and predict its per-GPU memory before renting anything.
+
+Exit codes: 0 every check passed (warnings allowed), 1 a check failed, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from checks.config import EXAMPLE_JOB, load_job
+from checks.errors import ConfigError
+
+EXIT_FAILED, EXIT_BAD_INPUT = 1, 2
+
+
+def run_preflight(config: str, gpu: str | None, probe: bool):
+    """The library face of the command: returns a Preflight, raises ConfigError on bad input."""
+    from checks import advisor, gpus, memory, rules
+    from checks.host import HostFacts
+    from checks.report import Preflight
+
+    job = load_job(config)
+    if gpu:
+        gpus.lookup(gpu)
+        job = job.replace(cluster={"gpu": gpu})
+    facts = HostFacts.probe(job.train.output_dir, gpu_probe=probe) if probe else HostFacts(env={}, packages={})
+    if probe and not gpu and facts.gpus:
+        # On the pod itself, the GPU that is there beats the one the config names.
+        try:
+            job = job.replace(cluster={"gpu": gpus.lookup(facts.gpus[0].name).name})
+        except ConfigError:
+            pass  # not in the catalog: keep the configured one
+    est = memory.estimate(job)
+    suggestions = advisor.advise(job) if not est.fits or est.headroom < advisor.HEADROOM else []
+    return Preflight(job, est, rules.run_checks(job, est, facts, suggestions), suggestions)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--config", "-c", "config", default=str(EXAMPLE_JOB), show_default="the bundled example job",
+              help="Job TOML file (see checks/examples/).")
+@click.option("--gpu", help="GPU catalog name to predict for, overriding [cluster].gpu (e.g. H100, A10G, RTX4090).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+@click.option("--no-probe", is_flag=True, help="Skip looking at this machine (env, packages, GPU, disk).")
+def main(config: str, gpu: str | None, as_json: bool, no_probe: bool) -> None:
+    """Predict per-GPU training memory term by term and check a job before it runs.
+
+    Reads the job config, predicts params, grads, optimizer states, activations, the loss
+    spike and overhead at the step's peak, says whether it fits and which changes make it
+    fit, and checks precision, kernels, sharding, the allocator env and this machine.
+    """
+    try:
+        result = run_preflight(config, gpu, probe=not no_probe)
+    except ConfigError as exc:
+        click.echo(f"preflight: {exc}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2))
+    else:
+        from rich.console import Console
+
+        result.render(Console())
+    sys.exit(0 if result.ok else EXIT_FAILED)
+
+
+if __name__ == "__main__":
+    main()

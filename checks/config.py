@@ -1,0 +1,282 @@
+"""The job config: one TOML file read once into typed, validated dataclasses.
+
+Every command reads the same file. Unknown keys are errors (a typo such as `micro_bacth` must
+not silently fall back to a default), and every error names the field and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from checks import gpus, models
+from checks.errors import ConfigError, closest
+
+PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "bf16")
+OPTIMIZERS = ("adamw", "adamw8bit", "paged_adamw8bit", "lion", "sgd", "adafactor")
+CHECKPOINTING = ("none", "selective", "full")
+ATTENTION = ("sdpa", "flash-attn", "eager")
+BASE_QUANT = ("none", "int8", "nf4")
+SHARDING = ("none", "zero1", "zero2", "zero3")
+OFFLOAD = ("none", "optimizer", "all")
+GRAD_SCALER = ("auto", "on", "off")
+
+EXAMPLE_JOB = Path(__file__).parent / "examples" / "llama-3.2-1b-a10g.toml"
+
+
+def _choice(section: str, key: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        hint = closest(str(value), choices)
+        raise ConfigError(f"{section}.{key}", f"unknown value {value!r}", hint or "one of " + " | ".join(choices))
+
+
+def _positive(section: str, key: str, value: int) -> None:
+    if value <= 0:
+        raise ConfigError(f"{section}.{key}", f"must be at least 1, got {value}")
+
+
+@dataclass
+class ModelConfig:
+    """Which model: a preset, a config.json, explicit dimensions, or only a parameter count."""
+
+    preset: str = ""
+    """Name of a published architecture (see `checks.models.PRESETS`)."""
+    hf_config: str = ""
+    """Path to a Hugging Face config.json, relative to the job file."""
+    params: float = 0.0
+    """Total parameter count, for a model known only by size; shapes are then inferred."""
+    hidden: int = 0
+    """Explicit dimensions (all of hidden, layers, heads, ffn, vocab are needed together)."""
+    layers: int = 0
+    heads: int = 0
+    kv_heads: int = 0
+    """Key/value heads for grouped-query attention; 0 means as many as heads."""
+    ffn: int = 0
+    vocab: int = 0
+    tie_embeddings: bool = False
+    """The LM head shares the embedding matrix."""
+    head_dim: int = 0
+    """0: hidden // heads."""
+    qkv_bias: bool = False
+    arch: str = "llama"
+    """llama (RMSNorm, RoPE, SwiGLU, GQA) or gpt2 (LayerNorm, learned positions, GELU)."""
+    name: str = ""
+    """Display name for explicit dimensions."""
+
+    def __post_init__(self):
+        sources = [bool(self.preset), bool(self.hf_config), bool(self.params), bool(self.hidden)]
+        if sum(sources) == 0:
+            raise ConfigError(
+                "model", "no model given", "set model.preset, model.hf_config, model.params or explicit dimensions"
+            )
+        if sum(sources) > 1:
+            raise ConfigError(
+                "model", "more than one of preset, hf_config, params and explicit dimensions given", "keep exactly one"
+            )
+
+    def shape(self, base_dir: Path = Path(".")) -> models.ModelShape:
+        if self.preset:
+            return models.preset(self.preset)
+        if self.hf_config:
+            path = Path(self.hf_config)
+            return models.from_hf_config(path if path.is_absolute() else base_dir / path)
+        if self.params:
+            return models.from_param_count(self.params)
+        missing = [k for k in ("layers", "heads", "ffn", "vocab") if not getattr(self, k)]
+        if missing:
+            raise ConfigError(
+                "model", f"explicit dimensions lack {', '.join(missing)}", "give hidden, layers, heads, ffn and vocab"
+            )
+        return models.ModelShape(
+            self.name or "custom", self.hidden, self.layers, self.heads, self.kv_heads or self.heads,
+            self.ffn, self.vocab, self.tie_embeddings, arch=self.arch, head_dim=self.head_dim,
+            qkv_bias=self.qkv_bias,
+        )
+
+
+@dataclass
+class TrainConfig:
+    """How the model is trained: precision, optimizer, batch, memory-saving choices."""
+
+    precision: str = "bf16-mixed"
+    """fp32 | fp16-mixed (autocast + loss scaling) | bf16-mixed (autocast, fp32 master weights) | bf16 (pure)."""
+    optimizer: str = "adamw"
+    """adamw | adamw8bit | paged_adamw8bit (bitsandbytes) | lion | sgd (with momentum) | adafactor."""
+    micro_batch: int = 1
+    """Sequences per GPU per forward/backward."""
+    grad_accum: int = 1
+    """Micro-batches accumulated before each optimizer step."""
+    seq_len: int = 2048
+    """Tokens per sequence."""
+    checkpointing: str = "none"
+    """Activation checkpointing: none | selective (keep matmul outputs, recompute the rest) | full."""
+    attention: str = "sdpa"
+    """sdpa (torch scaled_dot_product_attention) | flash-attn (the package) | eager (materialises s x s scores)."""
+    lora_rank: int = 0
+    """> 0: LoRA adapters of this rank on every linear layer; the base is frozen."""
+    base_quant: str = "none"
+    """Frozen base weights quantized by bitsandbytes (QLoRA): none | int8 | nf4. Needs lora_rank > 0."""
+    grad_scaler: str = "auto"
+    """Loss scaling: auto (on for fp16-mixed only) | on | off."""
+    global_batch: int = 0
+    """Optional: the sequences per optimizer step you intend; checked against micro_batch x grad_accum x GPUs."""
+    data_workers: int = 0
+    """DataLoader worker processes per GPU."""
+    dataset: str = ""
+    """Optional path to a local file of token ids; empty: synthetic data."""
+    output_dir: str = "runs"
+    """Where runs and checkpoints are written (checked for free disk)."""
+
+    def __post_init__(self):
+        _choice("train", "precision", self.precision, PRECISIONS)
+        _choice("train", "optimizer", self.optimizer, OPTIMIZERS)
+        _choice("train", "checkpointing", self.checkpointing, CHECKPOINTING)
+        _choice("train", "attention", self.attention, ATTENTION)
+        _choice("train", "base_quant", self.base_quant, BASE_QUANT)
+        _choice("train", "grad_scaler", self.grad_scaler, GRAD_SCALER)
+        for key in ("micro_batch", "grad_accum", "seq_len"):
+            _positive("train", key, getattr(self, key))
+        for key in ("lora_rank", "global_batch", "data_workers"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"train.{key}", f"must not be negative, got {getattr(self, key)}")
+        if self.base_quant != "none" and self.lora_rank == 0:
+            raise ConfigError(
+                "train.base_quant", f"{self.base_quant} base needs adapters to train", "set train.lora_rank, e.g. 16"
+            )
+
+    @property
+    def mixed(self) -> bool:
+        return self.precision.endswith("-mixed")
+
+
+@dataclass
+class ClusterConfig:
+    """Where it runs: the GPU, how many, how the model is sharded and offloaded."""
+
+    gpu: str = "A10G"
+    """GPU catalog name (see `checks.gpus.CATALOG`); on a pod preflight can use the detected one."""
+    gpus_per_node: int = 1
+    nodes: int = 1
+    sharding: str = "none"
+    """none (DDP: full replica per GPU) | zero1 (optimizer states) | zero2 (+ gradients) | zero3 (= FSDP full shard)."""
+    offload: str = "none"
+    """CPU offload: none | optimizer (states, master weights, step on CPU) | all (parameters too; needs zero3)."""
+    host_ram_gb: float = 0.0
+    """CPU RAM per node in GB; 0: unknown (the offload check is then skipped)."""
+
+    def __post_init__(self):
+        _positive("cluster", "gpus_per_node", self.gpus_per_node)
+        _positive("cluster", "nodes", self.nodes)
+        _choice("cluster", "sharding", self.sharding, SHARDING)
+        _choice("cluster", "offload", self.offload, OFFLOAD)
+        if self.host_ram_gb < 0:
+            raise ConfigError("cluster.host_ram_gb", f"must not be negative, got {self.host_ram_gb}")
+        if self.offload == "all" and self.sharding != "zero3":
+            raise ConfigError(
+                "cluster.offload",
+                "'all' offloads parameters, which only ZeRO-3/FSDP full sharding can gather back",
+                "set cluster.sharding = 'zero3', or offload = 'optimizer'",
+            )
+        gpus.lookup(self.gpu)  # fail early, with a suggestion, on an unknown name
+
+    @property
+    def world_size(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+
+@dataclass
+class SmokeConfig:
+    """The 100-step smoke run."""
+
+    steps: int = 100
+    profile_every: int = 10
+    """Record memory and speed every this many steps."""
+
+    def __post_init__(self):
+        _positive("smoke", "steps", self.steps)
+        _positive("smoke", "profile_every", self.profile_every)
+
+
+@dataclass
+class JobConfig:
+    model: ModelConfig
+    train: TrainConfig = field(default_factory=TrainConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    smoke: SmokeConfig = field(default_factory=SmokeConfig)
+    source: str = ""
+    """Where it was read from."""
+    shape: models.ModelShape = field(init=False, repr=False)
+
+    def __post_init__(self):
+        self.shape = self.model.shape(Path(self.source).parent if self.source else Path("."))
+
+    @property
+    def gpu(self) -> gpus.GpuSpec:
+        return gpus.lookup(self.cluster.gpu)
+
+    def replace(self, **sections: dict[str, Any]) -> "JobConfig":
+        """A copy with some fields changed, e.g. replace(train={"micro_batch": 1}); re-validated."""
+        parts = {}
+        for name in ("model", "train", "cluster", "smoke"):
+            current = getattr(self, name)
+            parts[name] = dataclasses.replace(current, **sections.get(name, {}))
+        job = JobConfig.__new__(JobConfig)
+        job.model, job.train, job.cluster, job.smoke = parts["model"], parts["train"], parts["cluster"], parts["smoke"]
+        job.source = self.source
+        # The model section is unchanged by every lever, so its shape carries over unresolved.
+        job.shape = self.shape if "model" not in sections else job.model.shape(Path(self.source).parent)
+        return job
+
+
+SECTIONS = {"model": ModelConfig, "train": TrainConfig, "cluster": ClusterConfig, "smoke": SmokeConfig}
+
+
+def _build(section: str, cls, raw: Any):
+    if not isinstance(raw, dict):
+        raise ConfigError(section, "must be a table", f"write it as [{section}]")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in raw.items():
+        if key not in fields:
+            hint = closest(key, fields)
+            raise ConfigError(f"{section}.{key}", "unknown key", hint or "known: " + ", ".join(fields))
+        expected = type(fields[key].default)
+        if expected is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if type(value) is not expected:
+            raise ConfigError(
+                f"{section}.{key}", f"must be {expected.__name__}, got {type(value).__name__} {value!r}"
+            )
+        kwargs[key] = value
+    return cls(**kwargs)
+
+
+def parse_job(text: str, source: str = "<string>") -> JobConfig:
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("", f"{source} is not valid TOML: {exc}", "fix the syntax at that line") from None
+    for section in raw:
+        if section not in SECTIONS:
+            hint = closest(section, SECTIONS)
+            raise ConfigError(f"[{section}]", "unknown section", hint or "known: " + ", ".join(SECTIONS))
+    if "model" not in raw:
+        raise ConfigError("[model]", "missing", "add a [model] section, e.g. preset = \"llama-3.2-1b\"")
+    parts = {name: _build(name, cls, raw.get(name, {})) for name, cls in SECTIONS.items()}
+    return JobConfig(**parts, source=source)
+
+
+def load_job(path: str | Path) -> JobConfig:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError("--config", f"{path} does not exist", "give the path to a job TOML file") from None
+    except IsADirectoryError:
+        raise ConfigError("--config", f"{path} is a directory", "give the path to a job TOML file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError("--config", f"cannot read {path}: {exc}") from None
+    return parse_job(text, str(path))

@@ -1,0 +1,25 @@
+"""The one error type a user sees for bad input: a message naming the field and the fix."""
+
+
+class ConfigError(ValueError):
+    """Bad input (config, model, GPU name, CLI option). Every command maps it to exit code 2."""
+
+    def __init__(self, field: str, problem: str, fix: str = ""):
+        self.field = field
+        self.problem = problem
+        self.fix = fix
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        where = f"{self.field}: " if self.field else ""
+        fix = f" ({self.fix})" if self.fix else ""
+        return f"{where}{self.problem}{fix}"
+
+
+def closest(name: str, choices) -> str:
+    """'did you mean X?' for a mistyped name, or '' when nothing is close."""
+    import difflib
+
+    lowered = {c.lower(): c for c in choices}
+    match = difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=0.5)
+    return f"did you mean '{lowered[match[0]]}'?" if match else ""

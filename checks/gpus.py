@@ -1,0 +1,114 @@
+"""GPU catalog: what the memory model, the checks and the MFU figure need to know about a card.
+
+memory_mib is the card's total as nvidia-smi reports it (memory.total), the number a user sees;
+TFLOP/s are NVIDIA's dense (no 2:4 sparsity) tensor-core peaks with fp32 accumulate, from the
+architecture whitepapers and datasheets; bandwidth in GB/s from the same datasheets.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from checks.errors import ConfigError, closest
+
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    name: str
+    memory_mib: int
+    compute_capability: tuple[int, int]
+    bf16_tflops: float  # 0 where the card has no bf16 tensor cores
+    fp16_tflops: float
+    bandwidth_gbs: float
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.memory_mib * MIB
+
+    @property
+    def sm(self) -> int:
+        """Compute capability as torch's arch list spells it: (8, 6) -> 86."""
+        return self.compute_capability[0] * 10 + self.compute_capability[1]
+
+    @property
+    def supports_bf16(self) -> bool:
+        # bf16 tensor cores and bf16 CUDA kernels start with Ampere (sm80).
+        return self.compute_capability >= (8, 0)
+
+    def peak_tflops(self, precision: str) -> float:
+        """Dense peak for the matmul dtype of a precision: what MFU is measured against."""
+        if precision.startswith("bf16"):
+            return self.bf16_tflops
+        if precision.startswith("fp16"):
+            return self.fp16_tflops
+        return self.fp16_tflops / 2 if self.supports_bf16 else self.fp16_tflops / 8  # tf32 / fp32
+
+
+CATALOG: dict[str, GpuSpec] = {
+    g.name.lower(): g
+    for g in [
+        GpuSpec("T4", 15360, (7, 5), 0, 65, 320),
+        GpuSpec("V100", 16160, (7, 0), 0, 125, 900),
+        GpuSpec("V100-32GB", 32768, (7, 0), 0, 125, 900),
+        # AWS's A10 variant: same 24 GB at 600 GB/s, fewer tensor FLOPs than the A10.
+        GpuSpec("A10G", 23028, (8, 6), 70, 70, 600),
+        GpuSpec("A10", 23028, (8, 6), 125, 125, 600),
+        GpuSpec("L4", 23034, (8, 9), 121, 121, 300),
+        # GeForce cards: fp16/bf16 with fp32 accumulate runs at half the fp16-accumulate rate.
+        GpuSpec("RTX3090", 24576, (8, 6), 71, 71, 936),
+        GpuSpec("RTX4090", 24564, (8, 9), 165, 165, 1008),
+        GpuSpec("RTX5090", 32607, (12, 0), 209, 209, 1792),
+        GpuSpec("A5000", 24564, (8, 6), 111, 111, 768),
+        GpuSpec("A6000", 49140, (8, 6), 155, 155, 768),
+        GpuSpec("L40S", 46068, (8, 9), 362, 362, 864),
+        GpuSpec("A100-40GB", 40960, (8, 0), 312, 312, 1555),
+        GpuSpec("A100-80GB", 81920, (8, 0), 312, 312, 2039),
+        GpuSpec("H100-PCIe", 81559, (9, 0), 756, 756, 2000),
+        GpuSpec("H100-SXM", 81559, (9, 0), 989, 989, 3350),
+        GpuSpec("H200", 143771, (9, 0), 989, 989, 4800),
+        GpuSpec("B200", 183359, (10, 0), 2250, 2250, 8000),
+    ]
+}
+
+# Names users type and names NVML reports ('NVIDIA A100-SXM4-40GB', 'NVIDIA GeForce RTX 4090'),
+# matched on the lower-cased name with punctuation turned into spaces. First rule whose parts all occur wins,
+# so the more specific rules come first (a10g before a10, l40s before l4).
+_RULES: list[tuple[tuple[str, ...], str]] = [
+    (("h100", "pcie"), "h100-pcie"),
+    (("h100", "nvl"), "h100-pcie"),
+    (("h100",), "h100-sxm"),
+    (("h200",), "h200"),
+    (("b200",), "b200"),
+    (("a100", "40gb"), "a100-40gb"),
+    (("a100",), "a100-80gb"),
+    (("a10g",), "a10g"),
+    (("a10",), "a10"),
+    (("a6000",), "a6000"),
+    (("a5000",), "a5000"),
+    (("l40s",), "l40s"),
+    (("l4",), "l4"),
+    (("t4",), "t4"),
+    (("v100", "32gb"), "v100-32gb"),
+    (("v100",), "v100"),
+    (("3090",), "rtx3090"),
+    (("4090",), "rtx4090"),
+    (("5090",), "rtx5090"),
+]
+
+
+def lookup(name: str) -> GpuSpec:
+    """Find a GPU by catalog name, a common spelling, or the name NVML reports."""
+    key = name.strip().lower()
+    if key in CATALOG:
+        return CATALOG[key]
+    words = re.sub(r"[^a-z0-9]+", " ", key)
+    for parts, target in _RULES:
+        # 'a10' must not match 'a1000': a part ending in a digit may not run on into more digits.
+        if all(re.search(re.escape(part) + r"(?!\d)", words) for part in parts):
+            return CATALOG[target]
+    names = [g.name for g in CATALOG.values()]
+    hint = closest(name, names) or "known: " + ", ".join(names)
+    raise ConfigError("cluster.gpu", f"unknown GPU {name!r}", hint)

@@ -1,0 +1,338 @@
+"""The preflight checks: each a pure function of the job, the memory estimate and the host facts.
+
+Each returns a CheckResult with an id, a status (pass / warn / fail / skip), a message saying
+what was found, and a fix saying what to change.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from checks.advisor import HEADROOM, Suggestion
+from checks.config import JobConfig
+from checks.host import HostFacts
+from checks.memory import GIB, MemoryEstimate, optimizer_bytes, trainable_groups
+
+PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    id: str
+    status: str
+    message: str
+    fix: str = ""
+
+
+def gib(n: float) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+def memory_fit(job: JobConfig, est: MemoryEstimate, suggestions: list[Suggestion]) -> CheckResult:
+    used = f"{gib(est.total)} of {gib(est.capacity)} on {est.gpu.name} (peak at {est.peak_phase})"
+    fix = f"e.g. {suggestions[0].describe()}" if suggestions else ""
+    if not est.fits:
+        return CheckResult("memory.fit", FAIL, f"does not fit: {used}", fix or "no lever found: use a larger GPU")
+    if est.headroom < HEADROOM:
+        return CheckResult("memory.fit", WARN, f"fits with only {est.headroom:.0%} headroom: {used}",
+                           fix or "keep batches from growing: fragmentation alone can eat this")
+    return CheckResult("memory.fit", PASS, f"fits: {used}, {est.headroom:.0%} headroom")
+
+
+def host_ram(job: JobConfig, est: MemoryEstimate) -> CheckResult:
+    if job.cluster.offload == "none":
+        return CheckResult("memory.host_ram", SKIP, "no CPU offload")
+    need = f"offload needs {gib(est.host_needed)} of host RAM per node"
+    if not est.host_capacity:
+        return CheckResult("memory.host_ram", WARN, f"{need}; host RAM unknown", "set cluster.host_ram_gb")
+    if est.host_needed > est.host_capacity:
+        return CheckResult("memory.host_ram", FAIL, f"{need}, the node has {gib(est.host_capacity)}",
+                           "offload less (offload = 'optimizer'), shard over more nodes, or rent more RAM")
+    return CheckResult("memory.host_ram", PASS, f"{need}, the node has {gib(est.host_capacity)}")
+
+
+def effective_batch(job: JobConfig) -> CheckResult:
+    t = job.train
+    effective = t.micro_batch * t.grad_accum * job.cluster.world_size
+    what = (f"{t.micro_batch} x {t.grad_accum} accum x {job.cluster.world_size} GPUs = {effective} sequences "
+            f"({effective * t.seq_len:,} tokens) per optimizer step")
+    if t.global_batch and t.global_batch != effective:
+        want = t.global_batch / (t.micro_batch * job.cluster.world_size)
+        fix = (f"set grad_accum = {int(want)}" if want == int(want) else
+               "make global_batch a multiple of micro_batch x GPUs")
+        return CheckResult("batch.effective", FAIL, f"{what}, but global_batch = {t.global_batch}", fix)
+    return CheckResult("batch.effective", PASS, what)
+
+
+def precision_gpu(job: JobConfig) -> CheckResult:
+    gpu, p = job.gpu, job.train.precision
+    if p.startswith("bf16") and not gpu.supports_bf16:
+        return CheckResult("precision.gpu", FAIL,
+                           f"{p} needs bf16 support (sm80+), {gpu.name} is sm{gpu.sm}",
+                           "use precision = 'fp16-mixed' (with loss scaling), or an Ampere or newer GPU")
+    if p == "bf16" and job.train.optimizer not in ("adamw8bit", "paged_adamw8bit"):
+        return CheckResult("precision.gpu", WARN,
+                           "pure bf16 keeps no fp32 master weights: small updates round away",
+                           "prefer bf16-mixed unless memory forces pure bf16")
+    return CheckResult("precision.gpu", PASS, f"{p} on {gpu.name} (sm{gpu.sm})")
+
+
+def loss_scaling(job: JobConfig) -> CheckResult:
+    p, scaler = job.train.precision, job.train.grad_scaler
+    if p == "fp16-mixed" and scaler == "off":
+        return CheckResult("precision.loss_scaling", FAIL,
+                           "fp16 without loss scaling: small gradients underflow to zero",
+                           "set grad_scaler = 'auto' (a GradScaler for fp16)")
+    if p != "fp16-mixed" and scaler == "on":
+        return CheckResult("precision.loss_scaling", WARN,
+                           f"a GradScaler with {p} is needless: bf16/fp32 have fp32's exponent range",
+                           "set grad_scaler = 'auto'")
+    used = "GradScaler on" if p == "fp16-mixed" else "no loss scaling needed"
+    return CheckResult("precision.loss_scaling", PASS, f"{p}: {used}")
+
+
+def flash_attention(job: JobConfig) -> CheckResult:
+    t, gpu, shape = job.train, job.gpu, job.shape
+    if t.attention == "eager":
+        scores = shape.heads * t.seq_len * t.seq_len * t.micro_batch * 6
+        return CheckResult("attention.kernel", WARN,
+                           f"eager attention stores s x s scores: {gib(scores)} per layer",
+                           "use attention = 'sdpa'")
+    if t.attention != "flash-attn":
+        return CheckResult("attention.kernel", PASS, "sdpa: flash / memory-efficient kernels, no s x s matrix")
+    # flash-attn 2 ships kernels for Ampere, Ada and Hopper (its README: sm80 and newer).
+    if gpu.compute_capability < (8, 0):
+        return CheckResult("attention.kernel", FAIL,
+                           f"flash-attn 2 needs sm80+ (Ampere or newer), {gpu.name} is sm{gpu.sm}",
+                           "use attention = 'sdpa' (memory-efficient kernel)")
+    if t.precision == "fp32":
+        return CheckResult("attention.kernel", FAIL, "flash-attn runs in fp16/bf16 only, precision is fp32",
+                           "use precision = 'bf16-mixed', or attention = 'sdpa'")
+    if shape.d_head > 256 or shape.d_head % 8:
+        return CheckResult("attention.kernel", FAIL,
+                           f"flash-attn supports head dims up to 256 in multiples of 8, model has {shape.d_head}",
+                           "use attention = 'sdpa'")
+    return CheckResult("attention.kernel", PASS, f"flash-attn on sm{gpu.sm}, head dim {shape.d_head}")
+
+
+def bnb_sharding(job: JobConfig) -> CheckResult:
+    t, c = job.train, job.cluster
+    if t.optimizer not in ("adamw8bit", "paged_adamw8bit"):
+        return CheckResult("optimizer.sharding", SKIP, f"{t.optimizer} is not a bitsandbytes optimizer")
+    if c.sharding in ("zero2", "zero3") or c.offload != "none":
+        how = f"sharding = {c.sharding}" if c.offload == "none" else f"offload = {c.offload}"
+        return CheckResult("optimizer.sharding", FAIL,
+                           f"bitsandbytes {t.optimizer} with {how} is not supported: its blockwise states "
+                           "cannot follow FSDP-sharded or CPU-offloaded parameters",
+                           "use optimizer = 'adamw' with FSDP/offload, or sharding = 'zero1'")
+    return CheckResult("optimizer.sharding", PASS, f"{t.optimizer} with sharding = {c.sharding}")
+
+
+def sharding_world(job: JobConfig) -> CheckResult:
+    c = job.cluster
+    if c.sharding != "none" and c.world_size == 1:
+        return CheckResult("sharding.world_size", WARN,
+                           f"sharding = {c.sharding} on 1 GPU shards nothing and only adds overhead",
+                           "set sharding = 'none', or gpus_per_node > 1")
+    return CheckResult("sharding.world_size", PASS, f"{c.sharding} over {c.world_size} GPU(s)")
+
+
+# PyTorch's allocator settings (c10 CUDAAllocatorConfig / AcceleratorAllocatorConfig). An unknown
+# key makes the first CUDA allocation raise, i.e. the run dies at step 0.
+ALLOC_KEYS = {
+    "max_split_size_mb": "mb", "max_non_split_rounding_mb": "mb", "garbage_collection_threshold": "fraction",
+    "roundup_power2_divisions": "divisions", "expandable_segments": "bool", "release_lock_on_cudamalloc": "bool",
+    "pinned_use_cuda_host_register": "bool", "pinned_num_register_threads": "int",
+    "pinned_use_background_threads": "bool", "backend": "backend", "per_process_memory_fraction": "fraction",
+    "graph_capture_record_stream_reuse": "bool", "pinned_reserve_segment_size_mb": "mb",
+}
+
+
+def parse_alloc_conf(text: str) -> dict[str, str]:
+    """'k:v,k:v' with bracketed lists allowed as values; raises ValueError on a bad entry."""
+    entries, depth, current = [], 0, ""
+    for ch in text:
+        depth += ch == "["
+        depth -= ch == "]"
+        if ch == "," and depth == 0:
+            entries.append(current)
+            current = ""
+        else:
+            current += ch
+    entries.append(current)
+    parsed = {}
+    for entry in (e.strip() for e in entries):
+        if not entry:
+            continue
+        key, sep, value = entry.partition(":")
+        key, value = key.strip(), value.strip()
+        if not sep or not value:
+            raise ValueError(f"'{entry}' is not key:value")
+        kind = ALLOC_KEYS.get(key)
+        if kind is None:
+            raise ValueError(f"unknown key '{key}' (known: {', '.join(ALLOC_KEYS)})")
+        ok = {
+            "mb": value.isdigit(),
+            "int": value.isdigit(),
+            "bool": value in ("True", "False", "true", "false"),
+            "fraction": bool(re.fullmatch(r"0?\.\d+|1(\.0*)?", value)),
+            "backend": value in ("native", "cudaMallocAsync"),
+            "divisions": value.isdigit() or bool(re.fullmatch(r"\[[\d>:,\s]+\]", value)),
+        }[kind]
+        if not ok:
+            raise ValueError(f"bad value '{value}' for {key}")
+        parsed[key] = value
+    return parsed
+
+
+def alloc_conf(facts: HostFacts) -> CheckResult:
+    names = [n for n in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF") if facts.env.get(n)]
+    if not names:
+        return CheckResult("env.alloc_conf", WARN, "PYTORCH_CUDA_ALLOC_CONF is not set: fragmentation can OOM a "
+                           "job that fits", "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
+                           "(make deploy writes it to the pod's env file)")
+    values = {}
+    for name in names:
+        try:
+            values[name] = parse_alloc_conf(facts.env[name])
+        except ValueError as exc:
+            return CheckResult("env.alloc_conf", FAIL, f"{name}: {exc}", f"fix {name}; torch rejects it at the first "
+                               "CUDA allocation")
+    if len(values) == 2 and values["PYTORCH_ALLOC_CONF"] != values["PYTORCH_CUDA_ALLOC_CONF"]:
+        return CheckResult("env.alloc_conf", WARN, "PYTORCH_ALLOC_CONF and PYTORCH_CUDA_ALLOC_CONF differ; "
+                           "torch reads PYTORCH_ALLOC_CONF", "set only one of them")
+    chosen = values[names[0]]
+    if chosen.get("expandable_segments", "").lower() != "true":
+        return CheckResult("env.alloc_conf", WARN, f"{names[0]} parses, but expandable_segments is off",
+                           "add expandable_segments:True")
+    return CheckResult("env.alloc_conf", PASS, f"{names[0]}={facts.env[names[0]]}")
+
+
+def tokenizers(job: JobConfig, facts: HostFacts) -> CheckResult:
+    if job.train.data_workers == 0:
+        return CheckResult("env.tokenizers", SKIP, "no DataLoader workers")
+    if facts.env.get("TOKENIZERS_PARALLELISM") is None:
+        return CheckResult("env.tokenizers", WARN,
+                           f"{job.train.data_workers} data workers fork after the tokenizer's threads start: "
+                           "HF tokenizers warns and disables itself, or deadlocks",
+                           "export TOKENIZERS_PARALLELISM=false")
+    return CheckResult("env.tokenizers", PASS, f"TOKENIZERS_PARALLELISM={facts.env['TOKENIZERS_PARALLELISM']}")
+
+
+def required_packages(job: JobConfig) -> list[str]:
+    t = job.train
+    need = ["torch", "nvidia-ml-py"]
+    if t.optimizer in ("adamw8bit", "paged_adamw8bit") or t.base_quant != "none":
+        need.append("bitsandbytes")
+    if t.attention == "flash-attn":
+        need.append("flash-attn")
+    return need
+
+
+def dependencies(job: JobConfig, facts: HostFacts) -> CheckResult:
+    need = required_packages(job)
+    missing = [p for p in need if not facts.packages.get(p)]
+    found = ", ".join(f"{p} {facts.packages[p]}" for p in need if facts.packages.get(p))
+    if not missing:
+        return CheckResult("deps.installed", PASS, found)
+    message = f"missing here: {', '.join(missing)}" + (f" (found {found})" if found else "")
+    fix = "make deploy installs them on the pod; locally: make setup"
+    # Preflight also runs on a laptop, where the GPU packages are not needed: only a GPU machine fails.
+    return CheckResult("deps.installed", FAIL if facts.gpus else WARN, message, fix)
+
+
+def gpu_arch(facts: HostFacts) -> CheckResult:
+    if not facts.gpus:
+        return CheckResult("gpu.arch", SKIP, f"no GPU here: {facts.nvml_status}")
+    if not facts.torch_archs:
+        return CheckResult("gpu.arch", SKIP, "torch not installed, or a CPU build: no CUDA architectures")
+    gpu = facts.gpus[0]
+    major, minor = gpu.compute_capability
+    cubins = {a for a in facts.torch_archs if a.startswith("sm_")}
+    # A cubin runs on the same major architecture at an equal or higher minor (sm_80 on sm_86).
+    if f"sm_{major}{minor}" in cubins or any(
+        a[3:-1] == str(major) and int(a[-1]) <= minor for a in cubins if a[3:].isdigit()
+    ):
+        return CheckResult("gpu.arch", PASS, f"{gpu.name} sm_{major}{minor} is in torch's arch list")
+    ptx = [a for a in facts.torch_archs if a.startswith("compute_") and int(a[8:]) <= major * 10 + minor]
+    if ptx:
+        return CheckResult("gpu.arch", WARN, f"{gpu.name} sm_{major}{minor} runs only through PTX JIT ({ptx[-1]}): "
+                           "slow first steps", "install a torch build that lists this architecture")
+    return CheckResult("gpu.arch", FAIL,
+                       f"{gpu.name} is sm_{major}{minor}, torch ships kernels for {' '.join(facts.torch_archs)}: "
+                       "'no kernel image is available for execution on the device'",
+                       "install a torch build for this GPU (Blackwell sm_120 needs a CUDA 12.8+ build, cu128)")
+
+
+def gpu_driver(facts: HostFacts) -> CheckResult:
+    if not facts.gpus or facts.driver_cuda is None:
+        return CheckResult("gpu.driver", SKIP, f"no GPU here: {facts.nvml_status}")
+    if facts.torch_cuda is None:
+        return CheckResult("gpu.driver", SKIP, "torch not installed, or a CPU build")
+    drv, built = facts.driver_cuda, facts.torch_cuda
+    text = f"driver supports CUDA {drv[0]}.{drv[1]}, torch is built for CUDA {built[0]}.{built[1]}"
+    if drv[0] < built[0]:
+        return CheckResult("gpu.driver", FAIL, text, f"update the NVIDIA driver to a CUDA {built[0]} driver, "
+                           f"or install torch built for CUDA {drv[0]}.x")
+    if drv < built:
+        return CheckResult("gpu.driver", WARN, text + ": runs on CUDA minor-version compatibility (no PTX JIT)",
+                           "update the driver, or use a torch build for the driver's CUDA version")
+    return CheckResult("gpu.driver", PASS, text)
+
+
+def checkpoint_bytes(job: JobConfig) -> int:
+    """A resumable checkpoint: weights in bf16 (or the trainable adapters) plus fp32 optimizer states."""
+    groups = trainable_groups(job)
+    trainable = sum(g.total for g in groups)
+    weights = trainable * (4 if job.train.precision == "fp32" else 2)
+    return weights + optimizer_bytes(job, groups, 4)
+
+
+def disk_space(job: JobConfig, facts: HostFacts) -> CheckResult:
+    if facts.disk_free is None:
+        return CheckResult("disk.free", SKIP, f"cannot stat {job.train.output_dir}")
+    need = checkpoint_bytes(job)
+    text = f"{gib(facts.disk_free)} free for {job.train.output_dir}/, one checkpoint is about {gib(need)}"
+    if facts.disk_free < need:
+        return CheckResult("disk.free", FAIL, text, "free disk, or point train.output_dir at a larger volume")
+    if facts.disk_free < 2 * need:
+        return CheckResult("disk.free", WARN, text + ": room for only one", "keep at most one checkpoint")
+    return CheckResult("disk.free", PASS, text)
+
+
+def dataset(job: JobConfig) -> CheckResult:
+    path = job.train.dataset
+    if not path:
+        return CheckResult("data.path", SKIP, "synthetic data (no train.dataset)")
+    p = Path(path)
+    if not p.is_absolute() and job.source:
+        p = Path(job.source).parent / p
+    if not p.is_file():
+        return CheckResult("data.path", FAIL, f"{p} does not exist or is not a file",
+                           "point train.dataset at a file of token ids")
+    if p.stat().st_size == 0:
+        return CheckResult("data.path", FAIL, f"{p} is empty", "point train.dataset at a file of token ids")
+    return CheckResult("data.path", PASS, f"{p} ({p.stat().st_size:,} bytes)")
+
+
+def run_checks(job: JobConfig, est: MemoryEstimate, facts: HostFacts,
+               suggestions: list[Suggestion]) -> list[CheckResult]:
+    return [
+        memory_fit(job, est, suggestions),
+        host_ram(job, est),
+        effective_batch(job),
+        precision_gpu(job),
+        loss_scaling(job),
+        flash_attention(job),
+        bnb_sharding(job),
+        sharding_world(job),
+        alloc_conf(facts),
+        tokenizers(job, facts),
+        dependencies(job, facts),
+        gpu_arch(facts),
+        gpu_driver(facts),
+        disk_space(job, facts),
+        dataset(job),
+    ]
