@@ -74,7 +74,7 @@ def _options(job: JobConfig, allow_seq: bool):
         loras = [(t.lora_rank, t.base_quant)]
     seqs = [t.seq_len]
     if allow_seq:
-        while seqs[-1] > 256 and len(seqs) < 4:
+        while seqs[-1] > 256:
             seqs.append(seqs[-1] // 2)
     for ck, sh, off, opt, (rank, quant), seq in itertools.product(ckpts, shardings, offloads, optimizers, loras, seqs):
         if off == "all" and sh != "zero3":

@@ -89,17 +89,25 @@ class Part:
 @dataclass
 class MemoryEstimate:
     gpu: GpuSpec
-    parts: list[Part]  # live at the peak moment
+    phase_parts: dict[str, list[Part]]  # what is live at each moment of the step
     peak_phase: str
-    phases: dict[str, int]
     capacity: int
     host_needed: int  # per node, for offload; 0 without offload
     host_capacity: int
     approximate: bool
     notes: list[str] = field(default_factory=list)
 
-    def term(self, name: str) -> int:
-        return sum(p.bytes for p in self.parts if p.term == name)
+    @property
+    def parts(self) -> list[Part]:
+        """What is live at the peak."""
+        return self.phase_parts[self.peak_phase]
+
+    @property
+    def phases(self) -> dict[str, int]:
+        return {name: sum(p.bytes for p in parts) for name, parts in self.phase_parts.items()}
+
+    def term(self, name: str, phase: str = "") -> int:
+        return sum(p.bytes for p in self.phase_parts[phase or self.peak_phase] if p.term == name)
 
     @property
     def per_gpu(self) -> dict[str, int]:
@@ -453,8 +461,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None) -> MemoryEstimate:
         "backward": phase(static + fwd_params + bwd_grads + bwd_acts),
         "step": phase(static + [full_grads, step_temp]),
     }
-    totals = {name: sum(p.bytes for p in parts) for name, parts in phases.items()}
-    peak = max(totals, key=totals.get)
+    peak = max(phases, key=lambda name: sum(p.bytes for p in phases[name]))
 
     # ---- host RAM for offload -------------------------------------------------------------------
     host = 0
@@ -470,9 +477,8 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None) -> MemoryEstimate:
 
     return MemoryEstimate(
         gpu=gpu,
-        parts=phases[peak],
+        phase_parts=phases,
         peak_phase=peak,
-        phases=totals,
         capacity=gpu.memory_bytes,
         host_needed=host,
         host_capacity=int(c.host_ram_gb * 1e9),

@@ -1,0 +1,46 @@
+from checks.advisor import HEADROOM, advise
+from checks.memory import estimate
+
+
+def test_suggestions_fit_and_keep_the_effective_batch(job):
+    j = job(model='preset = "llama-3.1-8b"', train="micro_batch = 4\ngrad_accum = 4\nseq_len = 4096",
+            cluster="gpu = 'A100-80GB'\ngpus_per_node = 8\nhost_ram_gb = 1000")
+    assert not estimate(j).fits
+    suggestions = advise(j)
+    assert 1 <= len(suggestions) <= 4
+    for s in suggestions:
+        assert s.estimate.total <= s.estimate.capacity * (1 - HEADROOM)
+        changed = dict((name, new) for name, _, new in s.changes)
+        mb = changed.get("train.micro_batch", 4)
+        accum = changed.get("train.grad_accum", 4)
+        assert mb * accum == 16  # the effective batch survives
+    slowdowns = [s.slowdown for s in suggestions if not s.caveat]
+    assert slowdowns == sorted(slowdowns)
+
+
+def test_changes_to_what_is_trained_come_last(job):
+    # Full fine-tune of 8B on 24 GB: ZeRO-Offload fits (bf16 weights on the GPU), LoRA too.
+    j = job(model='preset = "llama-3.1-8b"', train="micro_batch = 2\nseq_len = 2048", cluster="gpu = 'A10G'")
+    suggestions = advise(j)
+    assert ("cluster.offload", "none", "optimizer") in suggestions[0].changes and not suggestions[0].caveat
+    caveats = [bool(s.caveat) for s in suggestions]
+    assert caveats == sorted(caveats)  # everything that changes what is trained comes after
+    # With 64 GB of host RAM the offload (16 B/param = 128 GB) is refused: only LoRA remains.
+    small_host = job(model='preset = "llama-3.1-8b"', train="micro_batch = 2\nseq_len = 2048",
+                     cluster="gpu = 'A10G'\nhost_ram_gb = 64")
+    assert all("LoRA" in s.caveat for s in advise(small_host))
+
+
+def test_sequence_length_only_as_last_resort(job):
+    j = job(model='preset = "llama-3.1-8b"', train="micro_batch = 1\nseq_len = 65536\nlora_rank = 16\nbase_quant = 'nf4'",
+            cluster="gpu = 'A10G'")
+    suggestions = advise(j)
+    assert suggestions and all(any(name == "train.seq_len" for name, _, _ in s.changes) for s in suggestions)
+
+
+def test_no_dominated_suggestions(job):
+    j = job(model='preset = "llama-3.2-3b"', train="micro_batch = 8\nseq_len = 4096", cluster="gpu = 'A10G'")
+    suggestions = advise(j)
+    for i, a in enumerate(suggestions):
+        for b in suggestions[i + 1:]:
+            assert not set(a.changes) <= set(b.changes)

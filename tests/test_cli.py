@@ -1,0 +1,104 @@
+"""bin/preflight as a user runs it: exit codes, one-line errors, the JSON shape, no torch."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PREFLIGHT = ROOT / "bin" / "preflight"
+EXAMPLES = ROOT / "checks" / "examples"
+
+
+def preflight(*args, env=None):
+    full_env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", **(env or {})}
+    return subprocess.run([str(PREFLIGHT), *args], capture_output=True, text=True, env=full_env, timeout=60)
+
+
+def test_default_example_is_ready():
+    out = preflight()
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "llama-3.2-1b" in out.stdout and "Predicted memory per GPU" in out.stdout
+    assert "preflight: ready" in out.stdout
+
+
+def test_json_shape_follows_design():
+    out = preflight("--json")
+    assert out.returncode == 0
+    data = json.loads(out.stdout)
+    assert set(data) >= {"ok", "model", "checks", "memory", "suggestions"}
+    assert data["model"]["params"] == 1_235_814_400 and data["model"]["trainable_params"] == 1_235_814_400
+    per_gpu = data["memory"]["per_gpu"]
+    assert set(per_gpu) == {"params", "grads", "optimizer", "activations", "loss", "overhead", "total"}
+    assert per_gpu["total"] == sum(v for k, v in per_gpu.items() if k != "total")
+    assert data["memory"]["fits"] is True and data["memory"]["gpu_capacity"] == 23028 * 2**20
+    for check in data["checks"]:
+        assert set(check) == {"id", "status", "message", "fix"}
+        assert check["status"] in ("pass", "warn", "fail", "skip")
+
+
+def test_failing_job_exits_1_with_suggestions():
+    out = preflight("--config", str(EXAMPLES / "llama-3.1-70b-8xh100.toml"), "--json")
+    assert out.returncode == 1
+    data = json.loads(out.stdout)
+    assert not data["ok"] and not data["memory"]["fits"]
+    fit = next(c for c in data["checks"] if c["id"] == "memory.fit")
+    assert fit["status"] == "fail" and fit["fix"]
+    assert data["suggestions"] and all(s["total"] < data["memory"]["gpu_capacity"] for s in data["suggestions"])
+
+
+def test_gpu_override():
+    data = json.loads(preflight("--gpu", "H100", "--json").stdout)
+    assert data["gpu"]["name"] == "H100-SXM" and data["memory"]["gpu_capacity"] == 81559 * 2**20
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--config", "/nonexistent/job.toml"], "does not exist"),
+    (["--gpu", "H1OO"], "unknown GPU 'H1OO'"),
+    (["--config", "{bad_toml}"], "not valid TOML"),
+    (["--config", "{bad_preset}"], "did you mean 'llama-3.1-8b'"),
+    (["--config", "{zero_batch}"], "train.micro_batch: must be at least 1"),
+    (["--config", "{bad_precision}"], "train.precision: unknown value 'fp8'"),
+    (["--config", "{bad_hf}"], "lacks num_hidden_layers"),
+    (["--config", "{directory}"], "is a directory"),
+])
+def test_bad_input_is_one_line_exit_2(tmp_path, args, needle):
+    files = {
+        "bad_toml": "[model\npreset = 1",
+        "bad_preset": '[model]\npreset = "llama-3.1-8"',
+        "zero_batch": '[model]\npreset = "llama-3.2-1b"\n[train]\nmicro_batch = 0',
+        "bad_precision": '[model]\npreset = "llama-3.2-1b"\n[train]\nprecision = "fp8"',
+        "bad_hf": '[model]\nhf_config = "config.json"',
+    }
+    for name, text in files.items():
+        (tmp_path / f"{name}.toml").write_text(text)
+    (tmp_path / "config.json").write_text('{"hidden_size": 10}')
+    paths = {name: str(tmp_path / f"{name}.toml") for name in files} | {"directory": str(tmp_path)}
+    out = preflight(*[a.format(**paths) for a in args])
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr + out.stdout
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], out.stderr
+
+
+def test_help_explains():
+    out = preflight("--help")
+    assert out.returncode == 0 and "--config" in out.stdout and "--json" in out.stdout
+
+
+def test_preflight_never_imports_torch():
+    code = ("import sys; from checks.cli import run_preflight; from checks.config import EXAMPLE_JOB;"
+            "r = run_preflight(str(EXAMPLE_JOB), None, probe=True); r.to_json();"
+            "assert 'torch' not in sys.modules, 'torch imported'; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.stdout.strip() == "ok", out.stderr
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("*.toml")))
+def test_every_bundled_example_runs(example):
+    out = preflight("--config", str(EXAMPLES / example), "--json")
+    assert out.returncode in (0, 1) and json.loads(out.stdout)["memory"]["per_gpu"]["total"] > 0

@@ -1,0 +1,48 @@
+import pytest
+
+from checks.errors import ConfigError
+from checks.gpus import CATALOG, lookup
+
+REQUIRED = ["T4", "V100", "A10G", "L4", "RTX3090", "RTX4090", "RTX5090", "A5000", "A6000", "L40S",
+            "A100-40GB", "A100-80GB", "H100-PCIe", "H100-SXM", "H200", "B200"]
+
+
+@pytest.mark.parametrize("name", REQUIRED)
+def test_required_gpus_are_catalogued(name):
+    gpu = lookup(name)
+    assert gpu.memory_mib > 10_000 and gpu.fp16_tflops > 0 and gpu.bandwidth_gbs > 0
+    assert gpu.supports_bf16 == (gpu.compute_capability >= (8, 0))
+    assert (gpu.bf16_tflops > 0) == gpu.supports_bf16
+
+
+@pytest.mark.parametrize("nvml_name,expected", [
+    ("NVIDIA A10G", "A10G"),
+    ("NVIDIA A100-SXM4-40GB", "A100-40GB"),
+    ("NVIDIA A100 80GB PCIe", "A100-80GB"),
+    ("NVIDIA H100 80GB HBM3", "H100-SXM"),
+    ("NVIDIA H100 PCIe", "H100-PCIe"),
+    ("NVIDIA GeForce RTX 4090", "RTX4090"),
+    ("NVIDIA GeForce RTX 5090", "RTX5090"),
+    ("Tesla T4", "T4"),
+    ("Tesla V100-SXM2-32GB", "V100-32GB"),
+    ("NVIDIA L40S", "L40S"),
+    ("NVIDIA L4", "L4"),
+    ("NVIDIA RTX A6000", "A6000"),
+])
+def test_nvml_names_resolve(nvml_name, expected):
+    assert lookup(nvml_name).name == expected
+
+
+def test_rtx5090_is_blackwell_sm120():
+    assert lookup("RTX5090").sm == 120
+
+
+def test_unknown_gpu_is_refused_not_guessed():
+    with pytest.raises(ConfigError, match="unknown GPU 'A1000'"):
+        lookup("A1000")  # must not silently become an A10
+    with pytest.raises(ConfigError, match="did you mean 'H200'"):
+        lookup("H20O")
+
+
+def test_catalog_names_are_unique_keys():
+    assert all(key == gpu.name.lower() for key, gpu in CATALOG.items())

@@ -1,0 +1,215 @@
+"""The memory model against hand derivations, and its monotonicity.
+
+Llama-3.2-1B: h = 2048, L = 16, heads 32 x 64, kv 8 x 64 (kv_dim 512), ffn 8192, vocab 128256,
+tied embeddings, P = 1,235,814,400 of which 33 x 2048 = 67,584 are RMSNorm weights.
+"""
+
+import pytest
+
+from checks.memory import (CUDA_CONTEXT, FRAGMENTATION, LIBRARY_WORKSPACES, NCCL_BUFFERS, NF4_BYTES, estimate,
+                           optimizer_bytes, trainable_groups)
+
+P_1B = 1_235_814_400
+NORMS_1B = 33 * 2048
+
+
+def part(est, label, phase="forward-end"):
+    [p] = [p for p in est.phase_parts[phase] if p.label.startswith(label)]
+    return p.bytes
+
+
+def test_bf16_mixed_adamw_single_gpu_by_hand(job):
+    est = estimate(job(train="micro_batch = 1\nseq_len = 1024"))
+    T, fwd = 1024, "forward-end"
+    # fp32 master weights and fp32 Adam m, v.
+    assert est.term("params", fwd) == P_1B * 4 + (P_1B - NORMS_1B) * 2  # + autocast bf16 cache of every matmul weight
+    assert est.term("optimizer", fwd) == P_1B * 8
+    # Saved activations per token per block, fp32 residual stream (autocast), bf16 matmuls:
+    #   residual in + after attention      2 x 4h      = 16,384
+    #   RMSNorm normalised fp32 x2         2 x 4h      = 16,384
+    #   bf16 casts for q,k,v,gate,up       5 x 2h      = 20,480
+    #   q, k, v after RoPE                 2(2048+2x512) = 6,144
+    #   SDPA out + logsumexp               2x2048 + 4x32 = 4,224
+    #   out made contiguous for o_proj     2 x 2048    = 4,096
+    #   SwiGLU gate, up, silu, product     4 x 2 x 8192 = 65,536      -> 133,248
+    # Head: final residual 4h + norm 4h + bf16 input of lm_head 2h = 20,480.
+    assert est.term("activations", fwd) == (16 * 133_248 + 20_480) * T
+    # cross-entropy in fp32: log-softmax output, its gradient in and out: 12 B per logit.
+    assert est.term("loss", fwd) == 12 * 128_256 * T
+    assert est.term("grads", fwd) == 0  # accum 1, set_to_none: no gradient exists during forward
+    dynamic = (P_1B - NORMS_1B) * 2 + est.term("activations", fwd) + est.term("loss", fwd)
+    assert est.term("overhead", fwd) == CUDA_CONTEXT + LIBRARY_WORKSPACES + int(FRAGMENTATION * dynamic)
+    # Backward through the last block: the 1024-token loss spike (1.6 GB) is gone, but the
+    # head's gradient (V x h x 4 B) and that gradient's bf16 -> fp32 accumulation (V x h x 6 B)
+    # have appeared: at this short length backward is the peak.
+    head = 128_256 * 2048
+    assert part(est, "gradients so far", "backward") == (head + 60_821_504) * 4
+    assert part(est, "weight gradient", "backward") == head * 6
+    assert est.peak_phase == "backward"
+    assert est.total == max(est.phases.values())
+    assert est.total == sum(est.per_gpu[t] for t in ("params", "grads", "optimizer", "activations", "loss", "overhead"))
+    assert est.allocated == est.total - est.term("overhead")
+    # At 8k tokens the loss spike (12.6 GB) dominates and the peak moves to the end of forward.
+    assert estimate(job(train="micro_batch = 2\nseq_len = 4096")).peak_phase == "forward-end"
+
+
+def test_grad_accumulation_keeps_gradients_through_forward(job):
+    one = estimate(job(train="micro_batch = 1\nseq_len = 1024"))
+    accum = estimate(job(train="micro_batch = 1\nseq_len = 1024\ngrad_accum = 4"))
+    assert accum.term("grads", "forward-end") == P_1B * 4
+    assert one.term("grads", "forward-end") == 0
+    assert accum.total > one.total
+
+
+def test_full_checkpointing_keeps_block_inputs_only(job):
+    est = estimate(job(train="micro_batch = 2\nseq_len = 2048\ncheckpointing = 'full'"))
+    # 16 block inputs of 4h fp32 + the head's 20,480 per token, 4096 tokens.
+    assert part(est, "saved activations") == (16 * 4 * 2048 + 20_480) * 4096
+
+
+def test_pure_bf16_states_and_stream(job):
+    est = estimate(job(train="precision = 'bf16'\nmicro_batch = 1\nseq_len = 512"))
+    assert part(est, "weights") == P_1B * 2
+    assert est.term("optimizer", "forward-end") == P_1B * 4  # Adam m, v in the parameter's dtype
+    assert not any(p.label == "autocast weight cache" for p in est.phase_parts["forward-end"])
+    # bf16 stream: residual 2 x 2h, RMSNorm fp32 upcast + normed cast back 2 x 6h, one shared
+    # normed input per sublayer 2 x 2h, then the same q/k/v, attention and MLP tensors.
+    per_block = 2 * 2 * 2048 + 2 * 6 * 2048 + 2 * 2 * 2048 + 6_144 + 4_224 + 4_096 + 65_536
+    head = 2 * 2048 + 6 * 2048 + 2 * 2048
+    assert part(est, "saved activations") == (16 * per_block + head) * 512
+
+
+def test_adamw8bit_states_by_hand(job):
+    j = job(train="optimizer = 'adamw8bit'")
+    # Two 1-byte states plus an fp32 absmax per 256 values for every tensor of >= 4096 values;
+    # the 33 RMSNorm weights (2048 values) keep two fp32 states.
+    expected = (P_1B - NORMS_1B) * 2 * (1 + 4 / 256) + NORMS_1B * 8
+    assert optimizer_bytes(j, trainable_groups(j), 4) == int(expected)
+
+
+@pytest.mark.parametrize("optimizer,per_param", [("lion", 4), ("sgd", 4)])
+def test_single_state_optimizers(job, optimizer, per_param):
+    j = job(train=f"optimizer = '{optimizer}'")
+    assert optimizer_bytes(j, trainable_groups(j), 4) == P_1B * per_param
+
+
+def test_adafactor_is_factored(job):
+    j = job(model='preset = "gpt2-124m"', train="optimizer = 'adafactor'")
+    got = optimizer_bytes(j, trainable_groups(j), 4)
+    # Matrices keep a row and a column vector; vectors a full second moment: tiny next to Adam.
+    assert 0 < got < 124_439_808 * 0.1
+
+
+def test_zero3_eight_gpus_by_hand(job):
+    est = estimate(job(model='preset = "llama-3.1-8b"', train="seq_len = 4096\ncheckpointing = 'full'",
+                       cluster="gpu = 'H100'\ngpus_per_node = 8\nsharding = 'zero3'"))
+    P = 8_030_261_248
+    assert part(est, "weights") == P * 4 // 8
+    assert est.term("optimizer", "forward-end") == P * 8 // 8
+    # Two blocks (current + prefetched) of 218,112,000 and the root module (embeddings, head,
+    # final norm = 2 x 128256 x 4096 + 4096), gathered in bf16.
+    assert part(est, "unsharded weights") == (2 * 218_112_000 + 1_050_677_248) * 2
+    assert any(p.label == "NCCL buffers" and p.bytes == NCCL_BUFFERS for p in est.parts)
+
+
+def test_qlora_nf4_base_by_hand(job):
+    est = estimate(job(model='preset = "llama-3.1-8b"', train="lora_rank = 16\nbase_quant = 'nf4'\nseq_len = 512"))
+    per_layer_linear = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336
+    quantized = 32 * per_layer_linear * NF4_BYTES
+    bf16_rest = (2 * 128_256 * 4096 + 65 * 4096) * 2  # embeddings, head, norms stay bf16
+    adapters = 41_943_040 * 4  # fp32 trainable adapters
+    assert part(est, "weights") == int(adapters + int(quantized + bf16_rest))
+    assert est.term("optimizer", "forward-end") == 41_943_040 * 8
+
+
+def test_offload_optimizer_moves_states_to_host(job):
+    est = estimate(job(model='preset = "llama-3.1-8b"', cluster="gpu = 'A100-80GB'\noffload = 'optimizer'\n"
+                                                                  "host_ram_gb = 512"))
+    P = 8_030_261_248
+    assert est.term("optimizer", "forward-end") == 0
+    assert part(est, "weights") == P * 2  # only bf16 weights stay on the GPU
+    # Host: Adam m, v (8) + fp32 grads (4) + fp32 master weights (4) per param, + the process.
+    assert est.host_needed == int(P * 16 + 3 * 2**30)
+
+
+def test_eager_attention_adds_the_s_squared_term(job):
+    sdpa = estimate(job(train="seq_len = 4096"))
+    eager = estimate(job(train="seq_len = 4096\nattention = 'eager'"))
+    # 32 heads x 4096 x (4 B fp32 softmax output + 2 B bf16 copy) per token, per block.
+    extra = eager.term("activations", "forward-end") - sdpa.term("activations", "forward-end")
+    assert extra > 16 * 32 * 4096 * 6 * 4096 * 0.9
+
+
+# ------------------------------------------------------------------ monotonicity
+
+
+CONFIGS = [
+    ("llama-3.2-1b", "precision = 'bf16-mixed'"),
+    ("llama-3.1-8b", "precision = 'bf16'\noptimizer = 'adamw8bit'\ncheckpointing = 'selective'"),
+    ("qwen2.5-7b", "lora_rank = 16\nbase_quant = 'nf4'\ncheckpointing = 'full'"),
+    ("gpt2-124m", "precision = 'fp32'\nattention = 'eager'"),
+]
+
+
+@pytest.mark.parametrize("preset,train", CONFIGS)
+def test_more_batch_more_memory(job, preset, train):
+    totals = [estimate(job(model=f'preset = "{preset}"', train=f"{train}\nmicro_batch = {b}")).total
+              for b in (1, 2, 4, 8)]
+    assert totals == sorted(totals) and len(set(totals)) == 4
+
+
+@pytest.mark.parametrize("preset,train", CONFIGS)
+def test_longer_sequences_more_memory(job, preset, train):
+    ests = [estimate(job(model=f'preset = "{preset}"', train=f"{train}\nseq_len = {s}")) for s in (512, 1024, 2048, 4096)]
+    # The peak never falls; it may stay put while the optimizer step, which no sequence length
+    # touches, is the largest moment.
+    assert [e.total for e in ests] == sorted(e.total for e in ests)
+    acts = [e.term("activations", "forward-end") + e.term("loss", "forward-end") for e in ests]
+    assert acts == sorted(acts) and len(set(acts)) == 4
+
+
+@pytest.mark.parametrize("sharding", ["zero1", "zero2", "zero3"])
+def test_more_shards_less_memory(job, sharding):
+    totals = [estimate(job(model='preset = "llama-3.1-8b"',
+                           cluster=f"gpu = 'H100'\ngpus_per_node = {n}\nsharding = '{sharding}'")).total
+              for n in (2, 4, 8)]
+    assert totals == sorted(totals, reverse=True) and len(set(totals)) == 3
+
+
+def test_higher_stage_less_memory(job):
+    totals = [estimate(job(model='preset = "llama-3.1-8b"', train="checkpointing = 'full'",
+                           cluster=f"gpu = 'H100'\ngpus_per_node = 8\nsharding = '{s}'")).total
+              for s in ("none", "zero1", "zero2", "zero3")]
+    assert totals == sorted(totals, reverse=True)
+
+
+def test_no_sharding_does_not_divide_by_gpus(job):
+    one = estimate(job(model='preset = "llama-3.1-8b"', cluster="gpu = 'H100'"))
+    eight = estimate(job(model='preset = "llama-3.1-8b"', cluster="gpu = 'H100'\ngpus_per_node = 8"))
+    assert eight.term("optimizer") == one.term("optimizer")  # DDP: a full replica on every GPU
+    assert eight.total > one.total  # plus NCCL and persistent DDP gradient buckets
+
+
+def test_checkpointing_order(job):
+    acts = [estimate(job(train=f"seq_len = 4096\ncheckpointing = '{c}'")).term("activations", "forward-end")
+            for c in ("none", "selective", "full")]
+    assert acts[0] > acts[1] > acts[2]
+
+
+def test_memory_savers_save(job):
+    base = estimate(job(model='preset = "llama-3.1-8b"')).total
+    for train in ("optimizer = 'adamw8bit'", "lora_rank = 16", "lora_rank = 16\nbase_quant = 'nf4'",
+                  "precision = 'bf16'"):
+        assert estimate(job(model='preset = "llama-3.1-8b"', train=train)).total < base, train
+
+
+def test_fits_against_capacity(job):
+    small = estimate(job(model='preset = "gpt2-124m"', train="seq_len = 512", cluster="gpu = 'T4'"))
+    big = estimate(job(model='preset = "llama-3.1-70b"', cluster="gpu = 'T4'"))
+    assert small.fits and 0 < small.headroom < 1
+    assert not big.fits and big.headroom < 0
+
+
+def test_approximate_shapes_are_flagged(job):
+    est = estimate(job(model="params = 7e9"))
+    assert est.approximate and any("approximate" in n for n in est.notes)

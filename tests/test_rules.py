@@ -1,0 +1,182 @@
+"""Every check, passing and failing. Host facts are plain data: the values NVML, the package
+metadata and the environment give on the machines named in each test."""
+
+import pytest
+
+from checks import rules
+from checks.advisor import advise
+from checks.host import DetectedGpu, HostFacts
+from checks.memory import estimate
+
+OK_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "TOKENIZERS_PARALLELISM": "false"}
+ALL_PACKAGES = {"torch": "2.5.1", "bitsandbytes": "0.45.0", "flash-attn": "2.7.4", "nvidia-ml-py": "12.560"}
+H100 = DetectedGpu("NVIDIA H100 80GB HBM3", 85_520_809_984, (9, 0))
+RTX5090 = DetectedGpu("NVIDIA GeForce RTX 5090", 34_190_917_632, (12, 0))
+A10G = DetectedGpu("NVIDIA A10G", 24_146_608_128, (8, 6))
+
+
+def facts(**kw):
+    base = dict(env=OK_ENV, packages=ALL_PACKAGES)
+    base.update(kw)
+    return HostFacts(**base)
+
+
+def status(result):
+    return result.status
+
+
+def test_memory_fit_pass_warn_fail(job):
+    fits = job(model='preset = "gpt2-124m"', train="seq_len = 512", cluster="gpu = 'H100'")
+    assert rules.memory_fit(fits, estimate(fits), []).status == "pass"
+    big = job(model='preset = "llama-3.1-8b"', train="micro_batch = 4\nseq_len = 4096", cluster="gpu = 'A100-80GB'")
+    result = rules.memory_fit(big, estimate(big), advise(big))
+    assert result.status == "fail" and result.fix.startswith("e.g. ")
+    # Find a micro-batch that lands between 90% and 100% of the card: the warning band.
+    for b in range(1, 64):
+        j = job(train=f"micro_batch = {b}\nseq_len = 1024\noptimizer = 'adamw8bit'", cluster="gpu = 'A100-40GB'")
+        est = estimate(j)
+        if est.fits and est.headroom < 0.10:
+            assert rules.memory_fit(j, est, []).status == "warn"
+            break
+    else:
+        pytest.fail("no micro-batch landed in the 10% headroom band")
+
+
+def test_host_ram(job):
+    none = job()
+    assert rules.host_ram(none, estimate(none)).status == "skip"
+    small = job(model='preset = "llama-3.1-8b"', cluster="gpu = 'A100-80GB'\noffload = 'optimizer'\nhost_ram_gb = 64")
+    assert rules.host_ram(small, estimate(small)).status == "fail"  # needs ~16 B/param = 128 GB
+    big = job(model='preset = "llama-3.1-8b"', cluster="gpu = 'A100-80GB'\noffload = 'optimizer'\nhost_ram_gb = 512")
+    assert rules.host_ram(big, estimate(big)).status == "pass"
+    unknown = job(model='preset = "llama-3.1-8b"', cluster="gpu = 'A100-80GB'\noffload = 'optimizer'")
+    assert rules.host_ram(unknown, estimate(unknown)).status == "warn"
+
+
+def test_effective_batch(job):
+    assert rules.effective_batch(job(train="micro_batch = 2\ngrad_accum = 4\nglobal_batch = 64",
+                                     cluster="gpus_per_node = 8")).status == "pass"
+    bad = rules.effective_batch(job(train="micro_batch = 2\ngrad_accum = 4\nglobal_batch = 128",
+                                    cluster="gpus_per_node = 8"))
+    assert bad.status == "fail" and bad.fix == "set grad_accum = 8"
+
+
+def test_precision_vs_gpu(job):
+    assert rules.precision_gpu(job(cluster="gpu = 'A10G'")).status == "pass"
+    t4 = rules.precision_gpu(job(cluster="gpu = 'T4'"))
+    assert t4.status == "fail" and "fp16-mixed" in t4.fix
+    assert rules.precision_gpu(job(train="precision = 'fp16-mixed'", cluster="gpu = 'T4'")).status == "pass"
+    assert rules.precision_gpu(job(train="precision = 'bf16'")).status == "warn"
+
+
+def test_loss_scaling(job):
+    assert rules.loss_scaling(job(train="precision = 'fp16-mixed'")).status == "pass"
+    assert rules.loss_scaling(job(train="precision = 'fp16-mixed'\ngrad_scaler = 'off'")).status == "fail"
+    assert rules.loss_scaling(job(train="precision = 'bf16-mixed'\ngrad_scaler = 'on'")).status == "warn"
+
+
+def test_flash_attention(job):
+    assert rules.flash_attention(job(train="attention = 'flash-attn'", cluster="gpu = 'H100'")).status == "pass"
+    assert rules.flash_attention(job(train="attention = 'flash-attn'\nprecision = 'fp16-mixed'",
+                                     cluster="gpu = 'T4'")).status == "fail"
+    assert rules.flash_attention(job(train="attention = 'flash-attn'\nprecision = 'fp32'",
+                                     cluster="gpu = 'H100'")).status == "fail"
+    wide = job(model="hidden = 4096\nlayers = 2\nheads = 8\nffn = 11008\nvocab = 32000", train="attention = 'flash-attn'",
+               cluster="gpu = 'H100'")
+    assert wide.shape.d_head == 512 and rules.flash_attention(wide).status == "fail"
+    assert rules.flash_attention(job(train="attention = 'eager'")).status == "warn"
+    assert rules.flash_attention(job()).status == "pass"
+
+
+def test_bnb_with_sharding_or_offload(job):
+    assert rules.bnb_sharding(job()).status == "skip"
+    assert rules.bnb_sharding(job(train="optimizer = 'adamw8bit'", cluster="gpus_per_node = 4\nsharding = 'zero1'")).status == "pass"
+    assert rules.bnb_sharding(job(train="optimizer = 'adamw8bit'", cluster="gpus_per_node = 4\nsharding = 'zero3'")).status == "fail"
+    assert rules.bnb_sharding(job(train="optimizer = 'paged_adamw8bit'", cluster="offload = 'optimizer'")).status == "fail"
+
+
+def test_sharding_with_one_gpu(job):
+    assert rules.sharding_world(job(cluster="sharding = 'zero3'")).status == "warn"
+    assert rules.sharding_world(job(cluster="sharding = 'zero3'\ngpus_per_node = 2")).status == "pass"
+
+
+@pytest.mark.parametrize("env,expected", [
+    ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, "pass"),
+    ({"PYTORCH_ALLOC_CONF": "expandable_segments:True,max_split_size_mb:512"}, "pass"),
+    ({"PYTORCH_CUDA_ALLOC_CONF": "roundup_power2_divisions:[256:1,512:2,>:8],expandable_segments:True"}, "pass"),
+    ({}, "warn"),
+    ({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"}, "warn"),  # parses, but no expandable segments
+    ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "PYTORCH_ALLOC_CONF": "backend:native"}, "warn"),
+    ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segment:True"}, "fail"),  # typo: torch raises at first alloc
+    ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:yes"}, "fail"),
+    ({"PYTORCH_CUDA_ALLOC_CONF": "garbage_collection_threshold:1.5"}, "fail"),
+    ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments"}, "fail"),
+])
+def test_alloc_conf(env, expected):
+    assert rules.alloc_conf(facts(env=env)).status == expected
+
+
+def test_tokenizers_parallelism(job):
+    workers = job(train="data_workers = 4")
+    assert rules.tokenizers(job(), facts(env={})).status == "skip"
+    assert rules.tokenizers(workers, facts(env={})).status == "warn"
+    assert rules.tokenizers(workers, facts()).status == "pass"
+
+
+def test_dependencies(job):
+    qlora = job(train="lora_rank = 16\nbase_quant = 'nf4'")
+    assert rules.dependencies(qlora, facts()).status == "pass"
+    no_bnb = {**ALL_PACKAGES, "bitsandbytes": None}
+    assert rules.dependencies(qlora, facts(packages=no_bnb)).status == "warn"  # a laptop: fine
+    on_pod = rules.dependencies(qlora, facts(packages=no_bnb, gpus=[A10G]))
+    assert on_pod.status == "fail" and "bitsandbytes" in on_pod.message
+    assert rules.dependencies(job(), facts(packages={**ALL_PACKAGES, "bitsandbytes": None})).status == "pass"
+
+
+def test_gpu_arch():
+    assert rules.gpu_arch(facts()).status == "skip"
+    cu124 = ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"]
+    assert rules.gpu_arch(facts(gpus=[H100], torch_archs=cu124)).status == "pass"
+    # sm_89 (L4, RTX 4090) runs sm_86 cubins: same major, lower minor.
+    ada = DetectedGpu("NVIDIA L4", 24_000_000_000, (8, 9))
+    assert rules.gpu_arch(facts(gpus=[ada], torch_archs=["sm_80", "sm_86"])).status == "pass"
+    trap = rules.gpu_arch(facts(gpus=[RTX5090], torch_archs=cu124))
+    assert trap.status == "fail" and "cu128" in trap.fix  # the RTX 5090 sm_120 trap
+    assert rules.gpu_arch(facts(gpus=[RTX5090], torch_archs=cu124 + ["sm_100", "sm_120"])).status == "pass"
+    assert rules.gpu_arch(facts(gpus=[RTX5090], torch_archs=cu124 + ["compute_90"])).status == "warn"
+
+
+def test_gpu_driver():
+    assert rules.gpu_driver(facts()).status == "skip"
+    assert rules.gpu_driver(facts(gpus=[H100], driver_cuda=(12, 8), torch_cuda=(12, 4))).status == "pass"
+    assert rules.gpu_driver(facts(gpus=[H100], driver_cuda=(12, 2), torch_cuda=(12, 8))).status == "warn"
+    old = rules.gpu_driver(facts(gpus=[H100], driver_cuda=(11, 8), torch_cuda=(12, 1)))
+    assert old.status == "fail" and "driver" in old.fix
+
+
+def test_disk_space(job):
+    j = job(model='preset = "llama-3.1-8b"')
+    need = rules.checkpoint_bytes(j)
+    assert need == 8_030_261_248 * (2 + 8)  # bf16 weights + fp32 Adam m, v
+    assert rules.disk_space(j, facts(disk_free=3 * need)).status == "pass"
+    assert rules.disk_space(j, facts(disk_free=need + 1)).status == "warn"
+    assert rules.disk_space(j, facts(disk_free=need - 1)).status == "fail"
+    assert rules.disk_space(j, facts(disk_free=None)).status == "skip"
+
+
+def test_dataset_path(job, tmp_path):
+    assert rules.dataset(job()).status == "skip"
+    assert rules.dataset(job(train=f"dataset = '{tmp_path / 'missing.bin'}'")).status == "fail"
+    empty = tmp_path / "empty.bin"
+    empty.write_bytes(b"")
+    assert rules.dataset(job(train=f"dataset = '{empty}'")).status == "fail"
+    data = tmp_path / "tokens.bin"
+    data.write_bytes(b"\x01\x00" * 100)
+    assert rules.dataset(job(train=f"dataset = '{data}'")).status == "pass"
+
+
+def test_host_probe_reads_this_machine():
+    probed = HostFacts.probe("runs")
+    assert probed.packages["click"] and probed.disk_free and probed.disk_free > 0
+    if not probed.gpus:  # a CPU machine: the reason is recorded, no arch list is read
+        assert probed.nvml_status and probed.torch_archs == []
