@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from checks.advisor import Suggestion
 from checks.config import JobConfig
-from checks.memory import GIB, TERMS, MemoryEstimate
+from checks.memory import GIB, TERMS, MemoryEstimate, trainable_groups
 from checks.rules import FAIL, CheckResult
 
 
@@ -18,17 +18,18 @@ class Preflight:
     suggestions: list[Suggestion]
 
     @property
+    def trainable_params(self) -> int:
+        return sum(g.total for g in trainable_groups(self.job))
+
+    @property
     def ok(self) -> bool:
         return not any(c.status == FAIL for c in self.checks)
 
     def to_json(self) -> dict:
         est, job = self.estimate, self.job
-        from checks.memory import trainable_groups
-
-        trainable = sum(g.total for g in trainable_groups(job))
         return {
             "ok": self.ok,
-            "model": {"name": job.shape.name, "params": job.shape.params, "trainable_params": trainable,
+            "model": {"name": job.shape.name, "params": job.shape.params, "trainable_params": self.trainable_params,
                       "approximate": job.shape.approximate},
             "gpu": {"name": est.gpu.name, "count": job.cluster.world_size,
                     "compute_capability": ".".join(map(str, est.gpu.compute_capability))},
@@ -60,7 +61,7 @@ class Preflight:
 
         job, est, t, c = self.job, self.estimate, self.job.train, self.job.cluster
         shape = job.shape
-        trainable = self.to_json()["model"]["trainable_params"]
+        trainable = self.trainable_params
         console.print(
             f"[bold]{shape.name}[/] {shape.params / 1e9:.2f}B params ({trainable / 1e9:.3g}B trainable)"
             f"{' [yellow](shapes approximate)[/]' if shape.approximate else ''} on "
