@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from checks.advisor import advise  # noqa: E402
 from checks.config import parse_job  # noqa: E402
-from checks.memory import GIB, estimate, trainable_groups  # noqa: E402
+from checks.memory import GIB, estimate, trainable_params  # noqa: E402
 
 JOBS = {
     "1b-bf16-adamw-8k-h100": ('preset="llama-3.2-1b"', "micro_batch=2\nseq_len=4096", 'gpu="H100-SXM"'),
@@ -69,10 +69,6 @@ def deepspeed_style(job) -> int:
     return 16 * P
 
 
-def measured(job) -> str:
-    return "n/a"  # filled by a GPU run of the smoke model; this script has no GPU path of its own
-
-
 def main() -> None:
     rows = []
     for name, (model, train, cluster) in JOBS.items():
@@ -82,7 +78,7 @@ def main() -> None:
             "job": name,
             "gpu": f"{job.cluster.world_size}x{est.gpu.name}",
             "params_b": round(job.shape.params / 1e9, 3),
-            "trainable_b": round(sum(g.total for g in trainable_groups(job)) / 1e9, 4),
+            "trainable_b": round(trainable_params(job) / 1e9, 4),
             "podkit_gib": round(est.total / GIB, 2),
             "podkit_allocated_gib": round(est.allocated / GIB, 2),
             "peak_phase": est.peak_phase,
@@ -90,7 +86,7 @@ def main() -> None:
             "activations_gib": round(est.term("activations", "forward-end") / GIB, 2),
             "accelerate_gib": round(accelerate_style(job) / GIB, 2),
             "deepspeed_gib": round(deepspeed_style(job) / GIB, 2),
-            "measured_gib": measured(job),
+            "measured_gib": "n/a",  # no GPU path yet: bin/smoke (issue 3) measures on a GPU
             "capacity_gib": round(est.capacity / GIB, 1),
             "fits": est.fits,
         })

@@ -86,6 +86,10 @@ class Part:
     transient: bool = False  # allocated and freed within a step: subject to fragmentation
 
 
+def total_bytes(parts: list[Part]) -> int:
+    return sum(p.bytes for p in parts)
+
+
 @dataclass
 class MemoryEstimate:
     gpu: GpuSpec
@@ -104,7 +108,7 @@ class MemoryEstimate:
 
     @property
     def phases(self) -> dict[str, int]:
-        return {name: sum(p.bytes for p in parts) for name, parts in self.phase_parts.items()}
+        return {name: total_bytes(parts) for name, parts in self.phase_parts.items()}
 
     def term(self, name: str, phase: str = "") -> int:
         return sum(p.bytes for p in self.phase_parts[phase or self.peak_phase] if p.term == name)
@@ -117,7 +121,7 @@ class MemoryEstimate:
 
     @property
     def total(self) -> int:
-        return sum(p.bytes for p in self.parts)
+        return total_bytes(self.parts)
 
     @property
     def allocated(self) -> int:
@@ -210,6 +214,10 @@ def _frozen_bytes(job: JobConfig, lay: _Layout) -> int:
             per = lay.prec.compute_bytes
         total += g.total * per
     return int(total)
+
+
+def trainable_params(job: JobConfig) -> int:
+    return sum(g.total for g in trainable_groups(job))
 
 
 def optimizer_bytes(job: JobConfig, groups: list[ParamGroup], state_bytes: int) -> int:
@@ -461,7 +469,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None) -> MemoryEstimate:
         "backward": phase(static + fwd_params + bwd_grads + bwd_acts),
         "step": phase(static + [full_grads, step_temp]),
     }
-    peak = max(phases, key=lambda name: sum(p.bytes for p in phases[name]))
+    peak = max(phases, key=lambda name: total_bytes(phases[name]))
 
     # ---- host RAM for offload -------------------------------------------------------------------
     host = 0

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from checks.advisor import Suggestion
 from checks.config import JobConfig
-from checks.memory import GIB, TERMS, MemoryEstimate, trainable_groups
+from checks.memory import GIB, TERMS, MemoryEstimate, trainable_params
 from checks.rules import FAIL, CheckResult
 
 
@@ -19,7 +19,7 @@ class Preflight:
 
     @property
     def trainable_params(self) -> int:
-        return sum(g.total for g in trainable_groups(self.job))
+        return trainable_params(self.job)
 
     @property
     def ok(self) -> bool:

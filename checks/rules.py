@@ -13,7 +13,7 @@ from pathlib import Path
 from checks.advisor import HEADROOM, Suggestion
 from checks.config import JobConfig
 from checks.host import HostFacts
-from checks.memory import GIB, MemoryEstimate, optimizer_bytes, trainable_groups
+from checks.memory import GIB, MemoryEstimate, optimizer_bytes, trainable_groups, trainable_params
 
 PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
 
@@ -284,10 +284,8 @@ def gpu_driver(facts: HostFacts) -> CheckResult:
 
 def checkpoint_bytes(job: JobConfig) -> int:
     """A resumable checkpoint: weights in bf16 (or the trainable adapters) plus fp32 optimizer states."""
-    groups = trainable_groups(job)
-    trainable = sum(g.total for g in groups)
-    weights = trainable * (4 if job.train.precision == "fp32" else 2)
-    return weights + optimizer_bytes(job, groups, 4)
+    weights = trainable_params(job) * (4 if job.train.precision == "fp32" else 2)
+    return weights + optimizer_bytes(job, trainable_groups(job), 4)
 
 
 def disk_space(job: JobConfig, facts: HostFacts) -> CheckResult:

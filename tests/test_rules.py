@@ -21,10 +21,6 @@ def facts(**kw):
     return HostFacts(**base)
 
 
-def status(result):
-    return result.status
-
-
 def test_memory_fit_pass_warn_fail(job):
     fits = job(model='preset = "gpt2-124m"', train="seq_len = 512", cluster="gpu = 'H100'")
     assert rules.memory_fit(fits, estimate(fits), []).status == "pass"
