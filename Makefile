@@ -1,11 +1,11 @@
-# podkit: `make setup` once, then `bin/preflight`; `make test` runs the suite.
+# podkit: `make setup` once, then `bin/preflight` / `bin/smoke`; `make test` runs the suite.
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # CPU machines get this pinned CPU build; a pod's image already has its CUDA torch.
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: setup test preflight bench clean
+.PHONY: setup test preflight smoke bench clean
 
 setup: $(VENV)/.installed
 
@@ -21,7 +21,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	fi
 	$(PY) -m pip install -q -e '.[test]'
 	@touch $@
-	@echo "setup: done. Next: bin/preflight"
+	@echo "setup: done. Next: bin/preflight, then bin/smoke"
 
 test: setup
 	$(PY) -m pytest -q
@@ -29,8 +29,12 @@ test: setup
 preflight: setup
 	bin/preflight $(ARGS)
 
+smoke: setup
+	bin/smoke $(ARGS)
+
 bench: setup
 	$(PY) benchmarks/memory_estimators.py
+	$(PY) benchmarks/smoke_overhead.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

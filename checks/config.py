@@ -129,6 +129,14 @@ class TrainConfig:
     """Optional path to a local file of token ids; empty: synthetic data."""
     output_dir: str = "runs"
     """Where runs and checkpoints are written (checked for free disk)."""
+    lr: float = 3e-4
+    """Peak learning rate, reached after warmup_steps and then decayed by a cosine to lr / 10."""
+    warmup_steps: int = 10
+    """Linear warmup steps (capped at a tenth of the run by bin/smoke)."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this; 0 disables clipping."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay (AdamW, Lion) on matrices; norms and biases are not decayed."""
 
     def __post_init__(self):
         _choice("train", "precision", self.precision, PRECISIONS)
@@ -139,7 +147,9 @@ class TrainConfig:
         _choice("train", "grad_scaler", self.grad_scaler, GRAD_SCALER)
         for key in ("micro_batch", "grad_accum", "seq_len"):
             _positive("train", key, getattr(self, key))
-        for key in ("lora_rank", "global_batch", "data_workers"):
+        if self.lr <= 0:
+            raise ConfigError("train.lr", f"must be positive, got {self.lr}")
+        for key in ("lora_rank", "global_batch", "data_workers", "warmup_steps", "grad_clip", "weight_decay"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"train.{key}", f"must not be negative, got {getattr(self, key)}")
         if self.base_quant != "none" and self.lora_rank == 0:
@@ -194,10 +204,21 @@ class SmokeConfig:
     steps: int = 100
     profile_every: int = 10
     """Record memory and speed every this many steps."""
+    peak_limit_gb: float = 0.0
+    """Fail the verdict when the peak reserved memory exceeds this (GB, 1e9 B); 0: the GPU's memory."""
+    min_loss_drop: float = 0.2
+    """Pass only when the mean loss of the last tenth of the steps is this fraction below the first loss
+    (a quarter of it for LoRA: adapters on the smoke run's random frozen base learn slowly)."""
+    seed: int = 0
 
     def __post_init__(self):
         _positive("smoke", "steps", self.steps)
         _positive("smoke", "profile_every", self.profile_every)
+        if self.peak_limit_gb < 0:
+            raise ConfigError("smoke.peak_limit_gb", f"must not be negative, got {self.peak_limit_gb}")
+        if not 0 <= self.min_loss_drop < 1:
+            raise ConfigError("smoke.min_loss_drop", f"must be in [0, 1), got {self.min_loss_drop}",
+                              "e.g. 0.2 for a 20% drop")
 
 
 @dataclass

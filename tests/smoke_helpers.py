@@ -1,0 +1,45 @@
+"""Shared by the smoke tests: tiny job files and running bin/smoke for real."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ROOT / "checks" / "examples" / "tiny-cpu.toml"
+
+
+def tiny_job(tmp_path: Path, train: dict | None = None, cluster: dict | None = None, smoke: dict | None = None,
+             name: str = "job.toml") -> Path:
+    """The bundled tiny CPU job with some keys replaced (values as TOML literals)."""
+    text = TINY.read_text()
+    for section, changes in (("train", train), ("cluster", cluster), ("smoke", smoke)):
+        for key, value in (changes or {}).items():
+            text, n = re.subn(rf"^{key} = .*$", f"{key} = {value}", text, flags=re.M)
+            if not n:
+                text = text.replace(f"[{section}]\n", f"[{section}]\n{key} = {value}\n")
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def smoke(tmp_path: Path, *args: str, timeout: int = 240) -> tuple[subprocess.CompletedProcess, dict | None]:
+    """Run bin/smoke into tmp_path/runs; returns the process and the run's summary.json."""
+    out = tmp_path / "runs"
+    run_id = f"t{len(list(out.glob('*'))) if out.exists() else 0}"
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop("PODKIT_RUN_ID", None)
+    proc = subprocess.run([str(ROOT / "bin" / "smoke"), "--output-dir", str(out), "--run-id", run_id, *args],
+                          capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp_path)
+    summary_path = out / run_id / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
+    return proc, summary
+
+
+def python() -> str:
+    return sys.executable

@@ -1,0 +1,162 @@
+"""bin/smoke end to end: real torch on CPU, real torchrun with gloo, real outputs on disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import time
+
+import pytest
+
+from tests.smoke_helpers import ROOT, smoke, tiny_job
+
+FILES = {"config.toml", "env.json", "metrics.jsonl", "summary.json", "memory.png", "memory_snapshot.pickle",
+         "smoke.log"}
+DESIGN_KEYS = {"status", "steps", "loss_first", "loss_last", "peak_allocated", "peak_reserved", "device_peak",
+               "predicted", "tokens_per_s", "mfu"}
+
+
+def rows(summary: dict) -> dict:
+    return {r["name"]: r for r in summary["memory"]}
+
+
+def test_default_run_passes_with_every_output(tmp_path):
+    proc, s = smoke(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert s["status"] == "pass" and s["steps"] == 100
+    assert DESIGN_KEYS <= set(s)
+    run = tmp_path / "runs" / s["run_id"]
+    assert FILES <= {p.name for p in run.iterdir()}
+    # The loss falls towards the synthetic stream's floor, not just a little.
+    assert s["loss_last"] < 0.5 * s["loss_first"]
+    assert s["loss_last"] < s["loss_floor"] + 0.5
+    # metrics.jsonl: one line per step, plus the profiler's samples every 10 steps.
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [x for x in lines if "loss" in x and "profile" not in x]
+    assert [x["step"] for x in steps] == list(range(1, 101))
+    assert [x["profile"]["step"] for x in lines if "profile" in x] == list(range(10, 101, 10))
+    # Measured against predicted, term by term: the tiny fp32 job is what the model was derived for.
+    r = rows(s)
+    for term in ("params", "grads", "optimizer", "peak allocated"):
+        assert r[term]["measured"] > 0
+        assert abs(r[term]["error"]) < 0.10, r[term]
+    assert s["tokens_per_s"] > 0 and s["mfu"] is None  # no MFU without a GPU peak to divide by
+    assert (run / "memory.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    snap = pickle.loads((run / "memory_snapshot.pickle").read_bytes())
+    assert any(e["action"] == "alloc" for e in snap["device_traces"][0])
+    env = json.loads((run / "env.json").read_text())
+    assert env["versions"]["torch"] and "allocator" in env
+    assert "pass" in proc.stderr and "predicted vs measured" in proc.stderr
+
+
+def test_resolved_config_reruns(tmp_path):
+    proc, s = smoke(tmp_path, "--steps", "5", "--json")
+    assert proc.returncode == 1  # five steps cannot show the loss falling by 20%
+    assert json.loads(proc.stdout)["run_id"] == s["run_id"]
+    resolved = tmp_path / "runs" / s["run_id"] / "config.toml"
+    again, s2 = smoke(tmp_path, "--config", str(resolved), "--steps", "5")
+    assert s2["loss_first"] == s["loss_first"]  # same job, same seed, same first batch
+
+
+@pytest.mark.parametrize("sharding", ["none", "zero3"])
+def test_two_process_gloo(tmp_path, sharding):
+    job = tiny_job(tmp_path, train={"precision": '"bf16-mixed"'},
+                   cluster={"gpus_per_node": 2, "sharding": f'"{sharding}"'}, smoke={"steps": 30})
+    proc, s = smoke(tmp_path, "--config", str(job))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert s["status"] == "pass" and s["world_size"] == 2
+    assert "torchrun" in proc.stderr
+    run = tmp_path / "runs" / s["run_id"]
+    assert (run / "smoke.rank1.log").exists()
+    log = (run / "smoke.log").read_text()
+    assert ("FSDP2 zero3" if sharding == "zero3" else "DDP") in log
+    params = rows(s)["params"]
+    # FSDP2 keeps this rank's half of the weights; DDP a full replica. Both predicted.
+    assert abs(params["error"]) < 0.10
+    full = 428_672 * 4
+    assert params["measured"] < 0.6 * full if sharding == "zero3" else params["measured"] >= full
+
+
+def test_nan_is_a_failed_run(tmp_path):
+    proc, s = smoke(tmp_path, "--steps", "20", "--inject-fault", "nan:5")
+    assert proc.returncode == 1
+    assert s["status"] == "failed" and s["steps"] == 5
+    assert "loss is nan at step 5" in s["reasons"][0]
+    assert s["checks"]["finite_loss"] is False
+
+
+def test_peak_over_limit_fails(tmp_path):
+    job = tiny_job(tmp_path, smoke={"peak_limit_gb": 0.01})  # 10 MB; the tiny job needs ~33 MB
+    proc, s = smoke(tmp_path, "--config", str(job), "--steps", "30")
+    assert proc.returncode == 1
+    assert s["checks"]["under_limit"] is False
+    assert any("over the limit" in r for r in s["reasons"])
+
+
+def test_oom_exits_3_with_suggestions_and_snapshot(tmp_path):
+    proc, s = smoke(tmp_path, "--steps", "20", "--inject-fault", "oom:2")
+    assert proc.returncode == 3
+    assert s["status"] == "oom" and "out of memory" in s["reasons"][0]
+    assert s["suggestions"], "the fit advisor's suggestions are in the summary"
+    run = tmp_path / "runs" / s["run_id"]
+    assert (run / "memory_snapshot.pickle").exists() and (run / "smoke.log").exists()
+
+
+def test_ctrl_c_writes_an_interrupted_summary(tmp_path):
+    out = tmp_path / "runs"
+    proc = subprocess.Popen([str(ROOT / "bin" / "smoke"), "--output-dir", str(out), "--run-id", "c",
+                             "--steps", "100000"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    metrics = out / "c" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) > 5):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=60)
+    assert proc.returncode == 130
+    s = json.loads((out / "c" / "summary.json").read_text())
+    assert s["status"] == "interrupted" and s["steps"] > 5
+    assert s["files"]["plot"] == "memory.png" and s["files"]["log"] == "smoke.log"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--steps", "0"], "--steps: must be at least 1"),
+    (["--config", "/no/such.toml"], "does not exist"),
+    (["--device", "cuda"], "sees no CUDA GPU"),
+    (["--inject-fault", "boom"], "KIND:STEP"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
+    proc, _ = smoke(tmp_path, *args)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("train, message", [
+    ({"attention": '"flash-attn"'}, "flash-attn runs on CUDA GPUs only"),
+    ({"lora_rank": 8, "base_quant": '"nf4"'}, "need a CUDA GPU"),
+])
+def test_gpu_only_choices_refused_on_cpu(tmp_path, train, message):
+    proc, _ = smoke(tmp_path, "--config", str(tiny_job(tmp_path, train=train)))
+    assert proc.returncode == 2 and message in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_offload_without_fsdp_refused(tmp_path):
+    job = tiny_job(tmp_path, cluster={"offload": '"optimizer"', "sharding": '"zero1"'})
+    proc, _ = smoke(tmp_path, "--config", str(job))
+    assert proc.returncode == 2 and "CPUOffloadPolicy" in proc.stderr
+
+
+def test_secrets_stay_out_of_the_env_record(tmp_path):
+    env = dict(os.environ, HF_TOKEN="hf_secret_value", PYTORCH_ALLOC_CONF="expandable_segments:True")
+    out = tmp_path / "runs"
+    subprocess.run([str(ROOT / "bin" / "smoke"), "--output-dir", str(out), "--run-id", "s", "--steps", "3"],
+                   env=env, capture_output=True, timeout=120)
+    record = (out / "s" / "env.json").read_text()
+    assert "hf_secret_value" not in record and "HF_TOKEN" not in record
+    assert json.loads(record)["env"]["PYTORCH_ALLOC_CONF"] == "expandable_segments:True"
+    for f in (out / "s").iterdir():
+        assert b"hf_secret_value" not in f.read_bytes()

@@ -1,0 +1,240 @@
+"""The smoke run's parts, in process on CPU: model, data, optimizers, loop variants, the monitor."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import struct
+
+import pytest
+import torch
+
+from checks import memory
+from checks.config import load_job
+from train import MemoryMonitor
+from train import data as data_mod
+from train import model as model_mod
+from train.memprobe import TensorCounter
+from train.optim import Lion, warmup_cosine
+from train.outputs import RunDir
+from train.parallel import World
+from train.plot import Series, line_plot
+from train.smoke import SmokeRun
+from train.verdict import judge
+from tests.smoke_helpers import tiny_job
+
+
+def run_tiny(tmp_path, steps=30, **train):
+    job = load_job(tiny_job(tmp_path, train={k: json.dumps(v) for k, v in train.items()}))
+    run = SmokeRun(job, torch.device("cpu"), World(), RunDir(tmp_path / "runs", "r"))
+    verdict = run.run(steps)
+    return run, verdict, {r.name: r for r in _rows(run)}
+
+
+def _rows(run):
+    from train.verdict import comparison
+
+    return comparison(run.estimate, run.phases.marks, run.phases.peaks, run.phases.rises,
+                      run.summary["peak_allocated"], None, "cpu")
+
+
+# ---------------------------------------------------------------- model
+
+
+@pytest.mark.parametrize("preset", ["tiny", "llama-3.2-1b", "mistral-7b", "qwen2.5-0.5b"])
+def test_meta_model_has_the_shape_counts(preset):
+    from checks.models import preset as shape_of
+
+    shape = shape_of(preset)
+    model = model_mod.build(shape, model_mod.ModelOptions(), "bf16-mixed")  # meta: no memory at all
+    total, trainable = model_mod.count_params(model)
+    assert total == shape.params and trainable == shape.params
+    assert all(p.is_meta for p in model.parameters())
+
+
+def test_lora_trains_only_adapters(job):
+    j = job(model='preset = "tiny"', train="lora_rank = 4")
+    model = model_mod.build(j.shape, model_mod.ModelOptions(lora_rank=4), "bf16-mixed")
+    _, trainable = model_mod.count_params(model)
+    assert trainable == memory.trainable_params(j) == j.shape.lora_params(4)
+    frozen = {p.dtype for p in model.parameters() if not p.requires_grad}
+    assert frozen == {torch.bfloat16}  # no fp32 master copy of weights that never update
+
+
+def test_materialize_is_deterministic_and_causal():
+    from checks.models import preset as shape_of
+
+    shape = shape_of("tiny")
+    a = model_mod.materialize(model_mod.build(shape, model_mod.ModelOptions(max_seq_len=16), "fp32"), torch.device("cpu"), 3)
+    b = model_mod.materialize(model_mod.build(shape, model_mod.ModelOptions(max_seq_len=16), "fp32"), torch.device("cpu"), 3)
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+    x = torch.randint(512, (1, 16))
+    y = torch.randint(512, (1, 16))
+    # Changing the last token must not change the loss on earlier positions (causal mask).
+    x2 = x.clone()
+    x2[0, -1] = (x[0, -1] + 1) % 512
+    with torch.no_grad():
+        per_pos = []
+        for inp in (x, x2):
+            h = a.embed_tokens(inp)
+            for block in a.layers:
+                h = block(h, a.rope_cos, a.rope_sin)
+            per_pos.append(h)
+    assert torch.allclose(per_pos[0][:, :-1], per_pos[1][:, :-1], atol=1e-6)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_attention_paths_agree(attention):
+    from checks.models import preset as shape_of
+
+    shape = shape_of("tiny")
+    ref = model_mod.materialize(model_mod.build(shape, model_mod.ModelOptions(max_seq_len=32), "fp32"), torch.device("cpu"), 0)
+    other = model_mod.materialize(model_mod.build(shape, model_mod.ModelOptions(attention=attention, max_seq_len=32), "fp32"),
+                                  torch.device("cpu"), 0)
+    x, y = torch.randint(512, (2, 32)), torch.randint(512, (2, 32))
+    assert torch.allclose(ref(x, y), other(x, y), atol=1e-5)
+
+
+# ---------------------------------------------------------------- data and optimizers
+
+
+def test_synthetic_stream_is_learnable_and_deterministic():
+    a, b = data_mod.SyntheticTokens(512, 64, 4, seed=1), data_mod.SyntheticTokens(512, 64, 4, seed=1)
+    x, y = a.next_batch()
+    assert torch.equal(x, b.next_batch()[0])
+    follows = (y == a.perm[x]).float().mean().item()
+    assert 0.85 < follows < 0.95  # the rule holds except for the 10% noise
+    other_rank = data_mod.SyntheticTokens(512, 64, 4, seed=1, rank=1).next_batch()[0]
+    assert not torch.equal(x, other_rank)
+
+
+def test_token_file(tmp_path):
+    ids = torch.arange(1000, dtype=torch.int64) % 300
+    path = tmp_path / "tokens.bin"
+    path.write_bytes(struct.pack(f"<{len(ids)}H", *ids.tolist()))  # nanoGPT's uint16 format
+    stream = data_mod.TokenFile(str(path), 512, 16, 3)
+    x, y = stream.next_batch()
+    assert x.shape == (3, 16) and torch.equal(y[:, :-1], x[:, 1:])
+    assert torch.equal((x + 1) % 300, y)  # consecutive ids, as written
+
+
+def test_warmup_then_cosine():
+    lrs = [warmup_cosine(s, 10, 100) for s in range(100)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
+    assert lrs[-1] == pytest.approx(0.1, abs=0.01)
+
+
+def test_lion_descends():
+    w = torch.nn.Parameter(torch.tensor([3.0, -2.0]))
+    opt = Lion([w], lr=0.1)
+    for step in range(300):
+        opt.param_groups[0]["lr"] = 0.1 * 0.98 ** step  # sign updates need a decaying lr to settle
+        opt.zero_grad()
+        (w ** 2).sum().backward()
+        opt.step()
+    assert w.abs().max() < 0.5  # from 3.0
+    # One step by hand (Chen et al. 2023, Alg. 2): m=0, so the update is lr * sign(g).
+    v = torch.nn.Parameter(torch.tensor([1.0, -1.0]))
+    one = Lion([v], lr=0.5)
+    (v * torch.tensor([2.0, 3.0])).sum().backward()
+    one.step()
+    assert v.tolist() == [0.5, -1.5]
+    assert torch.allclose(one.state[v]["exp_avg"], torch.tensor([0.02, 0.03]))
+    assert set(opt.state[w]) == {"exp_avg"}  # one state, as checks/memory.py counts
+
+
+# ---------------------------------------------------------------- the loop: variants measured
+
+
+def test_checkpointing_saves_measured_memory(tmp_path):
+    measured = {}
+    for mode in ("none", "selective", "full"):
+        run, verdict, r = run_tiny(tmp_path / mode, steps=30, checkpointing=mode)
+        assert verdict.status == "pass", verdict.reasons
+        measured[mode] = r["activations + loss"].measured
+        assert abs(r["peak allocated"].error) < 0.25, (mode, r["peak allocated"])
+    assert measured["full"] < measured["selective"] < measured["none"]
+
+
+def test_accumulation_keeps_gradients_and_trains(tmp_path):
+    run, verdict, r = run_tiny(tmp_path, steps=30, grad_accum=2)
+    assert verdict.status == "pass"
+    assert run.summary["loss_last"] < run.summary["loss_first"] / 2
+    lines = [json.loads(x) for x in (tmp_path / "runs" / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert lines[0]["tokens"] == 2 * 8 * 128
+    assert abs(r["grads"].error) < 0.10
+
+
+def test_bf16_mixed_and_pure(tmp_path):
+    for precision in ("bf16-mixed", "bf16"):
+        run, verdict, r = run_tiny(tmp_path / precision, steps=30, precision=precision)
+        assert verdict.status == "pass", (precision, verdict.reasons)
+        assert abs(r["params"].error) < 0.10 and abs(r["optimizer"].error) < 0.10
+
+
+@pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is None,
+                    reason="bitsandbytes is in the test extra; this environment lacks it (make setup installs it)")
+def test_adamw8bit_on_cpu(tmp_path):
+    run, verdict, r = run_tiny(tmp_path, steps=30, optimizer="adamw8bit")
+    assert verdict.status == "pass", verdict.reasons
+    states = [v for s in run.optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
+    assert any(v.dtype == torch.uint8 for v in states)  # really 8-bit states
+    assert abs(r["optimizer"].error) < 0.10, r["optimizer"]
+
+
+def test_lora_run(tmp_path):
+    run, verdict, r = run_tiny(tmp_path, steps=30, lora_rank=8, lr=0.02)
+    assert verdict.status == "pass", verdict.reasons
+    assert run.trainable == run.job.shape.lora_params(8)
+
+
+# ---------------------------------------------------------------- verdict and library face
+
+
+def test_judge():
+    assert judge([5.0, 4.0, 2.0], 0.2, 10, 100, 3).status == "pass"
+    assert judge([5.0, 4.9, 4.8], 0.2, 10, 100, 3).status == "failed"
+    assert judge([5.0, float("inf")], 0.2, 10, 100, 2).checks["finite_loss"] is False
+    assert judge([5.0, 1.0], 0.2, 200, 100, 2).checks["under_limit"] is False
+    assert judge([5.0, 1.0], 0.2, 10, 100, 5).checks["all_steps"] is False
+
+
+def test_memory_monitor_in_a_user_loop(tmp_path):
+    """What a user with their own loop writes: the same samples and warnings, no podkit config."""
+    torch.manual_seed(0)
+    counter = TensorCounter()
+    counter.switch_on()
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    log = tmp_path / "mem.jsonl"
+    with MemoryMonitor(every=5, device="cpu", tokens_per_step=32, probe=counter, log_path=log, warmup=2) as mon:
+        for _ in range(23):
+            x = torch.randn(32, 64)
+            loss = (model(x) - x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            mon.step(loss=loss.item())
+    counter.switch_off()
+    assert [r["step"] for r in mon.records] == [5, 10, 15, 20, 23]
+    params = sum(p.numel() * 4 for p in model.parameters())
+    s = mon.summary()
+    assert s["peak_allocated"] >= 4 * params  # weights, grads, two AdamW states
+    assert s["tokens_per_s"] > 0 and s["step_time"] > 0
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    assert len(lines) == 5 and "loss" in lines[0] and lines[-1]["host_rss"] > 0
+
+
+def test_memory_monitor_rejects_bad_every():
+    with pytest.raises(ValueError):
+        MemoryMonitor(every=0, device="cpu")
+
+
+def test_plot_is_a_png(tmp_path):
+    path = tmp_path / "p.png"
+    line_plot(str(path), "TEST", [Series("a", [(0, 1 << 30), (10, 2 << 30)]), Series("b", [(0, 1), (10, 1)], True)])
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", data[16:24])
+    assert (width, height) == (720, 400)

@@ -1,0 +1,223 @@
+"""`bin/smoke`: N profiled training steps of a job, measured against preflight's prediction.
+
+Exit codes: 0 pass, 1 the run failed (NaN, loss did not fall, over the peak limit, a crash),
+2 bad input, 3 out of memory, 130 interrupted. With gpus_per_node > 1 (or FSDP sharding) it
+relaunches itself under torchrun; rank 0 writes runs/<run-id>/ and the parent reports from it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+
+from checks.config import EXAMPLE_JOB, load_job
+from checks.errors import ConfigError
+
+TINY_CPU_JOB = Path(__file__).resolve().parent.parent / "checks" / "examples" / "tiny-cpu.toml"
+EXIT_BAD_INPUT = 2
+EXIT_CODES = {"pass": 0, "failed": 1, "oom": 3, "interrupted": 130}
+
+
+def default_job(device: str) -> Path:
+    """No --config: the bundled 1B example on a GPU, the tiny CPU job elsewhere."""
+    if device == "cpu":
+        return TINY_CPU_JOB
+    from checks.host import HostFacts
+
+    facts = HostFacts(env={}, packages={})
+    from checks.host import _probe_nvml
+
+    _probe_nvml(facts)
+    return EXAMPLE_JOB if facts.gpus else TINY_CPU_JOB
+
+
+def _setup_logging(run_path: Path | None, rank: int) -> None:
+    root = logging.getLogger("podkit")
+    root.setLevel(logging.INFO)
+    root.handlers.clear()
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S")
+    if rank == 0:
+        console = logging.StreamHandler(sys.stderr)
+        console.setFormatter(logging.Formatter("smoke: %(message)s"))
+        console.addFilter(lambda record: not getattr(record, "file_only", False))  # tracebacks: smoke.log only
+        root.addHandler(console)
+    if run_path is not None:
+        name = "smoke.log" if rank == 0 else f"smoke.rank{rank}.log"
+        fh = logging.FileHandler(run_path / name)
+        fh.setFormatter(fmt)
+        root.addHandler(fh)
+    root.propagate = False
+
+
+def _fail(message: str) -> None:
+    click.echo(f"smoke: {message}", err=True)
+    sys.exit(EXIT_BAD_INPUT)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--config", "-c", "config", default=None,
+              help="Job TOML. Default: the bundled Llama 3.2 1B example on a GPU, a tiny model on CPU.")
+@click.option("--steps", type=int, default=None, help="Override smoke.steps (default 100).")
+@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
+              help="Where to train; auto takes the GPU when there is one.")
+@click.option("--output-dir", default=None, help="Where run directories go (default: the job's train.output_dir, runs/).")
+@click.option("--run-id", default=None, help="Name of the run directory (default: time-job-random).")
+@click.option("--json", "as_json", is_flag=True, help="Print summary.json to stdout at the end.")
+@click.option("--inject-fault", default="", hidden=True, help="Test hook: nan:STEP or oom:STEP.")
+def main(config, steps, device, output_dir, run_id, as_json, inject_fault) -> None:
+    """Train the job for 100 profiled steps and compare measured memory with the prediction.
+
+    Ends with a verdict: pass when there was no OOM and no NaN, the loss fell clearly and the
+    peak stayed under the limit. Everything lands in runs/<run-id>/: config.toml, env.json,
+    metrics.jsonl, summary.json, memory.png, memory_snapshot.pickle and smoke.log.
+    """
+    from train import parallel
+
+    try:
+        path = Path(config) if config else default_job(device)
+        job = load_job(path)
+        if steps is not None:
+            if steps <= 0:
+                raise ConfigError("--steps", f"must be at least 1, got {steps}")
+            job = job.replace(smoke={"steps": steps})
+        from train.smoke import Fault
+
+        fault = Fault.parse(inject_fault)
+        from train.smoke import check_runnable, pick_device
+
+        check_runnable(job, pick_device(device))  # before any process is launched
+    except ConfigError as exc:
+        _fail(str(exc))
+    from train.outputs import new_run_id
+
+    root = Path(output_dir or job.train.output_dir)
+    if not root.is_absolute() and job.train.output_dir == "runs" and output_dir is None:
+        root = Path.cwd() / root
+    run_id = run_id or os.environ.get("PODKIT_RUN_ID") or new_run_id(job.source)
+    distributed = job.cluster.gpus_per_node > 1 or job.cluster.sharding != "none"
+    if distributed and not parallel.under_torchrun():
+        sys.exit(_launch_torchrun(job, root, run_id, as_json))
+    sys.exit(_run(job, path, device, root, run_id, fault, as_json))
+
+
+def _run(job, path, device_pref, root: Path, run_id: str, fault, as_json: bool) -> int:
+    import torch
+
+    from train import parallel
+    from train.outputs import RunDir
+    from train.smoke import SmokeRun, check_runnable, pick_device
+
+    try:
+        device = pick_device(device_pref)
+        check_runnable(job, device)
+    except ConfigError as exc:
+        _fail(str(exc))
+    world = parallel.init_world(device.type)
+    if device.type == "cuda":
+        device = torch.device("cuda", world.local_rank)
+    try:
+        run_dir = RunDir(root, run_id)
+    except OSError as exc:
+        _fail(f"--output-dir: cannot create {root / run_id}: {exc}")
+    _setup_logging(run_dir.path, world.rank)
+    log = logging.getLogger("podkit.smoke")
+    if world.main:
+        log.info("run %s -> %s", run_id, run_dir.path)
+        log.info("job %s: %s, %s, micro-batch %d x accum %d x seq %d, checkpointing %s on %s x %s",
+                 path, job.train.precision, job.train.optimizer, job.train.micro_batch, job.train.grad_accum,
+                 job.train.seq_len, job.train.checkpointing, world.size, device.type)
+        if job.cluster.nodes > 1:
+            log.info("smoke runs one node: %d of the job's %d processes; predicted for that world",
+                     world.size, job.cluster.world_size)
+    try:
+        smoke = SmokeRun(job, device, world, run_dir, fault)
+        verdict = smoke.run(job.smoke.steps)
+    except ConfigError as exc:
+        parallel.shutdown()
+        _fail(str(exc))
+    parallel.shutdown()
+    if os.environ.get("PODKIT_LAUNCHER"):
+        return 0  # our own torchrun parent reads summary.json and exits with the verdict's code
+    if world.main:
+        _report(smoke.summary, run_dir.path, as_json)
+    return verdict.exit_code
+
+
+def _launch_torchrun(job, root: Path, run_id: str, as_json: bool) -> int:
+    """Run this same command as `torchrun --standalone --nproc-per-node N`, then report rank 0's summary."""
+    nproc = job.cluster.gpus_per_node
+    argv = [a for a in sys.argv[1:]]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           "-m", "train.cli", *argv, "--run-id", run_id, "--output-dir", str(root)]
+    env = dict(os.environ, PODKIT_RUN_ID=run_id, PODKIT_LAUNCHER="1", OMP_NUM_THREADS=os.environ.get(
+        "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc))))
+    click.echo(f"smoke: launching {nproc} processes under torchrun (run {run_id})", err=True)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL if as_json else None)
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:
+        code = proc.wait()  # the workers got the same Ctrl-C; let them write their summary
+    summary_path = root / run_id / "summary.json"
+    try:
+        summary = json.loads(summary_path.read_text())
+    except (OSError, json.JSONDecodeError):
+        click.echo(f"smoke: torchrun exited {code} without a summary; see {root / run_id}", err=True)
+        return 1
+    if summary.get("status") == "running":
+        click.echo(f"smoke: torchrun exited {code} before rank 0 finished; see {root / run_id}/smoke.log", err=True)
+        return 1
+    _report(summary, root / run_id, as_json)
+    return EXIT_CODES.get(summary.get("status"), 1)
+
+
+def _report(summary: dict, run_path: Path, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(stderr=True, width=None if sys.stderr.isatty() else 110)
+    mib = 1 << 20
+    table = Table(title="Memory: predicted vs measured (per GPU)", title_justify="left")
+    for col, justify in (("term", "left"), ("predicted MiB", "right"), ("measured MiB", "right"),
+                         ("error", "right"), ("how", "left")):
+        table.add_column(col, justify=justify)
+    for row in summary.get("memory", []):
+        p, m, e = row["predicted"], row["measured"], row["error"]
+        colour = "green" if e is not None and abs(e) <= 0.1 else "yellow" if e is not None and abs(e) <= 0.25 else "red"
+        table.add_row(row["name"], "-" if p is None else f"{p / mib:,.1f}", "-" if m is None else f"{m / mib:,.1f}",
+                      "-" if e is None else f"[{colour}]{e:+.1%}[/]", row["note"])
+    console.print(table)
+    speed = []
+    if summary.get("step_time"):
+        speed.append(f"{summary['step_time'] * 1e3:,.1f} ms/step")
+    if summary.get("tokens_per_s"):
+        speed.append(f"{summary['tokens_per_s']:,.0f} tokens/s")
+    if summary.get("mfu") is not None:
+        speed.append(f"MFU {summary['mfu']:.1%}")
+    lf, ll = summary.get("loss_first"), summary.get("loss_last")
+    if lf is not None and ll is not None:
+        floor = summary.get("loss_floor")
+        speed.append(f"loss {lf:.3f} -> {ll:.3f}" + (f" (floor {floor:.2f})" if floor else ""))
+    if speed:
+        console.print("; ".join(speed))
+    for w in summary.get("warnings", []):
+        console.print(f"[yellow]warning:[/] {w}")
+    for s in summary.get("suggestions", []) or []:
+        change = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in s["changes"].items())
+        console.print(f"[cyan]would fit:[/] {change} ({s['total'] / (1 << 30):.1f} GiB, step time x{s['slowdown']})")
+    status = summary["status"]
+    colour = {"pass": "bold green", "oom": "bold red", "failed": "bold red"}.get(status, "yellow")
+    why = "; ".join(summary.get("reasons", []))
+    console.print(f"smoke: [{colour}]{status}[/]{': ' + why if why else ''} ({summary['steps']} steps) -> {run_path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,225 @@
+"""Where measured memory comes from: the CUDA caching allocator, or a tensor counter on CPU.
+
+Both answer the same questions (bytes allocated now, the peak since a reset, the peak over the
+whole run) so the step loop, the predicted-vs-measured comparison and MemoryMonitor read one
+interface. The probe is the only owner of peak resets: it folds each window's peak into the
+run's peak first, so resetting for a phase never loses the overall maximum.
+
+On CUDA the numbers are the allocator's host-side counters: reading them does not synchronise.
+On CPU there is no allocator to ask, so TensorCounter, a TorchDispatchMode, counts the bytes of
+every tensor storage an op creates and a weakref finalizer subtracts them when it is freed. It
+costs Python time per op, so the smoke run enables it only for its first steps, like the CUDA
+memory history; storages it saw keep being subtracted when they die after it is switched off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+import time
+import weakref
+from dataclasses import dataclass
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
+from torch.utils._pytree import tree_leaves
+
+
+@dataclass(frozen=True)
+class AllocatorStats:
+    """torchtitan's DeviceMemStats, in bytes: what matters for an OOM post-mortem."""
+
+    allocated: int
+    reserved: int
+    peak_allocated: int
+    peak_active: int
+    peak_reserved: int
+    alloc_retries: int
+    ooms: int
+
+
+class CudaProbe:
+    kind = "cuda"
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._run_peak = {"allocated": 0, "active": 0, "reserved": 0}
+
+    def allocated(self) -> int:
+        return torch.cuda.memory_allocated(self.device)
+
+    def window_peak(self) -> int:
+        return torch.cuda.max_memory_allocated(self.device)
+
+    def reset_peak(self) -> None:
+        self._fold()
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def _fold(self) -> dict:
+        s = torch.cuda.memory_stats(self.device)
+        for key in self._run_peak:
+            self._run_peak[key] = max(self._run_peak[key], s.get(f"{key}_bytes.all.peak", 0))
+        return s
+
+    def stats(self) -> AllocatorStats:
+        s = self._fold()
+        return AllocatorStats(
+            allocated=s.get("allocated_bytes.all.current", 0),
+            reserved=s.get("reserved_bytes.all.current", 0),
+            peak_allocated=self._run_peak["allocated"],
+            peak_active=self._run_peak["active"],
+            peak_reserved=self._run_peak["reserved"],
+            alloc_retries=s.get("num_alloc_retries", 0),
+            ooms=s.get("num_ooms", 0),
+        )
+
+    # The allocator's own history: what PyTorch's memory_viz (pytorch.org/memory_viz) reads.
+    def start_history(self) -> None:
+        torch.cuda.memory._record_memory_history(max_entries=200_000)
+
+    def dump_history(self, path: str) -> None:
+        torch.cuda.memory._dump_snapshot(path)
+
+    def stop_history(self) -> None:
+        torch.cuda.memory._record_memory_history(enabled=None)
+
+
+class TensorCounter(TorchDispatchMode):
+    """Live tensor bytes on CPU, with a trace in memory_viz's snapshot format."""
+
+    kind = "tensor-counter"
+
+    def __init__(self, trace_limit: int = 200_000):
+        super().__init__()
+        self.live = 0
+        self._window_peak = 0
+        self._run_peak = 0
+        self._sizes: dict[int, tuple[int, int]] = {}  # id(storage) -> (bytes, address)
+        self._trace: list[dict] | None = None
+        self._trace_limit = trace_limit
+        self.active = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            for plain in _plain_tensors(t):
+                self._track(plain.untyped_storage(), func)
+        return out
+
+    def _track(self, storage, func) -> None:
+        key = id(storage)
+        if key in self._sizes:
+            return  # a view or an in-place result: no new memory
+        n, addr = storage.nbytes(), storage.data_ptr()
+        self._sizes[key] = (n, addr)
+        self.live += n
+        if self.live > self._window_peak:
+            self._window_peak = self.live
+        if self._trace is not None and len(self._trace) < self._trace_limit:
+            self._trace.append({"action": "alloc", "addr": addr, "size": n, "stream": 0,
+                                "time_us": time.perf_counter_ns() // 1000,
+                                "frames": [{"filename": "aten", "line": 0, "name": str(func)}]})
+        weakref.finalize(storage, self._free, key)
+
+    def _free(self, key: int) -> None:
+        n, addr = self._sizes.pop(key, (0, 0))
+        self.live -= n
+        if self._trace is not None and len(self._trace) < self._trace_limit:
+            for action in ("free_requested", "free_completed"):
+                self._trace.append({"action": action, "addr": addr, "size": n, "stream": 0,
+                                    "time_us": time.perf_counter_ns() // 1000, "frames": []})
+
+    def adopt(self, tensors) -> None:
+        """Count tensors created before the counter was switched on (they are not in the trace)."""
+        trace, self._trace = self._trace, None
+        for t in tensors:
+            for plain in _plain_tensors(t):
+                self._track(plain.untyped_storage(), "preexisting")
+        self._trace = trace
+
+    # -- the probe interface ------------------------------------------------------------------
+    def allocated(self) -> int:
+        return self.live
+
+    def window_peak(self) -> int:
+        return self._window_peak
+
+    def reset_peak(self) -> None:
+        self._run_peak = max(self._run_peak, self._window_peak)
+        self._window_peak = self.live
+
+    def stats(self) -> AllocatorStats:
+        peak = max(self._run_peak, self._window_peak)
+        return AllocatorStats(self.live, self.live, peak, peak, peak, 0, 0)
+
+    def start_history(self) -> None:
+        self._trace = []
+
+    def stop_history(self) -> None:
+        self._trace = None
+
+    def dump_history(self, path: str) -> None:
+        blocks = [{"size": n, "state": "active_allocated", "requested_size": n, "frames": []}
+                  for n, _ in self._sizes.values()]
+        snapshot = {"device_traces": [list(self._trace or [])],
+                    "segments": [{"device": 0, "address": 0, "total_size": sum(b["size"] for b in blocks),
+                                  "stream": 0, "blocks": blocks}] if blocks else []}
+        with open(path, "wb") as f:
+            pickle.dump(snapshot, f)
+
+    # -- switching ------------------------------------------------------------------------------
+    def switch_on(self) -> None:
+        if not self.active:
+            self.__enter__()
+            self.active = True
+
+    def switch_off(self) -> None:
+        if self.active:
+            self.__exit__(None, None, None)
+            self.active = False
+
+
+def _plain_tensors(t) -> list[torch.Tensor]:
+    """The tensors that own memory: a wrapper subclass (FSDP2's DTensor) owns none itself and
+    its local shard is created while this mode is paused, so count its inner tensors instead."""
+    if not isinstance(t, torch.Tensor) or t.is_meta:
+        return []
+    if is_traceable_wrapper_subclass(t):
+        names, _ = t.__tensor_flatten__()
+        return [x for name in names for x in _plain_tensors(getattr(t, name))]
+    return [t]
+
+
+def make_probe(device: torch.device):
+    return CudaProbe(device) if device.type == "cuda" else TensorCounter()
+
+
+class PhasePeaks:
+    """Peak bytes above the start of each phase of a step (forward, backward, step), over all
+    measured steps, plus the allocated level at marked points: the measured side of the
+    predicted-vs-measured table."""
+
+    def __init__(self, probe):
+        self.probe = probe
+        self.peaks: dict[str, int] = {}  # phase -> highest absolute peak
+        self.rises: dict[str, int] = {}  # phase -> highest peak minus the level at its start
+        self.marks: dict[str, int] = {}
+        self.enabled = True
+
+    def mark(self, name: str) -> None:
+        if self.enabled and name not in self.marks:
+            self.marks[name] = self.probe.allocated()
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        if not self.enabled:
+            yield
+            return
+        start = self.probe.allocated()
+        self.probe.reset_peak()
+        try:
+            yield
+        finally:
+            peak = self.probe.window_peak()
+            self.peaks[name] = max(self.peaks.get(name, 0), peak)
+            self.rises[name] = max(self.rises.get(name, 0), peak - start)

@@ -1,0 +1,329 @@
+"""The smoke model: a Llama-style decoder built from the job's ModelShape.
+
+It is structured the way checks/memory.py counts it (HF modeling_llama): RMSNorm computed in
+fp32, separate q/k/v/o and gate/up/down projections, RoPE, grouped-query attention without
+repeating k/v for SDPA, and the loss as cross_entropy(logits.float()) inside forward so the
+logits are never kept. Change one and the other must follow.
+
+The model is created on the meta device and materialised once, straight on the target device
+(`materialize`), so a 7B model never passes through CPU RAM.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from checks.models import ModelShape
+
+ROPE_THETA = 500000.0  # Llama 3
+LORA_ALPHA = 16
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    attention: str = "sdpa"  # sdpa | flash-attn | eager
+    checkpointing: str = "none"  # none | selective | full
+    lora_rank: int = 0
+    base_quant: str = "none"  # none | int8 | nf4
+    max_seq_len: int = 2048
+
+
+class RMSNorm(nn.Module):
+    """HF LlamaRMSNorm: normalise in fp32, cast back, then scale."""
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class LoRALinear(nn.Module):
+    """A frozen base linear plus a trainable low-rank update (Hu et al. 2021): W x + B A x * alpha/r."""
+
+    def __init__(self, base: nn.Module, fan_in: int, fan_out: int, rank: int, dtype: torch.dtype):
+        super().__init__()
+        self.base = base
+        self.lora_A = nn.Linear(fan_in, rank, bias=False, dtype=dtype)
+        self.lora_B = nn.Linear(rank, fan_out, bias=False, dtype=dtype)
+        self.scale = LORA_ALPHA / rank
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + self.lora_B(self.lora_A(x)) * self.scale
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, shape: ModelShape, opts: ModelOptions, linear):
+        super().__init__()
+        self.heads, self.kv_heads, self.d_head = shape.heads, shape.kv_heads, shape.d_head
+        self.attention = opts.attention
+        h = shape.hidden
+        self.q_proj = linear(h, shape.q_dim, bias=shape.qkv_bias)
+        self.k_proj = linear(h, shape.kv_dim, bias=shape.qkv_bias)
+        self.v_proj = linear(h, shape.kv_dim, bias=shape.qkv_bias)
+        self.o_proj = linear(shape.q_dim, h, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q = self.q_proj(x).view(b, s, self.heads, self.d_head).transpose(1, 2)
+        k = self.k_proj(x).view(b, s, self.kv_heads, self.d_head).transpose(1, 2)
+        v = self.v_proj(x).view(b, s, self.kv_heads, self.d_head).transpose(1, 2)
+        cos, sin = cos[:s].to(q.dtype), sin[:s].to(q.dtype)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        if self.attention == "flash-attn":
+            from flash_attn import flash_attn_func  # (b, s, heads, d) layout; GQA native
+
+            out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
+            out = out.reshape(b, s, -1)
+        else:
+            if self.attention == "eager":
+                out = _eager_attention(q, k, v, self.heads // self.kv_heads)
+            else:
+                # The flash backend on CUDA (fp16/bf16), memory-efficient or math otherwise; no
+                # s x s matrix is kept, and GQA needs no repeated k/v.
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                     enable_gqa=self.heads != self.kv_heads)
+            out = out.transpose(1, 2).reshape(b, s, -1)
+        return self.o_proj(out)
+
+
+def _eager_attention(q, k, v, groups: int) -> torch.Tensor:
+    """HF's eager path: repeat k/v to every head, fp32 softmax over the full s x s scores."""
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    s = q.shape[-2]
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
+    scores = scores.masked_fill(mask, float("-inf"))
+    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    return probs @ v
+
+
+class MLP(nn.Module):
+    def __init__(self, shape: ModelShape, linear):
+        super().__init__()
+        self.gate_proj = linear(shape.hidden, shape.ffn, bias=False)
+        self.up_proj = linear(shape.hidden, shape.ffn, bias=False)
+        self.down_proj = linear(shape.ffn, shape.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, shape: ModelShape, opts: ModelOptions, linear):
+        super().__init__()
+        self.input_layernorm = RMSNorm(shape.hidden)
+        self.self_attn = Attention(shape, opts, linear)
+        self.post_attention_layernorm = RMSNorm(shape.hidden)
+        self.mlp = MLP(shape, linear)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+# torchtitan's selective checkpointing policy: keep what is expensive to recompute (matmuls and
+# attention), recompute norms, activations, casts and RoPE. Resolved lazily: some SDPA overloads
+# only exist in some builds.
+_SAVE_OPS = ("mm", "addmm", "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+             "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu")
+
+
+def _selective_policy():
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    save = {getattr(torch.ops.aten, name).default for name in _SAVE_OPS if hasattr(torch.ops.aten, name)}
+
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy
+
+
+class Decoder(nn.Module):
+    def __init__(self, shape: ModelShape, opts: ModelOptions, linear):
+        super().__init__()
+        self.shape, self.opts = shape, opts
+        self.embed_tokens = nn.Embedding(shape.vocab, shape.hidden)
+        self.layers = nn.ModuleList(Block(shape, opts, linear) for _ in range(shape.layers))
+        self.norm = RMSNorm(shape.hidden)
+        self.lm_head = None if shape.tie_embeddings else nn.Linear(shape.hidden, shape.vocab, bias=False)
+        # RoPE tables: recomputed by init_weights after materialisation, never saved.
+        self.register_buffer("rope_cos", torch.empty(opts.max_seq_len, shape.d_head), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(opts.max_seq_len, shape.d_head), persistent=False)
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The mean next-token loss. Computed here, in fp32, so the logits die with this frame."""
+        x = self.embed_tokens(tokens)
+        for block in self.layers:
+            x = self._run_block(block, x)
+        x = self.norm(x)
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        logits = F.linear(x, weight) if self.lm_head is None else self.lm_head(x)
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
+
+    def _run_block(self, block: Block, x: torch.Tensor) -> torch.Tensor:
+        mode = self.opts.checkpointing
+        if mode == "none":
+            return block(x, self.rope_cos, self.rope_sin)
+        from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+
+        kwargs = {}
+        if mode == "selective":
+            kwargs["context_fn"] = partial(create_selective_checkpoint_contexts, _selective_policy())
+        # Non-reentrant: works with autocast, FSDP2 hooks and inputs that need no grad.
+        return checkpoint(block, x, self.rope_cos, self.rope_sin, use_reentrant=False, **kwargs)
+
+    @torch.no_grad()
+    def init_weights(self, seed: int) -> None:
+        """Initialise in place on whatever device the model now lives on (deterministic per seed)."""
+        gen = torch.Generator(device=self.rope_cos.device).manual_seed(seed)
+        for name, p in self.named_parameters():
+            local = p.to_local() if hasattr(p, "to_local") else p  # FSDP2: this rank's shard
+            if local.dtype in (torch.uint8, torch.int8) or getattr(p, "bnb_quantized", False):
+                continue
+            if name.endswith("lora_B.weight"):
+                local.zero_()  # LoRA starts as the identity update
+            elif local.dim() == 1:
+                local.fill_(1.0) if "norm" in name else local.zero_()
+            else:
+                local.normal_(0.0, 0.02, generator=_gen_for(local, gen))
+        d = self.shape.d_head
+        inv = 1.0 / (ROPE_THETA ** (torch.arange(0, d, 2, device=self.rope_cos.device).float() / d))
+        t = torch.arange(self.opts.max_seq_len, device=inv.device).float()
+        freqs = torch.outer(t, inv)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.rope_cos.copy_(emb.cos())
+        self.rope_sin.copy_(emb.sin())
+
+
+def _gen_for(t: torch.Tensor, gen: torch.Generator) -> torch.Generator | None:
+    return gen if gen.device == t.device else None
+
+
+def compute_dtype(precision: str) -> torch.dtype:
+    return {"fp32": torch.float32, "fp16-mixed": torch.float16, "bf16-mixed": torch.bfloat16,
+            "bf16": torch.bfloat16}[precision]
+
+
+def param_dtype(precision: str) -> torch.dtype:
+    """How trainable weights are stored: fp32 masters for mixed precision, bf16 for pure bf16."""
+    return torch.bfloat16 if precision == "bf16" else torch.float32
+
+
+def build(shape: ModelShape, opts: ModelOptions, precision: str) -> Decoder:
+    """The model on the meta device: shapes and dtypes only, no memory anywhere."""
+    if shape.arch != "llama":
+        from checks.errors import ConfigError
+
+        raise ConfigError("model", f"bin/smoke trains Llama-style decoders; {shape.name} is {shape.arch}",
+                          "use a llama/mistral/qwen2 preset, hf_config or explicit dimensions")
+    trainable = param_dtype(precision)
+    frozen = compute_dtype(precision)  # LoRA's base never updates: no fp32 master copy
+    with torch.device("meta"):
+        if opts.lora_rank:
+            def linear(fan_in, fan_out, bias=False):
+                base = _base_linear(fan_in, fan_out, bias, opts.base_quant, frozen)
+                return LoRALinear(base, fan_in, fan_out, opts.lora_rank, trainable)
+        else:
+            def linear(fan_in, fan_out, bias=False):
+                return nn.Linear(fan_in, fan_out, bias=bias, dtype=trainable)
+        model = Decoder(shape, opts, linear)
+        if opts.lora_rank:
+            for name, p in model.named_parameters():
+                if "lora_" not in name:
+                    p.requires_grad_(False)
+                    if p.is_floating_point():
+                        p.data = p.data.to(frozen)
+        else:
+            model.to(trainable)
+    return model
+
+
+def _base_linear(fan_in: int, fan_out: int, bias: bool, quant: str, dtype: torch.dtype) -> nn.Module:
+    if quant == "none":
+        return nn.Linear(fan_in, fan_out, bias=bias, dtype=dtype)
+    import bitsandbytes as bnb
+
+    if quant == "nf4":
+        # QLoRA: NF4 with double quantization, bf16 compute (Dettmers et al. 2023).
+        return bnb.nn.Linear4bit(fan_in, fan_out, bias=bias, compute_dtype=dtype, compress_statistics=True,
+                                 quant_type="nf4")
+    return bnb.nn.Linear8bitLt(fan_in, fan_out, bias=bias, has_fp16_weights=False)
+
+
+def materialize(model: Decoder, device: torch.device, seed: int) -> Decoder:
+    """Allocate every (local) tensor once on `device` and initialise it there.
+
+    With bitsandbytes bases, each weight is initialised in the compute dtype on the GPU and
+    quantized there, one layer at a time.
+    """
+    if model.opts.base_quant == "none":
+        model.to_empty(device=device)
+        model.init_weights(seed)
+        return model
+    return _materialize_quantized(model, device, seed)
+
+
+def _materialize_quantized(model: Decoder, device: torch.device, seed: int) -> Decoder:
+    import bitsandbytes as bnb
+
+    gen = torch.Generator(device=device).manual_seed(seed + 1)
+    dtype = compute_dtype("bf16")
+    for module in model.modules():
+        if isinstance(module, LoRALinear) and not isinstance(module.base, nn.Linear):
+            base = module.base
+            w = torch.empty(base.out_features, base.in_features, device=device, dtype=dtype)
+            w.normal_(0.0, 0.02, generator=gen)
+            if isinstance(base, bnb.nn.Linear4bit):
+                base.weight = bnb.nn.Params4bit(w, requires_grad=False, quant_type="nf4",
+                                                compress_statistics=True).to(device)
+            else:
+                base.weight = bnb.nn.Int8Params(w, requires_grad=False, has_fp16_weights=False).to(device)
+            if base.bias is not None:
+                base.bias = nn.Parameter(torch.zeros(base.out_features, device=device, dtype=dtype),
+                                         requires_grad=False)
+    # Everything still on meta (embeddings, norms, adapters, RoPE tables) is allocated now.
+    for module in model.modules():
+        for name, p in list(module.named_parameters(recurse=False)):
+            if p.is_meta:
+                setattr(module, name, nn.Parameter(torch.empty_like(p, device=device), requires_grad=p.requires_grad))
+        for name, b in list(module.named_buffers(recurse=False)):
+            if b.is_meta:
+                module._buffers[name] = torch.empty_like(b, device=device)
+    model.init_weights(seed)
+    return model
+
+
+def count_params(model: nn.Module) -> tuple[int, int]:
+    """(total, trainable), counting each shared tensor once and quantized weights by their element count."""
+    total = trainable = 0
+    seen = set()
+    for p in model.parameters():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        n = p.numel()
+        if getattr(p, "quant_state", None) is not None:  # Params4bit packs two weights per byte
+            n = p.quant_state.shape.numel()
+        total += n
+        trainable += n if p.requires_grad else 0
+    return total, trainable

@@ -1,0 +1,104 @@
+"""Optimizers and the learning-rate schedule of the smoke run.
+
+The state each one keeps is what checks/memory.py's optimizer_bytes counts: AdamW two states in
+the parameter dtype (fused kernel on CUDA: no step temporaries), bitsandbytes 8-bit AdamW two
+uint8 states plus an fp32 absmax per 256 values, Lion and SGD one momentum buffer, Adafactor a
+factored second moment.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from checks.errors import ConfigError
+
+BNB_INSTALL = "make deploy installs it on a pod (envsetup); here: .venv/bin/pip install bitsandbytes"
+
+
+class Lion(torch.optim.Optimizer):
+    """Lion (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms"): sign of an
+    interpolated momentum; one state per parameter and one temporary of the tensor being updated."""
+
+    def __init__(self, params, lr: float = 1e-4, betas=(0.9, 0.99), weight_decay: float = 0.0):
+        super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["exp_avg"] = torch.zeros_like(p)
+                m = state["exp_avg"]
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                update = m.mul(b1).add_(p.grad, alpha=1 - b1).sign_()
+                p.add_(update, alpha=-group["lr"])
+                m.mul_(b2).add_(p.grad, alpha=1 - b2)
+        return None
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Decay matrices; leave norms, biases and other vectors alone (nanoGPT's split)."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.dim() >= 2 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    return groups
+
+
+def optimizer_class(name: str, device: torch.device):
+    """(class, extra kwargs) for an optimizer name; bitsandbytes imported only when asked for."""
+    if name == "adamw":
+        # Fused (CUDA, and CPU since torch 2.4): one kernel over all tensors, no full-size temporaries.
+        kind = {"fused": True}
+        return torch.optim.AdamW, {"betas": (0.9, 0.95), **kind}
+    if name in ("adamw8bit", "paged_adamw8bit"):
+        try:
+            import bitsandbytes as bnb
+        except ImportError:
+            raise ConfigError("train.optimizer", f"{name} needs bitsandbytes, which is not installed",
+                              BNB_INSTALL) from None
+        cls = bnb.optim.PagedAdamW8bit if name == "paged_adamw8bit" else bnb.optim.AdamW8bit
+        return cls, {"betas": (0.9, 0.95)}
+    if name == "lion":
+        return Lion, {"betas": (0.9, 0.99)}
+    if name == "sgd":
+        return torch.optim.SGD, {"momentum": 0.9, "foreach": True}
+    if name == "adafactor":
+        if not hasattr(torch.optim, "Adafactor"):
+            raise ConfigError("train.optimizer", f"adafactor needs torch >= 2.5, found {torch.__version__}",
+                              "use adamw, or a newer torch")
+        return torch.optim.Adafactor, {}
+    raise ConfigError("train.optimizer", f"unknown optimizer {name!r}")
+
+
+def build_optimizer(model: torch.nn.Module, name: str, lr: float, weight_decay: float,
+                    device: torch.device, zero1: bool = False) -> torch.optim.Optimizer:
+    cls, kwargs = optimizer_class(name, device)
+    groups = param_groups(model, weight_decay)
+    if zero1:
+        # ZeRO-1: each rank keeps and updates the states of its share of the parameters.
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        opt = ZeroRedundancyOptimizer(groups[0]["params"], optimizer_class=cls, lr=lr,
+                                      weight_decay=weight_decay, **kwargs)
+        if len(groups) > 1:
+            opt.add_param_group(groups[1])
+        return opt
+    return cls(groups, lr=lr, **kwargs)
+
+
+def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float = 0.1) -> float:
+    """LR multiplier: linear from 1/warmup to 1 over warmup steps, then cosine down to min_ratio."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))

@@ -1,0 +1,163 @@
+"""A run's directory, runs/<run-id>/: everything a smoke run leaves behind, also when it fails.
+
+    config.toml           the job as resolved (defaults filled in, overrides applied)
+    env.json              versions, GPU, driver, the env vars in effect, the allocator settings torch reports
+    metrics.jsonl         one line per step (loss, lr, time) plus the profiler's samples, flushed every line
+    summary.json          the verdict and the numbers (keys in DESIGN.md)
+    memory.png            memory over the steps against the prediction
+    memory_snapshot.pickle  allocator history of the first steps (drag into pytorch.org/memory_viz)
+    smoke.log             the log
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import secrets
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+# Variables recorded in env.json: what changes memory, speed or threading. Secrets never match.
+ENV_PREFIXES = ("PYTORCH_", "CUDA_", "NCCL_", "TORCH_", "OMP_", "MKL_", "TOKENIZERS_", "HF_HOME", "HF_HUB_OFFLINE",
+                "NVIDIA_", "LOCAL_RANK", "WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT")
+SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "CREDENTIAL")
+
+FILES = {"config": "config.toml", "env": "env.json", "metrics": "metrics.jsonl", "summary": "summary.json",
+         "plot": "memory.png", "snapshot": "memory_snapshot.pickle", "log": "smoke.log"}
+
+
+def new_run_id(job_source: str) -> str:
+    stem = Path(job_source).stem if job_source and not job_source.startswith("<") else "job"
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{stem}-{secrets.token_hex(2)}"
+
+
+class RunDir:
+    def __init__(self, root: str | Path, run_id: str):
+        self.run_id = run_id
+        self.path = Path(root) / run_id
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._metrics = None
+
+    def file(self, key: str) -> Path:
+        return self.path / FILES[key]
+
+    def write_json(self, key: str, obj) -> None:
+        tmp = self.file(key).with_suffix(".tmp")
+        tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+        os.replace(tmp, self.file(key))  # never a half-written summary, even when killed mid-write
+
+    def metric(self, record: dict) -> None:
+        if self._metrics is None:
+            self._metrics = open(self.file("metrics"), "a")
+        self._metrics.write(json.dumps(record) + "\n")
+        self._metrics.flush()
+
+    def close(self) -> None:
+        if self._metrics:
+            self._metrics.close()
+            self._metrics = None
+
+    def present(self) -> dict[str, str]:
+        return {key: name for key, name in FILES.items() if (self.path / name).exists()}
+
+
+def resolved_toml(job) -> str:
+    """The job as it ran: every field of every section, so a rerun needs nothing else."""
+    lines = [f"# resolved by bin/smoke from {job.source}"]
+    for section in ("model", "train", "cluster", "smoke"):
+        lines.append(f"\n[{section}]")
+        for f in dataclasses.fields(getattr(job, section)):
+            value = getattr(getattr(job, section), f.name)
+            if section == "model" and value in ("", 0, 0.0, False) and f.name != "tie_embeddings":
+                continue  # unset model alternatives would contradict the one that is set
+            if f.name in ("hf_config", "dataset") and value and job.source and not job.source.startswith("<"):
+                value = str((Path(job.source).parent / value).resolve())  # valid from the run directory too
+            lines.append(f"{f.name} = {_toml_value(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    return json.dumps(str(v))
+
+
+def _git_rev() -> str | None:
+    try:
+        root = Path(__file__).resolve().parent.parent
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=5)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _version(dist: str) -> str | None:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def allocator_settings() -> dict:
+    """What the allocator actually uses, read back from torch rather than trusted from the env var
+    (a typo in PYTORCH_CUDA_ALLOC_CONF is silently ignored by old torch and fatal in new)."""
+    out: dict = {}
+    getter = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
+    if getter is not None:
+        try:
+            out["settings"] = getter()
+            out["source"] = "torch._C._accelerator_getAllocatorSettings"
+        except Exception as exc:  # a CPU build or an uninitialised allocator
+            out["settings"], out["source"] = None, f"unreadable: {exc}"
+    else:
+        out["settings"], out["source"] = None, f"torch {torch.__version__} cannot report its allocator settings"
+    if torch.cuda.is_available():
+        try:
+            out["backend"] = torch.cuda.memory.get_allocator_backend()
+        except Exception:
+            out["backend"] = None
+    return out
+
+
+def env_record(device: torch.device, world_size: int, nvml_driver: str | None) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k.startswith(ENV_PREFIXES) and not any(m in k.upper() for m in SECRET_MARKERS)}
+    rec = {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "host": platform.node(),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "podkit": _git_rev(),
+        "versions": {"torch": torch.__version__, "cuda": torch.version.cuda,
+                     "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+                     "bitsandbytes": _version("bitsandbytes"), "flash-attn": _version("flash-attn"),
+                     "nvidia-ml-py": _version("nvidia-ml-py")},
+        "device": str(device),
+        "world_size": world_size,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "env": env,
+        "allocator": allocator_settings(),
+    }
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        rec["gpu"] = {"name": p.name, "memory": p.total_memory, "compute_capability": f"{p.major}.{p.minor}",
+                      "multiprocessors": p.multi_processor_count, "driver": nvml_driver,
+                      "nccl": ".".join(map(str, torch.cuda.nccl.version())) if world_size > 1 else None}
+        rec["sdpa"] = {"flash": torch.backends.cuda.flash_sdp_enabled(),
+                       "mem_efficient": torch.backends.cuda.mem_efficient_sdp_enabled(),
+                       "cudnn": torch.backends.cuda.cudnn_sdp_enabled(),
+                       "math": torch.backends.cuda.math_sdp_enabled()}
+        rec["tf32_matmul"] = torch.backends.cuda.matmul.allow_tf32
+    return rec

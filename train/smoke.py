@@ -1,0 +1,456 @@
+"""SmokeRun: the job's own configuration for N steps, profiled, ending in a verdict.
+
+The training step in `_train` reads top to bottom like nanoGPT's loop. Memory is measured at
+fixed points of step 2, the first step that starts with optimizer states, while the allocator
+history (CUDA) or the tensor counter (CPU) records the first MEASURED_STEPS steps; after that
+only the monitor's cheap samples run, every profile_every steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import math
+import signal
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from checks import advisor, gpus, memory, rules
+from checks.config import JobConfig
+from checks.errors import ConfigError
+from train import data as data_mod
+from train import model as model_mod
+from train import optim as optim_mod
+from train import parallel
+from train.memprobe import PhasePeaks, TensorCounter, make_probe
+from train.monitor import MemoryMonitor, flops_per_token
+from train.outputs import RunDir, env_record, resolved_toml
+from train.plot import Series, line_plot
+from train.verdict import Verdict, comparison, judge
+
+log = logging.getLogger("podkit.smoke")
+MEASURED_STEPS = 4  # steps 1..4 recorded in detail; step 3 is measured term by term
+FLASH_ATTN_INSTALL = "make deploy installs flash-attn where the GPU supports it (sm80+); or set attention = 'sdpa'"
+
+
+OOM_ERROR = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+
+
+def _torch_at_least(major: int, minor: int) -> bool:
+    parts = torch.__version__.split("+")[0].split(".")
+    return (int(parts[0]), int(parts[1])) >= (major, minor)
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM (a pod being stopped, a job killed) handled like Ctrl-C: the summary is still written."""
+
+
+@dataclass
+class Fault:
+    """A failure injected on purpose (hidden --inject-fault), to test the failure paths end to end."""
+
+    kind: str = ""  # nan | oom
+    step: int = 0
+
+    @classmethod
+    def parse(cls, text: str) -> "Fault":
+        if not text:
+            return cls()
+        kind, _, step = text.partition(":")
+        if kind not in ("nan", "oom") or not step.isdigit():
+            raise ConfigError("--inject-fault", f"{text!r} is not KIND:STEP", "e.g. nan:5 or oom:1")
+        return cls(kind, int(step))
+
+
+def pick_device(preference: str) -> torch.device:
+    if preference == "cpu":
+        return torch.device("cpu")
+    if preference == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device", f"cuda asked for, but torch {torch.__version__} sees no CUDA GPU "
+                          f"(built for CUDA {torch.version.cuda})",
+                          "run on a GPU pod (make deploy), or use --device cpu")
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def check_runnable(job: JobConfig, device: torch.device) -> None:
+    """Everything that would fail minutes into a run, as one clear line up front."""
+    t, c = job.train, job.cluster
+    if job.shape.arch != "llama":
+        raise ConfigError("model", f"bin/smoke trains Llama-style decoders; {job.shape.name} is {job.shape.arch}",
+                          "use a llama/mistral/qwen2 preset, hf_config or explicit dimensions")
+    need_bnb = t.optimizer in ("adamw8bit", "paged_adamw8bit") or t.base_quant != "none"
+    if need_bnb and importlib.util.find_spec("bitsandbytes") is None:
+        raise ConfigError("train.optimizer" if t.base_quant == "none" else "train.base_quant",
+                          "needs bitsandbytes, which is not installed here", optim_mod.BNB_INSTALL)
+    if t.base_quant != "none" and device.type != "cuda":
+        raise ConfigError("train.base_quant", f"{t.base_quant} base layers need a CUDA GPU (bitsandbytes)",
+                          "run on a GPU pod, or set base_quant = 'none' for a CPU smoke run")
+    if t.attention == "flash-attn":
+        if device.type != "cuda":
+            raise ConfigError("train.attention", "flash-attn runs on CUDA GPUs only", "use attention = 'sdpa' on CPU")
+        if importlib.util.find_spec("flash_attn") is None:
+            raise ConfigError("train.attention", "flash-attn is not installed here", FLASH_ATTN_INSTALL)
+    if c.offload != "none" and c.sharding not in ("zero2", "zero3"):
+        raise ConfigError("cluster.offload", "bin/smoke offloads through FSDP2's CPUOffloadPolicy",
+                          "set cluster.sharding = 'zero2' or 'zero3'")
+    bnb = rules.bnb_sharding(job)
+    if bnb.status == rules.FAIL:
+        raise ConfigError("train.optimizer", bnb.message, bnb.fix)
+    if c.sharding in ("zero2", "zero3"):
+        parallel.fsdp_api()
+    if job.shape.kv_heads != job.shape.heads and t.attention == "sdpa" and not _torch_at_least(2, 5):
+        raise ConfigError("train.attention", f"torch {torch.__version__} SDPA lacks grouped-query attention",
+                          "use torch >= 2.5, or attention = 'eager'")
+    if device.type == "cuda" and c.gpus_per_node > torch.cuda.device_count():
+        raise ConfigError("cluster.gpus_per_node", f"{c.gpus_per_node} asked for, this machine has "
+                          f"{torch.cuda.device_count()} GPU(s)", "lower cluster.gpus_per_node")
+
+
+def resolve_dataset(job: JobConfig) -> str:
+    path = job.train.dataset
+    if path and not Path(path).is_absolute() and job.source and not job.source.startswith("<"):
+        path = str(Path(job.source).parent / path)
+    return path
+
+
+@dataclass
+class Measured:
+    losses: list[float] = field(default_factory=list)
+    step_times: list[float] = field(default_factory=list)
+    samples: list[dict] = field(default_factory=list)
+
+
+class SmokeRun:
+    def __init__(self, job: JobConfig, device: torch.device, world: parallel.World, run_dir: RunDir | None,
+                 fault: Fault = Fault()):
+        self.job, self.device, self.world, self.run_dir, self.fault = job, device, world, run_dir, fault
+        self.t, self.c = job.train, job.cluster
+        self.measured = Measured()
+        self.verdict: Verdict | None = None
+        self.error = ""
+        self.started = time.time()
+        # The prediction for this machine: the GPU that is here, the world that runs.
+        self.gpu = self._detect_gpu()
+        self.pred_job = job.replace(cluster={"gpu": self.gpu.name, "nodes": 1, "gpus_per_node": world.size})
+        self.estimate = memory.estimate(self.pred_job)
+        self.probe = make_probe(device)
+        self.phases = PhasePeaks(self.probe)
+        self.monitor: MemoryMonitor | None = None
+        self.summary: dict = {}
+
+    def _detect_gpu(self) -> gpus.GpuSpec:
+        if self.device.type == "cuda":
+            name = torch.cuda.get_device_name(self.device)
+            try:
+                return gpus.lookup(name)
+            except ConfigError:
+                log.warning("%s is not in podkit's GPU catalog: predicting for %s", name, self.c.gpu)
+        return self.job.gpu
+
+    # ------------------------------------------------------------------ building
+    def _build(self):
+        t, c, dev = self.t, self.c, self.device
+        fsdp = c.sharding in ("zero2", "zero3")
+        opts = model_mod.ModelOptions(attention=t.attention, checkpointing=t.checkpointing, lora_rank=t.lora_rank,
+                                      base_quant=t.base_quant, max_seq_len=t.seq_len)
+        model = model_mod.build(self.job.shape, opts, t.precision)
+        if isinstance(self.probe, TensorCounter):
+            self.probe.switch_on()  # count the weights as they are materialised
+        if fsdp:
+            mixed = model_mod.compute_dtype(t.precision) if self.job.train.mixed else None
+            parallel.shard(model, c.sharding, c.offload, mixed)
+        # Each rank initialises its own shard; DDP then broadcasts rank 0's replica.
+        model = model_mod.materialize(model, torch.device("cpu") if c.offload != "none" else dev,
+                                      self.job.smoke.seed + (self.world.rank if fsdp else 0))
+        self.phases.mark("materialized")
+        self.raw_model = model
+        if self.world.distributed and not fsdp:
+            model = parallel.wrap_ddp(model, dev)
+        self.phases.mark("wrapped")
+        self.model = model
+        total, trainable = model_mod.count_params(self.raw_model)
+        self.params, self.trainable = total, trainable
+        self.optimizer = optim_mod.build_optimizer(model, t.optimizer, t.lr, t.weight_decay, dev,
+                                                   zero1=c.sharding == "zero1" and self.world.distributed)
+        self.autocast = t.mixed and not fsdp and c.offload == "none"
+        use_scaler = t.grad_scaler == "on" or (t.grad_scaler == "auto" and t.precision == "fp16-mixed")
+        self.scaler = torch.amp.GradScaler(dev.type) if use_scaler else None
+        dataset = resolve_dataset(self.job)
+        self.data = data_mod.make_stream(dataset, self.job.shape.vocab, t.seq_len, t.micro_batch,
+                                         self.job.smoke.seed, self.world.rank)
+        if dev.type == "cuda" and t.precision == "fp32":
+            torch.backends.cuda.matmul.allow_tf32 = True  # fp32 jobs run on TF32 tensor cores (the catalog's peak)
+        log.info("model %s: %s params, %s trainable, on %s (%s)", self.job.shape.name, f"{total:,}",
+                 f"{trainable:,}", dev, "FSDP2 " + c.sharding if fsdp else "DDP" if self.world.distributed else "1 process")
+
+    def _amp(self):
+        if not self.autocast:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=model_mod.compute_dtype(self.t.precision))
+
+    def _batch(self):
+        x, y = self.data.next_batch()
+        if self.device.type == "cuda":
+            return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
+        return x, y
+
+    # ------------------------------------------------------------------ the loop
+    def _train(self, steps: int) -> None:
+        t = self.t
+        model, opt, scaler, mon, phases = self.model, self.optimizer, self.scaler, self.monitor, self.phases
+        warmup = min(t.warmup_steps, max(1, steps // 10))
+        params = [p for p in model.parameters() if p.requires_grad]
+        for step in range(1, steps + 1):
+            t0 = time.perf_counter()
+            # Step 3: optimizer states exist (step 1) and DDP has rebuilt its buckets (step 2).
+            phases.enabled = step == MEASURED_STEPS - 1
+            phases.mark("step_start")
+            lr = t.lr * optim_mod.warmup_cosine(step - 1, warmup, steps)
+            for group in opt.param_groups:
+                group["lr"] = lr
+            loss_sum = torch.zeros((), device=self.device)
+            for micro in range(t.grad_accum):
+                x, y = self._batch()
+                last = micro == t.grad_accum - 1
+                # DDP all-reduces only after the last micro-step's backward.
+                with parallel.grad_sync(model, sync=last):
+                    with phases.phase("forward"), self._amp():
+                        loss = model(x, y) / t.grad_accum
+                    if self.fault.kind == "nan" and step >= self.fault.step:
+                        loss = loss * float("nan")
+                    if self.fault.kind == "oom" and step == self.fault.step:
+                        raise OOM_ERROR("injected by --inject-fault: CUDA out of memory. "
+                                                     "Tried to allocate 2.00 GiB")
+                    with phases.phase("backward"):
+                        (scaler.scale(loss) if scaler else loss).backward()
+                loss_sum += loss.detach()
+            phases.mark("grads_ready")
+            with phases.phase("step"):
+                if scaler:
+                    scaler.unscale_(opt)
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, t.grad_clip) if t.grad_clip else None
+                if scaler:
+                    scaler.step(opt)  # skips the step when the fp16 gradients overflowed
+                    scaler.update()
+                else:
+                    opt.step()
+                opt.zero_grad(set_to_none=True)
+            if self.world.distributed:
+                torch.distributed.all_reduce(loss_sum, op=torch.distributed.ReduceOp.AVG
+                                             if self.device.type == "cuda" else torch.distributed.ReduceOp.SUM)
+                if self.device.type != "cuda":
+                    loss_sum /= self.world.size  # gloo has no AVG
+            # note: a CPU-GPU sync point, once per step: the NaN check and metrics.jsonl need the value.
+            loss_value = loss_sum.item()
+            dt = time.perf_counter() - t0
+            self.measured.losses.append(loss_value)
+            self.measured.step_times.append(dt)
+            rec = {"step": step, "loss": loss_value, "lr": lr, "step_time": dt,
+                   "tokens": t.micro_batch * t.seq_len * t.grad_accum * self.world.size}
+            if grad_norm is not None:
+                rec["grad_norm"] = float(grad_norm)
+            if self.run_dir:
+                self.run_dir.metric(rec)
+            sample = mon.step(loss=loss_value)
+            if sample is not None:
+                self.measured.samples.append(sample)
+                if self.run_dir:
+                    self.run_dir.metric({"profile": sample})
+                if self.world.main:
+                    log.info("step %d/%d loss %.4f %s", step, steps, loss_value, _brief(sample))
+            elif self.world.main and (step == 1 or step == steps):
+                log.info("step %d/%d loss %.4f (%.0f ms)", step, steps, loss_value, dt * 1e3)
+            if step == MEASURED_STEPS and isinstance(self.probe, TensorCounter):
+                self.probe.switch_off()  # its per-op cost would distort the speed figures
+            if not math.isfinite(loss_value):
+                raise FloatingPointError(f"loss is {loss_value} at step {step}")
+
+    # ------------------------------------------------------------------ run
+    def run(self, steps: int) -> Verdict:
+        oom = interrupted = False
+        self._write_start()
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+        signal.signal(signal.SIGTERM, _raise_interrupted)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started with SIGINT ignored
+        try:
+            self._build()
+            t = self.t
+            tokens = t.micro_batch * t.seq_len * t.grad_accum
+            peak_flops = self.gpu.peak_tflops(t.precision) * 1e12 if self.device.type == "cuda" else 0.0
+            embedding = 0 if self.job.shape.tie_embeddings else self.job.shape.vocab * self.job.shape.hidden
+            self.monitor = MemoryMonitor(
+                every=self.job.smoke.profile_every, device=self.device, tokens_per_step=tokens,
+                flops_per_token=flops_per_token(self.job.shape.params, self.job.shape.layers, self.job.shape.q_dim,
+                                                t.seq_len, embedding),
+                peak_flops=peak_flops, warmup=MEASURED_STEPS, probe=self.probe,
+                snapshot_path=self.run_dir.file("snapshot") if self.run_dir else None,
+                snapshot_steps=MEASURED_STEPS,
+            )
+            with self.monitor:
+                self._train(steps)
+        except OOM_ERROR as exc:
+            oom = True
+            self.error = str(exc).splitlines()[0]
+            self._oom_dump()
+        except KeyboardInterrupt:
+            interrupted = True
+            self.error = "interrupted (Ctrl-C or SIGTERM)"
+        except FloatingPointError as exc:
+            self.error = str(exc)
+        except ConfigError:
+            raise
+        except Exception as exc:  # a crash still leaves the logs and a summary saying why
+            self.error = f"{type(exc).__name__}: {exc}"
+            log.error("run failed:\n%s", traceback.format_exc(), extra={"file_only": True})
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            if isinstance(self.probe, TensorCounter):
+                self.probe.switch_off()
+            if self.monitor is not None and self.monitor._history:
+                self.monitor.dump_snapshot()
+        return self._finish(steps, oom, interrupted)
+
+    def _oom_dump(self) -> None:
+        if self.monitor is not None:
+            self.monitor.dump_snapshot()
+        if self.device.type == "cuda" and self.run_dir:
+            (self.run_dir.path / "memory_summary.txt").write_text(torch.cuda.memory_summary(self.device))
+
+    def _write_start(self) -> None:
+        if not self.run_dir:
+            return
+        self.run_dir.file("config").write_text(resolved_toml(self.job))
+        self.run_dir.write_json("summary", {"status": "running", "run_id": self.run_dir.run_id,
+                                            "predicted": self.estimate.allocated})
+
+    # ------------------------------------------------------------------ results
+    def _finish(self, steps: int, oom: bool, interrupted: bool) -> Verdict:
+        mon = self.monitor.summary() if self.monitor else {}
+        peak_alloc = mon.get("peak_allocated")
+        peak_reserved = mon.get("peak_reserved")
+        if self.world.distributed and not (self.error or oom or interrupted):  # a failed rank may not join
+            peak_alloc = int(parallel.all_reduce_max(peak_alloc or 0, self.device)) or None
+            peak_reserved = int(parallel.all_reduce_max(peak_reserved or 0, self.device)) or None
+        limit = self._limit()
+        checked_peak = peak_reserved if self.device.type == "cuda" else peak_alloc
+        min_drop = self.job.smoke.min_loss_drop
+        if self.t.lora_rank:
+            # The smoke model is randomly initialised: adapters on a random frozen base (embeddings and
+            # head frozen too) learn far more slowly than on a pretrained one.
+            min_drop /= 4
+        verdict = judge(self.measured.losses, min_drop, checked_peak, limit, steps)
+        if oom:
+            verdict.status, verdict.reasons = "oom", [self.error]
+        elif interrupted:
+            verdict.status, verdict.reasons = "interrupted", [self.error]
+        elif self.error:
+            verdict.status = "failed"
+            verdict.reasons.insert(0, self.error)
+        self.verdict = verdict
+        rows = comparison(self.estimate, self.phases.marks, self.phases.peaks, self.phases.rises, peak_alloc,
+                          mon.get("device_peak"), self.device.type)
+        losses = self.measured.losses
+        self.summary = {
+            "status": verdict.status,
+            "reasons": verdict.reasons,
+            "run_id": self.run_dir.run_id if self.run_dir else None,
+            "steps": len(losses),
+            "steps_planned": steps,
+            "loss_first": losses[0] if losses else None,
+            "loss_last": losses[-1] if losses else None,
+            "loss_floor": data_mod.entropy_floor(self.job.shape.vocab) if not self.t.dataset else None,
+            "peak_allocated": peak_alloc,
+            "peak_reserved": peak_reserved,
+            "device_peak": mon.get("device_peak"),
+            "predicted": self.estimate.allocated,
+            "predicted_device": self.estimate.total,
+            "predicted_phase": self.estimate.peak_phase,
+            "limit": limit,
+            "tokens_per_s": mon.get("tokens_per_s") and mon["tokens_per_s"] * self.world.size,
+            "mfu": mon.get("mfu"),
+            "step_time": mon.get("step_time"),
+            "device": str(self.device) + (f" ({self.gpu.name})" if self.device.type == "cuda" else ""),
+            "world_size": self.world.size,
+            "params": getattr(self, "params", None),
+            "trainable_params": getattr(self, "trainable", None),
+            "checks": verdict.checks,
+            "memory": [r.to_json() for r in rows],
+            "measured_by": "torch.cuda.memory_stats" if self.device.type == "cuda" else "tensor counter (CPU)",
+            "alloc_retries": mon.get("alloc_retries"),
+            "ooms": mon.get("ooms"),
+            "warnings": mon.get("warnings", []),
+            "duration_s": round(time.time() - self.started, 2),
+        }
+        if verdict.status == "oom":
+            self.summary["suggestions"] = [
+                {"changes": {name: [old, new] for name, old, new in s.changes}, "total": s.estimate.total,
+                 "slowdown": round(s.slowdown, 2), "caveat": s.caveat}
+                for s in advisor.advise(self.pred_job)
+            ]
+        if self.run_dir and self.world.main:
+            self._write_outputs(rows)
+        return verdict
+
+    def _limit(self) -> int | None:
+        if self.job.smoke.peak_limit_gb:
+            return int(self.job.smoke.peak_limit_gb * 1e9)
+        if self.device.type == "cuda":
+            return torch.cuda.get_device_properties(self.device).total_memory
+        return None
+
+    def _write_outputs(self, rows) -> None:
+        rd = self.run_dir
+        nvml = self.monitor.nvml if self.monitor else None
+        rd.write_json("env", env_record(self.device, self.world.size, nvml.driver() if nvml else None))
+        try:
+            self._plot()
+        except Exception as exc:  # the plot must never cost the summary
+            log.warning("memory plot failed: %s", exc)
+        rd.close()
+        self.summary["files"] = rd.present() | {"summary": "summary.json"}
+        rd.write_json("summary", self.summary)
+
+    def _plot(self) -> None:
+        samples = self.measured.samples
+        cuda = self.device.type == "cuda"
+        series = []
+        if cuda:
+            series.append(Series("allocated", [(s["step"], s.get("allocated") or 0) for s in samples]))
+            series.append(Series("peak reserved", [(s["step"], s.get("peak_reserved") or 0) for s in samples]))
+            if any(s.get("device_used") for s in samples):
+                series.append(Series("nvidia-smi used", [(s["step"], s.get("device_used") or 0) for s in samples]))
+        else:
+            series.append(Series("process rss", [(s["step"], s.get("host_rss") or 0) for s in samples]))
+            series.append(Series("peak tensors", [(s["step"], s.get("peak_allocated") or 0) for s in samples]))
+        last = max([s["step"] for s in samples] + [1])
+        series.append(Series("predicted peak", [(0, self.estimate.allocated), (last, self.estimate.allocated)],
+                             dashed=True))
+        limit = self._limit()
+        if limit:
+            series.append(Series("limit", [(0, limit), (last, limit)], dashed=True))
+        scale, unit = (1 << 30, "GIB") if max(v for s in series for _, v in s.points) > (1 << 30) else (1 << 20, "MIB")
+        line_plot(str(self.run_dir.file("plot")), f"{self.job.shape.name} memory on {self.device.type}", series,
+                  unit=unit, scale=scale)
+
+
+def _brief(sample: dict) -> str:
+    parts = []
+    if sample.get("step_time"):
+        parts.append(f"{sample['step_time'] * 1e3:.0f} ms/step")
+    if sample.get("tokens_per_s"):
+        parts.append(f"{sample['tokens_per_s']:,.0f} tok/s")
+    if sample.get("mfu"):
+        parts.append(f"MFU {sample['mfu']:.0%}")
+    if sample.get("peak_allocated"):
+        parts.append(f"peak {sample['peak_allocated'] / (1 << 20):,.0f} MiB")
+    return ", ".join(parts)
+
+
+def _raise_interrupted(signum, frame):
+    raise Interrupted()

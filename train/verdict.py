@@ -1,0 +1,101 @@
+"""The verdict of a smoke run and the predicted-vs-measured table.
+
+Measured terms come from allocator readings at fixed points of step 3 (optimizer states exist
+and DDP has rebuilt its buckets) (see SmokeRun): params = after materialisation; grads = what the last backward
+added (plus DDP's buckets, allocated when the model is wrapped); optimizer = what step 1 left
+behind; and each phase's peak. The predicted side is checks/memory.py's estimate without the
+device-only overhead (CUDA context, NCCL, fragmentation), which torch's allocator never sees;
+the device row compares that overhead too, against NVML.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from checks.memory import GIB, MemoryEstimate
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    predicted: int | None
+    measured: int | None
+    note: str = ""
+
+    @property
+    def error(self) -> float | None:
+        """Signed relative error of the prediction: + means more was used than predicted."""
+        if self.predicted is None or self.measured is None or self.predicted == 0:
+            return None
+        return (self.measured - self.predicted) / self.predicted
+
+    def to_json(self) -> dict:
+        err = self.error
+        return {"name": self.name, "predicted": self.predicted, "measured": self.measured,
+                "error": None if err is None else round(err, 4), "note": self.note}
+
+
+def comparison(est: MemoryEstimate, marks: dict[str, int], peaks: dict[str, int], rises: dict[str, int],
+               peak_allocated: int | None, device_peak: int | None, device_type: str) -> list[Row]:
+    def no_overhead(phase: str) -> int:
+        return est.phases[phase] - est.term("overhead", phase)
+
+    m = marks.get
+    rows = [Row("params", est.term("params", "step"), m("materialized"), "weights as stored (this rank's shard)")]
+    if m("grads_ready") is not None and m("step_start") is not None:
+        buckets = (m("wrapped") or 0) - (m("materialized") or 0)
+        rows.append(Row("grads", est.term("grads", "step"), m("grads_ready") - m("step_start") + buckets,
+                        "added by step 3's backward" + (" (incl. DDP buckets)" if buckets else "")))
+    if m("step_start") is not None and m("wrapped") is not None:
+        rows.append(Row("optimizer", est.term("optimizer", "step"), m("step_start") - m("wrapped"),
+                        "states left by steps 1-2"))
+    fwd_extra = est.term("params", "forward-end") - est.term("params", "step")
+    rows.append(Row("activations + loss", est.term("activations", "forward-end") + est.term("loss", "forward-end")
+                    + fwd_extra, rises.get("forward"), "rise during forward"))
+    for phase, name in (("forward-end", "forward"), ("backward", "backward"), ("step", "step")):
+        rows.append(Row(f"peak in {name}", no_overhead(phase), peaks.get(name), f"phase {phase}"))
+    rows.append(Row("peak allocated", est.allocated, peak_allocated,
+                    "torch.cuda.max_memory_allocated" if device_type == "cuda" else "tensor counter (CPU)"))
+    if device_type == "cuda":
+        rows.append(Row("device (nvidia-smi)", est.total, device_peak, "incl. CUDA context, NCCL, fragmentation"))
+    return rows
+
+
+@dataclass
+class Verdict:
+    status: str  # pass | failed | oom | interrupted
+    reasons: list[str] = field(default_factory=list)
+    checks: dict[str, bool | None] = field(default_factory=dict)
+
+    @property
+    def exit_code(self) -> int:
+        return {"pass": 0, "failed": 1, "oom": 3, "interrupted": 130}[self.status]
+
+
+def judge(losses: list[float], min_drop: float, peak: int | None, limit: int | None,
+          planned_steps: int) -> Verdict:
+    """pass: every step ran, no NaN/inf, the loss fell by min_drop, the peak stayed under the limit."""
+    v = Verdict("pass")
+    finite = all(math.isfinite(x) for x in losses)
+    v.checks["finite_loss"] = finite
+    if not finite:
+        bad = next(i for i, x in enumerate(losses, 1) if not math.isfinite(x))
+        v.reasons.append(f"loss is {losses[bad - 1]} at step {bad}")
+    v.checks["all_steps"] = len(losses) == planned_steps
+    if len(losses) != planned_steps:
+        v.reasons.append(f"ran {len(losses)} of {planned_steps} steps")
+    if finite and losses:
+        tail = losses[-max(1, len(losses) // 10):]
+        drop = 1 - (sum(tail) / len(tail)) / losses[0] if losses[0] else 0.0
+        v.checks["loss_fell"] = drop >= min_drop
+        if drop < min_drop:
+            v.reasons.append(f"loss fell {drop:.0%} (from {losses[0]:.3f} to {tail[-1]:.3f}), less than the "
+                             f"{min_drop:.0%} asked for: check the learning rate and the data")
+    if limit:
+        v.checks["under_limit"] = peak is None or peak <= limit
+        if peak is not None and peak > limit:
+            v.reasons.append(f"peak {peak / GIB:.2f} GiB over the limit of {limit / GIB:.2f} GiB")
+    if v.reasons:
+        v.status = "failed"
+    return v
