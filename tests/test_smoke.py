@@ -113,8 +113,19 @@ def test_ctrl_c_writes_an_interrupted_summary(tmp_path):
     deadline = time.time() + 120
     while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) > 5):
         time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
-    proc.wait(timeout=60)
+    # Press Ctrl-C, and again every few seconds as a user would: a signal that lands inside a
+    # weakref finalizer (the CPU tensor counter's) is reported and dropped by Python.
+    try:
+        for _ in range(20):
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=3)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+    finally:
+        if proc.poll() is None:
+            proc.kill()
     assert proc.returncode == 130
     s = json.loads((out / "c" / "summary.json").read_text())
     assert s["status"] == "interrupted" and s["steps"] > 5

@@ -308,13 +308,18 @@ class SmokeRun:
             self.error = f"{type(exc).__name__}: {exc}"
             log.error("run failed:\n%s", traceback.format_exc(), extra={"file_only": True})
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            # A second Ctrl-C must not cost the summary: ignore both signals while it is written.
+            for sig in previous:
+                signal.signal(sig, signal.SIG_IGN)
             if isinstance(self.probe, TensorCounter):
                 self.probe.switch_off()
             if self.monitor is not None and self.monitor._history:
                 self.monitor.dump_snapshot()
-        return self._finish(steps, oom, interrupted)
+        try:
+            return self._finish(steps, oom, interrupted)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
     def _oom_dump(self) -> None:
         if self.monitor is not None:
