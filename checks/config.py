@@ -232,7 +232,17 @@ class JobConfig:
     shape: models.ModelShape = field(init=False, repr=False)
 
     def __post_init__(self):
-        self.shape = self.model.shape(Path(self.source).parent if self.source else Path("."))
+        self.shape = self.model.shape(self.base_dir)
+
+    @property
+    def base_dir(self) -> Path:
+        """Relative paths in a job file (hf_config, dataset) are relative to the file itself."""
+        return Path(self.source).parent if self.source else Path(".")
+
+    def path(self, value: str) -> Path:
+        """A path as the job file means it."""
+        p = Path(value)
+        return p if p.is_absolute() else self.base_dir / p
 
     @property
     def gpu(self) -> gpus.GpuSpec:
@@ -248,7 +258,7 @@ class JobConfig:
         job.model, job.train, job.cluster, job.smoke = parts["model"], parts["train"], parts["cluster"], parts["smoke"]
         job.source = self.source
         # The model section is unchanged by every lever, so its shape carries over unresolved.
-        job.shape = self.shape if "model" not in sections else job.model.shape(Path(self.source).parent)
+        job.shape = self.shape if "model" not in sections else job.model.shape(job.base_dir)
         return job
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from checks.advisor import HEADROOM, Suggestion
 from checks.config import JobConfig
@@ -304,9 +303,7 @@ def dataset(job: JobConfig) -> CheckResult:
     path = job.train.dataset
     if not path:
         return CheckResult("data.path", SKIP, "synthetic data (no train.dataset)")
-    p = Path(path)
-    if not p.is_absolute() and job.source:
-        p = Path(job.source).parent / p
+    p = job.path(path)
     if not p.is_file():
         return CheckResult("data.path", FAIL, f"{p} does not exist or is not a file",
                            "point train.dataset at a file of token ids")

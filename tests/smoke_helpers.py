@@ -6,7 +6,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,7 +38,3 @@ def smoke(tmp_path: Path, *args: str, timeout: int = 240) -> tuple[subprocess.Co
     summary_path = out / run_id / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
     return proc, summary
-
-
-def python() -> str:
-    return sys.executable

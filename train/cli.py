@@ -21,7 +21,6 @@ from checks.errors import ConfigError
 
 TINY_CPU_JOB = Path(__file__).resolve().parent.parent / "checks" / "examples" / "tiny-cpu.toml"
 EXIT_BAD_INPUT = 2
-EXIT_CODES = {"pass": 0, "failed": 1, "oom": 3, "interrupted": 130}
 
 
 def default_job(device: str) -> Path:
@@ -86,38 +85,30 @@ def main(config, steps, device, output_dir, run_id, as_json, inject_fault) -> No
             if steps <= 0:
                 raise ConfigError("--steps", f"must be at least 1, got {steps}")
             job = job.replace(smoke={"steps": steps})
-        from train.smoke import Fault
+        from train.smoke import Fault, check_runnable, pick_device
 
         fault = Fault.parse(inject_fault)
-        from train.smoke import check_runnable, pick_device
-
-        check_runnable(job, pick_device(device))  # before any process is launched
+        target = pick_device(device)
+        check_runnable(job, target)  # once, before any process is launched
     except ConfigError as exc:
         _fail(str(exc))
     from train.outputs import new_run_id
 
-    root = Path(output_dir or job.train.output_dir)
-    if not root.is_absolute() and job.train.output_dir == "runs" and output_dir is None:
-        root = Path.cwd() / root
+    root = Path(output_dir or job.train.output_dir).absolute()
     run_id = run_id or os.environ.get("PODKIT_RUN_ID") or new_run_id(job.source)
     distributed = job.cluster.gpus_per_node > 1 or job.cluster.sharding != "none"
     if distributed and not parallel.under_torchrun():
         sys.exit(_launch_torchrun(job, root, run_id, as_json))
-    sys.exit(_run(job, path, device, root, run_id, fault, as_json))
+    sys.exit(_run(job, path, target, root, run_id, fault, as_json))
 
 
-def _run(job, path, device_pref, root: Path, run_id: str, fault, as_json: bool) -> int:
+def _run(job, path, device, root: Path, run_id: str, fault, as_json: bool) -> int:
     import torch
 
     from train import parallel
     from train.outputs import RunDir
-    from train.smoke import SmokeRun, check_runnable, pick_device
+    from train.smoke import SmokeRun
 
-    try:
-        device = pick_device(device_pref)
-        check_runnable(job, device)
-    except ConfigError as exc:
-        _fail(str(exc))
     world = parallel.init_world(device.type)
     if device.type == "cuda":
         device = torch.device("cuda", world.local_rank)
@@ -152,9 +143,8 @@ def _run(job, path, device_pref, root: Path, run_id: str, fault, as_json: bool) 
 def _launch_torchrun(job, root: Path, run_id: str, as_json: bool) -> int:
     """Run this same command as `torchrun --standalone --nproc-per-node N`, then report rank 0's summary."""
     nproc = job.cluster.gpus_per_node
-    argv = [a for a in sys.argv[1:]]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "train.cli", *argv, "--run-id", run_id, "--output-dir", str(root)]
+           "-m", "train.cli", *sys.argv[1:], "--run-id", run_id, "--output-dir", str(root)]
     env = dict(os.environ, PODKIT_RUN_ID=run_id, PODKIT_LAUNCHER="1", OMP_NUM_THREADS=os.environ.get(
         "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc))))
     click.echo(f"smoke: launching {nproc} processes under torchrun (run {run_id})", err=True)
@@ -173,6 +163,8 @@ def _launch_torchrun(job, root: Path, run_id: str, as_json: bool) -> int:
         click.echo(f"smoke: torchrun exited {code} before rank 0 finished; see {root / run_id}/smoke.log", err=True)
         return 1
     _report(summary, root / run_id, as_json)
+    from train.verdict import EXIT_CODES
+
     return EXIT_CODES.get(summary.get("status"), 1)
 
 

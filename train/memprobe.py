@@ -129,14 +129,6 @@ class TensorCounter(TorchDispatchMode):
                 self._trace.append({"action": action, "addr": addr, "size": n, "stream": 0,
                                     "time_us": time.perf_counter_ns() // 1000, "frames": []})
 
-    def adopt(self, tensors) -> None:
-        """Count tensors created before the counter was switched on (they are not in the trace)."""
-        trace, self._trace = self._trace, None
-        for t in tensors:
-            for plain in _plain_tensors(t):
-                self._track(plain.untyped_storage(), "preexisting")
-        self._trace = trace
-
     # -- the probe interface ------------------------------------------------------------------
     def allocated(self) -> int:
         return self.live

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from train.memprobe import CudaProbe, make_probe
+from train.memprobe import CudaProbe
 
 log = logging.getLogger("podkit.monitor")
 GIB = 1 << 30
@@ -147,8 +147,7 @@ class MemoryMonitor:
         self.close()
 
     def close(self) -> None:
-        if self._history:
-            self.dump_snapshot()
+        self.dump_snapshot()
         if self.steps and (not self.records or self.records[-1]["step"] != self.steps):
             self.sample()
         if self._log_file:

@@ -76,8 +76,8 @@ def resolved_toml(job) -> str:
             value = getattr(getattr(job, section), f.name)
             if section == "model" and value in ("", 0, 0.0, False) and f.name != "tie_embeddings":
                 continue  # unset model alternatives would contradict the one that is set
-            if f.name in ("hf_config", "dataset") and value and job.source and not job.source.startswith("<"):
-                value = str((Path(job.source).parent / value).resolve())  # valid from the run directory too
+            if f.name in ("hf_config", "dataset") and value:
+                value = str(job.path(value).resolve())  # valid from the run directory too
             lines.append(f"{f.name} = {_toml_value(value)}")
     return "\n".join(lines) + "\n"
 

@@ -16,7 +16,6 @@ import signal
 import time
 import traceback
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
@@ -83,8 +82,8 @@ def check_runnable(job: JobConfig, device: torch.device) -> None:
     if job.shape.arch != "llama":
         raise ConfigError("model", f"bin/smoke trains Llama-style decoders; {job.shape.name} is {job.shape.arch}",
                           "use a llama/mistral/qwen2 preset, hf_config or explicit dimensions")
-    need_bnb = t.optimizer in ("adamw8bit", "paged_adamw8bit") or t.base_quant != "none"
-    if need_bnb and importlib.util.find_spec("bitsandbytes") is None:
+    need = rules.required_packages(job)
+    if "bitsandbytes" in need and importlib.util.find_spec("bitsandbytes") is None:
         raise ConfigError("train.optimizer" if t.base_quant == "none" else "train.base_quant",
                           "needs bitsandbytes, which is not installed here", optim_mod.BNB_INSTALL)
     if t.base_quant != "none" and device.type != "cuda":
@@ -93,7 +92,7 @@ def check_runnable(job: JobConfig, device: torch.device) -> None:
     if t.attention == "flash-attn":
         if device.type != "cuda":
             raise ConfigError("train.attention", "flash-attn runs on CUDA GPUs only", "use attention = 'sdpa' on CPU")
-        if importlib.util.find_spec("flash_attn") is None:
+        if "flash-attn" in need and importlib.util.find_spec("flash_attn") is None:
             raise ConfigError("train.attention", "flash-attn is not installed here", FLASH_ATTN_INSTALL)
     if c.offload != "none" and c.sharding not in ("zero2", "zero3"):
         raise ConfigError("cluster.offload", "bin/smoke offloads through FSDP2's CPUOffloadPolicy",
@@ -111,17 +110,9 @@ def check_runnable(job: JobConfig, device: torch.device) -> None:
                           f"{torch.cuda.device_count()} GPU(s)", "lower cluster.gpus_per_node")
 
 
-def resolve_dataset(job: JobConfig) -> str:
-    path = job.train.dataset
-    if path and not Path(path).is_absolute() and job.source and not job.source.startswith("<"):
-        path = str(Path(job.source).parent / path)
-    return path
-
-
 @dataclass
 class Measured:
     losses: list[float] = field(default_factory=list)
-    step_times: list[float] = field(default_factory=list)
     samples: list[dict] = field(default_factory=list)
 
 
@@ -180,7 +171,7 @@ class SmokeRun:
         self.autocast = t.mixed and not fsdp and c.offload == "none"
         use_scaler = t.grad_scaler == "on" or (t.grad_scaler == "auto" and t.precision == "fp16-mixed")
         self.scaler = torch.amp.GradScaler(dev.type) if use_scaler else None
-        dataset = resolve_dataset(self.job)
+        dataset = str(self.job.path(t.dataset)) if t.dataset else ""
         self.data = data_mod.make_stream(dataset, self.job.shape.vocab, t.seq_len, t.micro_batch,
                                          self.job.smoke.seed, self.world.rank)
         if dev.type == "cuda" and t.precision == "fp32":
@@ -240,16 +231,10 @@ class SmokeRun:
                 else:
                     opt.step()
                 opt.zero_grad(set_to_none=True)
-            if self.world.distributed:
-                torch.distributed.all_reduce(loss_sum, op=torch.distributed.ReduceOp.AVG
-                                             if self.device.type == "cuda" else torch.distributed.ReduceOp.SUM)
-                if self.device.type != "cuda":
-                    loss_sum /= self.world.size  # gloo has no AVG
             # note: a CPU-GPU sync point, once per step: the NaN check and metrics.jsonl need the value.
-            loss_value = loss_sum.item()
+            loss_value = parallel.all_reduce_mean(loss_sum.item(), self.device)
             dt = time.perf_counter() - t0
             self.measured.losses.append(loss_value)
-            self.measured.step_times.append(dt)
             rec = {"step": step, "loss": loss_value, "lr": lr, "step_time": dt,
                    "tokens": t.micro_batch * t.seq_len * t.grad_accum * self.world.size}
             if grad_norm is not None:
@@ -313,8 +298,8 @@ class SmokeRun:
                 signal.signal(sig, signal.SIG_IGN)
             if isinstance(self.probe, TensorCounter):
                 self.probe.switch_off()
-            if self.monitor is not None and self.monitor._history:
-                self.monitor.dump_snapshot()
+            if self.monitor is not None:
+                self.monitor.dump_snapshot()  # a no-op once written
         try:
             return self._finish(steps, oom, interrupted)
         finally:

@@ -62,6 +62,10 @@ def comparison(est: MemoryEstimate, marks: dict[str, int], peaks: dict[str, int]
     return rows
 
 
+# Exit codes by status (DESIGN.md: 0 ok, 1 failed, 3 out of memory; 130 is the shell's Ctrl-C).
+EXIT_CODES = {"pass": 0, "failed": 1, "oom": 3, "interrupted": 130}
+
+
 @dataclass
 class Verdict:
     status: str  # pass | failed | oom | interrupted
@@ -70,7 +74,7 @@ class Verdict:
 
     @property
     def exit_code(self) -> int:
-        return {"pass": 0, "failed": 1, "oom": 3, "interrupted": 130}[self.status]
+        return EXIT_CODES[self.status]
 
 
 def judge(losses: list[float], min_drop: float, peak: int | None, limit: int | None,
