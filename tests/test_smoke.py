@@ -71,6 +71,9 @@ def test_two_process_gloo(tmp_path, sharding):
     assert "torchrun" in proc.stderr
     run = tmp_path / "runs" / s["run_id"]
     assert (run / "smoke.rank1.log").exists()
+    # Rank 0 alone writes the run's files: one line per step, not one per rank.
+    steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in steps if "loss" in x] == list(range(1, 31))
     log = (run / "smoke.log").read_text()
     assert ("FSDP2 zero3" if sharding == "zero3" else "DDP") in log
     params = rows(s)["params"]

@@ -234,3 +234,14 @@ def test_plot_is_a_png(tmp_path):
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", data[16:24])
     assert (width, height) == (720, 400)
+
+
+def test_report_prints_raw_error_text(capsys, tmp_path):
+    """A reason holding gloo's "[/path/pair.cc:553]" must print as text, not crash rich's markup parser."""
+    from train.cli import _report
+
+    reason = "RuntimeError: [/__w/pytorch/third_party/gloo/transport/tcp/pair.cc:553] Connection closed by peer"
+    _report({"memory": [], "status": "failed", "steps": 0, "reasons": [reason], "warnings": ["[/x] y"]},
+            tmp_path, as_json=False)
+    err = " ".join(capsys.readouterr().err.split())  # rich wraps long lines
+    assert "pair.cc:553] Connection closed by peer" in err and "[/x] y" in err

@@ -12,6 +12,7 @@ import logging
 import os
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 import click
@@ -109,15 +110,20 @@ def _run(job, path, device, root: Path, run_id: str, fault, as_json: bool) -> in
     from train.outputs import RunDir
     from train.smoke import SmokeRun
 
-    world = parallel.init_world(device.type)
-    if device.type == "cuda":
-        device = torch.device("cuda", world.local_rank)
     try:
         run_dir = RunDir(root, run_id)
     except OSError as exc:
         _fail(f"--output-dir: cannot create {root / run_id}: {exc}")
-    _setup_logging(run_dir.path, world.rank)
+    # Logging first (rank from torchrun's env), so a rank that fails to join the group says why in its log.
+    _setup_logging(run_dir.path, int(os.environ.get("RANK", "0")))
     log = logging.getLogger("podkit.smoke")
+    try:
+        world = parallel.init_world(device.type)
+    except Exception:
+        log.error("joining the process group failed:\n%s", traceback.format_exc())
+        raise
+    if device.type == "cuda":
+        device = torch.device("cuda", world.local_rank)
     if world.main:
         log.info("run %s -> %s", run_id, run_dir.path)
         log.info("job %s: %s, %s, micro-batch %d x accum %d x seq %d, checkpointing %s on %s x %s",
@@ -127,7 +133,8 @@ def _run(job, path, device, root: Path, run_id: str, fault, as_json: bool) -> in
             log.info("smoke runs one node: %d of the job's %d processes; predicted for that world",
                      world.size, job.cluster.world_size)
     try:
-        smoke = SmokeRun(job, device, world, run_dir, fault)
+        # Only rank 0 writes the run's files; other ranks keep just their smoke.rank<N>.log.
+        smoke = SmokeRun(job, device, world, run_dir if world.main else None, fault)
         verdict = smoke.run(job.smoke.steps)
     except ConfigError as exc:
         parallel.shutdown()
@@ -173,6 +180,7 @@ def _report(summary: dict, run_path: Path, as_json: bool) -> None:
         click.echo(json.dumps(summary, indent=2))
         return
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 110)
@@ -201,14 +209,16 @@ def _report(summary: dict, run_path: Path, as_json: bool) -> None:
     if speed:
         console.print("; ".join(speed))
     for w in summary.get("warnings", []):
-        console.print(f"[yellow]warning:[/] {w}")
+        console.print(f"[yellow]warning:[/] {escape(w)}")
     for s in summary.get("suggestions", []) or []:
         change = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in s["changes"].items())
         console.print(f"[cyan]would fit:[/] {change} ({s['total'] / (1 << 30):.1f} GiB, step time x{s['slowdown']})")
     status = summary["status"]
     colour = {"pass": "bold green", "oom": "bold red", "failed": "bold red"}.get(status, "yellow")
-    why = "; ".join(summary.get("reasons", []))
-    console.print(f"smoke: [{colour}]{status}[/]{': ' + why if why else ''} ({summary['steps']} steps) -> {run_path}")
+    # Reasons carry raw error text (gloo's "[/path/pair.cc:553]" looks like a closing markup tag).
+    why = escape("; ".join(summary.get("reasons", [])))
+    console.print(f"smoke: [{colour}]{status}[/]{': ' + why if why else ''} ({summary['steps']} steps) -> "
+                  f"{escape(str(run_path))}")
 
 
 if __name__ == "__main__":

@@ -383,7 +383,7 @@ class SmokeRun:
                  "slowdown": round(s.slowdown, 2), "caveat": s.caveat}
                 for s in advisor.advise(self.pred_job)
             ]
-        if self.run_dir and self.world.main:
+        if self.run_dir:
             self._write_outputs(rows)
         return verdict
 
