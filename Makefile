@@ -5,7 +5,13 @@ PY := $(VENV)/bin/python
 # CPU machines get this pinned CPU build; a pod's image already has its CUDA torch.
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: setup test preflight smoke bench clean
+.PHONY: setup test preflight smoke bench deploy fetch-logs envsetup clean
+
+# Pod options, all optional: make deploy HOST=... KEY=~/.ssh/id_ed25519 PROFILE=runpod REMOTE_DIR=/workspace/x
+# ACCEPT_NEW=1 (record an unknown host key), PODS=pods.toml (inventory), CONFIG=job.toml (preflight on the pod).
+POD_ARGS = $(if $(KEY),--key "$(KEY)") $(if $(PROFILE),--profile "$(PROFILE)") \
+  $(if $(REMOTE_DIR),--remote-dir "$(REMOTE_DIR)") $(if $(PYTHON),--python "$(PYTHON)") \
+  $(if $(ACCEPT_NEW),--accept-new) $(if $(PODS),--inventory "$(PODS)") $(if $(BWLIMIT),--bwlimit "$(BWLIMIT)")
 
 setup: $(VENV)/.installed
 
@@ -35,6 +41,19 @@ smoke: setup
 bench: setup
 	$(PY) benchmarks/memory_estimators.py
 	$(PY) benchmarks/smoke_overhead.py
+	$(PY) benchmarks/deploy_sync.py
+
+deploy: setup
+	@test -n "$(HOST)" || { echo "usage: make deploy HOST=user@host[:port] [KEY=path] (or HOST='ssh root@IP -p PORT -i KEY')" >&2; exit 2; }
+	bin/deploy $(POD_ARGS) $(if $(CONFIG),--config "$(CONFIG)") "$(HOST)"
+
+fetch-logs: setup
+	@test -n "$(HOST)" || { echo "usage: make fetch-logs HOST=user@host[:port] [KEY=path]" >&2; exit 2; }
+	bin/fetch-logs $(POD_ARGS) "$(HOST)"
+
+# On the pod itself (deploy runs this there): venv reusing the image's torch, deps, env file.
+envsetup:
+	bin/envsetup $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -7,7 +7,10 @@ not silently fall back to a default), and every error names the field and the fi
 from __future__ import annotations
 
 import dataclasses
-import tomllib
+try:
+    import tomllib
+except ImportError:  # Python 3.10 (SageMaker's conda envs): the same parser, as a package
+    import tomli as tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any

@@ -1,0 +1,1 @@
+"""What a pod needs: dependencies resolved for its fingerprint, installed once, and the env file."""

@@ -1,0 +1,255 @@
+"""bin/envsetup: make this machine ready to run podkit jobs. Runs on the pod (deploy calls it there).
+
+Steps, each skipped when the hash of its inputs is unchanged: the venv (reusing the image's
+torch), podkit's requirements, bitsandbytes, flash-attn, verification; then the env file.
+Everything it does is logged under logs/envsetup/, and report.json there says what it decided.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from envsetup import envfile
+from envsetup.resolve import Dependency, Plan, resolve
+from envsetup.state import StepState
+from envsetup.verify import VERIFY_SCRIPT
+from pods.probe import Fingerprint, probe_local
+
+ROOT = Path(__file__).resolve().parents[1]
+REQUIREMENTS = ROOT / "envsetup" / "requirements.txt"
+HEARTBEAT_S = 30
+
+
+class SetupError(Exception):
+    pass
+
+
+def echo(text: str, err: bool = False) -> None:
+    print(text, file=sys.stderr if err else sys.stdout, flush=True)
+
+
+class Setup:
+    def __init__(self, project: Path, fp: Fingerprint, plan: Plan, say=echo):
+        self.project, self.fp, self.plan, self.say = project, fp, plan, say
+        self.dir = project / ".podkit" / "envsetup"  # state: stays on the pod
+        self.logs = project / "logs" / "envsetup"  # logs and report: fetch-logs brings them back
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.state = StepState(self.dir / "state.json")
+        self.venv = project / ".venv"
+        self.python = self.venv / "bin" / "python"
+        self.outcome: dict[str, str] = {}
+
+    # -- venv
+    def venv_step(self) -> None:
+        key = _hash([self.fp.python, self.fp.python_version, self.fp.python_site, str(self.venv)])
+        if self.state.unchanged("venv", key) and _runs(self.python):
+            self.outcome["venv"] = "unchanged"
+            return
+        if _runs(self.python):
+            self.outcome["venv"] = "kept"
+        else:
+            # --clear: a venv left half-made by an interrupted run is rebuilt from scratch
+            self._run("venv", [self.fp.python, "-m", "venv", "--system-site-packages", "--clear", str(self.venv)])
+            self.outcome["venv"] = "created"
+        if self.fp.python_venv and self.fp.python_site:
+            # The image's python is itself a venv: --system-site-packages would skip its packages
+            # (torch among them), so point at them explicitly.
+            site = subprocess.run([str(self.python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                  capture_output=True, text=True, check=True).stdout.strip()
+            Path(site, "_podkit_image.pth").write_text("\n".join(self.fp.python_site) + "\n")
+        self.state.record("venv", key)
+
+    # -- pip installs
+    def install(self, dep: Dependency) -> bool:
+        if dep.action in ("skip", "reuse"):
+            self.outcome[dep.name] = f"{dep.action}: {dep.reason}" if dep.action == "skip" else f"reused {dep.requirement}"
+            return True
+        key = dep.key(self.fp)
+        if self.state.unchanged(dep.name, key):
+            self.outcome[dep.name] = "unchanged"
+            return True
+        constraints = self.dir / "constraints.txt"
+        constraints.write_text("\n".join(self.plan.constraints) + "\n")
+        target = ["-r", str(REQUIREMENTS)] if dep.name == "requirements" else [dep.requirement]
+        argv = [str(self.python), "-m", "pip", "install", "--disable-pip-version-check",
+                "-c", str(constraints), *dep.pip_args, *target]
+        if dep.action == "build":
+            self.say(f"  building flash-attn from source ({dep.reason}); this takes long, log: {self._log(dep.name)}")
+            self._run("ninja", [str(self.python), "-m", "pip", "install", "--disable-pip-version-check", "ninja", "packaging", "wheel"],
+                      check=False)
+        ok = self._run(dep.name, argv, env=dict(dep.build_env), check=False)
+        if not ok:
+            self.outcome[dep.name] = f"failed (see {self._log(dep.name)})"
+            return False
+        self.state.record(dep.name, key)
+        self.outcome[dep.name] = "installed"
+        return True
+
+    # -- verification
+    def verify(self) -> dict[str, str]:
+        names = [d.name for d in self.plan.deps if d.action in ("pip", "build", "reuse") and d.name != "requirements"]
+        names = [n for n in names if n != "torch"] + ["nvidia-ml-py"]
+        key = _hash([self.state.done.get(n, {}).get("key") for n in names] + [self.state.done.get("venv", {}).get("key")])
+        if self.state.unchanged("verify", key):
+            return self.state.done["verify"]["results"]
+        out = subprocess.run([str(self.python), "-c", VERIFY_SCRIPT, *names], capture_output=True, text=True,
+                             env=_child_env(), timeout=600)
+        try:
+            results = json.loads(out.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            results = {"torch": "error: " + (out.stderr.strip().splitlines() or ["verification crashed"])[-1]}
+        if all(v.startswith("ok") for v in results.values()):
+            self.state.record("verify", key, results=results)
+        return results
+
+    def _log(self, name: str) -> Path:
+        return self.logs / f"{name}.log"
+
+    def _run(self, name: str, argv: list[str], env: dict | None = None, check: bool = True) -> bool:
+        """Run one install command, its output to .podkit/envsetup/<name>.log, a heartbeat meanwhile."""
+        log = self._log(name)
+        start = time.monotonic()
+        with open(log, "a") as f:
+            f.write(f"\n$ {' '.join(argv)}\n")
+            f.flush()
+            proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=_child_env(env))
+            while True:
+                try:
+                    proc.wait(timeout=HEARTBEAT_S)
+                    break
+                except subprocess.TimeoutExpired:
+                    self.say(f"  {name}: still running ({time.monotonic() - start:.0f} s)")
+        if proc.returncode != 0 and check:
+            raise SetupError(f"{name} failed (exit {proc.returncode}); see {log}")
+        return proc.returncode == 0
+
+
+def _child_env(extra: dict | None = None) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env["PIP_NO_INPUT"] = "1"
+    return {**env, **(extra or {})}
+
+
+def _runs(python: Path) -> bool:
+    if not python.exists():
+        return False
+    return subprocess.run([str(python), "-c", "import sys"], capture_output=True).returncode == 0
+
+
+def _hash(value) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def requirements() -> list[str]:
+    return [line.strip() for line in REQUIREMENTS.read_text().splitlines() if line.strip() and not line.startswith("#")]
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="bin/envsetup",
+        description="Install what this machine needs for podkit, reusing the image's torch, and write the env file. "
+                    "Runs with the standard library only, before any venv exists.")
+    parser.add_argument("--project", type=Path, default=ROOT, help="project directory for .venv and .podkit/ (default: %(default)s)")
+    parser.add_argument("--fingerprint", dest="fingerprint_file", type=Path,
+                        help="use this probe result (deploy passes it) instead of probing again")
+    parser.add_argument("--python", help="the image's interpreter that has torch (default: detected)")
+    parser.add_argument("--cache-dir", help="persistent directory for HF_HOME, pip, torch and triton caches")
+    parser.add_argument("--secrets-stdin", action="store_true", help="read NAME=value secret lines from stdin (HF_TOKEN, WANDB_API_KEY)")
+    parser.add_argument("--dry-run", action="store_true", help="print the resolved plan and exit")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    try:
+        run(args.project, args.fingerprint_file, args.python, args.cache_dir, args.secrets_stdin, args.dry_run)
+    except SetupError as exc:
+        print(f"envsetup: FAILED: {exc}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        print("envsetup: interrupted; re-run to continue (finished steps are kept)", file=sys.stderr)
+        sys.exit(130)
+
+
+def run(project: Path, fingerprint_file, python, cache_dir, secrets_stdin: bool, dry_run: bool) -> None:
+    """Install what this machine needs for podkit, reusing the image's torch, and write the env file."""
+    started = time.monotonic()
+    project = project.resolve()
+    if fingerprint_file:
+        try:
+            fp = Fingerprint.from_json(fingerprint_file.read_text())
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            _bad(f"--fingerprint {fingerprint_file}: cannot read it ({exc})", "re-run deploy, or drop the option to probe here")
+    else:
+        fp = probe_local(str(project), python)
+    if fp.python_missing:
+        _bad(f"python {fp.python_missing} does not exist on this machine", "fix PYTHON=, or leave it out to detect")
+    if not fp.python:
+        _bad("no python3 on this machine", "install python3 with venv (e.g. apt-get install python3-venv), then re-run")
+    plan = resolve(fp, requirements())
+    names = envfile.SECRET_NAMES + tuple(n for n in os.environ.get("PODKIT_SECRET_NAMES", "").split(",") if n)
+    if dry_run:
+        for dep in plan.deps:
+            echo(f"{dep.name:13} {dep.action:6} {dep.requirement[:90]}  ({dep.reason})")
+        echo(f"attention: {plan.attention} ({plan.attention_reason})")
+        return
+    for warning in plan.warnings:
+        echo(f"  warning: {warning}")
+    setup = Setup(project, fp, plan, say=echo)
+    setup.venv_step()
+    failed = []
+    attention, attention_reason = plan.attention, plan.attention_reason
+    for dep in plan.deps:
+        if not setup.install(dep):
+            failed.append(dep.name)
+            if dep.name == "flash-attn":
+                attention, attention_reason = "sdpa", f"flash-attn {dep.action} failed; see logs/envsetup/flash-attn.log"
+    verify = setup.verify()
+    if not verify.get("flash-attn", "ok").startswith("ok"):
+        # A wheel that imports but cannot run on this GPU/driver is worse than none.
+        subprocess.run([str(setup.python), "-m", "pip", "uninstall", "-y", "flash-attn"], capture_output=True)
+        setup.state.forget("flash-attn")
+        attention, attention_reason = "sdpa", f"flash-attn failed verification: {verify['flash-attn']}"
+    secrets = envfile.existing_secrets(project / ".podkit" / "env", names)
+    secrets |= {n: os.environ[n] for n in names if os.environ.get(n)}
+    if secrets_stdin:
+        secrets |= envfile.read_secrets(sys.stdin.read(), names)
+    text = envfile.render(fp, project, cache_dir, attention, attention_reason, secrets)
+    changed = envfile.write(project / ".podkit" / "env", text)
+    report = {
+        "fingerprint": json.loads(fp.to_json()), "plan": [d.__dict__ for d in plan.deps], "warnings": plan.warnings,
+        "outcome": setup.outcome, "verify": verify, "attention": attention, "attention_reason": attention_reason,
+        "secrets": sorted(secrets), "env_file": str(project / ".podkit" / "env"), "seconds": round(time.monotonic() - started, 2),
+    }
+    (setup.logs / "report.json").write_text(json.dumps(report, indent=2, default=list))
+    for dep in plan.deps:
+        status = setup.outcome.get(dep.name, "")
+        check = verify.get(dep.name)
+        echo(f"  {dep.name:13} {status}" + (f" · verify {check}" if check else ""))
+    if "nvidia-ml-py" in verify:
+        echo(f"  {'nvidia-ml-py':13} verify {verify['nvidia-ml-py']}")
+    echo(f"  attention: {attention}" + ("" if attention == "flash-attn" else f" ({attention_reason})"))
+    echo(f"  env file {'written' if changed else 'unchanged'}: .podkit/env (0600)"
+               + (f", secrets: {', '.join(sorted(secrets))}" if secrets else ""))
+    bad = [n for n, v in verify.items() if not v.startswith("ok") and n != "flash-attn"]
+    if "requirements" in failed or bad:
+        echo(f"envsetup: FAILED ({', '.join(failed + bad)}); logs in logs/envsetup/", err=True)
+        sys.exit(1)
+    echo(f"envsetup: ready in {time.monotonic() - started:.1f} s")
+
+
+def _bad(problem: str, fix: str) -> None:
+    echo(f"error: {problem} ({fix})", err=True)
+    sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

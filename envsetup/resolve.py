@@ -1,0 +1,187 @@
+"""Which dependency build a pod gets, decided from its fingerprint alone (pure; tested on recorded pods).
+
+Rules, in short:
+- torch: the image's build is reused, never reinstalled (a constraint pins it for every pip
+  call). A CPU machine without torch gets the pinned CPU build, like `make setup`.
+- bitsandbytes: the newest release whose torch range includes the image's torch.
+- flash-attn: only on sm80+ GPUs that the image's torch has kernels for. A prebuilt wheel when
+  one was published for this torch minor, CUDA major, C++ ABI and Python; else a ninja build
+  with MAX_JOBS from free RAM and FLASH_ATTN_CUDA_ARCHS for this GPU; else SDPA, with the reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+
+from pods.probe import Fingerprint
+
+TORCH_CPU = "torch==2.13.0"  # the same pin as the Makefile's TORCH_CPU
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+# bitsandbytes release -> lowest torch (its Requires-Dist) and lowest Python (Requires-Python).
+BITSANDBYTES = [
+    ("0.50.2", (2, 4), (3, 10)),
+    ("0.49.2", (2, 3), (3, 10)),
+    ("0.47.0", (2, 2), (3, 9)),
+    ("0.45.5", (2, 0), (3, 8)),
+]
+
+# flash-attn releases and the wheels published on their GitHub release pages: torch minors,
+# CUDA major, Python tags (both C++ ABIs were published for each). Newest first.
+FLASH_ATTN_WHEELS = [
+    ("2.8.3", {(2, 4), (2, 5), (2, 6), (2, 7), (2, 8)}, "12", {"cp39", "cp310", "cp311", "cp312", "cp313"}),
+    ("2.7.4.post1", {(2, 2), (2, 3), (2, 4), (2, 5), (2, 6)}, "12", {"cp38", "cp39", "cp310", "cp311", "cp312", "cp313"}),
+]
+FLASH_ATTN_SOURCE = "2.8.3"
+WHEEL_URL = ("https://github.com/Dao-AILab/flash-attention/releases/download/v{ver}/"
+             "flash_attn-{ver}+cu{cuda}torch{torch}cxx11abi{abi}-{py}-{py}-linux_x86_64.whl")
+BUILD_RAM_PER_JOB_MIB = 8 * 1024  # nvcc on flash-attn's kernels peaks at several GiB per job
+BUILD_DISK_MIB = 10 * 1024
+
+
+@dataclass(frozen=True)
+class Dependency:
+    name: str
+    action: str  # reuse | pip | build | skip
+    requirement: str = ""  # what pip installs: "pkg==ver" or a wheel URL
+    pip_args: tuple[str, ...] = ()
+    build_env: tuple[tuple[str, str], ...] = ()
+    reason: str = ""
+
+    def key(self, fp: Fingerprint) -> str:
+        """Hash of everything that decides this install: re-run only when it changes."""
+        torch = fp.torch
+        inputs = {"dep": asdict(self), "python": fp.python_version, "torch": torch and torch.version,
+                  "cuda": torch and torch.cuda, "abi": torch and torch.cxx11_abi,
+                  "sm": sorted({g.sm for g in fp.gpus if g.sm})}
+        return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass
+class Plan:
+    deps: list[Dependency]
+    attention: str  # "flash-attn" | "sdpa"
+    attention_reason: str
+    constraints: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def dep(self, name: str) -> Dependency:
+        return next(d for d in self.deps if d.name == name)
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    out = []
+    for part in text.split("+")[0].split("."):
+        digits = "".join(c for c in part if c.isdigit())
+        if not digits:
+            break
+        out.append(int(digits))
+    return tuple(out)
+
+
+def resolve(fp: Fingerprint, requirements: list[str]) -> Plan:
+    warnings: list[str] = []
+    torch = fp.torch
+    sms = sorted({g.sm for g in fp.gpus if g.sm})
+    py = _version_tuple(fp.python_version or "0.0")[:2]
+
+    # torch
+    if torch:
+        deps = [Dependency("torch", "reuse", torch.version, reason=f"the image's build (CUDA {torch.cuda or 'none'})")]
+        constraints = [f"torch=={torch.version}"]
+        if fp.gpus and not torch.cuda:
+            warnings.append(f"torch {torch.version} is a CPU build on a GPU pod: use the image's CUDA torch")
+    elif fp.gpus:
+        deps = [Dependency("torch", "skip", reason="the image has no torch; use a PyTorch image "
+                           "(podkit never installs CUDA torch over an image)")]
+        constraints = []
+    else:
+        deps = [Dependency("torch", "pip", TORCH_CPU, ("--index-url", TORCH_CPU_INDEX), reason="CPU machine without torch")]
+        constraints = [TORCH_CPU]
+    unsupported = [sm for sm in sms if torch and torch.cuda and torch.supports(sm) is False]
+    if unsupported:
+        warnings.append(f"torch {torch.version} has no kernels for sm_{unsupported[0]} ({fp.gpus[0].name}): "
+                        "use a newer torch built for it (sm_120 needs torch>=2.7 with CUDA 12.8)")
+
+    # podkit's own runtime requirements (pure Python)
+    deps.append(Dependency("requirements", "pip", ", ".join(requirements), reason="podkit runtime"))
+
+    # bitsandbytes
+    deps.append(_bitsandbytes(fp, py))
+
+    # flash-attn
+    fa = _flash_attn(fp, py, unsupported)
+    deps.append(fa)
+    attention = "flash-attn" if fa.action in ("pip", "build") else "sdpa"
+    return Plan(deps, attention, fa.reason if attention == "sdpa" else f"flash-attn {fa.action}",
+                constraints, warnings)
+
+
+def _bitsandbytes(fp: Fingerprint, py: tuple[int, ...]) -> Dependency:
+    torch = fp.torch
+    if not torch:
+        return Dependency("bitsandbytes", "skip", reason="no torch")
+    cuda = _version_tuple(torch.cuda) if torch.cuda else None
+    if cuda and cuda < (11, 8):
+        return Dependency("bitsandbytes", "skip", reason=f"bitsandbytes ships kernels for CUDA 11.8+, torch has {torch.cuda}")
+    tv = torch.major_minor
+    for version, min_torch, min_py in BITSANDBYTES:
+        if tv >= min_torch and py >= min_py:
+            return Dependency("bitsandbytes", "pip", f"bitsandbytes=={version}",
+                              reason=f"newest release for torch {tv[0]}.{tv[1]}, Python {py[0]}.{py[1]}")
+    return Dependency("bitsandbytes", "skip", reason=f"no bitsandbytes release supports torch {torch.version}")
+
+
+def _fa_arch(sm: int) -> str:
+    return {8: "80", 9: "90", 10: "100", 12: "120"}.get(sm // 10, str(sm))
+
+
+def _flash_attn(fp: Fingerprint, py: tuple[int, ...], unsupported: list[int]) -> Dependency:
+    torch = fp.torch
+    sms = sorted({g.sm for g in fp.gpus if g.sm})
+
+    def skip(reason: str) -> Dependency:
+        return Dependency("flash-attn", "skip", reason=reason)
+
+    if not fp.gpus:
+        return skip("no GPU on this machine")
+    if not sms:
+        return skip("GPU compute capability unknown (nvidia-smi too old)")
+    if min(sms) < 80:
+        low = next(g for g in fp.gpus if g.sm == min(sms))
+        return skip(f"flash-attn 2 needs sm80+ (Ampere or newer); {low.name} is sm_{min(sms)}")
+    if not torch or not torch.cuda:
+        return skip("no CUDA torch")
+    if unsupported:
+        return skip(f"torch {torch.version} cannot run on sm_{unsupported[0]}")
+    cuda = _version_tuple(torch.cuda)
+    if max(sms) >= 100 and cuda < (12, 8):
+        return skip(f"sm_{max(sms)} needs CUDA 12.8+, torch has {torch.cuda}")
+    tv = torch.major_minor
+    if torch.cxx11_abi is not None and fp.python_tag and fp.machine in ("x86_64", ""):
+        for version, torches, cuda_major, pythons in FLASH_ATTN_WHEELS:
+            if tv in torches and str(cuda[0]) == cuda_major and fp.python_tag in pythons and max(sms) < 100:
+                url = WHEEL_URL.format(ver=version, cuda=cuda_major, torch=f"{tv[0]}.{tv[1]}",
+                                       abi=str(torch.cxx11_abi).upper(), py=fp.python_tag)
+                return Dependency("flash-attn", "pip", url, ("--no-deps",),
+                                  reason=f"prebuilt wheel {version} for torch {tv[0]}.{tv[1]}, cu{cuda_major}, {fp.python_tag}")
+    # No wheel: build, if this pod can.
+    nvcc = _version_tuple(fp.nvcc_version or "")
+    if not nvcc:
+        return skip(f"no prebuilt wheel for torch {torch.version} and no nvcc to build one")
+    if cuda < (12, 0):
+        return skip(f"no prebuilt wheel for torch {torch.version}, and flash-attn {FLASH_ATTN_SOURCE} builds need CUDA 12+ "
+                    f"(torch has {torch.cuda}): use a CUDA 12 image")
+    if nvcc[0] != cuda[0]:
+        return skip(f"nvcc {fp.nvcc_version} does not match torch's CUDA {torch.cuda}")
+    jobs = min(fp.cpus, fp.ram_available_mib // BUILD_RAM_PER_JOB_MIB)
+    if jobs < 1:
+        return skip(f"building needs {BUILD_RAM_PER_JOB_MIB // 1024} GiB free RAM, the pod has {fp.ram_available_mib // 1024} GiB")
+    if fp.disk_free_mib is not None and fp.disk_free_mib < BUILD_DISK_MIB:
+        return skip(f"building needs {BUILD_DISK_MIB // 1024} GiB free disk, the pod has {fp.disk_free_mib // 1024} GiB")
+    archs = ";".join(sorted({_fa_arch(sm) for sm in sms}))
+    env = (("MAX_JOBS", str(jobs)), ("FLASH_ATTN_CUDA_ARCHS", archs), ("FLASH_ATTENTION_FORCE_BUILD", "TRUE"))
+    return Dependency("flash-attn", "build", f"flash-attn=={FLASH_ATTN_SOURCE}", ("--no-build-isolation", "--no-deps"), env,
+                      reason=f"no wheel for torch {torch.version}: ninja build, MAX_JOBS={jobs}, FLASH_ATTN_CUDA_ARCHS={archs}")

@@ -1,0 +1,207 @@
+"""bin/pod (and bin/deploy, bin/fetch-logs): thin click commands over pods.*.
+
+Exit codes: 0 ok, 1 envsetup/preflight or the remote command failed, 2 bad input or a connection
+fault (one line saying what and how to fix it), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+
+import click
+
+from pods import jobs as remote_jobs
+from pods.deploy import Outcome, PodOptions, Printer, connect, deploy, locate, summary
+from pods.errors import PodError
+from pods.fetch import fetch as fetch_logs
+from pods.hosts import HostSpec, load_inventory, select_hosts
+from pods.rsync import terminal_progress
+
+def pod_options(fn):
+    """Options every pod command shares (SkyPilot style: defined once)."""
+    options = [
+        click.option("--key", envvar="KEY", help="Private key file (identity)."),
+        click.option("--profile", type=click.Choice(["auto", "runpod", "sagemaker", "generic"]), default=None,
+                     help="Pod profile; detected when left out."),
+        click.option("--remote-dir", help="Project directory on the pod (default: the profile's, e.g. /workspace/<project>)."),
+        click.option("--python", "python", help="Interpreter on the pod that has the image's torch (default: detected)."),
+        click.option("--inventory", "inventory", type=click.Path(dir_okay=False), help="pods.toml with named pods (default ./pods.toml)."),
+        click.option("--accept-new", is_flag=True, help="Record an unknown host key in known_hosts (like ssh's accept-new)."),
+        click.option("--known-hosts", type=click.Path(dir_okay=False, path_type=Path), help="known_hosts file (default ~/.ssh/known_hosts)."),
+        click.option("--timeout", type=click.FloatRange(1, 300), default=10.0, show_default=True, help="Connect timeout, seconds."),
+        click.option("--bwlimit", type=click.IntRange(1), help="Transfer limit for sync/fetch, KiB/s."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return fn(*args, **kwargs)
+    return wrapper
+
+
+def _specs(host: str, key, profile, remote_dir, python, inventory) -> list[HostSpec]:
+    return select_hosts(host, load_inventory(inventory), key=key, profile=profile, remote_dir=remote_dir, python=python)
+
+
+def _opts(accept_new, known_hosts, timeout, bwlimit) -> PodOptions:
+    return PodOptions(known_hosts=known_hosts, accept_new=accept_new, timeout=timeout, bwlimit=bwlimit)
+
+
+def guarded(fn):
+    """One line and exit 2 for PodError; 130 for Ctrl-C; never a traceback for expected faults."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except PodError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+        except KeyboardInterrupt:
+            click.echo("\ninterrupted (anything finished is kept; re-run to continue)", err=True)
+            sys.exit(130)
+    return wrapper
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """Pods: deploy code and environment, run commands detached, fetch logs back."""
+
+
+@main.command("deploy")
+@click.argument("host", metavar="HOST")
+@click.option("--config", help="Job TOML to preflight on the pod (path inside the project).")
+@pod_options
+@guarded
+def deploy_cmd(host, config, key, profile, remote_dir, python, inventory, accept_new, known_hosts, timeout, bwlimit):
+    """Probe, sync, set up the environment and preflight on HOST (several in parallel).
+
+    HOST is user@host[:port], an ~/.ssh/config alias, the pasted RunPod line
+    'ssh root@IP -p PORT -i KEY', or a pods.toml name or group; several separated by commas.
+    """
+    specs = _specs(host, key, profile, remote_dir, python, inventory)
+    outcomes: list[Outcome] = deploy(specs, _opts(accept_new, known_hosts, timeout, bwlimit), config)
+    if len(outcomes) == 1 and outcomes[0].error:
+        raise PodError(outcomes[0].error)
+    click.echo("\n" + summary(outcomes))
+    sys.exit(max(o.exit_code for o in outcomes))
+
+
+@main.command("fetch-logs")
+@click.argument("host", metavar="HOST")
+@click.option("--dest", type=click.Path(file_okay=False, path_type=Path), default=Path("pod-logs"), show_default=True,
+              help="Local directory; each pod's files go to DEST/<pod>/.")
+@pod_options
+@guarded
+def fetch_cmd(host, dest, key, profile, remote_dir, python, inventory, accept_new, known_hosts, timeout, bwlimit):
+    """Bring every run directory and log from HOST back to pod-logs/<pod>/ (incremental, resumable)."""
+    specs = _specs(host, key, profile, remote_dir, python, inventory)
+    opts = _opts(accept_new, known_hosts, timeout, bwlimit)
+    printer = Printer(prefix=len(specs) > 1)
+    worst = 0
+    for spec in specs:  # sequential: fetches share the local disk and are usually small
+        say = printer.for_pod(spec.name)
+        try:
+            with connect(spec, opts, say) as conn:
+                fp, _, rdir = locate(conn, spec, opts.project)
+                target = dest / spec.name
+                stats = fetch_logs(conn, rdir, target, rsync_on_pod="rsync" in fp.tools,
+                                   progress=terminal_progress("fetch") if len(specs) == 1 else None, bwlimit=bwlimit)
+                say(f"fetch-logs: {stats} -> {target}/")
+        except PodError as exc:
+            say(f"error: {exc.on(spec.name) if not exc.host else exc}")
+            worst = 2
+    sys.exit(worst)
+
+
+def _one(host, key, profile, remote_dir, python, inventory) -> HostSpec:
+    specs = _specs(host, key, profile, remote_dir, python, inventory)
+    if len(specs) != 1:
+        raise PodError(f"'{host}' names {len(specs)} pods", "give exactly one")
+    return specs[0]
+
+
+@main.command("run", context_settings={"ignore_unknown_options": True})
+@click.argument("host", metavar="HOST")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.option("--detach", "-d", is_flag=True, help="Start it and return; attach later with `bin/pod attach`.")
+@click.option("--id", "job_id", help="Job id (default: time and command name).")
+@pod_options
+@guarded
+def run_cmd(host, command, detach, job_id, key, profile, remote_dir, python, inventory, accept_new, known_hosts, timeout, bwlimit):
+    """Run COMMAND on HOST detached from SSH (it survives a dropped connection), streaming its output.
+
+    Example: bin/pod run my-pod -- bin/smoke --config job.toml
+    """
+    import shlex
+
+    spec = _one(host, key, profile, remote_dir, python, inventory)
+    opts = _opts(accept_new, known_hosts, timeout, bwlimit)
+    with connect(spec, opts, click.echo) as conn:
+        locate(conn, spec, opts.project)
+        jid = remote_jobs.start(conn, shlex.join(command) if len(command) > 1 else command[0], job_id)
+        click.echo(f"job {jid} started on {spec.name}; output: logs/jobs/{jid}/output.log", err=True)
+        if detach:
+            click.echo(f"attach with: bin/pod attach {host} {jid}", err=True)
+            return
+        try:
+            code = remote_jobs.attach(conn, jid, click.echo)
+        except PodError as exc:
+            raise PodError(f"{exc.problem}; job {jid} keeps running on the pod", f"re-attach: bin/pod attach {host} {jid}") from None
+    click.echo(f"job {jid} exited {code}", err=True)
+    sys.exit(code)
+
+
+@main.command("attach")
+@click.argument("host", metavar="HOST")
+@click.argument("job_id", required=False)
+@pod_options
+@guarded
+def attach_cmd(host, job_id, key, profile, remote_dir, python, inventory, accept_new, known_hosts, timeout, bwlimit):
+    """Stream a detached job's output (from the start) until it ends; exit with its code. Default: the newest job."""
+    spec = _one(host, key, profile, remote_dir, python, inventory)
+    opts = _opts(accept_new, known_hosts, timeout, bwlimit)
+    with connect(spec, opts, click.echo) as conn:
+        locate(conn, spec, opts.project)
+        if not job_id:
+            listed = remote_jobs.list_jobs(conn)
+            if not listed:
+                raise PodError(f"no jobs on {spec.name}", "start one with: bin/pod run HOST -- COMMAND")
+            job_id = listed[-1].id
+        code = remote_jobs.attach(conn, job_id, click.echo)
+    sys.exit(code)
+
+
+@main.command("jobs")
+@click.argument("host", metavar="HOST")
+@pod_options
+@guarded
+def jobs_cmd(host, key, profile, remote_dir, python, inventory, accept_new, known_hosts, timeout, bwlimit):
+    """List detached jobs on HOST: id, state, command."""
+    spec = _one(host, key, profile, remote_dir, python, inventory)
+    opts = _opts(accept_new, known_hosts, timeout, bwlimit)
+    with connect(spec, opts, click.echo) as conn:
+        locate(conn, spec, opts.project)
+        for job in remote_jobs.list_jobs(conn):
+            state = f"exited {job.exit_code}" if job.state == "exited" else job.state
+            click.echo(f"{job.id}  {state:10}  {job.command}")
+
+
+@main.command("probe")
+@click.argument("host", metavar="HOST")
+@click.option("--json", "as_json", is_flag=True, help="Print the whole fingerprint as JSON.")
+@pod_options
+@guarded
+def probe_cmd(host, as_json, key, profile, remote_dir, python, inventory, accept_new, known_hosts, timeout, bwlimit):
+    """Fingerprint HOST in one round trip: OS, Python, GPUs, torch build, disk, CPUs, RAM."""
+    spec = _one(host, key, profile, remote_dir, python, inventory)
+    opts = _opts(accept_new, known_hosts, timeout, bwlimit)
+    with connect(spec, opts, click.echo) as conn:
+        fp, prof, rdir = locate(conn, spec, opts.project)
+    click.echo(fp.to_json() if as_json else f"{spec.name}: {fp.summary()}; profile {prof.name}; project {rdir}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""make deploy: probe, sync, envsetup, then preflight on the pod with its detected GPU.
+
+One connection per pod for every command; rsync runs over the same settings. Several pods deploy
+in parallel, each line of output prefixed with its pod's name, and a summary table ends the run.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from envsetup.envfile import SECRET_NAMES
+from pods.connection import PodConnection
+from pods.errors import PodError
+from pods.hosts import HostSpec, resolve
+from pods.probe import Fingerprint, probe
+from pods.profiles import PodProfile, detect
+from pods.rsync import terminal_progress
+from pods.sync import ensure_rsync, push
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class PodOptions:
+    """Settings shared by every pod command (the CLI's common options)."""
+
+    known_hosts: Path | None = None
+    accept_new: bool = False
+    timeout: float = 10.0
+    bwlimit: int | None = None
+    project: Path = ROOT
+
+
+@dataclass
+class Outcome:
+    pod: str
+    exit_code: int = 0  # 0 ready, 1 envsetup or preflight failed, 2 connection/input fault
+    profile: str = ""
+    gpu: str = ""
+    sync: str = ""
+    envsetup: str = ""
+    preflight: str = ""
+    error: str = ""
+    seconds: float = 0.0
+    phases: dict[str, float] = field(default_factory=dict)  # probe/sync/envsetup/preflight seconds
+    fingerprint: Fingerprint | None = field(default=None, repr=False)
+
+
+class Printer:
+    """Thread-safe line output with a [pod] prefix when several pods run at once."""
+
+    def __init__(self, prefix: bool):
+        self.prefix = prefix
+        self.lock = threading.Lock()
+
+    def for_pod(self, name: str) -> Callable[[str], None]:
+        def say(line: str) -> None:
+            with self.lock:
+                print(f"[{name}] {line}" if self.prefix else line, flush=True)
+        return say
+
+
+def connect(spec: HostSpec, opts: PodOptions, say: Callable[[str], None]) -> PodConnection:
+    conn = PodConnection(resolve(spec), known_hosts=opts.known_hosts, accept_new=opts.accept_new,
+                         timeout=opts.timeout, say=say)
+    return conn.open()
+
+
+def locate(conn: PodConnection, spec: HostSpec, project: Path) -> tuple[Fingerprint, PodProfile, str]:
+    """Probe, pick the profile and the remote project directory, and set the command prelude."""
+    fp = probe(conn, remote_dir=spec.remote_dir or "", python=spec.python)
+    profile = detect(fp, spec.profile)
+    remote_dir = spec.remote_dir or profile.remote_dir(project.name, fp.home)
+    if remote_dir.startswith("~"):
+        remote_dir = fp.home + remote_dir[1:]
+    conn.prelude = profile.shell_prelude(remote_dir)
+    return fp, profile, remote_dir
+
+
+def deploy_one(spec: HostSpec, opts: PodOptions, say: Callable[[str], None], config: str | None,
+               single: bool) -> Outcome:
+    outcome = Outcome(pod=spec.name)
+    start = time.monotonic()
+    try:
+        with connect(spec, opts, say) as conn:
+            _deploy(conn, spec, opts, say, config, single, outcome)
+    except PodError as exc:
+        outcome.exit_code, outcome.error = 2, str(exc)
+    outcome.seconds = time.monotonic() - start
+    return outcome
+
+
+def _deploy(conn: PodConnection, spec: HostSpec, opts: PodOptions, say, config, single, outcome: Outcome) -> None:
+    clock = [time.monotonic()]
+
+    def lap(phase: str) -> None:
+        now = time.monotonic()
+        outcome.phases[phase] = round(now - clock[0], 3)
+        clock[0] = now
+
+    fp, profile, remote_dir = locate(conn, spec, opts.project)
+    outcome.fingerprint, outcome.profile = fp, profile.name
+    outcome.gpu = f"{len(fp.gpus)}x {fp.gpus[0].name}" if fp.gpus else "none"
+    say(f"probe: {fp.summary()}; profile {profile.name}; project {remote_dir}")
+    if fp.python_missing:
+        raise PodError(f"python {fp.python_missing} does not exist on the pod", "fix PYTHON=, or leave it out to detect")
+    q = shlex.quote(remote_dir)
+    made = conn.run(f"mkdir -p {q}/logs && cat > {q}/logs/probe.json", stdin=fp.to_json(), prelude=False)
+    if not made.ok:
+        detail = (made.stderr or made.stdout).strip().splitlines()
+        if any("No space" in line for line in detail):
+            raise PodError(f"the pod's disk is full at {remote_dir}", "free space, then re-run")
+        raise PodError(f"cannot create {remote_dir}: {detail[-1] if detail else made.exit_code}", "set REMOTE_DIR= to a writable path")
+
+    lap("probe")
+    rsync_ok = ensure_rsync(conn, fp.tools, say)
+    stats = push(conn, opts.project, remote_dir, rsync_on_pod=rsync_ok,
+                 progress=terminal_progress("sync") if single else None, bwlimit=opts.bwlimit)
+    if single and terminal_progress("sync"):
+        print(flush=True)
+    outcome.sync = f"{stats.files} files" + ("" if rsync_ok else " (SFTP)")
+    say(f"sync: {stats}" + ("" if rsync_ok else " over SFTP"))
+    lap("sync")
+
+    if not fp.python:
+        outcome.exit_code = 1
+        outcome.envsetup = "no python"
+        say("envsetup: skipped, the pod has no python3 (install python3 and python3-venv, then re-run)")
+        return
+    if not fp.gpus:
+        say("envsetup: no GPU on this pod: GPU-only dependencies (flash-attn) are skipped")
+    secrets = "".join(f"{n}={os.environ[n]}\n" for n in _secret_names() if os.environ.get(n))
+    cache = profile.caches(fp.home)
+    cmd = (f"PODKIT_PYTHON={shlex.quote(fp.python)} bin/envsetup --project . --fingerprint logs/probe.json --secrets-stdin"
+           + (f" --cache-dir {shlex.quote(cache)}" if cache else ""))
+    result = conn.run(cmd, stdin=secrets, out=lambda line: say(f"envsetup: {line.strip()}"), timeout=4 * 3600)
+    outcome.envsetup = "ready" if result.ok else f"failed ({result.exit_code})"
+    lap("envsetup")
+    if not result.ok:
+        outcome.exit_code = 1
+        return
+
+    args = ["bin/preflight"] + (["--config", config] if config else [])
+    if fp.gpus:
+        args += ["--gpu", fp.gpus[0].name]
+    # One pod: its whole report. Several: only the verdict, the table would interleave.
+    show = (lambda line: say(f"preflight: {line}")) if single else None
+    result = conn.run(shlex.join(args), out=show, timeout=600)
+    lap("preflight")
+    if not single:
+        last = [line for line in result.stdout.splitlines() if line.strip()]
+        say(f"preflight: {last[-1].strip() if last else result.exit_code}")
+    say("deploy: " + ", ".join(f"{k} {v:.1f} s" for k, v in outcome.phases.items()))
+    outcome.preflight = {0: "ready", 1: "check failed", 2: "bad input"}.get(result.exit_code, f"exit {result.exit_code}")
+    if result.exit_code != 0:
+        outcome.exit_code = 1
+
+
+def _secret_names() -> tuple[str, ...]:
+    extra = tuple(n for n in os.environ.get("PODKIT_SECRET_NAMES", "").split(",") if n)
+    return SECRET_NAMES + extra
+
+
+def deploy(specs: list[HostSpec], opts: PodOptions, config: str | None = None) -> list[Outcome]:
+    printer = Printer(prefix=len(specs) > 1)
+    single = len(specs) == 1
+    with ThreadPoolExecutor(max_workers=min(16, len(specs))) as pool:
+        futures = [pool.submit(deploy_one, s, opts, printer.for_pod(s.name), config, single) for s in specs]
+        return [f.result() for f in futures]
+
+
+def summary(outcomes: list[Outcome]) -> str:
+    rows = [("pod", "result", "profile", "GPU", "sync", "envsetup", "preflight", "time")]
+    for o in outcomes:
+        result = {0: "ready", 1: "FAILED", 2: "ERROR"}[o.exit_code]
+        rows.append((o.pod, result, o.profile or "-", o.gpu or "-", o.sync or "-", o.envsetup or "-",
+                     o.preflight or "-", f"{o.seconds:.1f} s"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    errors = [f"{o.pod}: {o.error}" for o in outcomes if o.error]
+    return "\n".join(lines + errors)

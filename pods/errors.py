@@ -1,0 +1,20 @@
+"""The one error a pod command shows: what went wrong on which host, and what to do. Exit code 2."""
+
+
+class PodError(Exception):
+    """Bad host input or a connection/transfer fault. Printed as one line; never a traceback."""
+
+    def __init__(self, problem: str, fix: str = "", host: str = ""):
+        self.problem = problem
+        self.fix = fix
+        self.host = host
+        super().__init__(str(self))
+
+    def on(self, host: str) -> "PodError":
+        """The same error, labelled with the pod it happened on."""
+        return PodError(self.problem, self.fix, host)
+
+    def __str__(self) -> str:
+        where = f"{self.host}: " if self.host else ""
+        fix = f" ({self.fix})" if self.fix else ""
+        return f"{where}{self.problem}{fix}"

@@ -1,0 +1,283 @@
+"""Host specs: what the user types after HOST=, read into one typed `HostSpec` per pod.
+
+Accepted forms, one per host, comma-separated for several:
+  user@host[:port]           root@1.2.3.4:22022, [::1]:2222, gpu-box
+  an ~/.ssh/config alias     my-a100 (HostName, User, Port, IdentityFile read from the config)
+  the line RunPod shows      ssh root@1.2.3.4 -p 22022 -i ~/.ssh/id_ed25519
+  an inventory name/group    a100 or train, from pods.toml (see `load_inventory`)
+
+`resolve` turns a spec into an `Endpoint`: the concrete hostname, port, user and key files that
+both paramiko and the rsync/ssh child process use, so the two never disagree.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from pods.errors import PodError
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
+
+_HOSTNAME = re.compile(r"^[A-Za-z0-9_.%-]+$|^[0-9A-Fa-f:]+$")
+_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+PROFILES = ("auto", "runpod", "sagemaker", "generic")
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """One pod as the user named it (before ~/.ssh/config is consulted)."""
+
+    host: str
+    """Hostname, IP or ~/.ssh/config alias."""
+    user: str | None = None
+    port: int | None = None
+    key: str | None = None
+    """Identity file; None lets the ssh config, agent and default keys decide."""
+    name: str = ""
+    """Label for output prefixes and pod-logs/<name>/; defaults to host[-port]."""
+    profile: str = "auto"
+    """runpod | sagemaker | generic | auto (detected from the pod)."""
+    remote_dir: str | None = None
+    """Project directory on the pod; None = the profile's default."""
+    python: str | None = None
+    """Interpreter on the pod that has the image's torch; None = detected."""
+
+    def __post_init__(self):
+        if not self.host or not _HOSTNAME.match(self.host):
+            raise PodError(f"host '{self.host}' is not a valid host name", "use user@host[:port]")
+        if self.port is not None and not 0 < self.port < 65536:
+            raise PodError(f"port {self.port} is out of range", "use a port between 1 and 65535")
+        if self.profile not in PROFILES:
+            raise PodError(f"unknown profile '{self.profile}'", "use one of " + ", ".join(PROFILES))
+        if not self.name:
+            label = self.host if self.port in (None, 22) else f"{self.host}-{self.port}"
+            object.__setattr__(self, "name", re.sub(r"[^A-Za-z0-9_.-]", "_", label))
+        elif not _NAME.match(self.name):
+            raise PodError(f"pod name '{self.name}' may use only letters, digits, '.', '_' and '-'")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where to connect, fully resolved."""
+
+    hostname: str
+    port: int
+    user: str
+    key_files: tuple[str, ...] = ()
+    ssh_config: str | None = None  # the config file the alias came from, passed on to ssh -F
+
+    @property
+    def display(self) -> str:
+        return f"{self.user}@{self.hostname}:{self.port}"
+
+    @property
+    def known_hosts_name(self) -> str:
+        """The name known_hosts files the key under (OpenSSH's [host]:port for other ports)."""
+        return self.hostname if self.port == 22 else f"[{self.hostname}]:{self.port}"
+
+
+def parse_host(text: str, key: str | None = None) -> HostSpec:
+    """One host spec in any accepted form (not an inventory name; see `select_hosts`)."""
+    text = text.strip()
+    if not text:
+        raise PodError("empty host", "give HOST=user@host[:port]")
+    if text.startswith("ssh ") or text.startswith("ssh\t"):
+        return _parse_ssh_line(text, key)
+    if any(c.isspace() for c in text):
+        raise PodError(f"host '{text}' contains spaces", "paste the whole RunPod line starting with 'ssh', or use user@host:port")
+    user, _, rest = text.rpartition("@") if "@" in text else (None, "", text)
+    if user == "":
+        raise PodError(f"host '{text}' has an empty user", "use user@host")
+    host, port = _split_port(rest, text)
+    return HostSpec(host=host, user=user, port=port, key=_expand(key))
+
+
+def _split_port(rest: str, original: str) -> tuple[str, int | None]:
+    if rest.startswith("["):  # [ipv6]:port
+        host, _, tail = rest[1:].partition("]")
+        if not tail:
+            return host, None
+        if not tail.startswith(":"):
+            raise PodError(f"host '{original}' is malformed", "use [address]:port")
+        return host, _port(tail[1:], original)
+    if rest.count(":") == 1:
+        host, port = rest.split(":")
+        return host, _port(port, original)
+    return rest, None
+
+
+def _port(text: str, original: str) -> int:
+    if not text.isdigit():
+        raise PodError(f"port '{text}' in '{original}' is not a number", "use user@host:port, e.g. root@1.2.3.4:22022")
+    return int(text)
+
+
+def _parse_ssh_line(text: str, key: str | None) -> HostSpec:
+    """`ssh root@1.2.3.4 -p 22022 -i ~/.ssh/id_ed25519`, as RunPod's Connect dialog shows it."""
+    try:
+        words = shlex.split(text)[1:]
+    except ValueError as exc:
+        raise PodError(f"cannot read the ssh line: {exc}", "paste it exactly as shown") from None
+    target, port, user = None, None, None
+    i = 0
+    while i < len(words):
+        word = words[i]
+        value = words[i + 1] if i + 1 < len(words) else None
+        if word in ("-p", "-i", "-l", "-o"):
+            if value is None:
+                raise PodError(f"ssh line: {word} needs a value")
+            if word == "-p":
+                port = _port(value, text)
+            elif word == "-i":
+                key = key or value
+            elif word == "-l":
+                user = value
+            else:
+                opt, _, optval = value.partition("=")
+                if opt.lower() == "port":
+                    port = _port(optval, text)
+                elif opt.lower() == "user":
+                    user = optval
+                elif opt.lower() == "identityfile":
+                    key = key or optval
+                # Other -o options (StrictHostKeyChecking=no, ...) are ignored on purpose:
+                # podkit verifies host keys itself.
+            i += 2
+        elif word.startswith("-") and len(word) > 1:
+            if word in ("-t", "-T", "-A", "-C", "-v", "-4", "-6", "-q", "-x", "-X"):
+                i += 1
+            else:
+                raise PodError(f"ssh line: option {word} is not understood", "keep only the host, -p and -i")
+        else:
+            if target is not None:
+                raise PodError("ssh line has a remote command", "paste only the connection part")
+            target = word
+            i += 1
+    if target is None:
+        raise PodError("ssh line has no host", "paste the line as shown, e.g. ssh root@1.2.3.4 -p 22022")
+    spec = parse_host(target, key)
+    return HostSpec(host=spec.host, user=user or spec.user, port=port or spec.port, key=spec.key)
+
+
+def _expand(path: str | None) -> str | None:
+    return os.path.expanduser(path) if path else None
+
+
+# ---------------------------------------------------------------- inventory
+
+@dataclass
+class Inventory:
+    """pods.toml: named pods and groups of them.
+
+        [pods.a100]
+        host = "ssh root@1.2.3.4 -p 22022 -i ~/.ssh/id_ed25519"   # any host spec
+        profile = "runpod"                                         # optional
+        remote_dir = "/workspace/myproj"                           # optional
+        [groups]
+        train = ["a100", "h100"]
+    """
+
+    pods: dict[str, HostSpec] = field(default_factory=dict)
+    groups: dict[str, list[str]] = field(default_factory=dict)
+    source: str = ""
+
+
+_POD_KEYS = {"host", "key", "profile", "remote_dir", "python"}
+
+
+def load_inventory(path: str | Path | None) -> Inventory:
+    """The inventory at `path` (or ./pods.toml when it exists); empty when there is none."""
+    explicit = path is not None
+    path = Path(path) if path else Path("pods.toml")
+    if not path.exists():
+        if explicit:
+            raise PodError(f"inventory {path} does not exist", "give PODS=path/to/pods.toml")
+        return Inventory()
+    try:
+        raw = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise PodError(f"{path}: {exc}", "fix the inventory file") from None
+    unknown = set(raw) - {"pods", "groups"}
+    if unknown:
+        raise PodError(f"{path}: unknown section [{sorted(unknown)[0]}]", "use [pods.<name>] and [groups]")
+    inv = Inventory(source=str(path))
+    for name, entry in raw.get("pods", {}).items():
+        if not isinstance(entry, dict) or "host" not in entry:
+            raise PodError(f"{path}: pods.{name} needs host = \"...\"")
+        bad = set(entry) - _POD_KEYS
+        if bad:
+            raise PodError(f"{path}: pods.{name}.{sorted(bad)[0]}: unknown key", "known: " + ", ".join(sorted(_POD_KEYS)))
+        spec = parse_host(entry["host"], entry.get("key"))
+        inv.pods[name] = replace(
+            spec, name=name, profile=entry.get("profile", "auto"),
+            remote_dir=entry.get("remote_dir"), python=entry.get("python"),
+        )
+    for group, members in raw.get("groups", {}).items():
+        if not isinstance(members, list) or not all(m in inv.pods for m in members):
+            raise PodError(f"{path}: group {group} must list pod names defined under [pods]")
+        inv.groups[group] = members
+    return inv
+
+
+def select_hosts(text: str, inventory: Inventory, key: str | None = None, **overrides) -> list[HostSpec]:
+    """HOST=... -> the pods it names. Commas separate hosts, except inside a pasted ssh line."""
+    if not text or not text.strip():
+        raise PodError("no host given", "use HOST=user@host[:port], an ssh alias or an inventory name")
+    items = [text] if text.strip().startswith("ssh ") else [t for t in text.split(",") if t.strip()]
+    specs: list[HostSpec] = []
+    for item in items:
+        item = item.strip()
+        if item in inventory.groups:
+            specs += [inventory.pods[m] for m in inventory.groups[item]]
+        elif item in inventory.pods:
+            specs.append(inventory.pods[item])
+        else:
+            specs.append(parse_host(item, key))
+    fixed = {k: v for k, v in overrides.items() if v is not None}
+    if key:
+        fixed["key"] = _expand(key)
+    specs = [replace(s, **fixed) for s in specs]
+    names = [s.name for s in specs]
+    dup = next((n for n in names if names.count(n) > 1), None)
+    if dup:
+        raise PodError(f"pod '{dup}' is named twice", "list each host once")
+    return specs
+
+
+# ---------------------------------------------------------------- ~/.ssh/config
+
+def resolve(spec: HostSpec, ssh_config: str | Path | None = None) -> Endpoint:
+    """The spec completed from ~/.ssh/config (as OpenSSH would read it), then defaults."""
+    import getpass
+
+    import paramiko
+
+    config_path = Path(ssh_config or os.path.expanduser("~/.ssh/config"))
+    hostname, port, user, keys, used = spec.host, spec.port, spec.user, [], None
+    if config_path.is_file():
+        try:
+            entry = paramiko.SSHConfig.from_path(str(config_path)).lookup(spec.host)
+        except Exception as exc:  # paramiko raises several types for a bad file
+            raise PodError(f"cannot read {config_path}: {exc}", "fix the ssh config") from None
+        if "proxyjump" in entry or "proxycommand" in entry:
+            raise PodError(f"{spec.host}: ProxyJump/ProxyCommand in {config_path} is not supported", "connect to the pod directly")
+        hostname = entry.get("hostname", hostname)
+        port = port or (int(entry["port"]) if "port" in entry else None)
+        user = user or entry.get("user")
+        keys = [os.path.expanduser(k) for k in entry.get("identityfile", [])]
+        used = str(config_path)
+    if spec.key:
+        if not Path(spec.key).is_file():
+            raise PodError(f"key file {spec.key} does not exist", "give KEY=path to your private key")
+        keys = [spec.key]
+    else:
+        keys = [k for k in keys if Path(k).is_file()]
+    return Endpoint(hostname=hostname, port=port or 22, user=user or getpass.getuser(),
+                    key_files=tuple(keys), ssh_config=used)

@@ -1,0 +1,114 @@
+"""Running rsync over the connection's SSH settings, with progress and one-line errors.
+
+Both directions use --partial-dir, so a transfer cut by a dropped connection resumes from the
+partial file on the next run instead of starting over.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from pods.connection import PodConnection
+from pods.errors import PodError
+
+PARTIAL_DIR = ".rsync-partial"
+
+
+@dataclass
+class TransferStats:
+    files: int = 0  # files transferred
+    bytes: int = 0  # literal data sent
+    seconds: float = 0.0
+
+    def __str__(self) -> str:
+        size = f"{self.bytes / 2**20:.1f} MiB" if self.bytes >= 2**20 else f"{self.bytes / 1024:.1f} KiB"
+        return f"{self.files} files changed, {size} in {self.seconds:.1f} s"
+
+
+def remote_target(conn: PodConnection, path: str) -> str:
+    host = conn.endpoint.hostname
+    host = f"[{host}]" if ":" in host else host
+    return f"{host}:{path}"
+
+
+def run_rsync(conn: PodConnection, args: list[str], *, what: str, progress: Callable[[str], None] | None = None,
+              bwlimit: int | None = None) -> TransferStats:
+    if not shutil.which("rsync"):
+        raise PodError("rsync is not installed on this machine", "install it (apt-get install rsync / brew install rsync)")
+    argv = ["rsync", "--partial-dir=" + PARTIAL_DIR, "--protect-args", "--stats",
+            "-e", shlex.join(conn.ssh_argv())]
+    if progress is not None:
+        argv.append("--info=progress2")
+    if bwlimit:
+        argv.append(f"--bwlimit={bwlimit}")
+    argv += args
+    start = time.monotonic()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "LC_ALL": "C"})
+    out = bytearray()
+    try:
+        while True:
+            chunk = proc.stdout.read1(4096) if hasattr(proc.stdout, "read1") else proc.stdout.read(4096)
+            if not chunk:
+                break
+            out += chunk
+            if progress is not None:
+                for piece in re.split(rb"[\r\n]", chunk):
+                    text = piece.decode(errors="replace").strip()
+                    if re.match(r"^[\d,]+\s+\d+%", text):
+                        progress(text)
+        err = proc.stderr.read().decode(errors="replace")
+        proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        proc.wait()
+        raise
+    stats = _parse_stats(out.decode(errors="replace"))
+    stats.seconds = time.monotonic() - start
+    if proc.returncode in (0, 24):  # 24: a source file vanished mid-transfer (a log rotated); fine
+        return stats
+    raise _describe(proc.returncode, err, conn, what)
+
+
+def _parse_stats(text: str) -> TransferStats:
+    def number(label: str) -> int:
+        m = re.search(rf"{label}:\s*([\d,]+)", text)
+        return int(m.group(1).replace(",", "")) if m else 0
+
+    return TransferStats(files=number("Number of regular files transferred"), bytes=number("Literal data"))
+
+
+def _describe(code: int, err: str, conn: PodConnection, what: str) -> PodError:
+    ep = conn.endpoint
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    if "No space left on device" in err or "Disk quota exceeded" in err:
+        return PodError(f"{what}: the disk is full", "free space (old runs, caches), then re-run; finished files are kept")
+    if "Host key verification failed" in err:
+        return PodError(f"{what}: ssh refused {ep.known_hosts_name}'s host key", "re-run with ACCEPT_NEW=1 if the pod is new")
+    if "Permission denied" in err and code == 255:
+        return PodError(f"{what}: {ep.user}@{ep.hostname} refused the key", "give the right KEY=path")
+    if "rsync: command not found" in err or "rsync: not found" in err or code == 127:
+        return PodError(f"{what}: rsync is missing on the pod", "re-run deploy; it installs rsync or falls back to SFTP")
+    if code in (12, 30, 35, 255, 20) or "connection unexpectedly closed" in err or "Broken pipe" in err:
+        return PodError(f"{what}: connection to {ep.hostname}:{ep.port} dropped (rsync exit {code})",
+                        "re-run the same command; it resumes where it stopped")
+    return PodError(f"{what}: rsync exit {code}: {lines[-1] if lines else 'no message'}", "re-run; see rsync's message")
+
+
+def terminal_progress(label: str) -> Callable[[str], None] | None:
+    """A progress callback redrawing one line on a terminal; None when output is not a terminal."""
+    if not sys.stderr.isatty():
+        return None
+
+    def show(text: str) -> None:
+        sys.stderr.write(f"\r  {label}: {text[:70]:<70}")
+        sys.stderr.flush()
+
+    return show
