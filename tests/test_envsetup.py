@@ -1,0 +1,63 @@
+"""envsetup on this machine: the env file's mode and content, secrets, skipped steps, an interrupted run."""
+
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from envsetup import envfile
+from pods.probe import parse_probe, probe_local
+
+from sshd_harness import project_copy
+
+FINGERPRINTS = Path(__file__).parent / "fingerprints"
+
+
+def test_env_file_is_0600_and_settings_follow_the_pod(tmp_path):
+    fp = parse_probe((FINGERPRINTS / "runpod-a100.txt").read_text())
+    text = envfile.render(fp, tmp_path, "/workspace/.cache", "flash-attn", "wheel", {"HF_TOKEN": "hf_x y'z"})
+    assert 'PYTORCH_CUDA_ALLOC_CONF="${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}"' in text  # torch 2.4
+    assert 'OMP_NUM_THREADS="${OMP_NUM_THREADS:-16}"' in text and "HF_HOME=\"${HF_HOME:-/workspace/.cache/huggingface}\"" in text
+    path = tmp_path / ".podkit" / "env"
+    path.parent.mkdir()
+    path.write_text("old")
+    os.chmod(path, 0o644)  # a file left behind with a loose mode is tightened
+    assert envfile.write(path, text) and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert not envfile.write(path, text)
+    out = subprocess.run(["bash", "-c", f". {path}; printf %s \"$HF_TOKEN\""], capture_output=True, text=True)
+    assert out.stdout == "hf_x y'z"
+    assert envfile.existing_secrets(path, envfile.SECRET_NAMES) == {"HF_TOKEN": "hf_x y'z"}
+    assert envfile.read_secrets("HF_TOKEN=a\nPATH=/evil\nWANDB_API_KEY=b\n", envfile.SECRET_NAMES) == {
+        "HF_TOKEN": "a", "WANDB_API_KEY": "b"}
+
+
+def test_probe_reads_this_machine():
+    fp = probe_local(python=sys.executable)
+    assert fp.python == sys.executable and fp.torch and fp.torch.version.startswith("2.")
+    assert fp.cpus >= 1 and fp.ram_total_mib > 0 and fp.disk_free_mib and fp.python_tag.startswith("cp3")
+
+
+def test_local_envsetup_interrupted_then_rerun_then_skipped(tmp_path):
+    project = project_copy(tmp_path / "proj")
+    (project / ".venv").unlink()  # a machine without a venv yet
+    cmd = [str(project / "bin" / "envsetup"), "--python", sys.executable]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.Popen(cmd, cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while not (project / ".venv" / "bin").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)  # mid venv creation
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    first = subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "envsetup: ready" in first.stdout and "flash-attn    skip: no GPU" in first.stdout
+    again = subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "requirements  unchanged" in again.stdout and "env file unchanged" in again.stdout
+    report = (project / "logs" / "envsetup" / "report.json").read_text()
+    assert '"attention": "sdpa"' in report
+    shutil.rmtree(project)

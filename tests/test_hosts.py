@@ -1,0 +1,90 @@
+"""Host specs as users type them: user@host:port, ssh config aliases, pasted RunPod lines, inventories."""
+
+import pytest
+
+from pods.errors import PodError
+from pods.hosts import load_inventory, parse_host, resolve, select_hosts, Inventory
+
+
+def test_user_host_port():
+    spec = parse_host("root@1.2.3.4:22022")
+    assert (spec.user, spec.host, spec.port, spec.name) == ("root", "1.2.3.4", 22022, "1.2.3.4-22022")
+    assert parse_host("[::1]:2222").host == "::1" and parse_host("[::1]:2222").port == 2222
+    assert parse_host("gpu-box").port is None and parse_host("gpu-box").user is None
+
+
+def test_pasted_runpod_line(tmp_path):
+    key = tmp_path / "id_ed25519"
+    key.write_text("x")
+    spec = parse_host(f"ssh root@194.68.245.12 -p 22022 -i {key}")
+    assert (spec.user, spec.host, spec.port, spec.key) == ("root", "194.68.245.12", 22022, str(key))
+    assert spec.name == "194.68.245.12-22022"
+    assert parse_host("ssh -o StrictHostKeyChecking=no -p 40 root@h").port == 40
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("root@1.2.3.4:port", "not a number"),
+    ("root@1.2.3.4:70000", "out of range"),
+    ("@host", "empty user"),
+    ("root@bad host", "contains spaces"),
+    ("ssh -L 8080:localhost:80 root@h", "not understood"),
+    ("ssh -p", "needs a value"),
+    ("ssh root@h ls", "remote command"),
+    ("", "empty host"),
+    ("root@h;rm", "not a valid host name"),
+])
+def test_malformed_hosts_give_one_line(text, needle):
+    with pytest.raises(PodError) as err:
+        parse_host(text)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_ssh_config_alias_is_resolved_like_openssh(tmp_path):
+    key = tmp_path / "k"
+    key.write_text("x")
+    config = tmp_path / "config"
+    config.write_text(f"Host my-a100\n  HostName 10.1.2.3\n  User ubuntu\n  Port 2200\n  IdentityFile {key}\n")
+    ep = resolve(parse_host("my-a100"), ssh_config=config)
+    assert (ep.hostname, ep.port, ep.user, ep.key_files) == ("10.1.2.3", 2200, "ubuntu", (str(key),))
+    assert ep.known_hosts_name == "[10.1.2.3]:2200"
+    # an explicit user/port beats the config, like ssh's command line does
+    ep = resolve(parse_host("root@my-a100:22"), ssh_config=config)
+    assert (ep.user, ep.port) == ("root", 22) and ep.known_hosts_name == "10.1.2.3"
+
+
+def test_missing_key_file_is_bad_input(tmp_path):
+    with pytest.raises(PodError, match="does not exist"):
+        resolve(parse_host("root@h", key=str(tmp_path / "nope")), ssh_config=tmp_path / "none")
+
+
+def test_inventory_names_groups_and_overrides(tmp_path):
+    inv = tmp_path / "pods.toml"
+    inv.write_text('[pods.a100]\nhost = "ssh root@1.2.3.4 -p 22022"\nprofile = "runpod"\n'
+                   '[pods.box]\nhost = "ubuntu@box.lan"\nremote_dir = "/data/proj"\n'
+                   '[groups]\ntrain = ["a100", "box"]\n')
+    inventory = load_inventory(inv)
+    specs = select_hosts("train", inventory)
+    assert [s.name for s in specs] == ["a100", "box"]
+    assert specs[0].port == 22022 and specs[0].profile == "runpod" and specs[1].remote_dir == "/data/proj"
+    assert [s.name for s in select_hosts("a100,root@5.6.7.8:2", inventory)] == ["a100", "5.6.7.8-2"]
+    assert select_hosts("a100", inventory, profile="generic")[0].profile == "generic"
+    with pytest.raises(PodError, match="named twice"):
+        select_hosts("a100,train", inventory)
+
+
+@pytest.mark.parametrize("text,needle", [
+    ('[pods.a]\nhots = "x"\n', "needs host"),
+    ('[pods.a]\nhost = "x"\nprofil = "runpod"\n', "unknown key"),
+    ('[groups]\ng = ["missing"]\n', "must list pod names"),
+    ('[pod.a]\nhost = "x"\n', "unknown section"),
+])
+def test_bad_inventory(tmp_path, text, needle):
+    inv = tmp_path / "pods.toml"
+    inv.write_text(text)
+    with pytest.raises(PodError, match=needle):
+        load_inventory(inv)
+
+
+def test_no_host_given():
+    with pytest.raises(PodError, match="no host given"):
+        select_hosts(" ", Inventory())

@@ -1,0 +1,286 @@
+"""bin/pod against real sshd servers on loopback: deploy, host keys, faults, detached runs, fetch-logs.
+
+The "pod" is this machine seen through its own sshd on 127.0.0.1 (a free port, a throwaway host
+key and client key). Its image Python is the suite's interpreter, so envsetup reuses its torch.
+Tests in this module share one pod and run in order: first deploy, then re-deploys.
+"""
+
+import hashlib
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from sshd_harness import LoopbackPod, keygen, pod_cli, project_copy, sshd_available
+
+pytestmark = pytest.mark.skipif(sshd_available() is not None, reason=str(sshd_available()))
+
+
+def pod_args(pod: LoopbackPod) -> list[str]:
+    return ["--key", str(pod.client_key), "--remote-dir", pod.remote_dir, "--python", sys.executable]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    base = tmp_path_factory.mktemp("pods")
+    pod = LoopbackPod(base, "a").start()
+    project = project_copy(base / "laptop" / "podkit")
+    known_hosts = base / "known_hosts"
+    known_hosts.write_text(pod.known_hosts_line())
+    yield SimpleNamespace(base=base, pod=pod, project=project, known_hosts=known_hosts)
+    pod.stop()
+
+
+def cli(world, *args, **kw):
+    return pod_cli(world.project, *args, known_hosts=kw.pop("known_hosts", world.known_hosts), **kw)
+
+
+def one_line_error(out) -> str:
+    assert out.returncode == 2, out.stdout + out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in out.stderr, out.stderr
+    return lines[0]
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_first_deploy_then_no_change_then_a_change(world):
+    pod, remote = world.pod, Path(world.pod.remote_dir)
+    first = cli(world, "deploy", pod.spec, *pod_args(pod), env={"HF_TOKEN": "hf_SECRETvalue123"})
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "ready" in first.stdout.splitlines()[-1] and "preflight: ready" in first.stdout
+    assert (remote / "bin" / "smoke").exists() and (remote / ".venv" / "bin" / "python").exists()
+    assert not (remote / ".git").exists() and not (remote / "pod-logs").exists()
+    env_file = remote / ".podkit" / "env"
+    assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
+    env_text = env_file.read_text()
+    assert "expandable_segments:True" in env_text and "TOKENIZERS_PARALLELISM" in env_text
+    assert "export HF_TOKEN=hf_SECRETvalue123" in env_text
+    # the secret went through stdin into that file only: not in output, logs or the probe record
+    assert "hf_SECRETvalue123" not in first.stdout + first.stderr
+    for path in (remote / "logs").rglob("*"):
+        if path.is_file():
+            assert "hf_SECRETvalue123" not in path.read_text(errors="replace"), path
+    probe = (remote / "logs" / "probe.json").read_text()
+    assert '"python_version"' in probe and '"cpus"' in probe
+
+    # The pod's outputs are not code: a later sync must leave them alone.
+    (remote / "runs" / "r0").mkdir(parents=True)
+    (remote / "runs" / "r0" / "summary.json").write_text("{}")
+
+    again = cli(world, "deploy", pod.spec, *pod_args(pod))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "sync: 0 files changed" in again.stdout
+    assert "requirements  unchanged" in again.stdout and "bitsandbytes  unchanged" in again.stdout
+    assert "export HF_TOKEN=hf_SECRETvalue123" in env_file.read_text()  # kept without HF_TOKEN set locally
+
+    (world.project / "README.md").write_text((world.project / "README.md").read_text() + "\nchanged\n")
+    (world.project / "notes.txt").write_text("new file\n")
+    (world.project / "tests" / "test_gpus.py").unlink()
+    (world.project / ".podignore").write_text("scratch/\n")
+    (world.project / "scratch").mkdir()
+    (world.project / "scratch" / "huge.bin").write_bytes(b"x" * 1000)
+    (world.project / "runs").mkdir(exist_ok=True)
+    (world.project / "runs" / "local.txt").write_text("gitignored\n")
+    changed = cli(world, "deploy", pod.spec, *pod_args(pod))
+    assert changed.returncode == 0, changed.stdout + changed.stderr
+    assert "sync: 3 files changed" in changed.stdout  # README, notes.txt, .podignore
+    assert (remote / "README.md").read_text().endswith("changed\n") and (remote / "notes.txt").exists()
+    assert not (remote / "tests" / "test_gpus.py").exists()  # deleted locally -> deleted there
+    assert not (remote / "scratch").exists() and not (remote / "runs" / "local.txt").exists()
+    assert (remote / "runs" / "r0" / "summary.json").exists()
+
+
+def test_unknown_host_key_is_refused_then_accepted_and_a_changed_key_refused(world):
+    pod = world.pod
+    known = world.base / "fresh_known_hosts"
+    refused = cli(world, "probe", pod.spec, *pod_args(pod), known_hosts=known)
+    line = one_line_error(refused)
+    assert "is not in" in line and "--accept-new" in line and "SHA256:" in line
+    assert not known.exists()
+    accepted = cli(world, "probe", pod.spec, *pod_args(pod), "--accept-new", known_hosts=known)
+    assert accepted.returncode == 0, accepted.stderr
+    assert "recorded host key" in accepted.stdout and f"[127.0.0.1]:{pod.port} ssh-ed25519" in known.read_text()
+    assert cli(world, "probe", pod.spec, *pod_args(pod), known_hosts=known).returncode == 0
+
+    other = keygen(world.base / "other_host_key")
+    pub = Path(f"{other}.pub").read_text().split()
+    known.write_text(f"[127.0.0.1]:{pod.port} {pub[0]} {pub[1]}\n")
+    line = one_line_error(cli(world, "probe", pod.spec, *pod_args(pod), "--accept-new", known_hosts=known))
+    assert "CHANGED" in line and "ssh-keygen -R" in line
+
+
+def test_wrong_key_refused_port_refused_and_silent_server(world):
+    pod = world.pod
+    wrong = keygen(world.base / "wrong_key")
+    args = ["--remote-dir", pod.remote_dir]
+    assert "refused the key" in one_line_error(cli(world, "deploy", pod.spec, "--key", str(wrong), *args))
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()
+    assert "connection refused" in one_line_error(cli(world, "deploy", f"root@127.0.0.1:{port}", *args))
+    with socket.socket() as silent:  # accepts TCP, never speaks SSH
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        line = one_line_error(cli(world, "deploy", f"root@127.0.0.1:{silent.getsockname()[1]}", "--timeout", "2", *args))
+    assert "did not answer" in line or "no answer" in line
+    assert "not a number" in one_line_error(cli(world, "deploy", "root@host:abc"))
+    assert "does not exist on the pod" in one_line_error(
+        cli(world, "deploy", pod.spec, "--key", str(pod.client_key), "--python", "/nonexistent/python3", *args))
+
+
+def _wait_for(predicate, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _partial(directory: Path, name: str) -> bool:
+    if not directory.exists():
+        return False
+    return any(p.name.startswith(f".{name}.") or p.parent.name == ".rsync-partial" for p in directory.rglob("*"))
+
+
+def test_dropped_connection_mid_sync_then_rerun_completes(world):
+    pod, remote = world.pod, Path(world.pod.remote_dir)
+    big = world.project / "data.bin"
+    big.write_bytes(os.urandom(12 * 2**20))
+    argv = [str(world.project / "bin" / "pod"), "deploy", "--known-hosts", str(world.known_hosts), "--bwlimit", "1500",
+            pod.spec, *pod_args(pod)]
+    proc = subprocess.Popen(argv, cwd=world.project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert _wait_for(lambda: _partial(remote, "data.bin")), "the transfer never started"
+    time.sleep(1.0)
+    pod.drop_connections()
+    out, err = proc.communicate(timeout=120)
+    result = subprocess.CompletedProcess(argv, proc.returncode, out, err)
+    assert "dropped" in one_line_error(result) and not (remote / "data.bin").exists()
+    rerun = cli(world, "deploy", pod.spec, *pod_args(pod))
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    assert sha(remote / "data.bin") == sha(big)
+    assert not (remote / ".rsync-partial").exists()
+    big.unlink()
+
+
+def test_dropped_connection_mid_fetch_then_rerun_never_overwrites_newer_local(world):
+    pod, remote = world.pod, Path(world.pod.remote_dir)
+    run = remote / "runs" / "big-run"
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "memory_snapshot.pickle").write_bytes(os.urandom(12 * 2**20))
+    (run / "summary.json").write_text('{"status": "failed"}')
+    (remote / "runs" / "r0").mkdir(exist_ok=True)
+    (remote / "runs" / "r0" / "summary.json").write_text('{"status": "remote"}')
+    os.utime(remote / "runs" / "r0" / "summary.json", (time.time() - 3600, time.time() - 3600))
+    local = world.project / "pod-logs" / f"127.0.0.1-{pod.port}"
+    (local / "runs" / "r0").mkdir(parents=True, exist_ok=True)
+    (local / "runs" / "r0" / "summary.json").write_text('{"status": "edited locally"}')
+
+    argv = [str(world.project / "bin" / "pod"), "fetch-logs", "--known-hosts", str(world.known_hosts), "--bwlimit", "1500",
+            pod.spec, *pod_args(pod)]
+    proc = subprocess.Popen(argv, cwd=world.project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert _wait_for(lambda: _partial(local / "runs" / "big-run", "memory_snapshot.pickle")), "the fetch never started"
+    time.sleep(1.0)
+    pod.drop_connections()
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and "dropped" in (out + err), out + err
+    again = cli(world, "fetch-logs", pod.spec, *pod_args(pod))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert sha(local / "runs" / "big-run" / "memory_snapshot.pickle") == sha(run / "memory_snapshot.pickle")
+    assert (local / "runs" / "big-run" / "summary.json").read_text() == '{"status": "failed"}'
+    assert (local / "runs" / "r0" / "summary.json").read_text() == '{"status": "edited locally"}'
+    assert (local / "logs" / "probe.json").exists() and not (local / ".podkit").exists()
+    assert not list(local.rglob(".rsync-partial"))
+    # an unchanged re-fetch moves nothing
+    assert "0 files changed" in cli(world, "fetch-logs", pod.spec, *pod_args(pod)).stdout
+    import shutil
+    shutil.rmtree(run)
+
+
+def test_detached_smoke_survives_the_client_being_killed_and_is_fetched(world):
+    pod = world.pod
+    argv = [str(world.project / "bin" / "pod"), "run", "--known-hosts", str(world.known_hosts), *pod_args(pod),
+            "--id", "smoke-1", pod.spec, "--", "bin/smoke", "--steps", "40", "--run-id", "detached-smoke"]
+    client = subprocess.Popen(argv, cwd=world.project, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    reader = threading.Thread(target=lambda: seen.extend(client.stdout), daemon=True)
+    reader.start()
+    assert _wait_for(lambda: any("smoke" in line for line in seen), 60), "no output streamed: " + "".join(seen)
+    client.send_signal(signal.SIGKILL)  # the laptop's client dies...
+    client.wait()
+    pod.drop_connections()  # ...and its SSH session with it
+    log = Path(pod.remote_dir) / "logs" / "jobs" / "smoke-1"
+    assert not (log / "exit_code").exists(), "the run should still be going"
+    attached = cli(world, "attach", pod.spec, *pod_args(pod), "smoke-1", timeout=300)
+    assert attached.returncode == 0, attached.stdout[-2000:] + attached.stderr
+    assert "pass" in attached.stdout
+    listed = cli(world, "jobs", pod.spec, *pod_args(pod))
+    assert "smoke-1" in listed.stdout and "exited 0" in listed.stdout
+    fetched = cli(world, "fetch-logs", pod.spec, *pod_args(pod))
+    assert fetched.returncode == 0, fetched.stderr
+    local = world.project / "pod-logs" / f"127.0.0.1-{pod.port}"
+    summary = (local / "runs" / "detached-smoke" / "summary.json").read_text()
+    assert '"status": "pass"' in summary
+    assert (local / "logs" / "jobs" / "smoke-1" / "exit_code").read_text().strip() == "0"
+    assert "pass" in (local / "logs" / "jobs" / "smoke-1" / "output.log").read_text()
+
+
+def test_a_failing_detached_command_reports_its_exit_code(world):
+    pod = world.pod
+    out = cli(world, "run", *pod_args(pod), pod.spec, "--", "bash", "-c", "echo about to fail; exit 7")
+    assert out.returncode == 7 and "about to fail" in out.stdout
+
+
+def test_two_pods_at_once_from_an_inventory_group(world):
+    b = LoopbackPod(world.base, "b").start()
+    try:
+        with open(world.known_hosts, "a") as f:
+            f.write(b.known_hosts_line())
+        inventory = world.project / "pods.toml"
+        inventory.write_text(
+            f'[pods.a]\nhost = "{world.pod.spec}"\nkey = "{world.pod.client_key}"\nremote_dir = "{world.pod.remote_dir}"\n'
+            f'python = "{sys.executable}"\n'
+            f'[pods.b]\nhost = "ssh {b.user}@127.0.0.1 -p {b.port} -i {b.client_key}"\nremote_dir = "{b.remote_dir}"\n'
+            f'python = "{sys.executable}"\n[groups]\nboth = ["a", "b"]\n')
+        out = cli(world, "deploy", "both")
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert any(line.startswith("[a] ") for line in out.stdout.splitlines())
+        assert any(line.startswith("[b] ") for line in out.stdout.splitlines())
+        table = out.stdout.split("\n\n")[-1]
+        assert table.count("ready") >= 2 and "a " in table and "b " in table
+        assert (Path(b.remote_dir) / "bin" / "smoke").exists()
+    finally:
+        b.stop()
+        (world.project / "pods.toml").unlink(missing_ok=True)
+
+
+def test_remote_disk_full_is_one_line_and_a_rerun_after_freeing_space_completes(world, tmp_path):
+    pod = world.pod
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)]).returncode:
+        pytest.skip("needs root and tmpfs mounts to make a small disk")
+    try:
+        args = ["--key", str(pod.client_key), "--remote-dir", str(mount / "project"), "--python", sys.executable]
+        line = one_line_error(cli(world, "deploy", pod.spec, *args))
+        assert "disk is full" in line
+        subprocess.run(["mount", "-o", "remount,size=512m", str(mount)], check=True)
+        rerun = cli(world, "deploy", pod.spec, *args)
+        # set up completely; preflight then rightly says 512 MiB cannot hold a checkpoint
+        assert "envsetup  ready" in rerun.stdout.replace("ready     ", "ready ") or "ready" in rerun.stdout, rerun.stderr
+        assert rerun.returncode == 1 and "disk.free" in rerun.stdout, rerun.stdout + rerun.stderr
+        assert (mount / "project" / "bin" / "smoke").exists() and (mount / "project" / ".venv" / "bin" / "python").exists()
+    finally:
+        subprocess.run(["umount", "-l", str(mount)])
