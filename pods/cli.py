@@ -8,15 +8,21 @@ from __future__ import annotations
 
 import functools
 import sys
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import click
 
 from pods import jobs as remote_jobs
+from pods.connection import PodConnection
 from pods.deploy import Outcome, PodOptions, Printer, connect, deploy, locate, summary
 from pods.errors import PodError
 from pods.fetch import fetch as fetch_logs
 from pods.hosts import HostSpec, load_inventory, select_hosts
+from pods.probe import Fingerprint
+from pods.profiles import PodProfile
 from pods.rsync import terminal_progress
 
 def pod_options(fn):
@@ -33,21 +39,41 @@ def pod_options(fn):
         click.option("--timeout", type=click.FloatRange(1, 300), default=10.0, show_default=True, help="Connect timeout, seconds."),
         click.option("--bwlimit", type=click.IntRange(1), help="Transfer limit for sync/fetch, KiB/s."),
     ]
-    for option in reversed(options):
-        fn = option(fn)
 
     @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        return fn(*args, **kwargs)
+    def wrapper(*args, key, profile, remote_dir, python, inventory, accept_new, known_hosts, timeout, bwlimit, **kwargs):
+        pods = PodArgs(key, profile, remote_dir, python, inventory,
+                       PodOptions(known_hosts=known_hosts, accept_new=accept_new, timeout=timeout, bwlimit=bwlimit))
+        return fn(*args, pods=pods, **kwargs)
+
+    for option in reversed(options):
+        wrapper = option(wrapper)
     return wrapper
 
 
-def _specs(host: str, key, profile, remote_dir, python, inventory) -> list[HostSpec]:
-    return select_hosts(host, load_inventory(inventory), key=key, profile=profile, remote_dir=remote_dir, python=python)
+@dataclass(frozen=True)
+class PodArgs:
+    """The shared options, gathered: which pods, and how to reach them."""
 
+    key: str | None
+    profile: str | None
+    remote_dir: str | None
+    python: str | None
+    inventory: str | None
+    opts: PodOptions
 
-def _opts(accept_new, known_hosts, timeout, bwlimit) -> PodOptions:
-    return PodOptions(known_hosts=known_hosts, accept_new=accept_new, timeout=timeout, bwlimit=bwlimit)
+    def specs(self, host: str) -> list[HostSpec]:
+        return select_hosts(host, load_inventory(self.inventory), key=self.key, profile=self.profile,
+                            remote_dir=self.remote_dir, python=self.python)
+
+    @contextmanager
+    def one(self, host: str) -> Iterator[tuple[PodConnection, HostSpec, Fingerprint, PodProfile, str]]:
+        """Exactly one pod, connected and located: (conn, spec, fingerprint, profile, remote dir)."""
+        specs = self.specs(host)
+        if len(specs) != 1:
+            raise PodError(f"'{host}' names {len(specs)} pods", "give exactly one")
+        with connect(specs[0], self.opts, click.echo) as conn:
+            yield (conn, specs[0], *locate(conn, specs[0], self.opts.project))
 
 
 def guarded(fn):
@@ -75,14 +101,13 @@ def main() -> None:
 @click.option("--config", help="Job TOML to preflight on the pod (path inside the project).")
 @pod_options
 @guarded
-def deploy_cmd(host, config, key, profile, remote_dir, python, inventory, accept_new, known_hosts, timeout, bwlimit):
+def deploy_cmd(host, config, pods: PodArgs):
     """Probe, sync, set up the environment and preflight on HOST (several in parallel).
 
     HOST is user@host[:port], an ~/.ssh/config alias, the pasted RunPod line
     'ssh root@IP -p PORT -i KEY', or a pods.toml name or group; several separated by commas.
     """
-    specs = _specs(host, key, profile, remote_dir, python, inventory)
-    outcomes: list[Outcome] = deploy(specs, _opts(accept_new, known_hosts, timeout, bwlimit), config)
+    outcomes: list[Outcome] = deploy(pods.specs(host), pods.opts, config)
     if len(outcomes) == 1 and outcomes[0].error:
         raise PodError(outcomes[0].error)
     click.echo("\n" + summary(outcomes))
@@ -95,10 +120,9 @@ def deploy_cmd(host, config, key, profile, remote_dir, python, inventory, accept
               help="Local directory; each pod's files go to DEST/<pod>/.")
 @pod_options
 @guarded
-def fetch_cmd(host, dest, key, profile, remote_dir, python, inventory, accept_new, known_hosts, timeout, bwlimit):
+def fetch_cmd(host, dest, pods: PodArgs):
     """Bring every run directory and log from HOST back to pod-logs/<pod>/ (incremental, resumable)."""
-    specs = _specs(host, key, profile, remote_dir, python, inventory)
-    opts = _opts(accept_new, known_hosts, timeout, bwlimit)
+    specs, opts = pods.specs(host), pods.opts
     printer = Printer(prefix=len(specs) > 1)
     worst = 0
     for spec in specs:  # sequential: fetches share the local disk and are usually small
@@ -108,19 +132,12 @@ def fetch_cmd(host, dest, key, profile, remote_dir, python, inventory, accept_ne
                 fp, _, rdir = locate(conn, spec, opts.project)
                 target = dest / spec.name
                 stats = fetch_logs(conn, rdir, target, rsync_on_pod="rsync" in fp.tools,
-                                   progress=terminal_progress("fetch") if len(specs) == 1 else None, bwlimit=bwlimit)
+                                   progress=terminal_progress("fetch") if len(specs) == 1 else None, bwlimit=opts.bwlimit)
                 say(f"fetch-logs: {stats} -> {target}/")
         except PodError as exc:
             say(f"error: {exc.on(spec.name) if not exc.host else exc}")
             worst = 2
     sys.exit(worst)
-
-
-def _one(host, key, profile, remote_dir, python, inventory) -> HostSpec:
-    specs = _specs(host, key, profile, remote_dir, python, inventory)
-    if len(specs) != 1:
-        raise PodError(f"'{host}' names {len(specs)} pods", "give exactly one")
-    return specs[0]
 
 
 @main.command("run", context_settings={"ignore_unknown_options": True})
@@ -130,17 +147,14 @@ def _one(host, key, profile, remote_dir, python, inventory) -> HostSpec:
 @click.option("--id", "job_id", help="Job id (default: time and command name).")
 @pod_options
 @guarded
-def run_cmd(host, command, detach, job_id, key, profile, remote_dir, python, inventory, accept_new, known_hosts, timeout, bwlimit):
+def run_cmd(host, command, detach, job_id, pods: PodArgs):
     """Run COMMAND on HOST detached from SSH (it survives a dropped connection), streaming its output.
 
     Example: bin/pod run my-pod -- bin/smoke --config job.toml
     """
     import shlex
 
-    spec = _one(host, key, profile, remote_dir, python, inventory)
-    opts = _opts(accept_new, known_hosts, timeout, bwlimit)
-    with connect(spec, opts, click.echo) as conn:
-        locate(conn, spec, opts.project)
+    with pods.one(host) as (conn, spec, *_):
         jid = remote_jobs.start(conn, shlex.join(command) if len(command) > 1 else command[0], job_id)
         click.echo(f"job {jid} started on {spec.name}; output: logs/jobs/{jid}/output.log", err=True)
         if detach:
@@ -159,12 +173,9 @@ def run_cmd(host, command, detach, job_id, key, profile, remote_dir, python, inv
 @click.argument("job_id", required=False)
 @pod_options
 @guarded
-def attach_cmd(host, job_id, key, profile, remote_dir, python, inventory, accept_new, known_hosts, timeout, bwlimit):
+def attach_cmd(host, job_id, pods: PodArgs):
     """Stream a detached job's output (from the start) until it ends; exit with its code. Default: the newest job."""
-    spec = _one(host, key, profile, remote_dir, python, inventory)
-    opts = _opts(accept_new, known_hosts, timeout, bwlimit)
-    with connect(spec, opts, click.echo) as conn:
-        locate(conn, spec, opts.project)
+    with pods.one(host) as (conn, spec, *_):
         if not job_id:
             listed = remote_jobs.list_jobs(conn)
             if not listed:
@@ -178,12 +189,9 @@ def attach_cmd(host, job_id, key, profile, remote_dir, python, inventory, accept
 @click.argument("host", metavar="HOST")
 @pod_options
 @guarded
-def jobs_cmd(host, key, profile, remote_dir, python, inventory, accept_new, known_hosts, timeout, bwlimit):
+def jobs_cmd(host, pods: PodArgs):
     """List detached jobs on HOST: id, state, command."""
-    spec = _one(host, key, profile, remote_dir, python, inventory)
-    opts = _opts(accept_new, known_hosts, timeout, bwlimit)
-    with connect(spec, opts, click.echo) as conn:
-        locate(conn, spec, opts.project)
+    with pods.one(host) as (conn, *_):
         for job in remote_jobs.list_jobs(conn):
             state = f"exited {job.exit_code}" if job.state == "exited" else job.state
             click.echo(f"{job.id}  {state:10}  {job.command}")
@@ -194,13 +202,10 @@ def jobs_cmd(host, key, profile, remote_dir, python, inventory, accept_new, know
 @click.option("--json", "as_json", is_flag=True, help="Print the whole fingerprint as JSON.")
 @pod_options
 @guarded
-def probe_cmd(host, as_json, key, profile, remote_dir, python, inventory, accept_new, known_hosts, timeout, bwlimit):
+def probe_cmd(host, as_json, pods: PodArgs):
     """Fingerprint HOST in one round trip: OS, Python, GPUs, torch build, disk, CPUs, RAM."""
-    spec = _one(host, key, profile, remote_dir, python, inventory)
-    opts = _opts(accept_new, known_hosts, timeout, bwlimit)
-    with connect(spec, opts, click.echo) as conn:
-        fp, prof, rdir = locate(conn, spec, opts.project)
-    click.echo(fp.to_json() if as_json else f"{spec.name}: {fp.summary()}; profile {prof.name}; project {rdir}")
+    with pods.one(host) as (_, spec, fp, prof, rdir):
+        click.echo(fp.to_json() if as_json else f"{spec.name}: {fp.summary()}; profile {prof.name}; project {rdir}")
 
 
 if __name__ == "__main__":

@@ -156,7 +156,7 @@ class PodConnection:
             return PodError(f"{ep.user}@{where} refused the key ({tried})", "give the right KEY=path, or check the user")
         if isinstance(exc, socket.gaierror):
             return PodError(f"cannot resolve host name '{ep.hostname}'", "check HOST")
-        if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError) or isinstance(exc, ConnectionRefusedError):
+        if isinstance(exc, (paramiko.ssh_exception.NoValidConnectionsError, ConnectionRefusedError)):
             return PodError(f"connection refused by {where}",
                             "is the pod running, and is the port right? RunPod changes it on every restart")
         if isinstance(exc, (socket.timeout, TimeoutError)):

@@ -121,10 +121,10 @@ def _deploy(conn: PodConnection, spec: HostSpec, opts: PodOptions, say, config, 
 
     lap("probe")
     rsync_ok = ensure_rsync(conn, fp.tools, say)
-    stats = push(conn, opts.project, remote_dir, rsync_on_pod=rsync_ok,
-                 progress=terminal_progress("sync") if single else None, bwlimit=opts.bwlimit)
-    if single and terminal_progress("sync"):
-        print(flush=True)
+    progress = terminal_progress("sync") if single else None
+    stats = push(conn, opts.project, remote_dir, rsync_on_pod=rsync_ok, progress=progress, bwlimit=opts.bwlimit)
+    if progress:
+        print(flush=True)  # end the redrawn progress line
     outcome.sync = f"{stats.files} files" + ("" if rsync_ok else " (SFTP)")
     say(f"sync: {stats}" + ("" if rsync_ok else " over SFTP"))
     lap("sync")

@@ -7,6 +7,9 @@ envsetup's logs and report, the probe). The env file with secrets stays on the p
 
 from __future__ import annotations
 
+import os
+import stat
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -29,10 +32,6 @@ def fetch(conn: PodConnection, remote_dir: str, local: Path, *, rsync_on_pod: bo
 
 def fetch_sftp(conn: PodConnection, remote_dir: str, local: Path) -> TransferStats:
     """Without rsync on the pod: walk runs/ and logs/ over SFTP, same rules (newer local wins)."""
-    import os
-    import stat
-    import time
-
     start = time.monotonic()
     sftp = conn.sftp()
     stats = TransferStats()
@@ -48,10 +47,12 @@ def fetch_sftp(conn: PodConnection, remote_dir: str, local: Path) -> TransferSta
                 walk(child)
                 continue
             dst = local / child
-            if dst.exists() and dst.stat().st_mtime >= entry.st_mtime and dst.stat().st_size == entry.st_size:
-                continue
-            if dst.exists() and dst.stat().st_mtime > entry.st_mtime:
-                continue  # newer locally: never overwritten
+            if dst.exists():
+                have = dst.stat()
+                if have.st_mtime > entry.st_mtime:
+                    continue  # newer locally: never overwritten
+                if have.st_mtime == entry.st_mtime and have.st_size == entry.st_size:
+                    continue  # already here
             dst.parent.mkdir(parents=True, exist_ok=True)
             part = dst.with_name(dst.name + ".podkit-part")
             sftp.get(f"{remote_dir}/{child}", str(part))

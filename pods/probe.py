@@ -9,6 +9,8 @@ only the first probe pays for importing torch.
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import subprocess
 from dataclasses import asdict, dataclass, field
 
@@ -242,24 +244,16 @@ def probe(conn, remote_dir: str = "", python: str | None = None) -> Fingerprint:
     """Fingerprint the pod behind `conn` (a PodConnection) in one round trip."""
     env = ""
     if remote_dir:
-        env += f"PODKIT_PROBE_DIR={_q(remote_dir)} "
+        env += f"PODKIT_PROBE_DIR={shlex.quote(remote_dir)} "
     if python:
-        env += f"PODKIT_PYTHON={_q(python)} "
+        env += f"PODKIT_PYTHON={shlex.quote(python)} "
     result = conn.run(f"{env}bash -s <<'PODKIT_PROBE'\n{PROBE_SCRIPT}\nPODKIT_PROBE", timeout=120)
     return parse_probe(result.stdout)
 
 
 def probe_local(directory: str = "", python: str | None = None) -> Fingerprint:
-    import os
-
     env = {**os.environ, "PODKIT_PROBE_DIR": directory or os.getcwd()}
     if python:
         env["PODKIT_PYTHON"] = python
     out = subprocess.run(["bash", "-c", PROBE_SCRIPT], capture_output=True, text=True, env=env, timeout=120)
     return parse_probe(out.stdout)
-
-
-def _q(text: str) -> str:
-    import shlex
-
-    return shlex.quote(text)

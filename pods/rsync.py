@@ -55,7 +55,7 @@ def run_rsync(conn: PodConnection, args: list[str], *, what: str, progress: Call
     out = bytearray()
     try:
         while True:
-            chunk = proc.stdout.read1(4096) if hasattr(proc.stdout, "read1") else proc.stdout.read(4096)
+            chunk = proc.stdout.read1(4096)  # what is there now, so progress shows as it comes
             if not chunk:
                 break
             out += chunk

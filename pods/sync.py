@@ -9,9 +9,11 @@ Without rsync on the pod (and no way to install it) the same file list goes over
 from __future__ import annotations
 
 import os
+import shlex
 import stat
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -50,8 +52,6 @@ def local_files(local: Path) -> list[str]:
 
 def push_sftp(conn: PodConnection, local: Path, remote_dir: str) -> TransferStats:
     """Fallback without rsync on the pod: upload files whose size or mtime differ. No deletes."""
-    import time
-
     start = time.monotonic()
     sftp = conn.sftp()
     stats = TransferStats()
@@ -71,7 +71,7 @@ def push_sftp(conn: PodConnection, local: Path, remote_dir: str) -> TransferStat
                 pass
             parent = os.path.dirname(dst)
             if parent not in made:
-                conn.run(f"mkdir -p {_q(parent)}", check=True, prelude=False)
+                conn.run(f"mkdir -p {shlex.quote(parent)}", check=True, prelude=False)
                 made.add(parent)
             tmp = f"{dst}.podkit-part"  # renamed into place whole: a cut upload never leaves half a file
             sftp.put(str(src), tmp)
@@ -109,9 +109,3 @@ def ensure_rsync(conn: PodConnection, fp_tools: dict, say: Callable[[str], None]
         return True
     say("could not install rsync: syncing over SFTP")
     return False
-
-
-def _q(text: str) -> str:
-    import shlex
-
-    return shlex.quote(text)
