@@ -36,7 +36,7 @@ def pod_options(fn):
         click.option("--inventory", "inventory", type=click.Path(dir_okay=False), help="pods.toml with named pods (default ./pods.toml)."),
         click.option("--accept-new", is_flag=True, help="Record an unknown host key in known_hosts (like ssh's accept-new)."),
         click.option("--known-hosts", type=click.Path(dir_okay=False, path_type=Path), help="known_hosts file (default ~/.ssh/known_hosts)."),
-        click.option("--timeout", type=click.FloatRange(1, 300), default=10.0, show_default=True, help="Connect timeout, seconds."),
+        click.option("--timeout", type=click.FloatRange(1, 300), default=10.0, show_default=True, help="Connect timeout, seconds; a link silent for 3x this is dropped."),
         click.option("--bwlimit", type=click.IntRange(1), help="Transfer limit for sync/fetch, KiB/s."),
     ]
 
@@ -128,7 +128,7 @@ def fetch_cmd(host, dest, pods: PodArgs):
     for spec in specs:  # sequential: fetches share the local disk and are usually small
         say = printer.for_pod(spec.name)
         try:
-            with connect(spec, opts, say) as conn:
+            with connect(spec, opts, say, for_rsync=True) as conn:
                 fp, _, rdir = locate(conn, spec, opts.project)
                 target = dest / spec.name
                 stats = fetch_logs(conn, rdir, target, rsync_on_pod="rsync" in fp.tools,

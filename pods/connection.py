@@ -5,7 +5,8 @@ key is refused with the fix named; `accept_new=True` records it first, like Open
 StrictHostKeyChecking=accept-new. A changed key is always refused. Every failure becomes a
 one-line `PodError`.
 
-`ssh_argv()` gives the same settings to OpenSSH for rsync, which needs its own transport.
+Commands run in one long-lived shell on the pod (pods/shell.py); rsync is carried over the
+same transport (pods/rsh.py), so one SSH connection serves the whole invocation.
 """
 
 from __future__ import annotations
@@ -14,11 +15,8 @@ import base64
 import hashlib
 import logging
 import os
-import select
-import shlex
 import socket
-import time
-from dataclasses import dataclass
+import threading
 from pathlib import Path
 from typing import Callable
 
@@ -27,13 +25,15 @@ import paramiko
 
 from pods.errors import PodError
 from pods.hosts import Endpoint
+from pods.shell import CommandTimeout, RemoteShell, Result
 
 # paramiko logs transport failures itself; podkit reports each one as its own single line.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 logging.getLogger("paramiko").propagate = False
 
 CONNECT_TIMEOUT = 10.0
-KEEPALIVE_S = 5  # a dead link is noticed within a few keepalives instead of a TCP timeout
+KEEPALIVE_S = 5  # keepalives keep data in flight on a quiet link, so a dead one is noticed
+DEAD_LINK_FACTOR = 3  # unacknowledged for 3x the connect timeout (30 s by default) = the link is dead
 
 
 def default_known_hosts() -> Path:
@@ -43,6 +43,17 @@ def default_known_hosts() -> Path:
 def fingerprint(key: paramiko.PKey) -> str:
     digest = base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
     return f"{key.get_name()} SHA256:{digest}"
+
+
+def _drop_dead_links(sock: socket.socket, seconds: float) -> None:
+    """Let the kernel drop the connection when the pod stops acknowledging for `seconds`.
+
+    paramiko's keepalives expect no reply, so a link cut without a reset (a stopped pod, a
+    network cut) would otherwise hang until TCP gives up, ~15 minutes. Linux only; elsewhere the
+    default TCP behaviour stays.
+    """
+    if hasattr(socket, "TCP_USER_TIMEOUT") and isinstance(sock, socket.socket):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(seconds * 1000))
 
 
 class UnknownHostKey(paramiko.SSHException):
@@ -68,17 +79,6 @@ class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
         self.say(f"recorded host key {fingerprint(key)} for {hostname} in {self.known_hosts}")
 
 
-@dataclass
-class Result:
-    exit_code: int
-    stdout: str
-    stderr: str
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0
-
-
 class PodConnection:
     """`with PodConnection(endpoint) as conn: conn.run("...")` — one transport for everything."""
 
@@ -91,6 +91,9 @@ class PodConnection:
         self.say = say
         self.prelude = ""  # shell run before every command (the pod profile's environment)
         self._fabric: fabric.Connection | None = None
+        self._shell: RemoteShell | None = None  # runs every command (see pods/shell.py)
+        self._spare: RemoteShell | None = None
+        self._lock = threading.Lock()
 
     # -- lifecycle
     def __enter__(self) -> "PodConnection":
@@ -100,6 +103,7 @@ class PodConnection:
         self.close()
 
     def close(self) -> None:
+        self._shell = self._spare = None
         if self._fabric is not None:
             self._fabric.close()
             self._fabric = None
@@ -138,6 +142,7 @@ class PodConnection:
             conn.close()
             raise self._describe(exc) from None
         conn.transport.set_keepalive(KEEPALIVE_S)
+        _drop_dead_links(conn.transport.sock, DEAD_LINK_FACTOR * self.timeout)
         return conn
 
     def _describe(self, exc: BaseException) -> PodError:
@@ -174,66 +179,51 @@ class PodConnection:
 
     def run(self, command: str, *, stdin: str | None = None, out: Callable[[str], None] | None = None,
             timeout: float | None = None, check: bool = False, prelude: bool = True) -> Result:
-        """Run `command` under bash on the pod after the profile's prelude.
+        """Run `command` under bash on the pod after the profile's prelude, in the shared shell.
 
         `stdin` is the way secrets reach the pod (never argv). `out` receives output lines as they
-        come (stdout and stderr merged); without it they are collected. A dropped connection
-        raises PodError; a command's own failure is in Result.exit_code (or raises with check).
+        come (stdout and stderr each line by line); without it they are collected. A dropped
+        connection raises PodError; a command's own failure is in Result.exit_code (or raises
+        with check).
         """
         script = f"{self.prelude}\n{command}" if prelude and self.prelude else command
-        transport = self.connection.transport
-        try:
-            chan = transport.open_session(timeout=self.timeout)
-            chan.exec_command("bash -c " + shlex.quote(script))
-            if stdin is not None:
-                chan.sendall(stdin.encode())
-            chan.shutdown_write()
-            result = self._pump(chan, out, timeout)
-        except PodError:
-            raise
-        except Exception as exc:  # noqa: BLE001
-            raise self._dropped(exc) from None
+        with self._lock:
+            try:
+                result = self._shell_for_commands().run(script, stdin=stdin, out=out, timeout=timeout)
+            except CommandTimeout:
+                raise PodError(f"remote command ran past {timeout:.0f} s", "re-run; the pod may be overloaded") from None
+            except PodError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - ShellClosed, paramiko and socket errors alike
+                raise self._dropped(exc) from None
         if check and not result.ok:
             detail = (result.stderr or result.stdout).strip().splitlines()
             raise PodError(f"remote command failed ({result.exit_code}): {detail[-1] if detail else command[:60]}")
         return result
 
-    def _pump(self, chan: paramiko.Channel, out, timeout: float | None) -> Result:
-        deadline = time.monotonic() + timeout if timeout else None
-        stdout, stderr, pending = [], [], {"o": b"", "e": b""}
+    def _shell_for_commands(self) -> RemoteShell:
+        if self._shell is None or self._shell.dead:
+            self._shell = RemoteShell(self.connection.transport, self.timeout)
+        return self._shell
 
-        def feed(tag: str, data: bytes, sink: list):
-            sink.append(data)
-            if out is None:
-                return
-            buf = pending[tag] + data
-            *lines, pending[tag] = buf.split(b"\n")
-            for line in lines:
-                out(line.decode(errors="replace"))
+    def warm_spare(self) -> None:
+        """Start a second shell now, so its login rc files run while the first one works; rsync
+        takes it over later (`take_shell`)."""
+        if self._spare is None:
+            try:
+                self._spare = RemoteShell(self.connection.transport, self.timeout)
+            except Exception as exc:  # noqa: BLE001
+                raise self._dropped(exc) from None
 
-        while True:
-            if chan.recv_ready():
-                feed("o", chan.recv(65536), stdout)
-                continue
-            if chan.recv_stderr_ready():
-                feed("e", chan.recv_stderr(65536), stderr)
-                continue
-            if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
-                break
-            if chan.closed or not self.connection.transport.is_active():
-                break
-            if deadline and time.monotonic() > deadline:
-                chan.close()
-                raise PodError(f"remote command ran past {timeout:.0f} s", "re-run; the pod may be overloaded")
-            select.select([chan], [], [], 0.2)
-        if out is not None:
-            for tag in ("o", "e"):
-                if pending[tag]:
-                    out(pending[tag].decode(errors="replace"))
-        if not chan.exit_status_ready():
-            raise self._dropped(EOFError("channel closed without an exit status"))
-        return Result(chan.recv_exit_status(), b"".join(stdout).decode(errors="replace"),
-                      b"".join(stderr).decode(errors="replace"))
+    def take_shell(self) -> RemoteShell:
+        """A fresh shell for exclusive use (the pre-started spare when there is one)."""
+        shell, self._spare = self._spare, None
+        if shell is None or shell.dead:
+            try:
+                shell = RemoteShell(self.connection.transport, self.timeout)
+            except Exception as exc:  # noqa: BLE001
+                raise self._dropped(exc) from None
+        return shell
 
     def _dropped(self, exc: BaseException) -> PodError:
         return PodError(f"connection to {self.endpoint.hostname}:{self.endpoint.port} dropped ({type(exc).__name__})",
@@ -244,17 +234,3 @@ class PodConnection:
             return self.connection.sftp()
         except Exception as exc:  # noqa: BLE001
             raise self._dropped(exc) from None
-
-    # -- the same settings for OpenSSH (rsync's transport)
-    def ssh_argv(self) -> list[str]:
-        ep = self.endpoint
-        argv = ["ssh", "-F", ep.ssh_config or "/dev/null", "-p", str(ep.port), "-l", ep.user,
-                "-o", f"UserKnownHostsFile={self.known_hosts}", "-o", "StrictHostKeyChecking=yes",
-                "-o", "BatchMode=yes", "-o", f"ConnectTimeout={int(self.timeout)}",
-                "-o", f"ServerAliveInterval={KEEPALIVE_S}", "-o", "ServerAliveCountMax=3",
-                "-o", "LogLevel=ERROR"]
-        if ep.key_files:
-            argv += ["-o", "IdentitiesOnly=yes"]
-            for key in ep.key_files:
-                argv += ["-i", key]
-        return argv

@@ -1,6 +1,6 @@
 """make deploy: probe, sync, envsetup, then preflight on the pod with its detected GPU.
 
-One connection per pod for every command; rsync runs over the same settings. Several pods deploy
+One connection per pod for every command and for rsync. Several pods deploy
 in parallel, each line of output prefixed with its pod's name, and a summary table ends the run.
 """
 
@@ -67,10 +67,12 @@ class Printer:
         return say
 
 
-def connect(spec: HostSpec, opts: PodOptions, say: Callable[[str], None]) -> PodConnection:
+def connect(spec: HostSpec, opts: PodOptions, say: Callable[[str], None], *, for_rsync: bool = False) -> PodConnection:
     conn = PodConnection(resolve(spec), known_hosts=opts.known_hosts, accept_new=opts.accept_new,
-                         timeout=opts.timeout, say=say)
-    return conn.open()
+                         timeout=opts.timeout, say=say).open()
+    if for_rsync:
+        conn.warm_spare()  # rsync's shell logs in on the pod while the probe runs
+    return conn
 
 
 def locate(conn: PodConnection, spec: HostSpec, project: Path) -> tuple[Fingerprint, PodProfile, str]:
@@ -89,7 +91,7 @@ def deploy_one(spec: HostSpec, opts: PodOptions, say: Callable[[str], None], con
     outcome = Outcome(pod=spec.name)
     start = time.monotonic()
     try:
-        with connect(spec, opts, say) as conn:
+        with connect(spec, opts, say, for_rsync=True) as conn:
             _deploy(conn, spec, opts, say, config, single, outcome)
     except PodError as exc:
         outcome.exit_code, outcome.error = 2, str(exc)
@@ -157,7 +159,7 @@ def _deploy(conn: PodConnection, spec: HostSpec, opts: PodOptions, say, config, 
     if not single:
         last = [line for line in result.stdout.splitlines() if line.strip()]
         say(f"preflight: {last[-1].strip() if last else result.exit_code}")
-    say("deploy: " + ", ".join(f"{k} {v:.1f} s" for k, v in outcome.phases.items()))
+    say("deploy: " + ", ".join(f"{k} {v:.2f} s" for k, v in outcome.phases.items()))
     outcome.preflight = {0: "ready", 1: "check failed", 2: "bad input"}.get(result.exit_code, f"exit {result.exit_code}")
     if result.exit_code != 0:
         outcome.exit_code = 1

@@ -8,6 +8,7 @@ envsetup's logs and report, the probe). The env file with secrets stays on the p
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import time
 from pathlib import Path
@@ -27,7 +28,8 @@ def fetch(conn: PodConnection, remote_dir: str, local: Path, *, rsync_on_pod: bo
         return fetch_sftp(conn, remote_dir, local)
     args = ["-rlptz", "--update", *[f"--include={p}" for p in FETCHED], "--exclude=*",
             remote_target(conn, remote_dir.rstrip("/") + "/"), f"{local}/"]
-    return run_rsync(conn, args, what="fetch", progress=progress, bwlimit=bwlimit)
+    return run_rsync(conn, args, what="fetch", progress=progress, bwlimit=bwlimit,
+                     disk_full=lambda: shutil.disk_usage(local).free < 2**20)
 
 
 def fetch_sftp(conn: PodConnection, remote_dir: str, local: Path) -> TransferStats:

@@ -1,4 +1,4 @@
-"""Running rsync over the connection's SSH settings, with progress and one-line errors.
+"""Running rsync over the pod's open connection (pods/rsh.py), with progress and one-line errors.
 
 Both directions use --partial-dir, so a transfer cut by a dropped connection resumes from the
 partial file on the next run instead of starting over.
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from typing import Callable
 
 from pods.connection import PodConnection
 from pods.errors import PodError
+from pods.rsh import RshServer
 
 PARTIAL_DIR = ".rsync-partial"
 
@@ -40,11 +40,23 @@ def remote_target(conn: PodConnection, path: str) -> str:
 
 
 def run_rsync(conn: PodConnection, args: list[str], *, what: str, progress: Callable[[str], None] | None = None,
-              bwlimit: int | None = None) -> TransferStats:
+              bwlimit: int | None = None, disk_full: Callable[[], bool] | None = None) -> TransferStats:
+    """rsync with `args`; `disk_full` checks the receiving side when rsync fails without saying why."""
     if not shutil.which("rsync"):
         raise PodError("rsync is not installed on this machine", "install it (apt-get install rsync / brew install rsync)")
-    argv = ["rsync", "--partial-dir=" + PARTIAL_DIR, "--protect-args", "--stats",
-            "-e", shlex.join(conn.ssh_argv())]
+    try:
+        with RshServer(conn) as server:
+            return _run(conn, server, args, what=what, progress=progress, bwlimit=bwlimit)
+    except PodError as exc:
+        # rsync's own message can be lost when the receiver dies mid-stream (seen with a full
+        # disk: exit 11 and nothing on stderr), so ask the disk itself before blaming rsync.
+        if exc.problem.startswith(f"{what}: rsync exit") and disk_full is not None and disk_full():
+            raise _disk_full(what) from None
+        raise
+
+
+def _run(conn: PodConnection, server: RshServer, args: list[str], *, what: str, progress, bwlimit) -> TransferStats:
+    argv = ["rsync", "--partial-dir=" + PARTIAL_DIR, "--protect-args", "--stats", "-e", server.rsh()]
     if progress is not None:
         argv.append("--info=progress2")
     if bwlimit:
@@ -89,17 +101,17 @@ def _describe(code: int, err: str, conn: PodConnection, what: str) -> PodError:
     ep = conn.endpoint
     lines = [line for line in err.strip().splitlines() if line.strip()]
     if "No space left on device" in err or "Disk quota exceeded" in err:
-        return PodError(f"{what}: the disk is full", "free space (old runs, caches), then re-run; finished files are kept")
-    if "Host key verification failed" in err:
-        return PodError(f"{what}: ssh refused {ep.known_hosts_name}'s host key", "re-run with ACCEPT_NEW=1 if the pod is new")
-    if "Permission denied" in err and code == 255:
-        return PodError(f"{what}: {ep.user}@{ep.hostname} refused the key", "give the right KEY=path")
+        return _disk_full(what)
     if "rsync: command not found" in err or "rsync: not found" in err or code == 127:
         return PodError(f"{what}: rsync is missing on the pod", "re-run deploy; it installs rsync or falls back to SFTP")
     if code in (12, 30, 35, 255, 20) or "connection unexpectedly closed" in err or "Broken pipe" in err:
         return PodError(f"{what}: connection to {ep.hostname}:{ep.port} dropped (rsync exit {code})",
                         "re-run the same command; it resumes where it stopped")
     return PodError(f"{what}: rsync exit {code}: {lines[-1] if lines else 'no message'}", "re-run; see rsync's message")
+
+
+def _disk_full(what: str) -> PodError:
+    return PodError(f"{what}: the disk is full", "free space (old runs, caches), then re-run; finished files are kept")
 
 
 def terminal_progress(label: str) -> Callable[[str], None] | None:

@@ -38,8 +38,18 @@ def push(conn: PodConnection, local: Path, remote_dir: str, *, rsync_on_pod: boo
         raise PodError(f"remote dir '{remote_dir}' is not a project directory", "give REMOTE_DIR=/absolute/path/to/project")
     if rsync_on_pod:
         args = ["-rlptz", "--delete", *filter_args(local), f"{local}/", remote_target(conn, remote_dir.rstrip("/") + "/")]
-        return run_rsync(conn, args, what="sync", progress=progress, bwlimit=bwlimit)
+        return run_rsync(conn, args, what="sync", progress=progress, bwlimit=bwlimit,
+                         disk_full=lambda: remote_disk_full(conn, remote_dir))
     return push_sftp(conn, local, remote_dir)
+
+
+def remote_disk_full(conn: PodConnection, remote_dir: str) -> bool:
+    """Whether the filesystem holding remote_dir has (almost) nothing left: under 1 MiB."""
+    try:
+        out = conn.run(f"df -Pk {shlex.quote(remote_dir)} | awk 'NR==2{{print $4}}'", prelude=False).stdout.strip()
+    except PodError:
+        return False  # the link is gone too: report what rsync said
+    return out.isdigit() and int(out) < 1024
 
 
 def local_files(local: Path) -> list[str]:

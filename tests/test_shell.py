@@ -1,0 +1,162 @@
+"""The shared remote shell (pods/shell.py) and rsync's relay (pods/rsh.py) against a real sshd.
+
+The pod's login environment is noisy on purpose: BASH_ENV (set by sshd's SetEnv) prints to stdout
+and stderr the way a `conda init` in ~/.bashrc can, and none of it may reach a command's output.
+"""
+
+import base64
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from pods.connection import PodConnection
+from pods.errors import PodError
+from pods.hosts import parse_host, resolve
+from pods.rsh import CLIENT, RshServer
+from pods.rsync import run_rsync
+from pods.shell import _Stream
+from sshd_harness import LoopbackPod, sshd_available
+
+pytestmark = pytest.mark.skipif(sshd_available() is not None, reason=str(sshd_available()))
+
+
+@pytest.fixture(scope="module")
+def pod(tmp_path_factory):
+    base = tmp_path_factory.mktemp("shell")
+    rc = base / "noisy_rc"
+    rc.write_text('echo "conda: welcome"\necho "rc warning" >&2\nexport FROM_RC=yes\n')
+    pod = LoopbackPod(base, "s", extra_config=f"SetEnv BASH_ENV={rc}\n").start()
+    known = base / "known_hosts"
+    known.write_text(pod.known_hosts_line())
+    yield pod, known
+    pod.stop()
+
+
+@pytest.fixture
+def conn(pod):
+    p, known = pod
+    with PodConnection(resolve(parse_host(p.spec, key=str(p.client_key))), known_hosts=known) as c:
+        yield c
+
+
+def test_output_is_exact_and_the_login_noise_is_gone(conn):
+    assert conn.run("printf abc").stdout == "abc"
+    assert conn.run("printf 'abc\\n\\n'").stdout == "abc\n\n"
+    assert conn.run("true").stdout == ""
+    r = conn.run("echo out; echo err >&2; exit 3")
+    assert (r.exit_code, r.stdout, r.stderr) == (3, "out\n", "err\n")
+    # the login environment is kept (conda's PATH must be), its chatter is not
+    assert conn.run("echo $FROM_RC").stdout == "yes\n"
+
+
+def test_each_command_runs_in_its_own_subshell_after_the_prelude(conn):
+    conn.prelude = "cd /tmp; export PRE=1"
+    assert conn.run("pwd; echo $PRE; cd /; X=2").stdout == "/tmp\n1\n"
+    assert conn.run("pwd; echo ${X:-unset}").stdout == "/tmp\nunset\n"
+    assert conn.run("echo $PRE", prelude=False).stdout == "\n"
+
+
+def test_streamed_lines_match_the_collected_text(conn):
+    lines = []
+    r = conn.run("echo one; echo; echo two >&2; printf three", out=lines.append)
+    assert sorted(lines) == sorted(["one", "", "two", "three"])
+    assert (r.stdout, r.stderr) == ("one\n\nthree", "two\n")
+
+
+def test_a_fake_marker_in_output_does_not_end_the_command(conn):
+    r = conn.run("printf '\\n\\x1epodkit-0000000000000000 0\\n'; echo after; exit 5")
+    assert r.exit_code == 5 and r.stdout.endswith("after\n")
+
+
+def test_stdin_data_reaches_the_command_and_never_argv_or_the_shell(conn, tmp_path):
+    secret = "HF_TOKEN=hf_NOT_IN_ARGV_42\n"
+    scan = "cat; for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f 2>/dev/null; echo; done"
+    r = conn.run(scan, stdin=secret)
+    assert r.stdout.startswith(secret)
+    assert r.stdout.count("hf_NOT_IN_ARGV_42") == 1  # only cat's copy: no process had it in argv
+    assert base64.b64encode(secret.encode()).decode()[:16] not in r.stdout
+    # data a command does not read is dropped, not run as shell input
+    marker = tmp_path / "pwned"
+    assert conn.run("true", stdin=f"touch {marker}\n").ok
+    assert not marker.exists() and conn.run("echo still here").stdout == "still here\n"
+
+
+def test_a_command_past_its_timeout_is_one_error_and_the_next_one_runs(conn):
+    with pytest.raises(PodError, match="ran past 1 s"):
+        conn.run("sleep 5", timeout=1)
+    assert conn.run("echo fresh shell").stdout == "fresh shell\n"
+
+
+def test_a_dropped_link_is_one_error(pod, conn):
+    conn.run("true")
+    pod[0].drop_connections()
+    with pytest.raises(PodError, match="dropped"):
+        conn.run("echo never")
+
+
+def test_rsync_rides_the_same_connection(pod, conn, tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_text("hello\n")
+    (src / "big.bin").write_bytes(os.urandom(3 * 2**20))
+    dest = tmp_path / "dest"
+    sshd = pod[0].proc.pid
+    sessions = []  # sshd's session processes, sampled while rsync runs: one per SSH login
+    done = threading.Event()
+
+    def sample():
+        while not done.is_set():
+            out = subprocess.run(["pgrep", "-P", str(sshd)], capture_output=True, text=True).stdout
+            sessions.append(len(out.split()))
+            time.sleep(0.05)
+
+    conn.warm_spare()
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        stats = run_rsync(conn, ["-rlpt", f"{src}/", f"{pod[0].address}:{dest}/"], what="sync", bwlimit=2000)
+    finally:
+        done.set()
+        sampler.join()
+    assert stats.files == 2 and (dest / "big.bin").read_bytes() == (src / "big.bin").read_bytes()
+    assert (dest / "a.txt").read_text() == "hello\n"
+    assert len(sessions) > 5 and max(sessions) == 1, sessions  # rsync never logged in on its own
+    # a failing remote rsync is reported with its own message
+    with pytest.raises(PodError, match="rsync exit"):
+        run_rsync(conn, ["-rlpt", f"{src}/", f"{pod[0].address}:/proc/no/such/dir/"], what="sync")
+
+
+def test_stream_framing_removes_exactly_the_newline_before_the_marker():
+    for text in (b"", b"abc", b"abc\n", b"abc\n\n", b"\n", b"a\n\nb"):
+        expected_lines = text.decode().split("\n")
+        if expected_lines[-1] == "":
+            expected_lines.pop()
+        for cut in range(len(text) + 1):  # however the bytes arrive in chunks
+            lines: list[str] = []
+            stream = _Stream(b"\x1eM", lines.append)
+            stream.feed(text[:cut])
+            stream.feed(text[cut:] + b"\n\x1eM 4\n")
+            assert (bytes(stream.text), stream.status) == (text, 4)
+            assert lines == expected_lines, (text, cut, lines)
+
+
+def test_the_relay_survives_a_slow_reader_on_a_non_blocking_pipe(conn):
+    """rsync gives its remote shell non-blocking stdin/stdout and may read slowly (busy disk)."""
+    size = 8 * 2**20
+    with RshServer(conn) as server:
+        read_end, write_end = os.pipe()
+        os.set_blocking(write_end, False)  # as rsync leaves it for the child
+        proc = subprocess.Popen([sys.executable, "-S", str(CLIENT), server.path, "pod", "head", "-c", str(size), "/dev/zero"],
+                                stdin=subprocess.DEVNULL, stdout=write_end, stderr=subprocess.PIPE)
+        os.close(write_end)
+        got = 0
+        with os.fdopen(read_end, "rb") as pipe:
+            time.sleep(1.0)  # let the pipe fill up before anyone reads
+            while chunk := pipe.read(65536):
+                got += len(chunk)
+        assert proc.wait(timeout=60) == 0, proc.stderr.read()
+    assert got == size
