@@ -41,7 +41,11 @@ def keygen(path: Path) -> Path:
 
 
 class LoopbackPod:
-    def __init__(self, base: Path, name: str = "pod"):
+    address = "127.0.0.1"
+    netns: str | None = None  # run sshd inside this network namespace
+
+    def __init__(self, base: Path, name: str = "pod", extra_config: str = ""):
+        self.extra_config = extra_config  # more sshd_config lines (e.g. SetEnv for a noisy login rc)
         self.base = base / name
         self.base.mkdir(parents=True)
         self.name = name
@@ -56,27 +60,28 @@ class LoopbackPod:
 
     @property
     def spec(self) -> str:
-        return f"{self.user}@127.0.0.1:{self.port}"
+        return f"{self.user}@{self.address}:{self.port}"
 
     def known_hosts_line(self) -> str:
         pub = Path(f"{self.host_key}.pub").read_text().split()
-        return f"[127.0.0.1]:{self.port} {pub[0]} {pub[1]}\n"
+        return f"[{self.address}]:{self.port} {pub[0]} {pub[1]}\n"
 
     def start(self) -> "LoopbackPod":
         Path("/run/sshd").mkdir(exist_ok=True) if os.geteuid() == 0 else None
         config = self.base / "sshd_config"
         config.write_text(
-            f"Port {self.port}\nListenAddress 127.0.0.1\nHostKey {self.host_key}\n"
+            f"Port {self.port}\nListenAddress {self.address}\nHostKey {self.host_key}\n"
             f"AuthorizedKeysFile {self.authorized}\nPidFile {self.base / 'sshd.pid'}\n"
             "PasswordAuthentication no\nKbdInteractiveAuthentication no\nPubkeyAuthentication yes\n"
             "PermitRootLogin prohibit-password\nUsePAM no\nStrictModes no\n"
-            "Subsystem sftp internal-sftp\nMaxStartups 50\nMaxSessions 50\nLogLevel ERROR\n")
-        self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdout=subprocess.DEVNULL,
+            "Subsystem sftp internal-sftp\nMaxStartups 50\nMaxSessions 50\nLogLevel ERROR\n" + self.extra_config)
+        prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
+        self.proc = subprocess.Popen([*prefix, SSHD, "-D", "-e", "-f", str(config)], stdout=subprocess.DEVNULL,
                                      stderr=open(self.base / "sshd.log", "w"), start_new_session=True)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                if s.connect_ex((self.address, self.port)) == 0:
                     return self
             if self.proc.poll() is not None:
                 raise RuntimeError("sshd exited: " + (self.base / "sshd.log").read_text())
@@ -98,6 +103,52 @@ class LoopbackPod:
             self.drop_connections()
             self.proc.terminate()
             self.proc.wait(timeout=10)
+
+
+class NamespacePod(LoopbackPod):
+    """An sshd in its own network namespace, reached over a veth pair, so the test can cut the
+    link silently (`cut()`: no reset, packets just stop), as a stopped pod or a network outage does."""
+
+    def __init__(self, base: Path, name: str, subnet: int):
+        super().__init__(base, name)
+        self.netns = f"podkit-{os.getpid()}-{subnet}"
+        self.host_if, self.pod_if = f"pkh{os.getpid() % 10000}x{subnet}", f"pkp{os.getpid() % 10000}x{subnet}"
+        self.address = f"10.231.{subnet}.2"
+
+    @staticmethod
+    def available() -> str | None:
+        if os.geteuid() != 0 or not shutil.which("ip"):
+            return "network namespaces need root and iproute2"
+        probe = f"podkit-probe-{os.getpid()}"
+        if subprocess.run(["ip", "netns", "add", probe], capture_output=True).returncode != 0:
+            return "this kernel or container does not allow network namespaces"
+        subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+        return None
+
+    def start(self) -> "NamespacePod":
+        subnet = self.address.split(".")[2]
+        for cmd in (f"ip netns add {self.netns}",
+                    f"ip link add {self.host_if} type veth peer name {self.pod_if}",
+                    f"ip link set {self.pod_if} netns {self.netns}",
+                    f"ip addr add 10.231.{subnet}.1/30 dev {self.host_if}",
+                    f"ip link set {self.host_if} up",
+                    f"ip netns exec {self.netns} ip addr add {self.address}/30 dev {self.pod_if}",
+                    f"ip netns exec {self.netns} ip link set {self.pod_if} up",
+                    f"ip netns exec {self.netns} ip link set lo up"):
+            subprocess.run(cmd.split(), check=True, capture_output=True)
+        return super().start()
+
+    def cut(self) -> None:
+        """The pod's side of the link goes down: nothing answers, nothing resets."""
+        subprocess.run(["ip", "netns", "exec", self.netns, "ip", "link", "set", self.pod_if, "down"], check=True)
+
+    def restore(self) -> None:
+        subprocess.run(["ip", "netns", "exec", self.netns, "ip", "link", "set", self.pod_if, "up"], check=True)
+
+    def stop(self) -> None:
+        super().stop()
+        subprocess.run(["ip", "link", "del", self.host_if], capture_output=True)
+        subprocess.run(["ip", "netns", "del", self.netns], capture_output=True)
 
 
 def project_copy(dest: Path) -> Path:

@@ -19,7 +19,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from sshd_harness import LoopbackPod, keygen, pod_cli, project_copy, sshd_available
+from pods.connection import PodConnection
+from pods.hosts import parse_host, resolve
+from pods.sync import remote_disk_full
+from sshd_harness import LoopbackPod, NamespacePod, keygen, pod_cli, project_copy, sshd_available
 
 pytestmark = pytest.mark.skipif(sshd_available() is not None, reason=str(sshd_available()))
 
@@ -175,6 +178,39 @@ def test_dropped_connection_mid_sync_then_rerun_completes(world):
     big.unlink()
 
 
+def test_a_silent_cut_mid_sync_is_noticed_then_a_rerun_completes(world):
+    """No reset, no closed session: the pod's link just stops answering (a stopped pod, an outage).
+    The kernel drops the connection after 3x --timeout of unacknowledged data, not TCP's ~15 min."""
+    why = NamespacePod.available()
+    if why:
+        pytest.skip(why)
+    pod = NamespacePod(world.base, "silent", subnet=7).start()
+    try:
+        with open(world.known_hosts, "a") as f:
+            f.write(pod.known_hosts_line())
+        big = world.project / "data.bin"
+        big.write_bytes(os.urandom(12 * 2**20))
+        remote = Path(pod.remote_dir)
+        argv = [str(world.project / "bin" / "pod"), "deploy", "--known-hosts", str(world.known_hosts), "--bwlimit", "1500",
+                "--timeout", "2", pod.spec, *pod_args(pod)]
+        proc = subprocess.Popen(argv, cwd=world.project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert _wait_for(lambda: _partial(remote, "data.bin")), "the transfer never started"
+        time.sleep(1.0)
+        pod.cut()
+        cut_at = time.monotonic()
+        out, err = proc.communicate(timeout=120)
+        noticed = time.monotonic() - cut_at
+        assert "dropped" in one_line_error(subprocess.CompletedProcess(argv, proc.returncode, out, err))
+        assert noticed < 60, f"took {noticed:.0f} s to notice the dead link"
+        pod.restore()
+        rerun = cli(world, "deploy", pod.spec, *pod_args(pod), timeout=600)
+        assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+        assert sha(remote / "data.bin") == sha(big)
+    finally:
+        pod.stop()
+        (world.project / "data.bin").unlink(missing_ok=True)
+
+
 def test_dropped_connection_mid_fetch_then_rerun_never_overwrites_newer_local(world):
     pod, remote = world.pod, Path(world.pod.remote_dir)
     run = remote / "runs" / "big-run"
@@ -276,6 +312,9 @@ def test_remote_disk_full_is_one_line_and_a_rerun_after_freeing_space_completes(
         args = ["--key", str(pod.client_key), "--remote-dir", str(mount / "project"), "--python", sys.executable]
         line = one_line_error(cli(world, "deploy", pod.spec, *args))
         assert "disk is full" in line
+        # the check deploy falls back on when rsync's own message is lost
+        with PodConnection(resolve(parse_host(pod.spec, key=str(pod.client_key))), known_hosts=world.known_hosts) as conn:
+            assert remote_disk_full(conn, str(mount / "project")) and not remote_disk_full(conn, pod.remote_dir)
         subprocess.run(["mount", "-o", "remount,size=512m", str(mount)], check=True)
         rerun = cli(world, "deploy", pod.spec, *args)
         # set up completely; preflight then rightly says 512 MiB cannot hold a checkpoint
