@@ -46,17 +46,8 @@ pod_id="${RUNPOD_POD_ID:-}"
 [ -n "$pod_id" ] && emit runpod_pod_id "$pod_id"
 [ -d /workspace ] && emit workspace /workspace
 [ -d "$HOME/SageMaker" ] && emit sagemaker "$HOME/SageMaker"
-candidates="${PODKIT_PYTHON:-} $(ls -d "$HOME"/anaconda3/envs/pytorch*/bin/python /opt/conda/envs/pytorch*/bin/python 2>/dev/null) $(command -v python3)"
-chosen=""
-for py in $candidates; do
-  [ -x "$py" ] || continue
-  [ -z "$chosen" ] && chosen="$py"
-  if "$py" -c 'import importlib.util,sys; sys.exit(0 if importlib.util.find_spec("torch") else 1)' 2>/dev/null; then chosen="$py"; break; fi
-done
-[ -n "${PODKIT_PYTHON:-}" ] && [ ! -x "$PODKIT_PYTHON" ] && emit python_missing "$PODKIT_PYTHON"
-[ -z "$chosen" ] && exit 0
-emit python "$chosen"
-"$chosen" - <<'PY' 2>/dev/null
+python_facts() {
+"$1" - <<'PY' 2>/dev/null
 import importlib.util, json, os, sys
 print("python_version\t%d.%d.%d" % sys.version_info[:3])
 print("python_venv\t%s" % int(sys.prefix != sys.base_prefix))
@@ -98,6 +89,20 @@ for dist in ("bitsandbytes", "flash_attn", "nvidia-ml-py"):
     except Exception:
         pass
 PY
+}
+candidates="${PODKIT_PYTHON:-} $(ls -d "$HOME"/anaconda3/envs/pytorch*/bin/python /opt/conda/envs/pytorch*/bin/python 2>/dev/null) $(command -v python3)"
+[ -n "${PODKIT_PYTHON:-}" ] && [ ! -x "$PODKIT_PYTHON" ] && emit python_missing "$PODKIT_PYTHON"
+# One interpreter start per candidate: its facts say whether it has torch.
+chosen="" chosen_facts=""
+for py in $candidates; do
+  [ -x "$py" ] || continue
+  facts="$(python_facts "$py")"
+  [ -z "$chosen" ] && chosen="$py" chosen_facts="$facts"
+  case "$facts" in *$'\ntorch\t'*) chosen="$py" chosen_facts="$facts"; break;; esac
+done
+[ -z "$chosen" ] && exit 0
+emit python "$chosen"
+printf '%s\n' "$chosen_facts"
 '''
 
 
