@@ -141,7 +141,8 @@ def _child_env(extra: dict | None = None) -> dict:
 def _runs(python: Path) -> bool:
     if not python.exists():
         return False
-    return subprocess.run([str(python), "-c", "import sys"], capture_output=True).returncode == 0
+    # -S: whether the interpreter starts (a moved base Python breaks a venv), without site-packages
+    return subprocess.run([str(python), "-S", "-c", "pass"], capture_output=True).returncode == 0
 
 
 def _hash(value) -> str:
