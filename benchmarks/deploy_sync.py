@@ -5,7 +5,9 @@ to the same tree synced by plain rsync over the same sshd. One run measures all 
 
 Needs sshd, ssh and rsync (as the test suite does). Writes benchmarks/results/deploy_sync.{md,json}.
 The deploy numbers include everything `bin/deploy` does: connect, probe, sync, envsetup (the
-first one creates the pod's venv), and preflight on the pod.
+first one creates the pod's venv), and preflight on the pod. Also measured: one OpenSSH login
+running `true` (what each command costs a tool that logs in per command), and one new 64 MiB
+file, through podkit's connection and through plain rsync.
 """
 
 from __future__ import annotations
@@ -90,6 +92,14 @@ def main() -> None:
 
             plain_first, _ = timed(plain)
             plain_again = [timed(plain)[0] for _ in range(args.repeats)]
+            # The floor for any tool that logs in per command: connect, auth, the login rc files.
+            login = [timed(lambda: subprocess.run([*ssh, f"{pod.user}@127.0.0.1", "true"], check=True))[0]
+                     for _ in range(args.repeats)]
+
+            # Throughput: one incompressible 64 MiB file, through podkit's connection and plain rsync.
+            (project / "blob.bin").write_bytes(os.urandom(64 * 2**20))
+            big_deploy = phases(deploy().stdout)
+            big_plain, _ = timed(plain)
         finally:
             pod.stop()
 
@@ -99,23 +109,31 @@ def main() -> None:
          phases(sorted(again, key=lambda x: x[0])[len(again) // 2][1].stdout)),
         ("plain rsync, first", plain_first, {}),
         ("plain rsync, no change (median)", statistics.median(plain_again), {}),
+        ("ssh login + `true` (median)", statistics.median(login), {}),
+        ("bin/deploy, one new 64 MiB file", None, big_deploy),
+        ("plain rsync, one new 64 MiB file", big_plain, {}),
     ]
+    spread = sorted(t for t, _ in again)
     env = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, no GPU",
            "python": platform.python_version(), "files": files, "repeats": args.repeats,
-           "transport": "OpenSSH sshd on 127.0.0.1 (loopback)"}
+           "transport": "OpenSSH sshd on 127.0.0.1 (loopback)",
+           "no_change_min_max_s": [round(spread[0], 3), round(spread[-1], 3)]}
     lines = [f"# Deploy on loopback: {files} files ({env['date']}, {env['machine']})", "",
              "| what | wall s | probe | sync | envsetup | preflight |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for name, secs, ph in rows:
         cells = [f"{ph[k]:.2f}" if k in ph else "" for k in ("probe", "sync", "envsetup", "preflight")]
-        lines.append(f"| {name} | {secs:.2f} | " + " | ".join(cells) + " |")
-    lines += ["", "Wall time includes the client's own start (Python, imports) and connecting. "
-              "Phases are bin/deploy's own timings of each step; rerun: `.venv/bin/python benchmarks/deploy_sync.py`."]
+        lines.append(f"| {name} | {'' if secs is None else f'{secs:.2f}'} | " + " | ".join(cells) + " |")
+    lines += ["", f"No-change re-deploys over {len(spread)} runs: {spread[0]:.2f} to {spread[-1]:.2f} s.",
+              "", "Wall time includes the client's own start (Python, imports) and connecting. "
+              "Phases are bin/deploy's own timings of each step; the probe phase includes the pod's login "
+              "rc files, which run once per invocation (this machine's ~/.bashrc runs `pyenv init`). "
+              "Rerun: `.venv/bin/python benchmarks/deploy_sync.py`."]
     table = "\n".join(lines)
     print(table)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "deploy_sync.md").write_text(table + "\n")
     (RESULTS / "deploy_sync.json").write_text(json.dumps(
-        {"env": env, "rows": [{"what": n, "seconds": round(s, 3), "phases": p} for n, s, p in rows]}, indent=2) + "\n")
+        {"env": env, "rows": [{"what": n, "seconds": None if s is None else round(s, 3), "phases": p} for n, s, p in rows]}, indent=2) + "\n")
 
 
 if __name__ == "__main__":
