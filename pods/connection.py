@@ -93,6 +93,7 @@ class PodConnection:
         self._fabric: fabric.Connection | None = None
         self._shell: RemoteShell | None = None  # runs every command (see pods/shell.py)
         self._spare: RemoteShell | None = None
+        self._want_spare = False
         self._lock = threading.Lock()
 
     # -- lifecycle
@@ -143,6 +144,10 @@ class PodConnection:
             raise self._describe(exc) from None
         conn.transport.set_keepalive(KEEPALIVE_S)
         _drop_dead_links(conn.transport.sock, DEAD_LINK_FACTOR * self.timeout)
+        if isinstance(conn.transport.sock, socket.socket):
+            # rsync's exchange and each shell command are small request/replies: without this,
+            # Nagle holds a write back for the peer's delayed ACK (~40 ms a stall), as OpenSSH avoids.
+            conn.transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return conn
 
     def _describe(self, exc: BaseException) -> PodError:
@@ -204,11 +209,19 @@ class PodConnection:
     def _shell_for_commands(self) -> RemoteShell:
         if self._shell is None or self._shell.dead:
             self._shell = RemoteShell(self.connection.transport, self.timeout)
+            if self._want_spare:
+                self._shell.wait_ready()
+                self._start_spare()
         return self._shell
 
     def warm_spare(self) -> None:
-        """Start a second shell now, so its login rc files run while the first one works; rsync
-        takes it over later (`take_shell`)."""
+        """Have a second shell ready for rsync (`take_shell`). It starts once the first shell is
+        up, so its login rc files run while the first one works (two at once slow a small pod)."""
+        self._want_spare = True
+        if self._shell is not None and not self._shell.dead:
+            self._start_spare()
+
+    def _start_spare(self) -> None:
         if self._spare is None:
             try:
                 self._spare = RemoteShell(self.connection.transport, self.timeout)
