@@ -25,7 +25,7 @@ import paramiko
 
 from pods.errors import PodError
 from pods.hosts import Endpoint
-from pods.shell import CommandTimeout, RemoteShell, Result
+from pods.shell import LOGIN_TIMEOUT_FACTOR, CommandTimeout, LoginTimeout, RemoteShell, Result
 
 # paramiko logs transport failures itself; podkit reports each one as its own single line.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
@@ -197,6 +197,8 @@ class PodConnection:
                 result = self._shell_for_commands().run(script, stdin=stdin, out=out, timeout=timeout)
             except CommandTimeout:
                 raise PodError(f"remote command ran past {timeout:.0f} s", "re-run; the pod may be overloaded") from None
+            except LoginTimeout:
+                raise self._login_timeout() from None
             except PodError:
                 raise
             except Exception as exc:  # noqa: BLE001 - ShellClosed, paramiko and socket errors alike
@@ -237,6 +239,10 @@ class PodConnection:
             except Exception as exc:  # noqa: BLE001
                 raise self._dropped(exc) from None
         return shell
+
+    def _login_timeout(self) -> PodError:
+        return PodError(f"the login shell on {self.endpoint.hostname} did not start within {LOGIN_TIMEOUT_FACTOR * self.timeout:.0f} s",
+                        "check ~/.bashrc on the pod: something there hangs or waits for input")
 
     def _dropped(self, exc: BaseException) -> PodError:
         return PodError(f"connection to {self.endpoint.hostname}:{self.endpoint.port} dropped ({type(exc).__name__})",

@@ -23,6 +23,7 @@ from pathlib import Path
 from pods.connection import PodConnection
 from pods.errors import PodError
 from pods.rsh_client import HEADER
+from pods.shell import LoginTimeout
 
 CLIENT = Path(__file__).with_name("rsh_client.py")
 
@@ -73,6 +74,10 @@ class RshServer:
                 chan = self.conn.take_shell().exec(command)
             except (PodError, OSError, EOFError) as exc:
                 _frame(client, b"e", f"podkit: {exc}\n".encode())
+                _frame(client, b"x", b"255")
+                return
+            except LoginTimeout:
+                _frame(client, b"e", f"podkit: {self.conn._login_timeout()}\n".encode())
                 _frame(client, b"x", b"255")
                 return
             except Exception as exc:  # noqa: BLE001 - ShellClosed and paramiko errors: a dropped link

@@ -104,6 +104,9 @@ def _describe(code: int, err: str, conn: PodConnection, what: str) -> PodError:
         return _disk_full(what)
     if "rsync: command not found" in err or "rsync: not found" in err or code == 127:
         return PodError(f"{what}: rsync is missing on the pod", "re-run deploy; it installs rsync or falls back to SFTP")
+    told = [line[len("podkit: "):] for line in lines if line.startswith("podkit: ") and "dropped" not in line]
+    if told:  # the relay's own diagnosis (pods/rsh.py), e.g. a login shell that never started
+        return PodError(f"{what}: {told[0]}")
     if code in (12, 30, 35, 255, 20) or "connection unexpectedly closed" in err or "Broken pipe" in err:
         return PodError(f"{what}: connection to {ep.hostname}:{ep.port} dropped (rsync exit {code})",
                         "re-run the same command; it resumes where it stopped")

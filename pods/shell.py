@@ -24,7 +24,7 @@ from typing import Callable
 
 import paramiko
 
-HELLO_TIMEOUT = 60.0  # a slow ~/.bashrc (conda init on a busy pod) may take seconds
+LOGIN_TIMEOUT_FACTOR = 6  # x the connect timeout (60 s by default): conda init on a busy pod is slow
 
 
 @dataclass
@@ -44,6 +44,10 @@ class ShellClosed(Exception):
 
 class CommandTimeout(Exception):
     pass
+
+
+class LoginTimeout(Exception):
+    """The shell never answered its greeting: the login rc files hang (or read stdin)."""
 
 
 class _Stream:
@@ -84,6 +88,7 @@ class _Stream:
 
 class RemoteShell:
     def __init__(self, transport: paramiko.Transport, timeout: float):
+        self.login_timeout = LOGIN_TIMEOUT_FACTOR * timeout
         self.marker = "\x1epodkit-" + secrets.token_hex(8)
         self.chan = transport.open_session(timeout=timeout)
         self.chan.exec_command("exec bash --noprofile --norc -s")
@@ -112,7 +117,10 @@ class RemoteShell:
 
     def wait_ready(self) -> None:
         if self._hello_pending:
-            self._collect(None, HELLO_TIMEOUT)
+            try:
+                self._collect(None, self.login_timeout)
+            except CommandTimeout:
+                raise LoginTimeout() from None
             self._hello_pending = False
 
     def exec(self, command: str) -> paramiko.Channel:

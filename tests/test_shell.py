@@ -160,3 +160,20 @@ def test_the_relay_survives_a_slow_reader_on_a_non_blocking_pipe(conn):
                 got += len(chunk)
         assert proc.wait(timeout=60) == 0, proc.stderr.read()
     assert got == size
+
+
+def test_a_login_rc_that_hangs_is_one_clear_error(tmp_path):
+    rc = tmp_path / "hanging_rc"
+    rc.write_text("read answer\n")  # waits for input: it would swallow podkit's first line, then hang
+    pod = LoopbackPod(tmp_path, "h", extra_config=f"SetEnv BASH_ENV={rc}\n").start()
+    try:
+        known = tmp_path / "known_hosts"
+        known.write_text(pod.known_hosts_line())
+        endpoint = resolve(parse_host(pod.spec, key=str(pod.client_key)))
+        start = time.monotonic()
+        with PodConnection(endpoint, known_hosts=known, timeout=1) as c:
+            with pytest.raises(PodError, match="login shell on 127.0.0.1 did not start within 6 s.*bashrc"):
+                c.run("true")
+        assert time.monotonic() - start < 30
+    finally:
+        pod.stop()
