@@ -17,8 +17,9 @@ import logging
 import os
 import socket
 import threading
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import fabric
 import paramiko
@@ -45,15 +46,20 @@ def fingerprint(key: paramiko.PKey) -> str:
     return f"{key.get_name()} SHA256:{digest}"
 
 
-def _drop_dead_links(sock: socket.socket, seconds: float) -> None:
-    """Let the kernel drop the connection when the pod stops acknowledging for `seconds`.
+def _tune_socket(sock: socket.socket, dead_after: float) -> None:
+    """TCP settings for a link that carries small request/replies and must notice when it dies.
 
-    paramiko's keepalives expect no reply, so a link cut without a reset (a stopped pod, a
-    network cut) would otherwise hang until TCP gives up, ~15 minutes. Linux only; elsewhere the
-    default TCP behaviour stays.
+    TCP_NODELAY: rsync's exchange and each shell command are small writes; Nagle would hold one
+    back for the peer's delayed ACK (~40 ms a stall), which OpenSSH avoids the same way.
+    TCP_USER_TIMEOUT (Linux only): paramiko's keepalives expect no reply, so a link cut without a
+    reset (a stopped pod, a network cut) would otherwise hang until TCP gives up, ~15 minutes;
+    with it the kernel drops the connection after `dead_after` seconds unacknowledged.
     """
-    if hasattr(socket, "TCP_USER_TIMEOUT") and isinstance(sock, socket.socket):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(seconds * 1000))
+    if not isinstance(sock, socket.socket):
+        return  # a proxy channel: no TCP socket of ours to tune
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if hasattr(socket, "TCP_USER_TIMEOUT"):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(dead_after * 1000))
 
 
 class UnknownHostKey(paramiko.SSHException):
@@ -143,11 +149,7 @@ class PodConnection:
             conn.close()
             raise self._describe(exc) from None
         conn.transport.set_keepalive(KEEPALIVE_S)
-        _drop_dead_links(conn.transport.sock, DEAD_LINK_FACTOR * self.timeout)
-        if isinstance(conn.transport.sock, socket.socket):
-            # rsync's exchange and each shell command are small request/replies: without this,
-            # Nagle holds a write back for the peer's delayed ACK (~40 ms a stall), as OpenSSH avoids.
-            conn.transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        _tune_socket(conn.transport.sock, DEAD_LINK_FACTOR * self.timeout)
         return conn
 
     def _describe(self, exc: BaseException) -> PodError:
@@ -192,21 +194,28 @@ class PodConnection:
         with check).
         """
         script = f"{self.prelude}\n{command}" if prelude and self.prelude else command
-        with self._lock:
-            try:
-                result = self._shell_for_commands().run(script, stdin=stdin, out=out, timeout=timeout)
-            except CommandTimeout:
-                raise PodError(f"remote command ran past {timeout:.0f} s", "re-run; the pod may be overloaded") from None
-            except LoginTimeout:
-                raise self._login_timeout() from None
-            except PodError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - ShellClosed, paramiko and socket errors alike
-                raise self._dropped(exc) from None
+        with self._lock, self._faults(timeout):
+            result = self._shell_for_commands().run(script, stdin=stdin, out=out, timeout=timeout)
         if check and not result.ok:
             detail = (result.stderr or result.stdout).strip().splitlines()
             raise PodError(f"remote command failed ({result.exit_code}): {detail[-1] if detail else command[:60]}")
         return result
+
+    def exec(self, command: str) -> paramiko.Channel:
+        """Run `command` in place of a fresh shell (the pre-started spare when there is one) and
+        hand over its channel: rsync's transport (pods/rsh.py)."""
+        shell, self._spare = self._spare, None
+        with self._faults():
+            if shell is None or shell.dead:
+                shell = RemoteShell(self.connection.transport, self.timeout)
+            return shell.exec(command)
+
+    def warm_spare(self) -> None:
+        """Have a second shell ready for `exec`. It starts once the first shell is up, so its
+        login rc files run while the first one works (two at once slow a small pod)."""
+        self._want_spare = True
+        if self._shell is not None and not self._shell.dead:
+            self._start_spare()
 
     def _shell_for_commands(self) -> RemoteShell:
         if self._shell is None or self._shell.dead:
@@ -216,33 +225,26 @@ class PodConnection:
                 self._start_spare()
         return self._shell
 
-    def warm_spare(self) -> None:
-        """Have a second shell ready for rsync (`take_shell`). It starts once the first shell is
-        up, so its login rc files run while the first one works (two at once slow a small pod)."""
-        self._want_spare = True
-        if self._shell is not None and not self._shell.dead:
-            self._start_spare()
-
     def _start_spare(self) -> None:
         if self._spare is None:
-            try:
+            with self._faults():
                 self._spare = RemoteShell(self.connection.transport, self.timeout)
-            except Exception as exc:  # noqa: BLE001
-                raise self._dropped(exc) from None
 
-    def take_shell(self) -> RemoteShell:
-        """A fresh shell for exclusive use (the pre-started spare when there is one)."""
-        shell, self._spare = self._spare, None
-        if shell is None or shell.dead:
-            try:
-                shell = RemoteShell(self.connection.transport, self.timeout)
-            except Exception as exc:  # noqa: BLE001
-                raise self._dropped(exc) from None
-        return shell
-
-    def _login_timeout(self) -> PodError:
-        return PodError(f"the login shell on {self.endpoint.hostname} did not start within {LOGIN_TIMEOUT_FACTOR * self.timeout:.0f} s",
-                        "check ~/.bashrc on the pod: something there hangs or waits for input")
+    @contextmanager
+    def _faults(self, timeout: float | None = None) -> Iterator[None]:
+        """The shell's and the transport's failures, each as one PodError."""
+        try:
+            yield
+        except CommandTimeout:
+            raise PodError(f"remote command ran past {timeout:.0f} s", "re-run; the pod may be overloaded") from None
+        except LoginTimeout:
+            raise PodError(f"the login shell on {self.endpoint.hostname} did not start within "
+                           f"{LOGIN_TIMEOUT_FACTOR * self.timeout:.0f} s",
+                           "check ~/.bashrc on the pod: something there hangs or waits for input") from None
+        except PodError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - ShellClosed, paramiko and socket errors alike
+            raise self._dropped(exc) from None
 
     def _dropped(self, exc: BaseException) -> PodError:
         return PodError(f"connection to {self.endpoint.hostname}:{self.endpoint.port} dropped ({type(exc).__name__})",

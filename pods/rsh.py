@@ -1,9 +1,9 @@
 """rsync over the connection podkit already holds, instead of a second SSH login.
 
 `RshServer(conn)` listens on a private Unix socket; `rsync -e` runs pods/rsh_client.py, which
-connects there with the remote command (`rsync --server ...`). The server takes a shell from the
-connection (the pre-started spare, so the pod's login rc files have already run), execs the
-command in it, and relays bytes both ways: rsync's stdin up the channel, the channel's stdout,
+connects there with the remote command (`rsync --server ...`). The connection execs it in a
+fresh shell (the pre-started spare, so the pod's login rc files have already run), and the server
+relays bytes both ways: rsync's stdin up the channel, the channel's stdout,
 stderr and exit status back down as frames. Host-key checks, keys and keepalives are the
 connection's own; a dropped link ends the relay with status 255, which rsync reports and
 pods/rsync.py turns into one line.
@@ -23,7 +23,6 @@ from pathlib import Path
 from pods.connection import PodConnection
 from pods.errors import PodError
 from pods.rsh_client import HEADER
-from pods.shell import LoginTimeout
 
 CLIENT = Path(__file__).with_name("rsh_client.py")
 
@@ -71,17 +70,9 @@ class RshServer:
         with client:
             try:
                 command, rest = _read_command(client)
-                chan = self.conn.take_shell().exec(command)
+                chan = self.conn.exec(command)
             except (PodError, OSError, EOFError) as exc:
                 _frame(client, b"e", f"podkit: {exc}\n".encode())
-                _frame(client, b"x", b"255")
-                return
-            except LoginTimeout:
-                _frame(client, b"e", f"podkit: {self.conn._login_timeout()}\n".encode())
-                _frame(client, b"x", b"255")
-                return
-            except Exception as exc:  # noqa: BLE001 - ShellClosed and paramiko errors: a dropped link
-                _frame(client, b"e", f"podkit: connection to the pod dropped ({type(exc).__name__})\n".encode())
                 _frame(client, b"x", b"255")
                 return
             up = threading.Thread(target=_upstream, args=(client, chan, rest), daemon=True)
