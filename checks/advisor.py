@@ -27,7 +27,6 @@ OFFLOAD_COST = {"none": 1.0, "optimizer": 1.6, "all": 3.0}
 HALVING_COST = 1.05  # per halving of the micro-batch: smaller matmuls, more launches
 LORA_COST = 0.75  # no weight gradients for the frozen base
 QLORA_COST = 0.75 * 1.35
-BNB_8BIT = ("adamw8bit", "paged_adamw8bit")
 
 
 @dataclass(frozen=True)
@@ -79,8 +78,6 @@ def _options(job: JobConfig, allow_seq: bool):
     for ck, sh, off, opt, (rank, quant), seq in itertools.product(ckpts, shardings, offloads, optimizers, loras, seqs):
         if off == "all" and sh != "zero3":
             continue  # parameter offload needs ZeRO-3 gathering
-        if opt in BNB_8BIT and (sh in ("zero2", "zero3") or off != "none"):
-            continue  # bitsandbytes optimizers do not run on FSDP-sharded or offloaded states
         yield {"checkpointing": ck, "optimizer": opt, "lora_rank": rank, "base_quant": quant, "seq_len": seq}, {
             "sharding": sh, "offload": off}
 
@@ -97,6 +94,8 @@ def advise(job: JobConfig, limit: int = 4) -> list[Suggestion]:
     found: list[Suggestion] = []
     for allow_seq in (False, True):  # the sequence length only when nothing else fits
         for train, cluster in _options(job, allow_seq):
+            if job.replace(train=train, cluster=cluster).facts.bnb_unsupported:
+                continue
             batches = _micro_batches(job.train.micro_batch)
             effective = job.train.micro_batch * job.train.grad_accum
             # Memory falls as the micro-batch halves: find the largest that fits by bisection.

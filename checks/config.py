@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from checks import gpus, models
+from checks import gpus, models, stacks
 from checks.errors import ConfigError, closest
 
 PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "bf16")
@@ -26,6 +26,8 @@ BASE_QUANT = ("none", "int8", "nf4")
 SHARDING = ("none", "zero1", "zero2", "zero3")
 OFFLOAD = ("none", "optimizer", "all")
 GRAD_SCALER = ("auto", "on", "off")
+# Keys whose value may be a TOML array of strings as well as a string.
+LIST_KEYS = {"lora_targets"}
 
 EXAMPLE_JOB = Path(__file__).parent / "examples" / "llama-3.2-1b-a10g.toml"
 
@@ -119,7 +121,21 @@ class TrainConfig:
     attention: str = "sdpa"
     """sdpa (torch scaled_dot_product_attention) | flash-attn (the package) | eager (materialises s x s scores)."""
     lora_rank: int = 0
-    """> 0: LoRA adapters of this rank on every linear layer; the base is frozen."""
+    """> 0: LoRA adapters of this rank on the targeted linears (`lora_targets`); the base is frozen."""
+    lora_targets: str | list = "stack"
+    """LoRA target modules: "stack" (the stack's default: peft and litgpt adapt q_proj and v_proj),
+    "all-linear" (every block linear), or a list of names, e.g. ["q_proj", "v_proj", "lm_head"]."""
+    lora_dropout: float = 0.0
+    """Dropout on the adapters' input (peft's lora_dropout): saves a mask and the dropped input."""
+    lora_dtype: str = "stack"
+    """Adapter weights under a 16-bit base: "stack" | "fp32" (peft's autocast_adapter_dtype) | "compute"."""
+    stack: str = "podkit"
+    """The library that runs the training step: podkit | hf (transformers Trainer/TRL + peft +
+    bitsandbytes) | deepspeed | torchtitan | litgpt | torchtune. Sets the defaults below."""
+    loss: str = "stack"
+    """Loss implementation: "stack" | fp32-upcast | fp32-logits-kept | chunked | fused | native."""
+    optimizer_impl: str = "stack"
+    """torch optimizer kernel: "stack" | fused | foreach | for-loop (foreach keeps full-size temporaries)."""
     base_quant: str = "none"
     """Frozen base weights quantized by bitsandbytes (QLoRA): none | int8 | nf4. Needs lora_rank > 0."""
     grad_scaler: str = "auto"
@@ -148,6 +164,14 @@ class TrainConfig:
         _choice("train", "attention", self.attention, ATTENTION)
         _choice("train", "base_quant", self.base_quant, BASE_QUANT)
         _choice("train", "grad_scaler", self.grad_scaler, GRAD_SCALER)
+        _choice("train", "stack", self.stack, stacks.STACKS)
+        _choice("train", "loss", self.loss, ("stack",) + stacks.LOSSES)
+        _choice("train", "optimizer_impl", self.optimizer_impl, ("stack",) + stacks.OPTIMIZER_IMPLS)
+        _choice("train", "lora_dtype", self.lora_dtype, ("stack",) + stacks.LORA_DTYPES)
+        if not 0 <= self.lora_dropout < 1:
+            raise ConfigError("train.lora_dropout", f"must be in [0, 1), got {self.lora_dropout}", "e.g. 0.05")
+        if isinstance(self.lora_targets, list) and not all(isinstance(n, str) for n in self.lora_targets):
+            raise ConfigError("train.lora_targets", "must be a list of module names", "e.g. [\"q_proj\", \"v_proj\"]")
         for key in ("micro_batch", "grad_accum", "seq_len"):
             _positive("train", key, getattr(self, key))
         if self.lr <= 0:
@@ -233,9 +257,12 @@ class JobConfig:
     source: str = ""
     """Where it was read from."""
     shape: models.ModelShape = field(init=False, repr=False)
+    facts: stacks.JobFacts = field(init=False, repr=False)
+    """Derived facts (sharding, autocast, loss, checkpointing policy, LoRA targets): decided here once."""
 
     def __post_init__(self):
         self.shape = self.model.shape(self.base_dir)
+        self.facts = stacks.resolve(self.train, self.cluster, self.shape.arch)
 
     @property
     def base_dir(self) -> Path:
@@ -262,6 +289,7 @@ class JobConfig:
         job.source = self.source
         # The model section is unchanged by every lever, so its shape carries over unresolved.
         job.shape = self.shape if "model" not in sections else job.model.shape(job.base_dir)
+        job.facts = stacks.resolve(job.train, job.cluster, job.shape.arch)
         return job
 
 
@@ -278,6 +306,8 @@ def _build(section: str, cls, raw: Any):
             hint = closest(key, fields)
             raise ConfigError(f"{section}.{key}", "unknown key", hint or "known: " + ", ".join(fields))
         expected = type(fields[key].default)
+        if key in LIST_KEYS and isinstance(value, list):
+            expected = list
         if expected is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if type(value) is not expected:

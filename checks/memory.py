@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from checks import activations as A
 from checks.config import JobConfig
 from checks.gpus import GpuSpec
 from checks.models import ModelShape, ParamGroup
@@ -42,10 +43,6 @@ CUDA_CONTEXT = 512 * MIB
 LIBRARY_WORKSPACES = 64 * MIB
 # NCCL's communicator buffers (NCCL_BUFFSIZE = 4 MiB per channel, per peer, send and receive).
 NCCL_BUFFERS = 384 * MIB
-# The caching allocator reserves more than is live: blocks split by size class. With
-# expandable_segments:True (podkit's env file sets it) the waste on transient tensors stays a few
-# percent; applied to what is allocated and freed every step, not to the long-lived states.
-FRAGMENTATION = 0.05
 # Host RAM a training process needs besides offloaded tensors: CUDA/torch libraries, pinned
 # staging buffers, the data pipeline.
 HOST_PROCESS_BASELINE = 3 * GIB
@@ -77,17 +74,26 @@ PRECISION = {
 
 @dataclass(frozen=True)
 class Part:
-    """One named piece of memory: which term it belongs to, its size, and how it was derived."""
+    """One named piece of memory: which term it belongs to, its size, and how it was derived.
+
+    `where` says who sees it: "tensor" (torch's allocator counts it: max_memory_allocated),
+    "pool" (held by the caching allocator but not by a tensor: max_memory_reserved only) or
+    "device" (outside the allocator: CUDA context, NCCL, CUDA managed memory; only nvidia-smi).
+    """
 
     term: str
     label: str
     bytes: int
     formula: str
-    transient: bool = False  # allocated and freed within a step: subject to fragmentation
+    transient: bool = False  # allocated and freed within a step
+    where: str = "tensor"
 
 
 def total_bytes(parts: list[Part]) -> int:
     return sum(p.bytes for p in parts)
+
+
+PHASES = ("forward-end", "backward", "backward-end", "step")
 
 
 @dataclass
@@ -108,7 +114,14 @@ class MemoryEstimate:
 
     @property
     def phases(self) -> dict[str, int]:
+        """Device total at each moment."""
         return {name: total_bytes(parts) for name, parts in self.phase_parts.items()}
+
+    def phase_allocated(self, phase: str) -> int:
+        return sum(p.bytes for p in self.phase_parts[phase] if p.where == "tensor")
+
+    def phase_reserved(self, phase: str) -> int:
+        return sum(p.bytes for p in self.phase_parts[phase] if p.where in ("tensor", "pool"))
 
     def term(self, name: str, phase: str = "") -> int:
         return sum(p.bytes for p in self.phase_parts[phase or self.peak_phase] if p.term == name)
@@ -121,12 +134,18 @@ class MemoryEstimate:
 
     @property
     def total(self) -> int:
+        """What the device holds at the peak: reserved plus what only the device sees."""
         return total_bytes(self.parts)
 
     @property
     def allocated(self) -> int:
-        """Predicted torch.cuda.max_memory_allocated: the tensors, without device-only overhead."""
-        return self.total - self.term("overhead")
+        """Predicted torch.cuda.max_memory_allocated: the largest tensor total of any moment."""
+        return max(self.phase_allocated(p) for p in self.phase_parts)
+
+    @property
+    def reserved(self) -> int:
+        """Predicted torch.cuda.max_memory_reserved: tensors plus the allocator's cached pools."""
+        return max(self.phase_reserved(p) for p in self.phase_parts)
 
     @property
     def fits(self) -> bool:
@@ -136,88 +155,68 @@ class MemoryEstimate:
     def headroom(self) -> float:
         return 1 - self.total / self.capacity
 
-
-@dataclass(frozen=True)
-class _Layout:
-    """Everything about the job the formulas need, resolved once."""
-
-    shape: ModelShape
-    prec: Precision
-    world: int
-    param_shards: int
-    grad_shards: int
-    optim_shards: int
-    fsdp: bool
-    lora: bool
-    tokens: int  # per micro-batch per GPU
-    act_bytes: int  # e: matmul outputs
-    residual_bytes: int  # r: the residual stream
-    autocast: bool  # fp32 trainable weights cast per op (the weight cache)
-    fp32_stream: bool  # the residual stream is fp32 and each linear casts its own input
-
-
-def _layout(job: JobConfig) -> _Layout:
-    t, c = job.train, job.cluster
-    prec = PRECISION[t.precision]
-    fsdp = c.sharding in ("zero2", "zero3")
-    world = c.world_size
-    # Autocast only happens where fp32 weights sit on the GPU: FSDP's MixedPrecisionPolicy
-    # gathers them in the compute dtype, and optimizer offload leaves only compute-dtype weights
-    # on the GPU (ZeRO-Offload), so both compute like pure 16-bit with no per-op casts.
-    autocast = prec.autocast and not fsdp and c.offload == "none"
-    # With fp32 embeddings the stream stays fp32 (fp32 + bf16 promotes to fp32); LoRA's frozen
-    # base is stored in bf16, so its stream is bf16 and autocast has nothing left to cast.
-    fp32_stream = autocast and t.lora_rank == 0
-    return _Layout(
-        shape=job.shape,
-        prec=prec,
-        world=world,
-        param_shards=world if fsdp else 1,
-        grad_shards=world if fsdp else 1,
-        optim_shards=world if c.sharding != "none" else 1,
-        fsdp=fsdp,
-        lora=t.lora_rank > 0,
-        tokens=t.micro_batch * t.seq_len,
-        act_bytes=prec.compute_bytes,
-        residual_bytes=4 if fp32_stream or t.precision == "fp32" else prec.compute_bytes,
-        autocast=autocast,
-        fp32_stream=fp32_stream,
-    )
+    @property
+    def headroom_allocated(self) -> float:
+        return 1 - self.allocated / self.capacity
 
 
 # ---------------------------------------------------------------- trainable and frozen tensors
 
 
 def trainable_groups(job: JobConfig) -> list[ParamGroup]:
+    """The trained tensors: every weight, or LoRA's A (in x r) and B (r x out) on each target."""
     shape, r = job.shape, job.train.lora_rank
     if not r:
         return shape.param_groups()
+    targets = set(job.facts.lora_targets)
     adapters = []
     for name, fan_in, fan_out in shape.linear_shapes():
-        adapters.append(ParamGroup(f"{name}.lora_A", fan_in, r, shape.layers, True, True))
-        adapters.append(ParamGroup(f"{name}.lora_B", r, fan_out, shape.layers, True, True))
+        if name in targets:
+            adapters.append(ParamGroup(f"{name}.lora_A", fan_in, r, shape.layers, True, True))
+            adapters.append(ParamGroup(f"{name}.lora_B", r, fan_out, shape.layers, True, True))
+    if "lm_head" in targets:
+        adapters.append(ParamGroup("lm_head.lora_A", shape.hidden, r, 1, True, False))
+        adapters.append(ParamGroup("lm_head.lora_B", r, shape.vocab, 1, True, False))
     return adapters
-
-
-def _frozen_bytes(job: JobConfig, lay: _Layout) -> int:
-    """LoRA's frozen base: stored in the compute dtype (no master copy is needed for weights that
-    never update), the block linears quantized by bitsandbytes for QLoRA."""
-    if not lay.lora:
-        return 0
-    quant = job.train.base_quant
-    total = 0.0
-    for g in lay.shape.param_groups():
-        if quant != "none" and g.linear and g.per_layer:
-            # LLM.int8 (Dettmers et al. 2022): int8 weights plus an fp32 scale per output row.
-            per = NF4_BYTES if quant == "nf4" else 1 + 4 / g.rows
-        else:
-            per = lay.prec.compute_bytes
-        total += g.total * per
-    return int(total)
 
 
 def trainable_params(job: JobConfig) -> int:
     return sum(g.total for g in trainable_groups(job))
+
+
+def frozen_groups(job: JobConfig) -> list[tuple[ParamGroup, float]]:
+    """LoRA's frozen base with bytes per value: the compute dtype (no master copy for weights that
+    never update), the block linears quantized by bitsandbytes for QLoRA."""
+    if not job.train.lora_rank:
+        return []
+    quant, e = job.train.base_quant, _compute_bytes(job)
+    out = []
+    for g in job.shape.param_groups():
+        if quant != "none" and g.linear and g.per_layer:
+            # LLM.int8 (Dettmers et al. 2022): int8 weights plus an fp32 scale per output row.
+            per = NF4_BYTES if quant == "nf4" else 1 + 4 / g.rows
+        else:
+            per = e
+        out.append((g, per))
+    return out
+
+
+def _frozen_bytes(job: JobConfig) -> int:
+    return int(sum(g.total * per for g, per in frozen_groups(job)))
+
+
+def _compute_bytes(job: JobConfig) -> int:
+    return 4 if job.train.precision == "fp32" else 2
+
+
+def _param_bytes(job: JobConfig) -> int:
+    """How trainable weights are stored: fp32 masters unless pure bf16; LoRA adapters by the stack."""
+    t = job.train
+    if t.precision == "bf16":
+        return 2
+    if t.lora_rank and job.facts.lora_dtype == "compute":
+        return _compute_bytes(job)
+    return 4
 
 
 def optimizer_bytes(job: JobConfig, groups: list[ParamGroup], state_bytes: int) -> int:
@@ -239,235 +238,262 @@ def optimizer_bytes(job: JobConfig, groups: list[ParamGroup], state_bytes: int) 
     return int(total)
 
 
-def _step_transient(job: JobConfig, groups: list[ParamGroup], state_bytes: int) -> tuple[int, str]:
-    """Temporaries of the optimizer step. Fused AdamW (podkit's choice on CUDA), bitsandbytes'
-    kernels and foreach SGD update in place; Lion and Adafactor step tensor by tensor and
-    allocate full-size intermediates of the tensor being updated."""
+def _step_transient(job: JobConfig, groups: list[ParamGroup], state_bytes: int, shards: int) -> tuple[int, str]:
+    """Temporaries of the optimizer step, from each implementation's code (torch/optim/*.py):
+
+    fused AdamW, bitsandbytes' 8-bit kernels: in place, none;
+    foreach AdamW (_multi_tensor_adamw): exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs), one
+      temporary the size of every state of the device/dtype group at once;
+    for-loop AdamW (_single_tensor_adamw): denom = (exp_avg_sq.sqrt() / bc2).add_(eps), two
+      temporaries of the tensor being updated;
+    foreach SGD with weight decay (_multi_tensor_sgd): grads = torch._foreach_add(grads, params,
+      alpha=weight_decay), a copy of every decayed gradient;
+    Lion (train/optim.py) and Adafactor: temporaries of the tensor being updated."""
+    opt, impl = job.train.optimizer, job.facts.optimizer_impl
     largest = max(g.numel for g in groups)
-    copies = {"lion": 1, "adafactor": 2}.get(job.train.optimizer, 0)
+    decayed = sum(g.total for g in groups if g.cols > 1) // shards
+    everything = sum(g.total for g in groups) // shards
+    if opt == "adamw" and impl == "foreach":
+        return everything * state_bytes, f"foreach sqrt of every exp_avg_sq ({everything:,} x {state_bytes} B)"
+    if opt == "adamw" and impl == "for-loop":
+        return 2 * largest * state_bytes, f"2 temporaries of the largest tensor ({largest:,})"
+    if opt == "sgd" and job.train.weight_decay and impl != "fused":
+        return decayed * state_bytes, f"foreach SGD copies every decayed gradient ({decayed:,} x {state_bytes} B)"
+    copies = {"lion": 1, "adafactor": 2}.get(opt, 0)
     return largest * state_bytes * copies, f"{copies} temporaries of the largest trainable tensor ({largest:,})"
 
 
-# ---------------------------------------------------------------- activations, per token
-
-
-def block_activations_per_token(lay: _Layout, attention: str, seq_len: int) -> dict[str, float]:
-    """Bytes autograd saves per token in one block with no checkpointing, by tensor."""
-    s, e, r = lay.shape, lay.act_bytes, lay.residual_bytes
-    h, qd, kvd, f = s.hidden, s.q_dim, s.kv_dim, s.ffn
-    parts: dict[str, float] = {"residual stream in, and after attention (saved by the norms)": 2 * r * h}
-    if s.arch == "llama":
-        # HF LlamaRMSNorm: x.float(); x * rsqrt(mean(x^2) + eps); weight * x.to(dtype). With an
-        # fp32 stream only the normalised x is new; with bf16 the fp32 upcast and the cast back
-        # are saved too.
-        parts["RMSNorm fp32 intermediates (x2)"] = 2 * (4 * h if r == 4 else 6 * h)
-        linear_inputs = 5 if lay.fp32_stream else 2  # autocast casts per consumer: q,k,v and gate,up
-        parts["normed inputs to q/k/v and gate/up" + (" (one bf16 cast each)" if lay.fp32_stream else "")] = (
-            linear_inputs * e * h
-        )
-        parts["q, k, v after RoPE"] = e * (qd + 2 * kvd)
-        parts["SwiGLU: gate, up, silu(gate), product"] = 4 * e * f
-    else:
-        parts["LayerNorm statistics (x2)"] = 2 * 8
-        parts["normed inputs to c_attn and c_fc"] = 2 * e * h
-        parts["q, k, v (c_attn output)"] = e * 3 * h
-        parts["GELU MLP: c_fc output, gelu output"] = 2 * e * f
-    if attention == "eager":
-        # softmax(scores.float()) saves its fp32 output; the bf16 copy feeds probs @ v.
-        parts["attention probabilities, s x s per head"] = s.heads * seq_len * (4 + (e if e != 4 else 0))
-        parts["k, v repeated to every head"] = 2 * e * (qd - kvd)
-    else:
-        # SDPA (flash / memory-efficient) and flash-attn save out and logsumexp, no s x s matrix.
-        parts["attention output and logsumexp"] = e * qd + 4 * s.heads
-    parts["attention output made contiguous for o_proj"] = e * qd
-    return parts
-
-
-def _selective_per_token(lay: _Layout) -> float:
-    """torchtitan-style op-level selective checkpointing: keep the outputs of the matmuls and of
-    attention, recompute norms, activations, casts and RoPE."""
-    s, e, r = lay.shape, lay.act_bytes, lay.residual_bytes
-    h, qd, kvd, f = s.hidden, s.q_dim, s.kv_dim, s.ffn
-    mlp = 2 * e * f if s.arch == "llama" else e * f
-    return r * h + e * (qd + 2 * kvd) + (e * qd + 4 * s.heads) + e * h + mlp + e * h
-
-
-def _backward_transient_per_token(lay: _Layout, attention: str, seq_len: int) -> float:
-    """Gradient intermediates of the block being backpropagated: the residual gradient in and
-    out, and in SwiGLU's backward d(product), d(silu), d(up), d(gate) with three alive at once."""
-    s, e, r = lay.shape, lay.act_bytes, lay.residual_bytes
-    mlp = (3 if s.arch == "llama" else 2) * e * s.ffn
-    eager = s.heads * seq_len * (4 + e) if attention == "eager" else 0
-    return 2 * r * s.hidden + mlp + eager
-
-
-def _head_activations_per_token(lay: _Layout) -> float:
-    """Final norm and the LM head's input (the logits are the loss term)."""
-    s, e, r = lay.shape, lay.act_bytes, lay.residual_bytes
-    norm = (4 * s.hidden if r == 4 else 6 * s.hidden) if s.arch == "llama" else 8
-    return r * s.hidden + norm + e * s.hidden
+def _rounding(sizes: list[tuple[float, int]]) -> int:
+    """Bytes the caching allocator adds to live blocks of these (size, count): sizes are rounded
+    up to 512 B, and an allocation over 10 MiB gets its own segment rounded to 2 MiB
+    (c10/cuda/CUDACachingAllocator.cpp: kMinBlockSize, kMinLargeAlloc, kRoundLarge; smaller ones
+    share 2 MiB / 20 MiB segments, whose tail is reused)."""
+    extra = 0.0
+    for size, count in sizes:
+        if size <= 0:
+            continue
+        rounded = -(-size // 512) * 512
+        if rounded > 10 * MIB:
+            rounded = -(-rounded // (2 * MIB)) * (2 * MIB)
+        extra += (rounded - size) * count
+    return int(extra)
 
 
 # ---------------------------------------------------------------- the estimate
 
 
-def estimate(job: JobConfig, gpu: GpuSpec | None = None) -> MemoryEstimate:
+def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -> MemoryEstimate:
+    """Per-GPU memory at each moment of a training step, for the job as its stack trains it.
+
+    device = "cpu" predicts the tensors of the same step run on a CPU (bin/smoke's CPU mode): the
+    same terms, with the kernels torch picks there."""
     gpu = gpu or job.gpu
-    t, c = job.train, job.cluster
-    lay = _layout(job)
-    shape, T = lay.shape, lay.tokens
-    L = shape.layers
-    e = lay.act_bytes
+    if gpu is not job.gpu:
+        job = job.replace(cluster={"gpu": gpu.name})  # the SDPA kernel depends on the card
+    t, c, f = job.train, job.cluster, job.facts
+    shape = job.shape
+    T, L = t.micro_batch * t.seq_len, shape.layers
+    e = _compute_bytes(job)
+    world = c.world_size
+    param_shards = world if f.fsdp else 1
+    optim_shards = world if c.sharding != "none" else 1
     trainable = trainable_groups(job)
     n_trainable = sum(g.total for g in trainable)
+    lora = f.lora
+    offload = c.offload
     notes: list[str] = []
+    bf = A.block_facts(job, device)
 
     # ---- params -----------------------------------------------------------------------------
-    offload = c.offload
+    param_bytes = _param_bytes(job)
     if offload == "all":
-        resident_bytes = 0
-    elif offload == "optimizer":
-        resident_bytes = lay.prec.compute_bytes  # master copy lives on the host
+        resident_bytes = 0  # parameters live on the host; FSDP gathers them per block
+    elif offload == "optimizer" or (t.stack == "deepspeed" and t.precision.endswith("-mixed")):
+        # ZeRO-Offload / DeepSpeed's 16-bit engine: the GPU holds the 16-bit weights, the fp32
+        # master copy lives with the optimizer (on the host for offload, in its states otherwise).
+        resident_bytes = e
     else:
-        resident_bytes = lay.prec.param_bytes
+        resident_bytes = param_bytes
+    frozen = 0 if offload == "all" else _frozen_bytes(job)
     params_resident = Part(
         "params",
-        "weights" + (f", sharded over {lay.param_shards} GPUs" if lay.param_shards > 1 else ""),
-        (n_trainable * resident_bytes + _frozen_bytes(job, lay)) // lay.param_shards,
+        "weights" + (f", sharded over {param_shards} GPUs" if param_shards > 1 else ""),
+        (n_trainable * resident_bytes + frozen) // param_shards,
         f"{n_trainable:,} trainable x {resident_bytes} B"
-        + (" + frozen base" if lay.lora else "")
-        + (f" / {lay.param_shards}" if lay.param_shards > 1 else ""),
+        + (" + frozen base" if lora and frozen else "")
+        + (f" / {param_shards}" if param_shards > 1 else "")
+        + (" (offloaded to the host)" if offload == "all" else ""),
     )
+    master = []
+    if t.stack == "deepspeed" and t.precision.endswith("-mixed") and offload == "none":
+        master.append(Part("optimizer", "fp32 master weights (DeepSpeed optimizer)", n_trainable * 4 // optim_shards,
+                           f"{n_trainable:,} x 4 B / {optim_shards}"))
     fwd_params: list[Part] = []
-    gather_bytes = lay.prec.compute_bytes if lay.prec.autocast else lay.prec.param_bytes
-    if lay.fsdp:
-        per_layer = shape.params_per_layer
+    if f.fsdp:
+        per_layer = _layer_stored_bytes(job, e)
         if c.sharding == "zero2":
-            # reshard_after_forward=False: every block stays gathered from its forward to its backward.
             n, why = L, "every block, gathered from forward until backward (reshard_after_forward=False)"
         else:
-            # Current block plus the one prefetched (FSDP2 prefetches one block ahead in both passes).
             n, why = min(2, L), "current block + one prefetched"
         # The root module (embeddings, final norm, head) is not resharded after forward (FSDP2).
-        gathered = (n * per_layer + shape.params_outside_layers) * gather_bytes
-        fwd_params.append(Part("params", "unsharded weights being used", gathered,
-                               f"{why}, plus the root module, at {gather_bytes} B", transient=True))
-    if lay.autocast:
-        cast = sum(g.total for g in trainable if g.linear)
-        if shape.tie_embeddings and not lay.lora:
-            cast += shape.vocab * shape.hidden  # the tied embedding is the head's matmul weight
-        fwd_params.append(
-            Part(
-                "params",
-                "autocast weight cache",
-                cast * lay.prec.compute_bytes,
-                f"{cast:,} matmul weights cast to {lay.prec.compute_bytes} B, cached for the autocast region "
-                "and saved for backward (torch autocast caches casts of leaf weights that require grad)",
-                transient=True,
-            )
-        )
+        root = _root_stored_bytes(job, e)
+        fwd_params.append(Part("params", "unsharded weights being used", int(n * per_layer + root),
+                               f"{why}, plus the root module, as gathered", transient=True))
+    cache_fwd = cache_bwd = cache_end = 0
+    if f.autocast:
+        cast_block = sum(g.total for g in trainable if g.linear and g.per_layer)
+        cast_head = sum(g.total for g in trainable if g.linear and not g.per_layer)
+        if shape.tie_embeddings and not lora:
+            cast_head += shape.vocab * shape.hidden  # the tied embedding is the head's matmul weight
+        cache_fwd = (cast_block + cast_head) * e
+        # The cache is cleared when the autocast region ends, before backward: only casts that
+        # autograd saved survive. Checkpointed blocks saved none (recompute casts again), so only
+        # the head's cast outlives forward; without checkpointing every block's does, until that
+        # block's backward frees it.
+        if f.ac_policy == "none":
+            cache_bwd, cache_end = cache_fwd, (cast_block // max(L, 1) + cast_head) * e
+        else:
+            cache_bwd = cache_end = (cast_block // max(L, 1) + cast_head) * e
+    cache_note = ("torch autocast caches casts of leaf weights that require grad for the autocast region; "
+                  "afterwards only the casts saved for backward live")
     if t.base_quant != "none":
         biggest = max(i * o for _, i, o in shape.linear_shapes())
         fwd_params.append(
-            Part("params", "dequantized weight (QLoRA)", biggest * lay.prec.compute_bytes,
+            Part("params", "dequantized weight (QLoRA)", biggest * e,
                  "bitsandbytes dequantizes each quantized weight for its matmul, forward and backward",
                  transient=True)
         )
 
     # ---- grads ------------------------------------------------------------------------------
-    grad_bytes = lay.prec.grad_bytes
-    grads_all = n_trainable * grad_bytes // lay.grad_shards
-    ddp = lay.world > 1 and not lay.fsdp
+    grad_bytes = param_bytes if t.stack != "deepspeed" else e
+    grads_all = n_trainable * grad_bytes // param_shards if f.fsdp else n_trainable * grad_bytes // (
+        optim_shards if t.stack == "deepspeed" and c.sharding in ("zero2",) else 1)
+    ddp = world > 1 and not f.fsdp
     grads_persist = ddp or t.grad_accum > 1
     grads_on_gpu = offload == "none"
     full_grads = Part(
         "grads",
-        "gradients" + (", sharded" if lay.grad_shards > 1 else ""),
+        "gradients" + (", sharded" if f.fsdp else ""),
         grads_all if grads_on_gpu else 0,
-        f"{n_trainable:,} x {grad_bytes} B" + (f" / {lay.grad_shards}" if lay.grad_shards > 1 else "")
+        f"{n_trainable:,} x {grad_bytes} B" + (f" / {param_shards}" if f.fsdp else "")
         + (" (DDP buckets, gradient_as_bucket_view)" if ddp else "")
         + (" (on the host: offloaded)" if not grads_on_gpu else ""),
     )
+    head_grad = sum(g.total for g in trainable if not g.per_layer and g.linear) if lora else (
+        shape.vocab * shape.hidden)
+    block_grad = sum(g.total for g in trainable if g.per_layer) // max(L, 1)
     if grads_persist:
-        bwd_grads = [full_grads]
+        start_grads = end_grads = [full_grads]
     else:
-        head = shape.vocab * shape.hidden if not lay.lora else 0
-        block = shape.params_per_layer if not lay.lora else n_trainable // max(L, 1)
-        bwd_grads = [Part("grads", "gradients so far (head + one block)", (head + block) * grad_bytes // lay.grad_shards,
-                          "zero_grad(set_to_none=True): gradients appear as backward reaches each weight",
-                          transient=True)]
-    if lay.fsdp:
-        block_bytes = (shape.params_per_layer if not lay.lora else n_trainable // max(L, 1)) * e
-        bwd_grads.append(Part("grads", "unsharded block gradient + reduce-scatter input", 2 * block_bytes,
-                              "the block's gradient in compute dtype before reduce-scatter", transient=True))
-    if lay.autocast and not lay.lora:
+        start_grads = [Part("grads", "gradients so far (head + last block)",
+                            (head_grad + block_grad) * grad_bytes // param_shards,
+                            "zero_grad(set_to_none=True): gradients appear as backward reaches each weight",
+                            transient=True)]
+        end_grads = [Part("grads", "gradients so far (all but the embedding)",
+                          max(0, n_trainable - (0 if lora else _embedding_only(job))) * grad_bytes // param_shards,
+                          "at the first block's backward nearly every gradient exists", transient=True)]
+    if f.fsdp:
+        block_bytes = block_grad * e
+        rs = Part("grads", "unsharded block gradient + reduce-scatter input", 2 * block_bytes,
+                  "the block's gradient in compute dtype, and its fp32 copy for reduce-scatter", transient=True)
+        start_grads = start_grads + [rs]
+        end_grads = end_grads + [rs]
+    if f.autocast and not lora:
         # The head is always a matmul, also when its weight is the tied embedding.
         biggest = max([g.numel for g in trainable if g.linear] + [shape.vocab * shape.hidden])
-        bwd_grads.append(Part("grads", "weight gradient being accumulated", biggest * (e + grad_bytes),
-                              "a matmul's gradient in compute dtype and its fp32 cast into .grad", transient=True))
+        start_grads = start_grads + [Part("grads", "weight gradient being accumulated", biggest * (e + grad_bytes),
+                                          "a matmul's gradient in compute dtype and its fp32 cast into .grad",
+                                          transient=True)]
 
     # ---- optimizer ----------------------------------------------------------------------------
-    state_bytes = 2 if t.precision == "bf16" else 4
-    opt_total = optimizer_bytes(job, trainable, state_bytes) // lay.optim_shards
+    state_bytes = 2 if t.precision == "bf16" or (lora and f.lora_dtype == "compute" and t.precision != "fp32") else 4
+    opt_total = optimizer_bytes(job, trainable, state_bytes) // optim_shards
+    paged = f.paged_optimizer
     optimizer = Part(
         "optimizer",
-        f"{t.optimizer} states" + (f", sharded over {lay.optim_shards}" if lay.optim_shards > 1 else ""),
+        f"{t.optimizer} states" + (f", sharded over {optim_shards}" if optim_shards > 1 else "")
+        + (" (CUDA managed memory)" if paged else ""),
         0 if offload != "none" else opt_total,
-        "on the host (offloaded)" if offload != "none" else f"per trainable tensor, state dtype {state_bytes} B",
+        "on the host (offloaded)" if offload != "none" else f"per trainable tensor, state dtype {state_bytes} B"
+        + ("; bitsandbytes pages them with cudaMallocManaged, outside torch's allocator" if paged else ""),
+        where="device" if paged else "tensor",
     )
-    step_bytes, step_formula = _step_transient(job, trainable, state_bytes)
+    step_bytes, step_formula = _step_transient(job, trainable, state_bytes, optim_shards)
     step_temp = Part("optimizer", "step temporaries", step_bytes if offload == "none" else 0, step_formula,
                      transient=True)
-    if t.optimizer == "paged_adamw8bit":
-        notes.append("paged optimizer states live in CUDA unified memory: they page out to host RAM "
-                     "under pressure instead of failing, at a speed cost.")
+    if paged:
+        notes.append("paged optimizer states live in CUDA managed memory: nvidia-smi counts them, "
+                     "torch.cuda.max_memory_allocated does not; under pressure they page out to host RAM.")
 
     # ---- activations and loss ------------------------------------------------------------------
-    per_block = block_activations_per_token(lay, t.attention, t.seq_len)
-    none_per_token = sum(per_block.values())
-    stored_per_token = {"none": none_per_token, "selective": _selective_per_token(lay),
-                        "full": lay.residual_bytes * shape.hidden}[t.checkpointing]
-    head_per_token = _head_activations_per_token(lay)
-    stored = int((L * stored_per_token + head_per_token) * T)
+    stored = A.saved_per_token(bf, f.ac_policy)
+    stored_pt = sum(stored.values())
+    none_pt = sum(A.saved_per_token(bf, "none").values())
+    head_trainable = not lora and True
+    head = A.head_saved_per_token(bf, head_trainable)
+    head_pt = sum(head.values())
     activations = Part(
         "activations",
-        f"saved activations ({t.checkpointing} checkpointing)",
-        stored,
-        f"({L} blocks x {stored_per_token:,.0f} B + head {head_per_token:,.0f} B) per token x {T:,} tokens",
+        f"saved activations ({t.checkpointing} checkpointing"
+        + (f": {f.ac_policy}" if t.checkpointing != "none" else "") + ")",
+        int((L * stored_pt + head_pt) * T),
+        f"({L} blocks x {stored_pt:,.0f} B + head {head_pt:,.0f} B) per token x {T:,} tokens",
         transient=True,
     )
-    recompute = int((none_per_token - stored_per_token) * T)
-    bwd_transient = int(_backward_transient_per_token(lay, t.attention, t.seq_len) * T)
-    bwd_acts = [activations, Part("activations", "one block in backward",
-                                  recompute + bwd_transient,
-                                  (f"recomputed block {none_per_token - stored_per_token:,.0f} B + " if recompute else "")
-                                  + f"gradient intermediates, per token x {T:,}", transient=True)]
-    # cross_entropy(logits.float()): backward holds the log-softmax output, its incoming
-    # gradient and its input gradient, 3 x 4 B per logit; forward peaks at e + 8 B (logits,
-    # the fp32 upcast, log-softmax output), never more than 12.
-    loss = Part("loss", "logits, fp32 upcast, log-softmax and its gradient", 12 * shape.vocab * T,
-                f"12 B x vocab {shape.vocab:,} x {T:,} tokens", transient=True)
+    first_block = Part("activations", "first block's saved activations", int(stored_pt * T),
+                       f"{stored_pt:,.0f} B per token x {T:,}", transient=True)
+    recompute = int((none_pt - stored_pt) * T) if f.ac_policy != "none" else 0
+    grad_inter = int(A.backward_intermediates_per_token(bf) * T)
+    in_backward = Part("activations", "one block in backward", recompute + grad_inter,
+                       (f"recomputed block {none_pt - stored_pt:,.0f} B + " if recompute else "")
+                       + f"gradient intermediates, per token x {T:,}", transient=True)
+    lb = A.loss_bytes(job, t.seq_len)
+    logits = shape.vocab * T
+    loss = Part("loss", "loss: " + lb.how, int(lb.peak * logits),
+                f"{lb.peak:g} B x vocab {shape.vocab:,} x {T:,} tokens", transient=True)
+    kept_logits = [Part("loss", "logits kept through backward", int(lb.kept * logits),
+                        f"{lb.kept:g} B x {logits:,}", transient=True)] if lb.kept else []
 
-    # ---- overhead --------------------------------------------------------------------------------
-    def overhead(dynamic: int) -> list[Part]:
-        parts = [Part("overhead", "CUDA context", CUDA_CONTEXT, "driver context and kernels, lazy loading"),
-                 Part("overhead", "cuBLAS / cuDNN workspaces", LIBRARY_WORKSPACES, "library scratch buffers")]
-        if lay.world > 1:
-            parts.append(Part("overhead", "NCCL buffers", NCCL_BUFFERS, "communicator buffers per GPU"))
-        parts.append(Part("overhead", "allocator fragmentation", int(FRAGMENTATION * dynamic),
-                          f"{FRAGMENTATION:.0%} of the memory allocated and freed each step"))
-        return parts
+    # ---- overhead and allocator pools -----------------------------------------------------------
+    device_only = [Part("overhead", "CUDA context", CUDA_CONTEXT, "driver context and kernels, lazy loading",
+                        where="device"),
+                   Part("overhead", "cuBLAS / cuDNN workspaces", LIBRARY_WORKSPACES, "library scratch buffers",
+                        where="device")]
+    if world > 1:
+        device_only.append(Part("overhead", "NCCL buffers", NCCL_BUFFERS, "communicator buffers per GPU",
+                                where="device"))
+    pools: list[Part] = []
+    if f.fsdp:
+        # FSDP2 allocates all-gather outputs on its all-gather stream and reduce-scatter buffers on
+        # its reduce-scatter stream (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py); the
+        # caching allocator keeps a pool per stream, so these blocks stay reserved all step even
+        # when no tensor holds them, and the default stream cannot reuse them.
+        gathered = min(2, L) * _layer_stored_bytes(job, e)
+        pools.append(Part("overhead", "FSDP all-gather stream pool", int(gathered),
+                          "two blocks' gathered parameters, cached on the all-gather stream", where="pool"))
+        pools.append(Part("overhead", "FSDP reduce-scatter stream pool", 2 * block_grad * e,
+                          "one block's gradient reduce-scatter buffers, cached on its stream", where="pool"))
 
-    def phase(parts: list[Part]) -> list[Part]:
-        dynamic = sum(p.bytes for p in parts if p.transient)
-        return [p for p in parts + overhead(dynamic) if p.bytes or p.term == "params"]
+    def phase(name: str, parts: list[Part]) -> list[Part]:
+        tensors = [p for p in parts if p.bytes or p.term == "params"]
+        sizes = _allocation_sizes(job, name, tensors, stored, head, T, trainable)
+        rounding = Part("overhead", "allocator rounding", _rounding(sizes),
+                        "each block rounded to 512 B, allocations over 10 MiB to 2 MiB segments", where="pool")
+        held = [p for p in pools if p.bytes]
+        return tensors + held + ([rounding] if rounding.bytes else []) + device_only
 
-    static = [params_resident, optimizer]
+    def cache(label_bytes: int) -> list[Part]:
+        return [Part("params", "autocast weight cache", label_bytes, cache_note, transient=True)] if label_bytes else []
+
+    static = [params_resident, optimizer] + master
     fwd_grads = [full_grads] if grads_persist else []
     phases = {
-        "forward-end": phase(static + fwd_params + fwd_grads + [activations, loss]),
-        "backward": phase(static + fwd_params + bwd_grads + bwd_acts),
-        "step": phase(static + [full_grads, step_temp]),
+        "forward-end": phase("forward-end", static + fwd_params + cache(cache_fwd) + fwd_grads + [activations, loss]),
+        "backward": phase("backward", static + fwd_params + cache(cache_bwd) + start_grads + kept_logits
+                          + [activations, in_backward]),
+        "backward-end": phase("backward-end", static + fwd_params[:1] + cache(cache_end) + end_grads + kept_logits
+                              + [first_block, in_backward]),
+        "step": phase("step", static + [full_grads, step_temp]),
     }
     peak = max(phases, key=lambda name: total_bytes(phases[name]))
 
@@ -475,10 +501,10 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None) -> MemoryEstimate:
     host = 0
     if offload != "none":
         # Optimizer states, fp32 gradients, and the weights the CPU step updates (ZeRO-Offload).
-        per_param = opt_total * lay.optim_shards / n_trainable + 4 + lay.prec.param_bytes
-        per_rank = n_trainable * per_param / lay.optim_shards
+        per_param = opt_total * optim_shards / max(n_trainable, 1) + 4 + param_bytes
+        per_rank = n_trainable * per_param / optim_shards
         if offload == "all":
-            per_rank += _frozen_bytes(job, lay) / lay.param_shards
+            per_rank += _frozen_bytes(job) / param_shards  # the frozen base, once, on the host
         host = int(c.gpus_per_node * (per_rank + HOST_PROCESS_BASELINE))
     if shape.approximate:
         notes.append("model known only by size: shapes inferred, activation and loss terms are approximate.")
@@ -493,3 +519,51 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None) -> MemoryEstimate:
         approximate=shape.approximate,
         notes=notes,
     )
+
+
+def _embedding_only(job: JobConfig) -> int:
+    """The input embedding's gradient is produced last (embedding backward), unless tied to the head."""
+    s = job.shape
+    return 0 if s.tie_embeddings else s.vocab * s.hidden
+
+
+def _stored_per_value(job: JobConfig, g: ParamGroup, e: int) -> float:
+    """Bytes per value of a parameter as FSDP gathers it: the compute dtype for trainable or 16-bit
+    frozen weights, the quantized storage for a QLoRA base (gathered packed, dequantized per matmul)."""
+    t = job.train
+    if t.lora_rank and t.base_quant != "none" and g.linear and g.per_layer:
+        return NF4_BYTES if t.base_quant == "nf4" else 1 + 4 / g.rows
+    return e if t.precision != "fp32" else 4
+
+
+def _layer_stored_bytes(job: JobConfig, e: int) -> float:
+    s = job.shape
+    base = sum(g.total * _stored_per_value(job, g, e) for g in s.param_groups() if g.per_layer) / s.layers
+    adapters = sum(g.total for g in trainable_groups(job) if g.per_layer) / s.layers * e if job.train.lora_rank else 0
+    return base + adapters
+
+
+def _root_stored_bytes(job: JobConfig, e: int) -> float:
+    return sum(g.total * _stored_per_value(job, g, e) for g in job.shape.param_groups() if not g.per_layer)
+
+
+def _allocation_sizes(job: JobConfig, phase: str, parts: list[Part], stored: dict, head: dict, T: int,
+                      trainable: list[ParamGroup]) -> list[tuple[float, int]]:
+    """The live allocations behind a phase's parts, as (bytes, count), for the allocator's rounding."""
+    L = job.shape.layers
+    sizes: list[tuple[float, int]] = []
+    for p in parts:
+        if p.where != "tensor" or not p.bytes:
+            continue
+        if p.label.startswith("saved activations"):
+            sizes += [(b * T, L) for b in stored.values()] + [(b * T, 1) for b in head.values()]
+        elif p.label.startswith("first block"):
+            sizes += [(b * T, 1) for b in stored.values()]
+        elif p.term in ("params", "grads", "optimizer") and not p.transient and trainable:
+            # One allocation per parameter tensor (and per state tensor, per gradient).
+            share = p.bytes / max(1, sum(g.total for g in trainable))
+            copies = 2 if p.term == "optimizer" and job.train.optimizer.startswith("adamw") else 1
+            sizes += [(g.numel * share / copies, g.count * copies) for g in trainable]
+        else:
+            sizes.append((p.bytes, 1))
+    return sizes

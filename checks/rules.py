@@ -118,9 +118,9 @@ def flash_attention(job: JobConfig) -> CheckResult:
 
 def bnb_sharding(job: JobConfig) -> CheckResult:
     t, c = job.train, job.cluster
-    if t.optimizer not in ("adamw8bit", "paged_adamw8bit"):
+    if not job.facts.bnb_optimizer:
         return CheckResult("optimizer.sharding", SKIP, f"{t.optimizer} is not a bitsandbytes optimizer")
-    if c.sharding in ("zero2", "zero3") or c.offload != "none":
+    if job.facts.bnb_unsupported:
         how = f"sharding = {c.sharding}" if c.offload == "none" else f"offload = {c.offload}"
         return CheckResult("optimizer.sharding", FAIL,
                            f"bitsandbytes {t.optimizer} with {how} is not supported: its blockwise states "
@@ -223,7 +223,7 @@ def tokenizers(job: JobConfig, facts: HostFacts) -> CheckResult:
 def required_packages(job: JobConfig) -> list[str]:
     t = job.train
     need = ["torch", "nvidia-ml-py"]
-    if t.optimizer in ("adamw8bit", "paged_adamw8bit") or t.base_quant != "none":
+    if job.facts.bnb_optimizer or t.base_quant != "none":
         need.append("bitsandbytes")
     if t.attention == "flash-attn":
         need.append("flash-attn")

@@ -100,7 +100,7 @@ def check_runnable(job: JobConfig, device: torch.device) -> None:
     bnb = rules.bnb_sharding(job)
     if bnb.status == rules.FAIL:
         raise ConfigError("train.optimizer", bnb.message, bnb.fix)
-    if c.sharding in ("zero2", "zero3"):
+    if job.facts.fsdp:
         parallel.fsdp_api()
     if job.shape.kv_heads != job.shape.heads and t.attention == "sdpa" and not _torch_at_least(2, 5):
         raise ConfigError("train.attention", f"torch {torch.__version__} SDPA lacks grouped-query attention",
@@ -128,7 +128,7 @@ class SmokeRun:
         # The prediction for this machine: the GPU that is here, the world that runs.
         self.gpu = self._detect_gpu()
         self.pred_job = job.replace(cluster={"gpu": self.gpu.name, "nodes": 1, "gpus_per_node": world.size})
-        self.estimate = memory.estimate(self.pred_job)
+        self.estimate = memory.estimate(self.pred_job, device=device.type)
         self.probe = make_probe(device)
         self.phases = PhasePeaks(self.probe)
         self.monitor: MemoryMonitor | None = None
@@ -146,7 +146,7 @@ class SmokeRun:
     # ------------------------------------------------------------------ building
     def _build(self):
         t, c, dev = self.t, self.c, self.device
-        fsdp = c.sharding in ("zero2", "zero3")
+        fsdp = self.job.facts.fsdp
         opts = model_mod.ModelOptions(attention=t.attention, checkpointing=t.checkpointing, lora_rank=t.lora_rank,
                                       base_quant=t.base_quant, max_seq_len=t.seq_len)
         model = model_mod.build(self.job.shape, opts, t.precision)
@@ -168,9 +168,8 @@ class SmokeRun:
         self.params, self.trainable = total, trainable
         self.optimizer = optim_mod.build_optimizer(model, t.optimizer, t.lr, t.weight_decay, dev,
                                                    zero1=c.sharding == "zero1" and self.world.distributed)
-        self.autocast = t.mixed and not fsdp and c.offload == "none"
-        use_scaler = t.grad_scaler == "on" or (t.grad_scaler == "auto" and t.precision == "fp16-mixed")
-        self.scaler = torch.amp.GradScaler(dev.type) if use_scaler else None
+        self.autocast = self.job.facts.autocast
+        self.scaler = torch.amp.GradScaler(dev.type) if self.job.facts.grad_scaler else None
         dataset = str(self.job.path(t.dataset)) if t.dataset else ""
         self.data = data_mod.make_stream(dataset, self.job.shape.vocab, t.seq_len, t.micro_batch,
                                          self.job.smoke.seed, self.world.rank)

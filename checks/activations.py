@@ -1,0 +1,277 @@
+"""What a training step keeps for backward, per token, derived op by op.
+
+Instead of one closed formula (Korthikanti et al. 2022's 34sbh + 5as^2b, which assumes fp16
+everywhere and trainable weights), a decoder block is walked op by op as HF modeling_llama.py
+writes it (LlamaRMSNorm, q/k/v/o and gate/up/down projections, RoPE, SDPA, SwiGLU), and each op
+records what autograd saves given the job's facts. The rules that decide it are PyTorch's:
+
+- an op saves an input only when the gradient of the *other* operand needs it: a frozen linear
+  (LoRA's base) keeps no copy of its input (torch's autograd codegen saves `self` for mm only when
+  mat2 requires grad), a trainable one does; bitsandbytes' MatMul4Bit / MatMul8bitLt save their
+  input A unconditionally (bitsandbytes/autograd/_functions.py, ctx.save_for_backward / ctx.tensors);
+- autocast casts an fp32 input separately at every matmul call (only leaf weights are cached), so
+  an fp32 residual stream costs one 16-bit copy per consuming linear;
+- peft's LoRA Linear runs `lora_B(lora_A(dropout(x))) * scaling` beside the base: dropout keeps
+  a 1-byte mask and its output, lora_A keeps its input, lora_B keeps lora_A's output; with fp32
+  adapters over a 16-bit input peft first casts x to the adapter dtype (peft tuners/lora/layer.py
+  `_cast_input_dtype`);
+- checkpointing policies keep other sets: per-block checkpointing keeps the block input only;
+  selective activation checkpointing (torch.utils.checkpoint.create_selective_checkpoint_contexts)
+  keeps the outputs of the ops its policy marks MUST_SAVE, whatever autograd would have saved.
+
+The result is bytes per token of one block (and of the head), which memory.py multiplies out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from checks.kernels import attention_kernel
+
+
+@dataclass(eq=False)
+class Tensor:
+    """A symbolic activation: bytes per token (width x dtype bytes)."""
+
+    label: str
+    bytes: float
+
+
+@dataclass(frozen=True)
+class BlockFacts:
+    """What decides the saved set, resolved from the job once."""
+
+    hidden: int
+    q_dim: int
+    kv_dim: int
+    ffn: int
+    heads: int
+    seq_len: int
+    e: int  # compute dtype bytes: matmul inputs and outputs
+    stream: int  # residual stream dtype bytes
+    weights_trainable: bool  # full fine-tune: every linear and norm trains
+    quantized: bool  # bitsandbytes base linears (save their input)
+    autocast: bool  # 16-bit casts of fp32 inputs at each matmul
+    norm_weight_bytes: int
+    targets: frozenset
+    lora_rank: int
+    lora_dropout: bool
+    adapter_bytes: int  # dtype of the adapter weights
+    adapter_input_cast: bool  # peft casts x to the adapter dtype before lora_A
+    kernel: str  # flash | efficient | math | eager
+    gqa: bool
+
+
+def block_facts(job, device: str = "cuda") -> BlockFacts:
+    t, f, shape = job.train, job.facts, job.shape
+    e = 4 if t.precision == "fp32" else 2
+    lora = f.lora
+    # The residual stream is fp32 when the embedding weight is fp32 and nothing casts it down:
+    # fp32 jobs, and mixed precision with fp32 weights on the GPU (autocast). LoRA bases, pure bf16
+    # and FSDP's bf16 gathered parameters give a 16-bit stream.
+    stream = 4 if t.precision == "fp32" or (f.autocast and not lora) else e
+    adapter = 4 if (t.precision == "fp32" or f.lora_dtype == "fp32") else e
+    return BlockFacts(
+        hidden=shape.hidden, q_dim=shape.q_dim, kv_dim=shape.kv_dim, ffn=shape.ffn, heads=shape.heads,
+        seq_len=t.seq_len, e=e, stream=stream,
+        weights_trainable=not lora, quantized=t.base_quant != "none", autocast=f.autocast,
+        norm_weight_bytes=4 if (not lora and t.precision != "bf16") or t.precision == "fp32" else e,
+        targets=frozenset(f.lora_targets), lora_rank=t.lora_rank, lora_dropout=f.lora_dropout > 0,
+        adapter_bytes=adapter, adapter_input_cast=f.stack.name in ("hf", "deepspeed"),
+        kernel=attention_kernel(job, device), gqa=shape.kv_heads != shape.heads,
+    )
+
+
+@dataclass
+class Trace:
+    """The ops of one forward, with what each saves and which outputs a SAC policy could keep."""
+
+    facts: BlockFacts
+    saved: dict = field(default_factory=dict)  # id -> Tensor, what autograd keeps
+    matmuls: list = field(default_factory=list)  # mm / addmm outputs, in call order
+    attention_out: list = field(default_factory=list)  # SDPA flash/efficient outputs
+
+    def new(self, label: str, width: float, dtype_bytes: float) -> Tensor:
+        return Tensor(label, width * dtype_bytes)
+
+    def save(self, *tensors: Tensor) -> None:
+        for t in tensors:
+            self.saved[id(t)] = t
+
+    # ---- ops -----------------------------------------------------------------------------
+    def rmsnorm(self, x: Tensor, name: str) -> Tensor:
+        """LlamaRMSNorm: x.float(); x * rsqrt(mean(x^2) + eps); weight * x.to(input_dtype)."""
+        f = self.facts
+        xf = x if x.bytes == 4 * f.hidden else self.new(f"{name}: fp32 upcast", f.hidden, 4)
+        self.save(xf, self.new(f"{name}: rsqrt", 1, 4))
+        xn = self.new(f"{name}: normalised", f.hidden, 4)
+        xc = xn if f.stream == 4 else self.new(f"{name}: normalised, cast back", f.hidden, f.stream)
+        if f.weights_trainable:  # weight * x saves x only for the weight's gradient
+            self.save(xc)
+        out_bytes = max(f.stream, f.norm_weight_bytes)  # type promotion of weight * x
+        return self.new(f"{name}: output", f.hidden, out_bytes)
+
+    def linear(self, x: Tensor, fan_in: int, fan_out: int, name: str) -> Tensor:
+        f = self.facts
+        inp = x
+        if f.autocast and x.bytes == 4 * fan_in:  # autocast's per-call cast of an fp32 input
+            inp = self.new(f"{name}: autocast input cast", fan_in, f.e)
+        if f.weights_trainable or f.quantized:
+            self.save(inp)
+        out = self.new(f"{name}: output", fan_out, f.e)
+        self.matmuls.append(out)
+        if name not in f.targets:
+            return out
+        a_in = x
+        if f.adapter_input_cast and x.bytes != f.adapter_bytes * fan_in:
+            a_in = self.new(f"{name}: input cast to adapter dtype", fan_in, f.adapter_bytes)
+        if f.lora_dropout:
+            self.save(self.new(f"{name}: dropout mask", fan_in, 1))
+            a_in = self.new(f"{name}: dropout output", fan_in, a_in.bytes / fan_in)
+        if f.autocast and a_in.bytes == 4 * fan_in:
+            a_in = self.new(f"{name}: lora_A autocast cast", fan_in, f.e)
+        self.save(a_in)
+        ab = f.e if f.autocast else f.adapter_bytes
+        a_out = self.new(f"{name}: lora_A output", f.lora_rank, ab)
+        self.matmuls.append(a_out)
+        self.save(a_out)
+        self.matmuls.append(self.new(f"{name}: lora_B output", fan_out, ab))
+        return self.new(f"{name}: base + adapter", fan_out, f.e)
+
+    def attention(self, y: Tensor) -> Tensor:
+        f = self.facts
+        h, qd, kvd = f.hidden, f.q_dim, f.kv_dim
+        self.linear(y, h, qd, "q_proj")
+        self.linear(y, h, kvd, "k_proj")
+        v = self.linear(y, h, kvd, "v_proj")
+        # RoPE (q * cos + rotate_half(q) * sin) saves only cos/sin, shared buffers.
+        q = self.new("q after RoPE", qd, f.e)
+        k = self.new("k after RoPE", kvd, f.e)
+        if f.kernel in ("flash", "efficient"):
+            out = self.new("attention output", qd, f.e)
+            lse = self.new("attention logsumexp", f.heads, 4)
+            self.save(q, k, v, out, lse)
+            self.attention_out += [out, lse]
+        elif f.kernel == "math":
+            # aten _scaled_dot_product_attention_math: k/v repeated to every head for GQA, q and k
+            # scaled by sqrt(scale), softmax(q k^T) kept for backward, then @ v.
+            rep_v = self.new("v repeated to every head", qd, f.e) if f.gqa else v
+            probs = self.new("attention weights s x s (math kernel)", f.heads * f.seq_len, f.e)
+            self.save(self.new("q scaled", qd, f.e), self.new("k scaled (repeated)", qd, f.e), rep_v, probs)
+            out = self.new("attention output", qd, f.e)
+        else:  # eager: HF's repeat_kv, fp32 softmax, probabilities cast back for probs @ v
+            rep_k = self.new("k repeated", qd, f.e) if f.gqa else k
+            rep_v = self.new("v repeated", qd, f.e) if f.gqa else v
+            self.save(q, rep_k, rep_v)
+            self.save(self.new("softmax output fp32 (s x s)", f.heads * f.seq_len, 4))
+            if f.e != 4:
+                self.save(self.new("attention weights cast back (s x s)", f.heads * f.seq_len, f.e))
+            out = self.new("attention output", qd, f.e)
+        o_in = self.new("attention output made contiguous", qd, f.e)
+        return self.linear(o_in, qd, h, "o_proj")
+
+    def mlp(self, y: Tensor) -> Tensor:
+        f = self.facts
+        gate = self.linear(y, f.hidden, f.ffn, "gate_proj")
+        up = self.linear(y, f.hidden, f.ffn, "up_proj")
+        act = self.new("silu(gate)", f.ffn, f.e)
+        self.save(gate, act, up)  # SiluBackward keeps its input; the product keeps both factors
+        prod = self.new("silu(gate) * up", f.ffn, f.e)
+        return self.linear(prod, f.ffn, f.hidden, "down_proj")
+
+
+def _walk_block(facts: BlockFacts) -> tuple[Trace, Tensor]:
+    tr = Trace(facts)
+    x = tr.new("block input (residual stream)", facts.hidden, facts.stream)
+    tr.attention(tr.rmsnorm(x, "input_layernorm"))
+    x2 = tr.new("residual stream after attention", facts.hidden, facts.stream)
+    tr.mlp(tr.rmsnorm(x2, "post_attention_layernorm"))
+    return tr, x
+
+
+def saved_per_token(facts: BlockFacts, policy: str) -> dict[str, float]:
+    """Bytes per token one block keeps from its forward to its backward, by tensor, under a policy."""
+    tr, block_input = _walk_block(facts)
+    if policy == "none":
+        kept = list(tr.saved.values())
+    elif policy == "block":
+        kept = [block_input]  # the checkpoint keeps its inputs only
+    elif policy == "matmuls":
+        kept = [block_input] + tr.matmuls + tr.attention_out
+    elif policy == "op-sac":
+        # torchtitan _get_custom_policy: a per-block mm counter; every second mm recomputed.
+        kept = [block_input] + [m for i, m in enumerate(tr.matmuls, start=1) if i % 2] + tr.attention_out
+    else:
+        raise ValueError(policy)
+    out: dict[str, float] = {}
+    for t in kept:
+        out[t.label] = out.get(t.label, 0) + t.bytes
+    return out
+
+
+def backward_intermediates_per_token(facts: BlockFacts) -> float:
+    """Gradient tensors alive while one block is backpropagated: the residual gradient in and out,
+    and in SwiGLU's backward d(product), d(silu), d(up), d(gate) with three alive at once; the
+    eager/math kernels also hold the gradient of the s x s weights."""
+    f = facts
+    scores = f.heads * f.seq_len * (4 + f.e) if f.kernel in ("eager", "math") else 0
+    return 2 * f.stream * f.hidden + 3 * f.e * f.ffn + scores
+
+
+def head_saved_per_token(facts: BlockFacts, head_trainable: bool) -> dict[str, float]:
+    """The final norm and the LM head's input (the logits are the loss's)."""
+    tr = Trace(facts)
+    x = tr.new("final residual stream", facts.hidden, facts.stream)
+    y = tr.rmsnorm(x, "final norm")
+    inp = y
+    if facts.autocast and y.bytes == 4 * facts.hidden:
+        inp = tr.new("lm_head: autocast input cast", facts.hidden, facts.e)
+    if head_trainable or "lm_head" in facts.targets:
+        tr.save(inp)
+    return {t.label: t.bytes for t in tr.saved.values()}
+
+
+@dataclass(frozen=True)
+class LossBytes:
+    """Bytes per logit the loss holds: at its forward peak, at the start of backward, and what the
+    training loop keeps referenced through the whole backward."""
+
+    forward: float
+    backward: float
+    kept: float
+    how: str
+
+    @property
+    def peak(self) -> float:
+        return max(self.forward, self.backward)
+
+
+def loss_bytes(job, tokens_per_sequence: int) -> LossBytes:
+    """Per logit, from how the stack computes the loss (job.facts.loss)."""
+    f = job.facts
+    e = 4 if job.train.precision == "fp32" else 2
+    if f.loss == "fused":
+        # A fused linear + cross-entropy (Liger's LigerFusedLinearCrossEntropyFunction) computes the
+        # logits and their gradient chunk by chunk inside forward: no full logits tensor survives.
+        return LossBytes(0.0, 0.0, 0.0, "fused linear + cross-entropy: no full logits")
+    if f.loss_chunk_tokens:
+        n = max(1, -(-tokens_per_sequence // f.loss_chunk_tokens))
+    else:
+        n = max(1, f.loss_chunks)
+    lsm = 4 if f.loss_upcast else e  # the log-softmax output autograd keeps
+    copy = 4 / n if f.loss_upcast and e != 4 else 0  # one chunk's fp32 copy, alive while its CE runs
+    if f.loss == "fp32-logits-kept":
+        # transformers <= 4.44: logits.float() in the model, shift_logits = logits[..., :-1, :]
+        # .contiguous(), CrossEntropyLoss on it; the fp32 logits are returned and kept.
+        fwd = 4 + 4 + 4
+        bwd = 4 + lsm + 2 * lsm
+        return LossBytes(fwd, bwd, 4, "fp32 logits kept, shifted copy, fp32 log-softmax")
+    kept = e if f.logits_kept else 0
+    # Forward: every chunk's logits, every chunk's log-softmax output, one chunk's fp32 copy.
+    fwd = e + lsm + copy
+    # Backward start: the kept logits, the saved log-softmax outputs, and one chunk's gradient in
+    # and out of log_softmax.
+    bwd = kept + lsm + 2 * lsm / n
+    how = (f"{'fp32' if f.loss_upcast else 'compute-dtype'} cross-entropy"
+           + (f" in {n} chunks" if n > 1 else "") + (", logits kept through backward" if kept else ""))
+    return LossBytes(fwd, bwd, kept, how)

@@ -1,0 +1,49 @@
+"""Which attention kernel torch's scaled_dot_product_attention picks on the target GPU.
+
+The choice changes memory: the flash and memory-efficient kernels save the output and a
+logsumexp, the math kernel saves the full s x s attention weights. The rules are torch's own
+(aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, torch 2.5 - 2.13), for dense causal inputs
+without a mask, tried in torch's priority order flash -> memory-efficient -> math:
+
+  flash      fp16/bf16 only (check_tensor_dtype with flash_dtypes); sm80 and newer
+             (check_flash_attention_hardware_support); head dim <= 256 and a multiple of 8
+             (check_head_dim_size_flash); grouped-query attention supported
+             (check_batch_size_and_num_heads_dense<true>).
+  efficient  fp32/fp16/bf16 (fp32 included); sm50 and newer; head dim a multiple of 4 (fp32) or
+             8 (16-bit); *no* grouped-query attention (check_batch_size_and_num_heads_dense<false>):
+             with enable_gqa and fewer kv heads it is skipped.
+  math       everything else: repeats k/v to every head and materialises softmax(q k^T).
+"""
+
+from __future__ import annotations
+
+from checks.gpus import GpuSpec
+
+
+def sdpa_backend(gpu: GpuSpec, dtype_bytes: int, head_dim: int, gqa: bool) -> str:
+    """'flash' | 'efficient' | 'math' for a causal SDPA call of this dtype and head layout."""
+    half = dtype_bytes == 2
+    if half and gpu.compute_capability >= (8, 0) and head_dim <= 256 and head_dim % 8 == 0:
+        return "flash"
+    if gpu.compute_capability >= (5, 0) and not gqa and head_dim % (8 if half else 4) == 0:
+        return "efficient"
+    return "math"
+
+
+def attention_kernel(job, device: str = "cuda") -> str:
+    """The kernel a job's attention runs: flash-attn's own, eager, or SDPA's pick on the job's GPU.
+
+    On a CPU (the smoke run's CPU mode, the tracer) SDPA runs _scaled_dot_product_flash_attention_for_cpu,
+    which accepts fp32 and grouped-query attention (sdp_utils_cpp.cpp use_flash_attention_cpp) and,
+    like the CUDA flash kernel, saves the output and a logsumexp.
+    """
+    t = job.train
+    if device == "cpu" and t.attention == "sdpa":
+        return "flash"
+    if t.attention == "flash-attn":
+        return "flash"
+    if t.attention == "eager":
+        return "eager"
+    shape = job.shape
+    compute = 4 if t.precision == "fp32" else 2
+    return sdpa_backend(job.gpu, compute, shape.d_head, shape.kv_heads != shape.heads)

@@ -1,0 +1,221 @@
+"""Training stacks, and the facts about a job that every part of podkit reads.
+
+A stack is the library that runs the user's training step. It changes peak memory through a small
+set of implementation facts: how the loss is computed, what "selective" checkpointing saves, which
+linears LoRA adapts by default and in what dtype, and which optimizer kernel runs. Each fact below
+cites the library source it comes from; every fact can be overridden by an explicit job key
+(`train.loss`, `train.lora_targets`, `train.optimizer_impl`, ...).
+
+`JobFacts` is the one place where a job's derived facts are decided (does it shard, autocast,
+scale the loss, use a bitsandbytes optimizer): the memory model, the checks, the advisor and the
+smoke run all read `job.facts`, so prediction and run cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+STACKS = ("podkit", "hf", "deepspeed", "torchtitan", "litgpt", "torchtune")
+
+# How the loss turns the last hidden state into a scalar, and what it keeps alive:
+#   fp32-upcast       cross_entropy(logits.float()): bf16 logits, an fp32 copy, fp32 log-softmax
+#   fp32-logits-kept  the model upcasts logits to fp32 and returns them; the caller keeps them
+#                     referenced until backward (transformers <= 4.44 LlamaForCausalLM)
+#   chunked           head + cross-entropy in chunks along the sequence, upcast per chunk
+#   fused             fused linear + cross-entropy kernel: no full logits tensor at all
+#   native            cross_entropy on the compute-dtype logits, no upcast (litgpt)
+LOSSES = ("fp32-upcast", "fp32-logits-kept", "chunked", "fused", "native")
+
+# What activation checkpointing keeps:
+#   none      everything autograd saves
+#   matmuls   podkit's selective policy: matmul and attention outputs kept, the rest recomputed
+#   op-sac    torchtitan's op-level selective AC: attention kept, every second matmul kept
+#   block     per-block (per decoder layer) full recompute: only each block's input is kept
+AC_POLICIES = ("none", "matmuls", "op-sac", "block")
+OPTIMIZER_IMPLS = ("fused", "foreach", "for-loop")
+LORA_DTYPES = ("fp32", "compute")
+
+LLAMA_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+GPT2_LINEARS = ("c_attn", "attn.c_proj", "c_fc", "mlp.c_proj")
+
+
+@dataclass(frozen=True)
+class Stack:
+    """A training library's memory-relevant defaults."""
+
+    name: str
+    loss: str
+    """How the loss is computed by default (one of LOSSES)."""
+    loss_chunk_tokens: int
+    """For chunked losses: tokens per chunk (0: not chunked)."""
+    loss_chunks: int
+    """For chunked losses split into a fixed number of chunks (0: by tokens instead)."""
+    loss_upcast: bool
+    """The cross-entropy runs on fp32 logits (an fp32 copy and fp32 log-softmax) rather than 16-bit."""
+    logits_kept: bool
+    """The training loop keeps the logits referenced through backward."""
+    selective: str
+    """What checkpointing = "selective" means in this stack (one of AC_POLICIES)."""
+    lora_targets: tuple[str, ...]
+    """LoRA's default target modules, by Llama module name ("all" = every block linear)."""
+    lora_dtype: str
+    """Adapter weights' dtype under a 16-bit base: fp32 or the compute dtype."""
+    adamw_impl: str
+    """torch AdamW implementation the stack picks on CUDA (fused / foreach / for-loop)."""
+    source: str
+    """Where these facts come from."""
+
+
+STACK_FACTS: dict[str, Stack] = {
+    s.name: s
+    for s in [
+        # podkit's own smoke loop: train/model.py (cross_entropy(logits.float())), train/optim.py
+        # (AdamW(fused=True)), LoRA on every block linear in the optimizer's dtype.
+        Stack("podkit", "fp32-upcast", 0, 0, True, False, "matmuls", ("all",), "fp32", "fused",
+              "podkit train/model.py, train/optim.py"),
+        # transformers >= 4.46 (LlamaForCausalLM.forward -> self.loss_function = ForCausalLMLoss in
+        # loss/loss_utils.py: `logits = logits.float()` inside the loss, labels shifted by padding, not
+        # the logits); Trainer's default optim "adamw_torch" = torch.optim.AdamW with foreach picked on
+        # CUDA (torch/optim/optimizer.py _default_to_fused_or_foreach); gradient_checkpointing is
+        # per decoder layer (modeling_utils.gradient_checkpointing_enable), no op-level selective
+        # policy; peft's TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING: llama/mistral/qwen2 ->
+        # ["q_proj", "v_proj"]; peft >= 0.12 LoraConfig/get_peft_model autocast_adapter_dtype=True
+        # upcasts adapters of a bf16/fp16 base to fp32.
+        Stack("hf", "fp32-upcast", 0, 0, True, False, "block", ("q_proj", "v_proj"), "fp32", "foreach",
+              "transformers loss/loss_utils.py, trainer.py; peft utils/constants.py, tuners_utils.py"),
+        # DeepSpeed via the HF Trainer integration: same model code and peft defaults; the optimizer
+        # is DeepSpeed's (FusedAdam / ZeRO partitions), modelled by the sharding terms.
+        Stack("deepspeed", "fp32-upcast", 0, 0, True, False, "block", ("q_proj", "v_proj"), "fp32", "fused",
+              "transformers integrations/deepspeed.py; deepspeed runtime/zero"),
+        # torchtitan: activation_checkpoint.mode = "selective" with selective_ac_option = "op" saves
+        # the ops in _save_list and every second mm (torchtitan/models/llama3/infra/parallelize.py
+        # _apply_ac_to_transformer_block); loss = cross_entropy(pred.flatten(0, 1).float(), ...)
+        # (torchtitan/components/loss.py); optimizer.implementation = "fused" by default.
+        Stack("torchtitan", "fp32-upcast", 0, 0, True, False, "op-sac", ("all",), "compute", "fused",
+              "torchtitan components/loss.py, models/llama3/infra/parallelize.py, config/job_config.py"),
+        # litgpt finetune/lora.py: logits = model(input_ids, lm_head_chunk_size=128), a list of
+        # 128-token chunks that fit() keeps referenced through fabric.backward, and
+        # chunked_cross_entropy on the bf16 chunks without upcast (litgpt/utils.py);
+        # lora_query + lora_value on by default; precision bf16-true keeps adapters in bf16.
+        Stack("litgpt", "chunked", 128, 0, False, True, "block", ("q_proj", "v_proj"), "compute", "fused",
+              "litgpt finetune/lora.py, utils.py chunked_cross_entropy, lora.py Config"),
+        # torchtune: CEWithChunkedOutputLoss(num_output_chunks=8), upcast per chunk
+        # (torchtune/modules/loss/ce_chunked_output_loss.py), and the recipes `del logits` before
+        # backward (recipes/lora_finetune_single_device.py _loss_step); LoRA recipes target q, v, output_proj
+        # and the MLP (recipes/configs/llama3_1/8B_lora_single_device.yaml); AdamW(fused=True);
+        # enable_activation_checkpointing wraps each TransformerSelfAttentionLayer.
+        Stack("torchtune", "chunked", 0, 8, True, False, "block",
+              ("q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"), "compute", "fused",
+              "torchtune modules/loss/ce_chunked_output_loss.py, recipes/configs/llama3_1"),
+    ]
+}
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    """Every derived fact about a job, decided once. Read by memory, rules, advisor and the smoke run."""
+
+    stack: Stack
+    loss: str
+    loss_chunk_tokens: int
+    loss_chunks: int
+    loss_upcast: bool
+    logits_kept: bool
+    ac_policy: str
+    lora: bool
+    lora_targets: tuple[str, ...]
+    """Resolved module names (Llama or GPT-2 names), possibly including lm_head."""
+    lora_dtype: str
+    lora_dropout: float
+    optimizer_impl: str
+    fsdp: bool
+    """Parameters (and gradients) sharded FSDP-style: ZeRO-2 / ZeRO-3."""
+    autocast: bool
+    """fp32 weights on the GPU, cast per op to the compute dtype by torch.autocast."""
+    grad_scaler: bool
+    bnb_optimizer: bool
+    paged_optimizer: bool
+
+    @property
+    def bnb_unsupported(self) -> bool:
+        """bitsandbytes' blockwise 8-bit states cannot follow FSDP-sharded or CPU-offloaded parameters."""
+        return self.bnb_optimizer and (self.fsdp or self.offloaded)
+
+    offloaded: bool = False
+
+
+def resolve_targets(value: str | list, linears: tuple[str, ...], default: tuple[str, ...]) -> tuple[str, ...]:
+    """The LoRA target list: "stack" (its default), "all-linear" (peft: every block linear), or names."""
+    from checks.errors import ConfigError, closest
+
+    if value == "stack":
+        names = linears if default == ("all",) else default
+    elif value == "all-linear":
+        names = linears
+    elif isinstance(value, list):
+        names = tuple(value)
+    else:
+        raise ConfigError("train.lora_targets", f"unknown value {value!r}",
+                          "'stack', 'all-linear' or a list such as [\"q_proj\", \"v_proj\"]")
+    known = linears + ("lm_head",)
+    for name in names:
+        if name not in known:
+            hint = closest(name, known)
+            raise ConfigError("train.lora_targets", f"{name!r} is not a linear of this model",
+                              hint or "known: " + ", ".join(known))
+    if not names:
+        raise ConfigError("train.lora_targets", "is empty", "name at least one linear, e.g. [\"q_proj\", \"v_proj\"]")
+    # Keep the model's order, whatever order the user wrote.
+    return tuple(n for n in known if n in names)
+
+
+def resolve(train, cluster, arch: str) -> JobFacts:
+    """Derive the job's facts from its train and cluster sections (already validated)."""
+    stack = STACK_FACTS[train.stack]
+    linears = GPT2_LINEARS if arch == "gpt2" else LLAMA_LINEARS
+    default_targets = stack.lora_targets
+    if arch == "gpt2" and default_targets != ("all",):
+        default_targets = ("c_attn",)  # peft's mapping for gpt2
+    lora = train.lora_rank > 0
+    fsdp = cluster.sharding in ("zero2", "zero3")
+    mixed = train.precision.endswith("-mixed")
+    # Autocast only happens where fp32 weights sit on the GPU: FSDP's MixedPrecisionPolicy gathers
+    # them in the compute dtype, optimizer offload leaves only compute-dtype weights on the GPU
+    # (ZeRO-Offload), and DeepSpeed's bf16/fp16 engine keeps 16-bit module weights with the fp32
+    # master copy inside the optimizer (deepspeed/runtime/bf16_optimizer.py).
+    autocast = mixed and not fsdp and cluster.offload == "none" and train.stack != "deepspeed"
+    if train.checkpointing == "none":
+        ac = "none"
+    elif train.checkpointing == "full":
+        ac = "block"
+    else:
+        ac = stack.selective
+    loss = stack.loss if train.loss == "stack" else train.loss
+    native = stack.loss == loss  # the stack's own loss: its chunking, upcast and lifetime
+    chunk_tokens = stack.loss_chunk_tokens if loss == "chunked" else 0
+    # A chunked loss asked of a stack that has none: torchtune's 8 chunks, upcast per chunk.
+    chunks = (stack.loss_chunks or (0 if chunk_tokens else 8)) if loss == "chunked" else 0
+    upcast = stack.loss_upcast if native else loss in ("fp32-upcast", "fp32-logits-kept", "chunked")
+    kept = stack.logits_kept if native else loss == "fp32-logits-kept"
+    impl = stack.adamw_impl if train.optimizer_impl == "stack" else train.optimizer_impl
+    lora_dtype = stack.lora_dtype if train.lora_dtype == "stack" else train.lora_dtype
+    return JobFacts(
+        stack=stack,
+        loss=loss,
+        loss_chunk_tokens=chunk_tokens,
+        loss_chunks=chunks,
+        loss_upcast=upcast,
+        logits_kept=kept,
+        ac_policy=ac,
+        lora=lora,
+        lora_targets=resolve_targets(train.lora_targets, linears, default_targets) if lora else (),
+        lora_dtype=lora_dtype,
+        lora_dropout=train.lora_dropout if lora else 0.0,
+        optimizer_impl=impl,
+        fsdp=fsdp,
+        autocast=autocast,
+        grad_scaler=train.grad_scaler == "on" or (train.grad_scaler == "auto" and train.precision == "fp16-mixed"),
+        bnb_optimizer=train.optimizer in ("adamw8bit", "paged_adamw8bit"),
+        paged_optimizer=train.optimizer.startswith("paged_"),
+        offloaded=cluster.offload != "none",
+    )
