@@ -7,8 +7,9 @@ records what autograd saves given the job's facts. The rules that decide it are 
 
 - an op saves an input only when the gradient of the *other* operand needs it: a frozen linear
   (LoRA's base) keeps no copy of its input (torch's autograd codegen saves `self` for mm only when
-  mat2 requires grad), a trainable one does; bitsandbytes' MatMul4Bit / MatMul8bitLt save their
-  input A unconditionally (bitsandbytes/autograd/_functions.py, ctx.save_for_backward / ctx.tensors);
+  mat2 requires grad), a trainable one does; bitsandbytes' MatMul4Bit keeps nothing since 0.43.2,
+  but before it kept its input A as `ctx.tensors = (A, B)` (bitsandbytes/autograd/_functions.py;
+  commit 9e753741, #1270), a plain attribute that checkpointing's hooks never see;
 - autocast casts an fp32 input separately at every matmul call (only leaf weights are cached), so
   an fp32 residual stream costs one 16-bit copy per consuming linear;
 - peft's LoRA Linear runs `lora_B(lora_A(dropout(x))) * scaling` beside the base: dropout keeps
@@ -50,7 +51,8 @@ class BlockFacts:
     e: int  # compute dtype bytes: matmul inputs and outputs
     stream: int  # residual stream dtype bytes
     weights_trainable: bool  # full fine-tune: every linear and norm trains
-    quantized: bool  # bitsandbytes base linears (save their input)
+    quantized: bool  # bitsandbytes base linears
+    quant_saves_input: bool  # bitsandbytes < 0.43.2: each quantized matmul keeps its input
     autocast: bool  # 16-bit casts of fp32 inputs at each matmul
     norm_weight_bytes: int
     targets: frozenset
@@ -59,7 +61,8 @@ class BlockFacts:
     adapter_bytes: int  # dtype of the adapter weights
     adapter_input_cast: bool  # peft casts x to the adapter dtype before lora_A
     kernel: str  # flash | efficient | math | eager
-    gqa: bool
+    gqa: bool  # SDPA sees fewer kv heads than q heads (native GQA)
+    repeat_kv: bool  # k/v copied out to every head before attention
 
 
 def block_facts(job, device: str = "cuda") -> BlockFacts:
@@ -74,11 +77,13 @@ def block_facts(job, device: str = "cuda") -> BlockFacts:
     return BlockFacts(
         hidden=shape.hidden, q_dim=shape.q_dim, kv_dim=shape.kv_dim, ffn=shape.ffn, heads=shape.heads,
         seq_len=t.seq_len, e=e, stream=stream,
-        weights_trainable=not lora, quantized=t.base_quant != "none", autocast=f.autocast,
+        weights_trainable=not lora, quantized=t.base_quant != "none",
+        quant_saves_input=f.quant_saves_input, autocast=f.autocast,
         norm_weight_bytes=4 if (not lora and t.precision != "bf16") or t.precision == "fp32" else e,
         targets=frozenset(f.lora_targets), lora_rank=t.lora_rank, lora_dropout=f.lora_dropout > 0,
         adapter_bytes=adapter, adapter_input_cast=f.stack.name in ("hf", "deepspeed"),
-        kernel=attention_kernel(job, device), gqa=shape.kv_heads != shape.heads,
+        kernel=attention_kernel(job, device), gqa=shape.kv_heads != shape.heads and not f.stack.repeat_kv,
+        repeat_kv=shape.kv_heads != shape.heads and f.stack.repeat_kv,
     )
 
 
@@ -88,6 +93,7 @@ class Trace:
 
     facts: BlockFacts
     saved: dict = field(default_factory=dict)  # id -> Tensor, what autograd keeps
+    ctx_kept: dict = field(default_factory=dict)  # id -> Tensor, kept outside autograd's saved tensors
     matmuls: list = field(default_factory=list)  # mm / addmm outputs, in call order
     attention_out: list = field(default_factory=list)  # SDPA flash/efficient outputs
 
@@ -116,8 +122,11 @@ class Trace:
         inp = x
         if f.autocast and x.bytes == 4 * fan_in:  # autocast's per-call cast of an fp32 input
             inp = self.new(f"{name}: autocast input cast", fan_in, f.e)
-        if f.weights_trainable or f.quantized:
+        if f.weights_trainable:
             self.save(inp)
+        if f.quant_saves_input:
+            self.save(inp)
+            self.ctx_kept[id(inp)] = inp
         out = self.new(f"{name}: output", fan_out, f.e)
         self.matmuls.append(out)
         if name not in f.targets:
@@ -147,6 +156,9 @@ class Trace:
         # RoPE (q * cos + rotate_half(q) * sin) saves only cos/sin, shared buffers.
         q = self.new("q after RoPE", qd, f.e)
         k = self.new("k after RoPE", kvd, f.e)
+        if f.repeat_kv:  # hidden_states[:, :, None].expand(...).reshape(...): a full-width copy each
+            k = self.new("k repeated to every head", qd, f.e)
+            v = self.new("v repeated to every head", qd, f.e)
         if f.kernel in ("flash", "efficient"):
             out = self.new("attention output", qd, f.e)
             lse = self.new("attention logsumexp", f.heads, 4)
@@ -203,9 +215,14 @@ def saved_per_token(facts: BlockFacts, policy: str) -> dict[str, float]:
         kept = [block_input] + [m for i, m in enumerate(tr.matmuls, start=1) if i % 2] + tr.attention_out
     else:
         raise ValueError(policy)
+    if policy != "none":
+        kept += list(tr.ctx_kept.values())  # what no checkpoint hook can drop
     out: dict[str, float] = {}
+    seen: set[int] = set()
     for t in kept:
-        out[t.label] = out.get(t.label, 0) + t.bytes
+        if id(t) not in seen:
+            seen.add(id(t))
+            out[t.label] = out.get(t.label, 0) + t.bytes
     return out
 
 
@@ -218,7 +235,7 @@ def backward_intermediates_per_token(facts: BlockFacts) -> float:
     return 2 * f.stream * f.hidden + 3 * f.e * f.ffn + scores
 
 
-def head_saved_per_token(facts: BlockFacts, head_trainable: bool) -> dict[str, float]:
+def head_saved_per_token(facts: BlockFacts, head_trainable: bool, quantized_head: bool = False) -> dict[str, float]:
     """The final norm and the LM head's input (the logits are the loss's)."""
     tr = Trace(facts)
     x = tr.new("final residual stream", facts.hidden, facts.stream)
@@ -226,7 +243,7 @@ def head_saved_per_token(facts: BlockFacts, head_trainable: bool) -> dict[str, f
     inp = y
     if facts.autocast and y.bytes == 4 * facts.hidden:
         inp = tr.new("lm_head: autocast input cast", facts.hidden, facts.e)
-    if head_trainable or "lm_head" in facts.targets:
+    if head_trainable or "lm_head" in facts.targets or (quantized_head and facts.quant_saves_input):
         tr.save(inp)
     return {t.label: t.bytes for t in tr.saved.values()}
 

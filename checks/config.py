@@ -19,7 +19,7 @@ from checks import gpus, models, stacks
 from checks.errors import ConfigError, closest
 
 PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "bf16")
-OPTIMIZERS = ("adamw", "adamw8bit", "paged_adamw8bit", "lion", "sgd", "adafactor")
+OPTIMIZERS = ("adamw", "adamw8bit", "paged_adamw8bit", "paged_adamw", "lion", "sgd", "adafactor")
 CHECKPOINTING = ("none", "selective", "full")
 ATTENTION = ("sdpa", "flash-attn", "eager")
 BASE_QUANT = ("none", "int8", "nf4")
@@ -109,7 +109,8 @@ class TrainConfig:
     precision: str = "bf16-mixed"
     """fp32 | fp16-mixed (autocast + loss scaling) | bf16-mixed (autocast, fp32 master weights) | bf16 (pure)."""
     optimizer: str = "adamw"
-    """adamw | adamw8bit | paged_adamw8bit (bitsandbytes) | lion | sgd (with momentum) | adafactor."""
+    """adamw | adamw8bit | paged_adamw8bit | paged_adamw (bitsandbytes 32-bit, paged) | lion | sgd (with
+    momentum) | adafactor."""
     micro_batch: int = 1
     """Sequences per GPU per forward/backward."""
     grad_accum: int = 1
@@ -134,6 +135,9 @@ class TrainConfig:
     bitsandbytes) | deepspeed | torchtitan | litgpt | torchtune. Sets the defaults below."""
     loss: str = "stack"
     """Loss implementation: "stack" | fp32-upcast | fp32-logits-kept | chunked | fused | native."""
+    bitsandbytes: str = ""
+    """The bitsandbytes release the job runs, when it matters: before 0.43.2 its 4-bit matmul kept every
+    input alive until backward (bitsandbytes commit 9e753741, #1270); "" = a current release."""
     optimizer_impl: str = "stack"
     """torch optimizer kernel: "stack" | fused | foreach | for-loop (foreach keeps full-size temporaries)."""
     base_quant: str = "none"
@@ -170,6 +174,8 @@ class TrainConfig:
         _choice("train", "lora_dtype", self.lora_dtype, ("stack",) + stacks.LORA_DTYPES)
         if not 0 <= self.lora_dropout < 1:
             raise ConfigError("train.lora_dropout", f"must be in [0, 1), got {self.lora_dropout}", "e.g. 0.05")
+        if self.bitsandbytes and not stacks.parse_version(self.bitsandbytes):
+            raise ConfigError("train.bitsandbytes", f"{self.bitsandbytes!r} is not a version", "e.g. \"0.42.0\"")
         if isinstance(self.lora_targets, list) and not all(isinstance(n, str) for n in self.lora_targets):
             raise ConfigError("train.lora_targets", "must be a list of module names", "e.g. [\"q_proj\", \"v_proj\"]")
         for key in ("micro_batch", "grad_accum", "seq_len"):

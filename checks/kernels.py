@@ -46,4 +46,5 @@ def attention_kernel(job, device: str = "cuda") -> str:
         return "eager"
     shape = job.shape
     compute = 4 if t.precision == "fp32" else 2
-    return sdpa_backend(job.gpu, compute, shape.d_head, shape.kv_heads != shape.heads)
+    gqa = shape.kv_heads != shape.heads and not job.facts.stack.repeat_kv  # repeated k/v: plain MHA
+    return sdpa_backend(job.gpu, compute, shape.d_head, gqa)

@@ -51,6 +51,7 @@ HOST_PROCESS_BASELINE = 3 * GIB
 # keep fp32 states.
 BNB_BLOCK = 256
 BNB_MIN_8BIT_SIZE = 4096
+PAGED_MIN_NUMEL = 100_000
 # QLoRA NF4 with double quantization (Dettmers et al. 2023, section 3): 4 bits per weight plus
 # 8-bit absmax per 64 weights plus fp32 per 256 absmax = 0.5 + 1/64 + 4/(64*256) bytes.
 NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
@@ -191,8 +192,9 @@ def frozen_groups(job: JobConfig) -> list[tuple[ParamGroup, float]]:
         return []
     quant, e = job.train.base_quant, _compute_bytes(job)
     out = []
+    head_too = job.facts.quantize_head
     for g in job.shape.param_groups():
-        if quant != "none" and g.linear and g.per_layer:
+        if quant != "none" and g.linear and (g.per_layer or head_too):
             # LLM.int8 (Dettmers et al. 2022): int8 weights plus an fp32 scale per output row.
             per = NF4_BYTES if quant == "nf4" else 1 + 4 / g.rows
         else:
@@ -230,6 +232,8 @@ def optimizer_bytes(job: JobConfig, groups: list[ParamGroup], state_bytes: int) 
                 per_tensor = 2 * g.numel * (1 + 4 / BNB_BLOCK)
             else:
                 per_tensor = 2 * 4 * g.numel
+        elif opt == "paged_adamw":
+            per_tensor = 2 * 4 * g.numel  # bitsandbytes' 32-bit optimizers keep fp32 states for any param dtype
         elif opt in ("lion", "sgd"):
             per_tensor = state_bytes * g.numel  # one momentum buffer
         else:  # adafactor (Shazeer & Stern 2018): factored second moment, no first moment
@@ -357,7 +361,8 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
     cache_note = ("torch autocast caches casts of leaf weights that require grad for the autocast region; "
                   "afterwards only the casts saved for backward live")
     if t.base_quant != "none":
-        biggest = max(i * o for _, i, o in shape.linear_shapes())
+        biggest = max([i * o for _, i, o in shape.linear_shapes()]
+                      + ([shape.vocab * shape.hidden] if f.quantize_head else []))
         fwd_params.append(
             Part("params", "dequantized weight (QLoRA)", biggest * e,
                  "bitsandbytes dequantizes each quantized weight for its matmul, forward and backward",
@@ -408,16 +413,21 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
     # ---- optimizer ----------------------------------------------------------------------------
     state_bytes = 2 if t.precision == "bf16" or (lora and f.lora_dtype == "compute" and t.precision != "fp32") else 4
     opt_total = optimizer_bytes(job, trainable, state_bytes) // optim_shards
-    paged = f.paged_optimizer
+    # bitsandbytes pages (cudaMallocManaged, outside torch's allocator) only the states of tensors
+    # of at least 1e5 values (bitsandbytes/optim/optimizer.py get_state_buffer: `if not
+    # self.is_paged or p.numel() < 1e5: return torch.zeros_like(p)`).
+    paged_groups = [g for g in trainable if f.paged_optimizer and g.numel >= PAGED_MIN_NUMEL]
+    paged_total = optimizer_bytes(job, paged_groups, state_bytes) // optim_shards if paged_groups else 0
     optimizer = Part(
         "optimizer",
-        f"{t.optimizer} states" + (f", sharded over {optim_shards}" if optim_shards > 1 else "")
-        + (" (CUDA managed memory)" if paged else ""),
-        0 if offload != "none" else opt_total,
-        "on the host (offloaded)" if offload != "none" else f"per trainable tensor, state dtype {state_bytes} B"
-        + ("; bitsandbytes pages them with cudaMallocManaged, outside torch's allocator" if paged else ""),
-        where="device" if paged else "tensor",
+        f"{t.optimizer} states" + (f", sharded over {optim_shards}" if optim_shards > 1 else ""),
+        0 if offload != "none" else opt_total - paged_total,
+        "on the host (offloaded)" if offload != "none" else f"per trainable tensor, state dtype {state_bytes} B",
     )
+    paged_part = [Part("optimizer", f"{t.optimizer} paged states (CUDA managed memory)",
+                       paged_total if offload == "none" else 0,
+                       "tensors of >= 1e5 values: cudaMallocManaged, outside torch's allocator", where="device")]
+    paged = bool(paged_total)
     step_bytes, step_formula = _step_transient(job, trainable, state_bytes, optim_shards)
     step_temp = Part("optimizer", "step temporaries", step_bytes if offload == "none" else 0, step_formula,
                      transient=True)
@@ -429,8 +439,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
     stored = A.saved_per_token(bf, f.ac_policy)
     stored_pt = sum(stored.values())
     none_pt = sum(A.saved_per_token(bf, "none").values())
-    head_trainable = not lora and True
-    head = A.head_saved_per_token(bf, head_trainable)
+    head = A.head_saved_per_token(bf, not lora, f.quantize_head)
     head_pt = sum(head.values())
     activations = Part(
         "activations",
@@ -485,7 +494,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
     def cache(label_bytes: int) -> list[Part]:
         return [Part("params", "autocast weight cache", label_bytes, cache_note, transient=True)] if label_bytes else []
 
-    static = [params_resident, optimizer] + master
+    static = [params_resident, optimizer] + paged_part + master
     fwd_grads = [full_grads] if grads_persist else []
     phases = {
         "forward-end": phase("forward-end", static + fwd_params + cache(cache_fwd) + fwd_grads + [activations, loss]),

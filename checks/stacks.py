@@ -62,6 +62,15 @@ class Stack:
     """Adapter weights' dtype under a 16-bit base: fp32 or the compute dtype."""
     adamw_impl: str
     """torch AdamW implementation the stack picks on CUDA (fused / foreach / for-loop)."""
+    quantize_head: bool
+    """A quantized (QLoRA) base quantizes the LM head too, not only the block linears."""
+    repeat_kv: bool
+    """Grouped-query attention copies k and v out to every head before SDPA (transformers <= 4.53
+    repeat_kv in integrations/sdpa_attention.py, torchtitan <= 0.2.1, torchtune, litgpt) instead of
+    passing enable_gqa: SDPA keeps full-width k and v, and sees plain multi-head attention."""
+    reentrant: bool
+    """Activation checkpointing runs torch.utils.checkpoint with use_reentrant=True (the forward under
+    no_grad) rather than the non-reentrant saved-tensor hooks."""
     source: str
     """Where these facts come from."""
 
@@ -71,33 +80,38 @@ STACK_FACTS: dict[str, Stack] = {
     for s in [
         # podkit's own smoke loop: train/model.py (cross_entropy(logits.float())), train/optim.py
         # (AdamW(fused=True)), LoRA on every block linear in the optimizer's dtype.
-        Stack("podkit", "fp32-upcast", 0, 0, True, False, "matmuls", ("all",), "fp32", "fused",
+        Stack("podkit", "fp32-upcast", 0, 0, True, False, "matmuls", ("all",), "fp32", "fused", False, False, False,
               "podkit train/model.py, train/optim.py"),
         # transformers >= 4.46 (LlamaForCausalLM.forward -> self.loss_function = ForCausalLMLoss in
         # loss/loss_utils.py: `logits = logits.float()` inside the loss, labels shifted by padding, not
         # the logits); Trainer's default optim "adamw_torch" = torch.optim.AdamW with foreach picked on
         # CUDA (torch/optim/optimizer.py _default_to_fused_or_foreach); gradient_checkpointing is
-        # per decoder layer (modeling_utils.gradient_checkpointing_enable), no op-level selective
-        # policy; peft's TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING: llama/mistral/qwen2 ->
+        # per decoder layer and reentrant unless gradient_checkpointing_kwargs says otherwise
+        # (modeling_utils.gradient_checkpointing_enable: {"use_reentrant": True}), no op-level
+        # selective policy; peft's TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING: llama/mistral/qwen2 ->
         # ["q_proj", "v_proj"]; peft >= 0.12 LoraConfig/get_peft_model autocast_adapter_dtype=True
         # upcasts adapters of a bf16/fp16 base to fp32.
-        Stack("hf", "fp32-upcast", 0, 0, True, False, "block", ("q_proj", "v_proj"), "fp32", "foreach",
+        Stack("hf", "fp32-upcast", 0, 0, True, False, "block", ("q_proj", "v_proj"), "fp32", "foreach", False, True, True,
               "transformers loss/loss_utils.py, trainer.py; peft utils/constants.py, tuners_utils.py"),
         # DeepSpeed via the HF Trainer integration: same model code and peft defaults; the optimizer
         # is DeepSpeed's (FusedAdam / ZeRO partitions), modelled by the sharding terms.
-        Stack("deepspeed", "fp32-upcast", 0, 0, True, False, "block", ("q_proj", "v_proj"), "fp32", "fused",
+        Stack("deepspeed", "fp32-upcast", 0, 0, True, False, "block", ("q_proj", "v_proj"), "fp32", "fused", False, True, True,
               "transformers integrations/deepspeed.py; deepspeed runtime/zero"),
         # torchtitan: activation_checkpoint.mode = "selective" with selective_ac_option = "op" saves
         # the ops in _save_list and every second mm (torchtitan/models/llama3/infra/parallelize.py
         # _apply_ac_to_transformer_block); loss = cross_entropy(pred.flatten(0, 1).float(), ...)
         # (torchtitan/components/loss.py); optimizer.implementation = "fused" by default.
-        Stack("torchtitan", "fp32-upcast", 0, 0, True, False, "op-sac", ("all",), "compute", "fused",
+        Stack("torchtitan", "fp32-upcast", 0, 0, True, False, "op-sac", ("all",), "compute", "fused", False, True, False,
               "torchtitan components/loss.py, models/llama3/infra/parallelize.py, config/job_config.py"),
         # litgpt finetune/lora.py: logits = model(input_ids, lm_head_chunk_size=128), a list of
         # 128-token chunks that fit() keeps referenced through fabric.backward, and
         # chunked_cross_entropy on the bf16 chunks without upcast (litgpt/utils.py);
-        # lora_query + lora_value on by default; precision bf16-true keeps adapters in bf16.
-        Stack("litgpt", "chunked", 128, 0, False, True, "block", ("q_proj", "v_proj"), "compute", "fused",
+        # lora_query + lora_value on by default; precision bf16-true keeps adapters in bf16;
+        # torch.optim.AdamW built without fused= (foreach on CUDA); quantize="bnb.nf4" swaps every
+        # nn.Linear, the LM head included, for bitsandbytes' 4-bit layer (lightning
+        # BitsandbytesPrecision.convert_module, no ignore list); single-GPU fine-tuning does not
+        # checkpoint, multi-GPU FSDP wraps each Block non-reentrantly.
+        Stack("litgpt", "chunked", 128, 0, False, True, "block", ("q_proj", "v_proj"), "compute", "foreach", True, True, False,
               "litgpt finetune/lora.py, utils.py chunked_cross_entropy, lora.py Config"),
         # torchtune: CEWithChunkedOutputLoss(num_output_chunks=8), upcast per chunk
         # (torchtune/modules/loss/ce_chunked_output_loss.py), and the recipes `del logits` before
@@ -105,7 +119,7 @@ STACK_FACTS: dict[str, Stack] = {
         # and the MLP (recipes/configs/llama3_1/8B_lora_single_device.yaml); AdamW(fused=True);
         # enable_activation_checkpointing wraps each TransformerSelfAttentionLayer.
         Stack("torchtune", "chunked", 0, 8, True, False, "block",
-              ("q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"), "compute", "fused",
+              ("q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"), "compute", "fused", False, True, False,
               "torchtune modules/loss/ce_chunked_output_loss.py, recipes/configs/llama3_1"),
     ]
 }
@@ -135,6 +149,11 @@ class JobFacts:
     grad_scaler: bool
     bnb_optimizer: bool
     paged_optimizer: bool
+    quantize_head: bool
+    quant_saves_input: bool
+    """bitsandbytes < 0.43.2: MatMul4Bit keeps its input A as a plain ctx attribute until backward,
+    which checkpointing's saved-tensor hooks cannot drop (only a reentrant checkpoint's no_grad
+    forward records no ctx at all)."""
 
     @property
     def bnb_unsupported(self) -> bool:
@@ -167,6 +186,15 @@ def resolve_targets(value: str | list, linears: tuple[str, ...], default: tuple[
         raise ConfigError("train.lora_targets", "is empty", "name at least one linear, e.g. [\"q_proj\", \"v_proj\"]")
     # Keep the model's order, whatever order the user wrote.
     return tuple(n for n in known if n in names)
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    """'0.43.2' -> (0, 43, 2); () when it is not a dotted release number."""
+    parts = text.strip().split("+")[0].split(".")
+    try:
+        return tuple(int(p) for p in parts)
+    except ValueError:
+        return ()
 
 
 def resolve(train, cluster, arch: str) -> JobFacts:
@@ -215,7 +243,13 @@ def resolve(train, cluster, arch: str) -> JobFacts:
         fsdp=fsdp,
         autocast=autocast,
         grad_scaler=train.grad_scaler == "on" or (train.grad_scaler == "auto" and train.precision == "fp16-mixed"),
-        bnb_optimizer=train.optimizer in ("adamw8bit", "paged_adamw8bit"),
+        bnb_optimizer=train.optimizer in ("adamw8bit", "paged_adamw8bit", "paged_adamw"),
         paged_optimizer=train.optimizer.startswith("paged_"),
+        quantize_head=stack.quantize_head and train.base_quant != "none",
+        # bitsandbytes commit 9e753741 "fix QLoRA mem bug: delete useless buffered activation" (#1270),
+        # first in 0.43.2; under a reentrant checkpoint the forward runs in no_grad and keeps nothing.
+        quant_saves_input=(train.base_quant != "none" and bool(train.bitsandbytes)
+                           and parse_version(train.bitsandbytes) < (0, 43, 2)
+                           and not (ac != "none" and stack.reentrant)),
         offloaded=cluster.offload != "none",
     )

@@ -60,13 +60,14 @@ def optimizer_class(name: str, device: torch.device):
         # Fused (CUDA, and CPU since torch 2.4): one kernel over all tensors, no full-size temporaries.
         kind = {"fused": True}
         return torch.optim.AdamW, {"betas": (0.9, 0.95), **kind}
-    if name in ("adamw8bit", "paged_adamw8bit"):
+    if name in ("adamw8bit", "paged_adamw8bit", "paged_adamw"):
         try:
             import bitsandbytes as bnb
         except ImportError:
             raise ConfigError("train.optimizer", f"{name} needs bitsandbytes, which is not installed",
                               BNB_INSTALL) from None
-        cls = bnb.optim.PagedAdamW8bit if name == "paged_adamw8bit" else bnb.optim.AdamW8bit
+        cls = {"paged_adamw8bit": bnb.optim.PagedAdamW8bit, "paged_adamw": bnb.optim.PagedAdamW,
+               "adamw8bit": bnb.optim.AdamW8bit}[name]
         return cls, {"betas": (0.9, 0.95)}
     if name == "lion":
         return Lion, {"betas": (0.9, 0.99)}
