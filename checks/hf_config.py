@@ -223,7 +223,7 @@ def from_hub(repo_id: str, revision: str = "") -> ModelShape:
     except errors.LocalEntryNotFoundError:
         # Offline (HF_HUB_OFFLINE=1, or no network) and not in the cache.
         raise ConfigError(field, f"{repo_id}{at} config.json is not in the Hugging Face cache and the Hub "
-                          "cannot be reached", "run once with network access (not HF_HUB_OFFLINE=1), "
+                          "cannot be reached", "run once online with HF_HUB_OFFLINE unset, "
                           "or set model.hf_config to a local config.json") from None
     except errors.EntryNotFoundError:
         raise ConfigError(field, f"{repo_id} has no config.json", "give a transformers model repo") from None

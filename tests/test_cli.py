@@ -63,6 +63,8 @@ def test_gpu_override():
     (["--config", "{zero_batch}"], "train.micro_batch: must be at least 1"),
     (["--config", "{bad_precision}"], "train.precision: unknown value 'fp8'"),
     (["--config", "{bad_hf}"], "lacks num_hidden_layers"),
+    (["--config", "{bert}"], "model_type 'bert' is not supported (podkit counts llama, mistral"),
+    (["--config", "{no_type}"], "has no model_type"),
     (["--config", "{directory}"], "is a directory"),
 ])
 def test_bad_input_is_one_line_exit_2(tmp_path, args, needle):
@@ -72,10 +74,14 @@ def test_bad_input_is_one_line_exit_2(tmp_path, args, needle):
         "zero_batch": '[model]\npreset = "llama-3.2-1b"\n[train]\nmicro_batch = 0',
         "bad_precision": '[model]\npreset = "llama-3.2-1b"\n[train]\nprecision = "fp8"',
         "bad_hf": '[model]\nhf_config = "config.json"',
+        "bert": '[model]\nhf_config = "bert.json"',
+        "no_type": '[model]\nhf_config = "untyped.json"',
     }
     for name, text in files.items():
         (tmp_path / f"{name}.toml").write_text(text)
-    (tmp_path / "config.json").write_text('{"hidden_size": 10}')
+    (tmp_path / "config.json").write_text('{"model_type": "llama", "hidden_size": 10}')
+    (tmp_path / "bert.json").write_text('{"model_type": "bert", "hidden_size": 768, "num_hidden_layers": 12}')
+    (tmp_path / "untyped.json").write_text('{"hidden_size": 10}')
     paths = {name: str(tmp_path / f"{name}.toml") for name in files} | {"directory": str(tmp_path)}
     out = preflight(*[a.format(**paths) for a in args])
     assert out.returncode == 2
