@@ -204,3 +204,143 @@ def test_param_count_inference_lands_on_a_real_shape():
 def test_param_count_too_small_is_bad_input():
     with pytest.raises(ConfigError, match="model.params"):
         from_param_count(10)
+
+
+# ---- config.json files as users have them
+
+
+def write(tmp_path, cfg: dict):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+@pytest.mark.parametrize("model_type", ["bert", "t5", "falcon", "llava"])
+def test_unsupported_model_type_is_refused_naming_the_supported(tmp_path, model_type):
+    path = write(tmp_path, {"model_type": model_type, "hidden_size": 768, "num_hidden_layers": 12,
+                            "num_attention_heads": 12, "intermediate_size": 3072, "vocab_size": 30522})
+    with pytest.raises(ConfigError) as err:
+        from_hf_config(path)
+    message = str(err.value)
+    assert f"model_type '{model_type}' is not supported" in message
+    assert "llama, mistral, qwen2, qwen3, gemma" in message and "deepseek_v3" in message
+    assert "\n" not in message
+
+
+def test_mixtral_config_is_a_mixture_not_a_dense_7b(tmp_path):
+    # mistralai/Mixtral-8x7B-v0.1 config.json (the keys that fix its size).
+    path = write(tmp_path, {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 4096,
+                            "intermediate_size": 14336, "num_attention_heads": 32, "num_hidden_layers": 32,
+                            "num_key_value_heads": 8, "num_local_experts": 8, "num_experts_per_tok": 2,
+                            "vocab_size": 32000, "tie_word_embeddings": False})
+    shape = from_hf_config(path)
+    assert shape.params == preset("mixtral-8x7b").params and matches(shape.params, "46.7B")
+    assert matches(shape.active_params, "12.9B")
+    assert shape.moe.experts == 8 and shape.moe.top_k == 2 and shape.family == "mixtral" and shape.arch == "llama"
+
+
+def test_moe_config_lacking_its_expert_keys_names_them(tmp_path):
+    path = write(tmp_path, {"model_type": "qwen3_moe", "hidden_size": 2048, "num_hidden_layers": 48,
+                            "num_attention_heads": 32, "vocab_size": 151936})
+    with pytest.raises(ConfigError, match="lacks num_experts, num_experts_per_tok, moe_intermediate_size"):
+        from_hf_config(path)
+
+
+def test_phi3_without_tie_key_is_untied(tmp_path):
+    # Phi3Config defaults tie_word_embeddings to False: 3.82B, not 3.72B with a shared head.
+    path = write(tmp_path, {"model_type": "phi3", "hidden_size": 3072, "num_hidden_layers": 32,
+                            "num_attention_heads": 32, "num_key_value_heads": 32, "intermediate_size": 8192,
+                            "vocab_size": 32064})
+    shape = from_hf_config(path)
+    assert shape.params == 3_821_079_552 and not shape.tie_embeddings
+    assert [n for n, _, _ in shape.linear_shapes()] == ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]
+    assert shape.linear_shapes()[0] == ("qkv_proj", 3072, 3 * 3072)
+
+
+def test_gemma3_multimodal_config_reads_its_text_decoder_with_transformers_defaults(tmp_path):
+    # google/gemma-3-4b-pt config.json: text_config omits heads, kv heads, head_dim and vocab_size.
+    path = write(tmp_path, {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+                            "text_config": {"hidden_size": 2560, "intermediate_size": 10240,
+                                            "model_type": "gemma3_text", "num_hidden_layers": 34},
+                            "vision_config": {"hidden_size": 1152, "model_type": "siglip_vision_model"}})
+    shape = from_hf_config(path)
+    assert (shape.heads, shape.kv_heads, shape.d_head, shape.vocab) == (8, 4, 256, 262_208)
+    assert shape.tie_embeddings and shape.qk_norm == "head" and shape.norms_per_layer == 4
+    assert "text decoder" in shape.name
+    with pytest.raises(ConfigError, match="lacks text_config"):
+        from_hf_config(write(tmp_path, {"model_type": "gemma3"}))
+
+
+def test_family_features_are_on_the_shape():
+    q3, g2, g3, olmoe = preset("qwen3-8b"), preset("gemma-2-9b"), preset("gemma-3-12b"), preset("olmoe-1b-7b")
+    groups = {g.name: g for g in q3.param_groups()}
+    assert groups["q_norm,k_norm"].rows == 128 and groups["q_norm,k_norm"].count == 2 * 36
+    assert (g2.norms_per_layer, g2.logit_softcap, g2.attn_softcap, g2.d_head) == (4, 30.0, 50.0, 256)
+    assert g3.logit_softcap == 0.0 and g3.qk_norm == "head" and g3.vocab == 262_208
+    norms = {g.name: g.rows for g in olmoe.param_groups() if g.name in ("q_norm", "k_norm")}
+    assert norms == {"q_norm": 2048, "k_norm": 2048} and olmoe.qk_norm == "full"
+    assert {preset(n).family for n in PRESETS if n != "tiny"} >= {
+        "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "gpt2",
+        "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3"}
+
+
+def test_moe_counts_every_expert_and_separates_them():
+    shape = preset("qwen3-30b-a3b")
+    experts = [g for g in shape.param_groups() if g.expert]
+    assert {g.count for g in experts} == {128 * 48} and all(g.linear and g.per_layer for g in experts)
+    assert shape.expert_linear_shapes() == [("experts.gate_up_proj", 2048, 2 * 768), ("experts.down_proj", 768, 2048)]
+    # linear_shapes(): attention only (no dense MLP, no shared expert in Qwen3-MoE).
+    assert [n for n, _, _ in shape.linear_shapes()] == ["q_proj", "k_proj", "v_proj", "o_proj"]
+    expert_total = sum(g.total for g in experts)
+    assert shape.params - shape.active_params == expert_total * (128 - 8) // 128
+
+
+def test_qwen2_moe_shared_expert_and_its_gate():
+    shape = preset("qwen1.5-moe-a2.7b")
+    names = [n for n, _, _ in shape.linear_shapes()]
+    assert names[-4:] == ["shared_expert.gate_proj", "shared_expert.up_proj", "shared_expert.down_proj",
+                          "shared_expert_gate"]
+    assert shape.moe.shared_ffn == 5632 and shape.moe.shared_gate and shape.qkv_bias and not shape.o_bias
+
+
+def test_deepseek_dense_layers_mla_and_exact_lora_counts():
+    shape = preset("deepseek-v2-lite")
+    m, mla = shape.moe, shape.mla
+    assert (m.dense_layers, m.dense_ffn, m.shared_experts, m.shared_ffn) == (1, 10944, 2, 2816)
+    assert shape.moe_layers == 26 and shape.ffn == 10944 and mla.q_lora_rank == 0 and shape.d_head == 192
+    counts = {g.name: g.count for g in shape.linear_groups()}
+    assert counts["mlp.gate_proj"] == 1 and counts["shared_expert.gate_proj"] == 26 and counts["kv_b_proj"] == 27
+    shapes = dict((n, (i, o)) for n, i, o in shape.linear_shapes())
+    assert shapes["q_proj"] == (2048, 16 * 192) and shapes["kv_a_proj_with_mqa"] == (2048, 512 + 64)
+    assert shapes["kv_b_proj"] == (512, 16 * (128 + 128)) and shapes["o_proj"] == (16 * 128, 2048)
+    # LoRA counts each linear as often as it exists, not layers x every linear.
+    r = 8
+    assert shape.lora_params(r) == sum(r * (g.rows + g.cols) * g.count for g in shape.linear_groups())
+    assert shape.lora_params(r) < shape.layers * sum(r * (i + o) for _, i, o in shape.linear_shapes())
+    v3 = preset("deepseek-v3")
+    assert v3.mla.q_lora_rank == 1536 and v3.moe.router_bias and v3.moe.dense_layers == 3
+    assert "q_a_layernorm" in {g.name for g in v3.param_groups()}
+
+
+def test_moe_spec_validation():
+    from checks.models import MoeSpec
+
+    with pytest.raises(ConfigError, match="top_k"):
+        MoeSpec(experts=8, top_k=9, expert_ffn=128)
+    with pytest.raises(ConfigError, match="shared_ffn"):
+        MoeSpec(experts=8, top_k=2, expert_ffn=128, shared_experts=1)
+
+
+def test_counts_equal_what_transformers_builds():
+    """The strongest check where transformers is installed: the same config, built on the meta device."""
+    transformers = pytest.importorskip("transformers", reason="cross-check against transformers' own modules")
+    torch = pytest.importorskip("torch")
+    from checks.presets import CONFIGS
+
+    for name in ("qwen3-0.6b", "gemma-2-2b", "gemma-3-1b", "phi-3-mini", "olmoe-1b-7b", "qwen1.5-moe-a2.7b",
+                 "deepseek-v2-lite", "gpt2-124m"):
+        cfg = dict(CONFIGS[name][1])
+        conf = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(conf)
+        assert sum(p.numel() for p in model.parameters()) == preset(name).params, name
