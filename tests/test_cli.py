@@ -108,3 +108,15 @@ def test_preflight_never_imports_torch():
 def test_every_bundled_example_runs(example):
     out = preflight("--config", str(EXAMPLES / example), "--json")
     assert out.returncode in (0, 1) and json.loads(out.stdout)["memory"]["per_gpu"]["total"] > 0
+
+
+def test_moe_reports_total_and_active_parameters(tmp_path):
+    job = tmp_path / "moe.toml"
+    job.write_text('[model]\npreset = "qwen3-30b-a3b"\n[cluster]\ngpu = "H100-SXM"\n')
+    out = preflight("--config", str(job), "--json")
+    model = json.loads(out.stdout)["model"]
+    # Qwen/Qwen3-30B-A3B model card: 30.5B in total, 3.3B activated.
+    assert model["params"] == 30_532_122_624 and model["active_params"] == 3_353_032_704
+    assert model["family"] == "qwen3_moe"
+    text = preflight("--config", str(job))
+    assert "30.53B params, 3.35B active per token" in " ".join(text.stdout.split())
