@@ -24,7 +24,11 @@ class ParamGroup:
     count: int
     linear: bool  # a matmul weight: LoRA-adaptable, quantizable, cast by autocast
     per_layer: bool  # lives in a transformer block (sharded/gathered block by block)
-    expert: bool = False  # a routed expert's weight: only top_k of `experts` run for each token
+    expert: bool = False
+    """A routed expert's weight: only top_k of the experts run for each token. transformers 5.x holds
+    a layer's experts as 3-D Parameters, not nn.Linear modules, so bitsandbytes leaves them unquantized
+    (5.23.0 integrations/bitsandbytes.py replace_with_bnb_linear converts `type(module) is nn.Linear`
+    only) and peft's all-linear does not adapt them; 4.x built one nn.Linear per expert."""
 
     @property
     def numel(self) -> int:
