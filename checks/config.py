@@ -75,11 +75,13 @@ class ModelConfig:
         sources = [bool(self.preset), bool(self.hf_config), bool(self.hf), bool(self.params), bool(self.hidden)]
         if sum(sources) == 0:
             raise ConfigError(
-                "model", "no model given", "set model.preset, model.hf_config, model.hf, model.params or explicit dimensions"
+                "model", "no model given",
+                "set model.preset, model.hf_config, model.hf, model.params or explicit dimensions"
             )
         if sum(sources) > 1:
             raise ConfigError(
-                "model", "more than one of preset, hf_config, hf, params and explicit dimensions given", "keep exactly one"
+                "model", "more than one of preset, hf_config, hf, params and explicit dimensions given",
+                "keep exactly one"
             )
 
     def shape(self, base_dir: Path = Path(".")) -> models.ModelShape:

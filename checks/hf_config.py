@@ -211,7 +211,8 @@ def from_hub(repo_id: str, revision: str = "") -> ModelShape:
     try:
         path = hf_hub_download(repo_id, "config.json", revision=revision or None)
     except errors.HFValidationError:
-        raise ConfigError(field, f"{repo_id!r} is not a Hub repo id", "write it as owner/name, e.g. Qwen/Qwen3-8B") from None
+        raise ConfigError(field, f"{repo_id!r} is not a Hub repo id",
+                          "write it as owner/name, e.g. Qwen/Qwen3-8B") from None
     except errors.GatedRepoError:
         raise ConfigError(field, f"{repo_id} is gated: its files need an access token",
                           f"accept its license on huggingface.co/{repo_id}, then set HF_TOKEN") from None
@@ -219,7 +220,8 @@ def from_hub(repo_id: str, revision: str = "") -> ModelShape:
         raise ConfigError(field, f"{repo_id} is not a Hub repo, or is private",
                           "check the id; for a private repo set HF_TOKEN") from None
     except errors.RevisionNotFoundError:
-        raise ConfigError(field, f"{repo_id} has no revision {revision!r}", "use a branch, tag or commit it has") from None
+        raise ConfigError(field, f"{repo_id} has no revision {revision!r}",
+                          "use a branch, tag or commit it has") from None
     except errors.LocalEntryNotFoundError:
         # Offline (HF_HUB_OFFLINE=1, or no network) and not in the cache.
         raise ConfigError(field, f"{repo_id}{at} config.json is not in the Hugging Face cache and the Hub "

@@ -70,7 +70,8 @@ class MoeSpec:
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"model.moe.{key}", f"must be a positive integer, got {value!r}")
         if self.top_k > self.experts:
-            raise ConfigError("model.moe.top_k", f"{self.top_k} routed experts per token, but only {self.experts} exist")
+            raise ConfigError("model.moe.top_k",
+                              f"{self.top_k} routed experts per token, but only {self.experts} exist")
         if self.shared_experts and not self.shared_ffn:
             raise ConfigError("model.moe.shared_ffn", "shared experts need their intermediate size")
         if self.dense_layers and not self.dense_ffn:
@@ -174,7 +175,8 @@ class ModelShape:
         if self.mla and self.head_dim != self.mla.qk_head_dim:
             raise ConfigError("model.head_dim", f"MLA needs head_dim = qk_nope + qk_rope = {self.mla.qk_head_dim}")
         if self.arch == "gpt2" and (self.moe or self.mla or self.fused_proj or self.qk_norm):
-            raise ConfigError("model.arch", "GPT-2 blocks have no experts, latent attention, fused or q/k-normed projections")
+            raise ConfigError("model.arch",
+                              "GPT-2 blocks have no experts, latent attention, fused or q/k-normed projections")
 
     @property
     def d_head(self) -> int:
@@ -225,7 +227,8 @@ class ModelShape:
             groups += [
                 ParamGroup("kv_a_proj_with_mqa", h, m.kv_lora_rank + m.qk_rope_head_dim, L, True, True),
                 ParamGroup("kv_a_layernorm", m.kv_lora_rank, 1, L, False, True),
-                ParamGroup("kv_b_proj", m.kv_lora_rank, self.heads * (m.qk_nope_head_dim + m.v_head_dim), L, True, True),
+                ParamGroup("kv_b_proj", m.kv_lora_rank, self.heads * (m.qk_nope_head_dim + m.v_head_dim), L,
+                           True, True),
                 ParamGroup("o_proj", self.heads * m.v_head_dim, h, L, True, True),
             ]
             if self.qkv_bias:

@@ -189,7 +189,8 @@ def test_hf_config_gpt2(tmp_path):
 def test_hf_config_missing_keys_are_named(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"model_type": "llama", "hidden_size": 4096}))
-    with pytest.raises(ConfigError, match="lacks num_hidden_layers, num_attention_heads, vocab_size, intermediate_size"):
+    expected = "lacks num_hidden_layers, num_attention_heads, vocab_size, intermediate_size"
+    with pytest.raises(ConfigError, match=expected):
         from_hf_config(path)
 
 
@@ -331,16 +332,81 @@ def test_moe_spec_validation():
         MoeSpec(experts=8, top_k=2, expert_ffn=128, shared_experts=1)
 
 
-def test_counts_equal_what_transformers_builds():
-    """The strongest check where transformers is installed: the same config, built on the meta device."""
-    transformers = pytest.importorskip("transformers", reason="cross-check against transformers' own modules")
+# Configs off the beaten path (biases, sparse MoE strides, dense-only layers, MLA with and without a
+# q latent, tied Phi-3, no soft-cap, decoupled head_dim, GPT-2 n_inner), tiny so that transformers
+# builds them in milliseconds. Each maps to the count transformers 5.23.0 built from it on the meta
+# device (sum of model.parameters() of AutoModelForCausalLM.from_config).
+_BASE = {"hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "intermediate_size": 96, "vocab_size": 128}
+VARIANTS = {
+    "llama-bias": {"model_type": "llama", **_BASE, "attention_bias": True, "mlp_bias": True},
+    "qwen3-bias": {"model_type": "qwen3", **_BASE, "head_dim": 32, "attention_bias": True},
+    "gemma3-bias": {"model_type": "gemma3_text", **_BASE, "head_dim": 16, "attention_bias": True},
+    "olmoe-bias": {"model_type": "olmoe", **_BASE, "attention_bias": True, "num_experts": 4,
+                   "num_experts_per_tok": 2},
+    "qwen2moe-sparse": {"model_type": "qwen2_moe", **_BASE, "num_experts": 4, "num_experts_per_tok": 2,
+                        "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48,
+                        "decoder_sparse_step": 2, "mlp_only_layers": [3], "qkv_bias": False},
+    "qwen3moe-dense": {"model_type": "qwen3_moe", **_BASE, "head_dim": 16, "num_experts": 4,
+                       "num_experts_per_tok": 2, "moe_intermediate_size": 32, "mlp_only_layers": [0, 2]},
+    "dsv2-bias": {"model_type": "deepseek_v2", **_BASE, "num_key_value_heads": 4, "attention_bias": True,
+                  "mlp_bias": True, "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2,
+                  "moe_intermediate_size": 32, "first_k_dense_replace": 0, "q_lora_rank": 24, "kv_lora_rank": 16,
+                  "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 12},
+    "dsv3-nolora": {"model_type": "deepseek_v3", **_BASE, "num_key_value_heads": 4, "attention_bias": True,
+                    "n_routed_experts": 4, "n_shared_experts": 2, "num_experts_per_tok": 2,
+                    "moe_intermediate_size": 32, "first_k_dense_replace": 2, "q_lora_rank": None,
+                    "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 12},
+    "phi3-tied": {"model_type": "phi3", **_BASE, "vocab_size": 32064, "tie_word_embeddings": True},
+    "gemma2-nocap": {"model_type": "gemma2", **_BASE, "head_dim": 16, "final_logit_softcapping": None},
+    "mistral-hd": {"model_type": "mistral", **_BASE, "head_dim": 8},
+    "gpt2-inner": {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "n_inner": 100, "vocab_size": 99,
+                   "n_positions": 32},
+}
+
+TRANSFORMERS_COUNTS = {
+    "llama-bias": 141_632,
+    "qwen3-bias": 190_528,
+    "gemma3-bias": 133_056,
+    "olmoe-bias": 363_200,
+    "qwen2moe-sparse": 155_520,
+    "qwen3moe-dense": 152_768,
+    "dsv2-bias": 175_248,
+    "dsv3-nolora": 163_280,
+    "phi3-tied": 2_175_552,
+    "gemma2-nocap": 132_160,
+    "mistral-hd": 115_264,
+    "gpt2-inner": 68_232,
+}
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_config_variants_count_what_transformers_builds(name):
+    from checks.hf_config import shape_from_config
+
+    assert shape_from_config(dict(VARIANTS[name]), name).params == TRANSFORMERS_COUNTS[name]
+
+
+def _transformers_count(cfg: dict) -> int:
+    transformers = pytest.importorskip("transformers", reason="the live cross-check needs transformers installed")
     torch = pytest.importorskip("torch")
+    cfg = dict(cfg)
+    if cfg["model_type"] == "gemma3":  # the text decoder, as podkit counts it
+        cfg = dict(cfg.pop("text_config"))
+    conf = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(conf)
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_variants_live_against_transformers(name):
+    assert _transformers_count(VARIANTS[name]) == TRANSFORMERS_COUNTS[name]
+
+
+def test_every_preset_live_against_transformers():
+    """Where transformers is installed: each preset's config built by transformers itself."""
     from checks.presets import CONFIGS
 
-    for name in ("qwen3-0.6b", "gemma-2-2b", "gemma-3-1b", "phi-3-mini", "olmoe-1b-7b", "qwen1.5-moe-a2.7b",
-                 "deepseek-v2-lite", "gpt2-124m"):
-        cfg = dict(CONFIGS[name][1])
-        conf = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
-        with torch.device("meta"):
-            model = transformers.AutoModelForCausalLM.from_config(conf)
-        assert sum(p.numel() for p in model.parameters()) == preset(name).params, name
+    for name, (_, cfg) in CONFIGS.items():
+        assert _transformers_count(cfg) == preset(name).params, name
