@@ -9,12 +9,13 @@ wrong model. A model_type not listed in SUPPORTED is refused, never read as a Ll
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
 from checks.errors import ConfigError
-from checks.models import MlaSpec, ModelShape, MoeSpec
+from checks.models import MlaSpec, ModelShape, MoeSpec, VisionSpec
 
 DENSE = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "gemma3", "phi3", "gpt2")
 MOE = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3")
@@ -68,18 +69,28 @@ def shape_from_config(cfg: Any, name: str, field: str = "model.hf_config", where
             f"model_type {model_type!r} is not supported",
             "podkit counts " + ", ".join(SUPPORTED) + "; for another decoder give explicit dimensions",
         )
+    vision = None
     if model_type == "gemma3":
-        text = cfg.get("text_config")
-        if not isinstance(text, dict):
-            raise ConfigError(field, f"{where} (gemma3) lacks text_config", "use the model's config.json")
-        # Only the text decoder is counted: the SigLIP vision tower (0.4B) is not part of the shape.
+        text, vision_cfg = cfg.get("text_config"), cfg.get("vision_config")
+        if not isinstance(text, dict) or not isinstance(vision_cfg, dict):
+            missing = [k for k in ("text_config", "vision_config") if not isinstance(cfg.get(k), dict)]
+            raise ConfigError(field, f"{where} (gemma3) lacks {', '.join(missing)}", "use the model's config.json")
+        vision = _siglip(_Keys(vision_cfg, field, f"{where} vision_config"))
         cfg = {**GEMMA3_TEXT_DEFAULTS, **text, "model_type": "gemma3_text",
                "tie_word_embeddings": cfg.get("tie_word_embeddings", True)}
-        name = f"{name} (text decoder)"
     keys = _Keys(cfg, field, where)
     if model_type == "gpt2":
         return _gpt2(keys, name)
-    return _decoder(keys, cfg["model_type"], name)
+    shape = _decoder(keys, cfg["model_type"], name)
+    return dataclasses.replace(shape, family="gemma3", vision=vision) if vision else shape
+
+
+def _siglip(k: _Keys) -> VisionSpec:
+    """Gemma 3's vision tower: SiglipVisionConfig keys (vision_use_head defaults to True there)."""
+    spec = (k.need("hidden_size"), k.need("intermediate_size"), k.need("num_hidden_layers"), k.need("patch_size"),
+            k.need("image_size"))
+    k.check("siglip_vision_model")
+    return VisionSpec(*spec, channels=k.get("num_channels", 3), pooling_head=bool(k.get("vision_use_head", True)))
 
 
 def _gpt2(k: _Keys, name: str) -> ModelShape:

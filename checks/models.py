@@ -107,6 +107,58 @@ class MlaSpec:
         return self.qk_nope_head_dim + self.qk_rope_head_dim
 
 
+@dataclass(frozen=True)
+class VisionSpec:
+    """A SigLIP vision encoder and the projector of its patches into the decoder: Gemma 3 4B-27B, which
+    AutoModelForCausalLM loads as Gemma3ForConditionalGeneration (transformers 5.23.0
+    models/siglip/modeling_siglip.py SiglipVisionModel, models/gemma3/modeling_gemma3.py
+    Gemma3MultiModalProjector). Its tensors sit outside the decoder blocks (per_layer False)."""
+
+    hidden: int
+    ffn: int
+    layers: int
+    patch: int
+    """Square patch side in pixels (a Conv2d of this kernel and stride embeds each patch)."""
+    image: int
+    """Square image side in pixels: (image // patch)^2 learned position embeddings."""
+    channels: int = 3
+    pooling_head: bool = False
+    """SigLIP's attention-pooling head (vision_use_head); Gemma 3 turns it off."""
+
+    def __post_init__(self):
+        for key in ("hidden", "ffn", "layers", "patch", "image", "channels"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"model.vision.{key}", f"must be a positive integer, got {value!r}")
+
+    def param_groups(self, text_hidden: int) -> list[ParamGroup]:
+        d, f, L = self.hidden, self.ffn, self.layers
+        groups = [
+            ParamGroup("vision.patch_embedding", self.channels * self.patch ** 2, d, 1, False, False),
+            ParamGroup("vision.position_embedding", (self.image // self.patch) ** 2, d, 1, False, False),
+            # Vectors of width d: the patch conv's bias; per layer the q, k, v, out_proj and fc2 biases and
+            # two LayerNorms' weight and bias; the post-LayerNorm's weight and bias.
+            ParamGroup("vision.attn_proj", d, d, 4 * L, True, False),
+            ParamGroup("vision.fc1", d, f, L, True, False),
+            ParamGroup("vision.fc2", f, d, L, True, False),
+            ParamGroup("vision.bias,layer_norm", d, 1, 1 + 9 * L + 2, False, False),
+            ParamGroup("vision.fc1.bias", f, 1, L, False, False),
+            # Gemma3MultiModalProjector: mm_input_projection_weight and mm_soft_emb_norm.
+            ParamGroup("vision.mm_input_projection", d, text_hidden, 1, True, False),
+            ParamGroup("vision.mm_soft_emb_norm", d, 1, 1, False, False),
+        ]
+        if self.pooling_head:
+            # SiglipMultiheadAttentionPoolingHead: probe, nn.MultiheadAttention (in_proj 3d x d, out_proj),
+            # LayerNorm, and a SiglipMLP.
+            groups += [
+                ParamGroup("vision.head.attention", d, 4 * d, 1, True, False),
+                ParamGroup("vision.head.mlp", d, 2 * f, 1, True, False),
+                ParamGroup("vision.head.vectors", d, 1, 1 + 3 + 1 + 2 + 1, False, False),
+                ParamGroup("vision.head.fc1.bias", f, 1, 1, False, False),
+            ]
+        return groups
+
+
 QK_NORMS = ("", "head", "full")
 
 
@@ -151,6 +203,8 @@ class ModelShape:
     """The Mixture-of-Experts MLP; None for a dense model."""
     mla: MlaSpec | None = None
     """Multi-head Latent Attention (DeepSeek-V2/V3); None for standard (grouped-query) attention."""
+    vision: VisionSpec | None = None
+    """A vision encoder loaded with the decoder (Gemma 3 4B-27B); None for a text-only model."""
 
     def __post_init__(self):
         for key in ("hidden", "layers", "heads", "kv_heads", "ffn", "vocab"):
@@ -324,6 +378,8 @@ class ModelShape:
             ]
         if not self.tie_embeddings:
             groups.append(ParamGroup("lm_head", self.vocab, h, 1, True, False))
+        if self.vision:
+            groups += self.vision.param_groups(h)
         return [g for g in groups if g.total]
 
     @property
@@ -347,13 +403,19 @@ class ModelShape:
         return sum(g.total for g in self.param_groups() if g.name in ("embed_tokens", "wte", "wpe", "lm_head"))
 
     @property
+    def vision_params(self) -> int:
+        """The vision encoder and its projector (0 for a text-only model)."""
+        return sum(g.total for g in self.param_groups() if g.name.startswith("vision."))
+
+    @property
     def params_per_layer(self) -> int:
         """Mean parameters per block (every expert included; DeepSeek's dense blocks are smaller)."""
         return sum(g.numel * g.count for g in self.param_groups() if g.per_layer) // self.layers
 
     @property
     def params_outside_layers(self) -> int:
-        """Embeddings, final norm, LM head: FSDP's root module, kept unsharded through fwd+bwd."""
+        """Embeddings, final norm, LM head (and a vision encoder): FSDP's root module, kept unsharded
+        through fwd+bwd."""
         return sum(g.total for g in self.param_groups() if not g.per_layer)
 
     def linear_groups(self) -> list[ParamGroup]:

@@ -18,6 +18,10 @@ def _llama(hidden, layers, heads, kv, ffn, vocab, tie=False, **extra):
             "tie_word_embeddings": tie, **extra}
 
 
+# Gemma 3 4B, 12B and 27B share this vision_config (SigLIP so400m at 896 px).
+SIGLIP_896 = {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304, "model_type": "siglip_vision_model",
+              "num_attention_heads": 16, "num_hidden_layers": 27, "patch_size": 14, "vision_use_head": False}
+
 # preset name -> (Hub repo, config.json keys)
 CONFIGS: dict[str, tuple[str, dict]] = {
     # ---- GPT-2
@@ -78,22 +82,25 @@ CONFIGS: dict[str, tuple[str, dict]] = {
     "gemma-2-27b": ("google/gemma-2-27b",
                     {"model_type": "gemma2", **_llama(4608, 46, 32, 16, 36864, 256000, tie=True, head_dim=128,
                                                       final_logit_softcapping=30.0, attn_logit_softcapping=50.0)}),
-    # ---- Gemma 3 (q/k norms, 262k vocabulary; 4B+ are multimodal: the text decoder is counted)
+    # ---- Gemma 3 (q/k norms, 262k vocabulary; 4B+ carry a SigLIP vision encoder, counted too)
     "gemma-3-1b": ("google/gemma-3-1b-pt",
                    {"model_type": "gemma3_text", **_llama(1152, 26, 4, 1, 6912, 262144, tie=True, head_dim=256)}),
     "gemma-3-4b": ("google/gemma-3-4b-pt",
                    {"model_type": "gemma3",
                     "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
-                                    "num_hidden_layers": 34}}),
+                                    "num_hidden_layers": 34},
+                    "vision_config": SIGLIP_896}),
     "gemma-3-12b": ("google/gemma-3-12b-pt",
                     {"model_type": "gemma3",
                      "text_config": {"hidden_size": 3840, "intermediate_size": 15360, "model_type": "gemma3_text",
-                                     "num_attention_heads": 16, "num_hidden_layers": 48, "num_key_value_heads": 8}}),
+                                     "num_attention_heads": 16, "num_hidden_layers": 48, "num_key_value_heads": 8},
+                     "vision_config": SIGLIP_896}),
     "gemma-3-27b": ("google/gemma-3-27b-pt",
                     {"model_type": "gemma3",
                      "text_config": {"head_dim": 128, "hidden_size": 5376, "intermediate_size": 21504,
                                      "model_type": "gemma3_text", "num_attention_heads": 32, "num_hidden_layers": 62,
-                                     "num_key_value_heads": 16}}),
+                                     "num_key_value_heads": 16},
+                     "vision_config": SIGLIP_896}),
     # ---- Phi-3 / Phi-4 (fused qkv_proj and gate_up_proj)
     "phi-3-mini": ("microsoft/Phi-3-mini-4k-instruct",
                    {"model_type": "phi3", **_llama(3072, 32, 32, 32, 8192, 32064)}),

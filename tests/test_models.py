@@ -37,6 +37,9 @@ ROUNDED = {
     "qwen3-8b": ("8.2B", "Qwen/Qwen3-8B model card: Number of Parameters 8.2B"),
     "qwen3-14b": ("14.8B", "Qwen/Qwen3-14B model card: Number of Parameters 14.8B"),
     "qwen3-32b": ("32.8B", "Qwen/Qwen3-32B model card: Number of Parameters 32.8B"),
+    "gemma-3-4b": ("4.3B", "google/gemma-3-4b-pt on the Hub: 4.3B params (text decoder and vision encoder)"),
+    "gemma-3-12b": ("12.2B", "google/gemma-3-12b-pt on the Hub: 12.2B params"),
+    "gemma-3-27b": ("27.4B", "google/gemma-3-27b-pt on the Hub: 27.4B params"),
     "phi-3-mini": ("3.8B", "Phi-3 report (Abdin et al. 2024): phi-3-mini, a 3.8 billion parameter model"),
     "phi-3-medium": ("14B", "Phi-3 report: phi-3-medium, 14B parameters"),
     "phi-4": ("14.7B", "microsoft/phi-4 on the Hub: 14.7B params (the Phi-4 report: 14 billion)"),
@@ -71,7 +74,7 @@ ACTIVE = {
 
 # Non-embedding counts (embedding table and untied head left out), where the source gives them. The
 # Gemma reports give Gemma's exactly (their embedding rows count a 256,128-row table, the configs'
-# vocab_size is 256,000); Gemma 3's are of the text decoder, the 417M vision encoder listed apart.
+# vocab_size is 256,000); Gemma 3's are of the text decoder, its 417M vision encoder listed apart.
 NON_EMBEDDING = {
     "gemma-2b": ("1,981,884,416", "Gemma report Table 1"),
     "gemma-7b": ("7,751,248,896", "Gemma report Table 1"),
@@ -139,7 +142,16 @@ def test_moe_active_parameters_match_published(name):
 def test_non_embedding_counts_match_published(name):
     shape = preset(name)
     text, source = NON_EMBEDDING[name]
-    assert matches(shape.params - shape.embedding_params, text), f"{name} vs {text} ({source})"
+    assert matches(shape.params - shape.embedding_params - shape.vision_params, text), f"{name} vs {text} ({source})"
+
+
+@pytest.mark.parametrize("name", ["gemma-3-4b", "gemma-3-12b", "gemma-3-27b"])
+def test_gemma3_vision_encoder_matches_published(name):
+    shape = preset(name)
+    encoder = sum(g.total for g in shape.param_groups() if g.name.startswith("vision.") and ".mm_" not in g.name)
+    assert matches(encoder, "417M")  # Gemma 3 report Table 1: vision encoder 417M (SigLIP)
+    assert shape.vision_params > encoder and all(not g.per_layer for g in shape.param_groups()
+                                                  if g.name.startswith("vision."))
 
 
 def test_every_published_preset_is_covered():
@@ -258,18 +270,24 @@ def test_phi3_without_tie_key_is_untied(tmp_path):
     assert shape.linear_shapes()[0] == ("qkv_proj", 3072, 3 * 3072)
 
 
-def test_gemma3_multimodal_config_reads_its_text_decoder_with_transformers_defaults(tmp_path):
+def test_gemma3_multimodal_config_reads_text_defaults_and_its_vision_encoder(tmp_path):
     # google/gemma-3-4b-pt config.json: text_config omits heads, kv heads, head_dim and vocab_size.
+    vision = {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304, "model_type": "siglip_vision_model",
+              "num_attention_heads": 16, "num_hidden_layers": 27, "patch_size": 14, "vision_use_head": False}
     path = write(tmp_path, {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
                             "text_config": {"hidden_size": 2560, "intermediate_size": 10240,
                                             "model_type": "gemma3_text", "num_hidden_layers": 34},
-                            "vision_config": {"hidden_size": 1152, "model_type": "siglip_vision_model"}})
+                            "vision_config": vision})
     shape = from_hf_config(path)
     assert (shape.heads, shape.kv_heads, shape.d_head, shape.vocab) == (8, 4, 256, 262_208)
     assert shape.tie_embeddings and shape.qk_norm == "head" and shape.norms_per_layer == 4
-    assert "text decoder" in shape.name
-    with pytest.raises(ConfigError, match="lacks text_config"):
+    assert shape.family == "gemma3" and shape.vision.layers == 27 and shape.params == preset("gemma-3-4b").params
+    with pytest.raises(ConfigError, match="lacks text_config, vision_config"):
         from_hf_config(write(tmp_path, {"model_type": "gemma3"}))
+    with pytest.raises(ConfigError, match="vision_config .siglip_vision_model. lacks patch_size, image_size"):
+        from_hf_config(write(tmp_path, {"model_type": "gemma3", "text_config": {},
+                                        "vision_config": {"hidden_size": 1152, "intermediate_size": 4304,
+                                                          "num_hidden_layers": 27}}))
 
 
 def test_family_features_are_on_the_shape():
@@ -360,6 +378,10 @@ VARIANTS = {
     "phi3-tied": {"model_type": "phi3", **_BASE, "vocab_size": 32064, "tie_word_embeddings": True},
     "gemma2-nocap": {"model_type": "gemma2", **_BASE, "head_dim": 16, "final_logit_softcapping": None},
     "mistral-hd": {"model_type": "mistral", **_BASE, "head_dim": 8},
+    "gemma3-head": {"model_type": "gemma3", "mm_tokens_per_image": 16,
+                    "text_config": {**_BASE, "head_dim": 16, "vocab_size": 300},
+                    "vision_config": {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+                                      "num_attention_heads": 4, "patch_size": 4, "image_size": 32}},
     "gpt2-inner": {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "n_inner": 100, "vocab_size": 99,
                    "n_positions": 32},
 }
@@ -377,6 +399,7 @@ TRANSFORMERS_COUNTS = {
     "gemma2-nocap": 132_160,
     "mistral-hd": 115_264,
     "gpt2-inner": 68_232,
+    "gemma3-head": 171_536,
 }
 
 
@@ -391,8 +414,6 @@ def _transformers_count(cfg: dict) -> int:
     transformers = pytest.importorskip("transformers", reason="the live cross-check needs transformers installed")
     torch = pytest.importorskip("torch")
     cfg = dict(cfg)
-    if cfg["model_type"] == "gemma3":  # the text decoder, as podkit counts it
-        cfg = dict(cfg.pop("text_config"))
     conf = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(conf)
