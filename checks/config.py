@@ -51,6 +51,8 @@ class ModelConfig:
     """Name of a published architecture (see `checks.models.PRESETS`)."""
     hf_config: str = ""
     """Path to a Hugging Face config.json, relative to the job file."""
+    hf: str = ""
+    """A Hugging Face Hub repo id, e.g. "Qwen/Qwen3-8B": its config.json, through huggingface_hub's cache."""
     params: float = 0.0
     """Total parameter count, for a model known only by size; shapes are then inferred."""
     hidden: int = 0
@@ -72,14 +74,16 @@ class ModelConfig:
     """Display name for explicit dimensions."""
 
     def __post_init__(self):
-        sources = [bool(self.preset), bool(self.hf_config), bool(self.params), bool(self.hidden)]
+        sources = [bool(self.preset), bool(self.hf_config), bool(self.hf), bool(self.params), bool(self.hidden)]
         if sum(sources) == 0:
             raise ConfigError(
-                "model", "no model given", "set model.preset, model.hf_config, model.params or explicit dimensions"
+                "model", "no model given",
+                "set model.preset, model.hf_config, model.hf, model.params or explicit dimensions"
             )
         if sum(sources) > 1:
             raise ConfigError(
-                "model", "more than one of preset, hf_config, params and explicit dimensions given", "keep exactly one"
+                "model", "more than one of preset, hf_config, hf, params and explicit dimensions given",
+                "keep exactly one"
             )
 
     def shape(self, base_dir: Path = Path(".")) -> models.ModelShape:
@@ -88,6 +92,8 @@ class ModelConfig:
         if self.hf_config:
             path = Path(self.hf_config)
             return models.from_hf_config(path if path.is_absolute() else base_dir / path)
+        if self.hf:
+            return models.from_hf_hub(self.hf)
         if self.params:
             return models.from_param_count(self.params)
         missing = [k for k in ("layers", "heads", "ffn", "vocab") if not getattr(self, k)]

@@ -1,12 +1,12 @@
 """Model shapes: exact public architectures, HF config.json, explicit dimensions, or a bare size.
 
 Every count here is derived from the shapes, never typed in: the presets' totals are checked
-against the published parameter counts in tests/test_models.py.
+against the published parameter counts in tests/test_models.py. The tensors of each family follow
+transformers 5.23.0's modeling files (cited where each one differs from Llama's).
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +24,11 @@ class ParamGroup:
     count: int
     linear: bool  # a matmul weight: LoRA-adaptable, quantizable, cast by autocast
     per_layer: bool  # lives in a transformer block (sharded/gathered block by block)
+    expert: bool = False
+    """A routed expert's weight: only top_k of the experts run for each token. transformers 5.x holds
+    a layer's experts as 3-D Parameters, not nn.Linear modules, so bitsandbytes leaves them unquantized
+    (5.23.0 integrations/bitsandbytes.py replace_with_bnb_linear converts `type(module) is nn.Linear`
+    only) and peft's all-linear does not adapt them; 4.x built one nn.Linear per expert."""
 
     @property
     def numel(self) -> int:
@@ -35,8 +40,132 @@ class ParamGroup:
 
 
 @dataclass(frozen=True)
+class MoeSpec:
+    """A Mixture-of-Experts MLP (Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek-V2/V3): what replaces the
+    dense MLP in `ModelShape.moe_layers` of the blocks."""
+
+    experts: int
+    """Routed experts per MoE layer (num_local_experts / num_experts / n_routed_experts)."""
+    top_k: int
+    """Routed experts each token goes through (num_experts_per_tok)."""
+    expert_ffn: int
+    """Intermediate size of one routed expert (a gated MLP: gate, up, down)."""
+    shared_experts: int = 0
+    """Experts every token goes through besides the routed ones (DeepSeek n_shared_experts; Qwen2-MoE 1)."""
+    shared_ffn: int = 0
+    """Intermediate size of the shared experts as the one gated MLP transformers builds for them
+    (DeepSeek: moe_intermediate_size x n_shared_experts; Qwen2-MoE: shared_expert_intermediate_size)."""
+    shared_gate: bool = False
+    """Qwen2-MoE: a sigmoid gate (hidden -> 1 linear) scales the shared expert's output."""
+    router_bias: bool = False
+    """DeepSeek-V3's e_score_correction_bias: a per-expert fp32 buffer added before top-k, not a parameter."""
+    dense_layers: int = 0
+    """Blocks that keep a dense MLP instead (DeepSeek first_k_dense_replace, Qwen mlp_only_layers)."""
+    dense_ffn: int = 0
+    """Intermediate size of those dense MLPs (0 when there are none)."""
+
+    def __post_init__(self):
+        for key in ("experts", "top_k", "expert_ffn"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"model.moe.{key}", f"must be a positive integer, got {value!r}")
+        if self.top_k > self.experts:
+            raise ConfigError("model.moe.top_k",
+                              f"{self.top_k} routed experts per token, but only {self.experts} exist")
+        if self.shared_experts and not self.shared_ffn:
+            raise ConfigError("model.moe.shared_ffn", "shared experts need their intermediate size")
+        if self.dense_layers and not self.dense_ffn:
+            raise ConfigError("model.moe.dense_ffn", "dense layers need their intermediate size")
+
+
+@dataclass(frozen=True)
+class MlaSpec:
+    """DeepSeek-V2/V3 Multi-head Latent Attention (DeepSeek-V2 paper, sec. 2.1): queries and keys/values
+    pass through low-rank latents; each head's q/k is a no-RoPE part plus a RoPE part shared by k."""
+
+    kv_lora_rank: int
+    """Width of the compressed key/value latent (kv_a_proj_with_mqa's output, before the RoPE key)."""
+    qk_nope_head_dim: int
+    """Per-head query/key dimensions without rotary embedding."""
+    qk_rope_head_dim: int
+    """Per-head query dimensions with rotary embedding; the key's RoPE part is one head shared by all."""
+    v_head_dim: int
+    """Per-head value dimension (the attention output is heads x v_head_dim)."""
+    q_lora_rank: int = 0
+    """Width of the compressed query latent; 0: a full hidden -> heads x qk_head_dim q_proj (V2-Lite)."""
+
+    def __post_init__(self):
+        for key in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"model.mla.{key}", f"must be a positive integer, got {value!r}")
+        if self.q_lora_rank < 0:
+            raise ConfigError("model.mla.q_lora_rank", f"must not be negative, got {self.q_lora_rank}")
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
+@dataclass(frozen=True)
+class VisionSpec:
+    """A SigLIP vision encoder and the projector of its patches into the decoder: Gemma 3 4B-27B, which
+    AutoModelForCausalLM loads as Gemma3ForConditionalGeneration (transformers 5.23.0
+    models/siglip/modeling_siglip.py SiglipVisionModel, models/gemma3/modeling_gemma3.py
+    Gemma3MultiModalProjector). Its tensors sit outside the decoder blocks (per_layer False)."""
+
+    hidden: int
+    ffn: int
+    layers: int
+    patch: int
+    """Square patch side in pixels (a Conv2d of this kernel and stride embeds each patch)."""
+    image: int
+    """Square image side in pixels: (image // patch)^2 learned position embeddings."""
+    channels: int = 3
+    pooling_head: bool = False
+    """SigLIP's attention-pooling head (vision_use_head); Gemma 3 turns it off."""
+
+    def __post_init__(self):
+        for key in ("hidden", "ffn", "layers", "patch", "image", "channels"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"model.vision.{key}", f"must be a positive integer, got {value!r}")
+
+    def param_groups(self, text_hidden: int) -> list[ParamGroup]:
+        d, f, L = self.hidden, self.ffn, self.layers
+        groups = [
+            ParamGroup("vision.patch_embedding", self.channels * self.patch ** 2, d, 1, False, False),
+            ParamGroup("vision.position_embedding", (self.image // self.patch) ** 2, d, 1, False, False),
+            # Vectors of width d: the patch conv's bias; per layer the q, k, v, out_proj and fc2 biases and
+            # two LayerNorms' weight and bias; the post-LayerNorm's weight and bias.
+            ParamGroup("vision.attn_proj", d, d, 4 * L, True, False),
+            ParamGroup("vision.fc1", d, f, L, True, False),
+            ParamGroup("vision.fc2", f, d, L, True, False),
+            ParamGroup("vision.bias,layer_norm", d, 1, 1 + 9 * L + 2, False, False),
+            ParamGroup("vision.fc1.bias", f, 1, L, False, False),
+            # Gemma3MultiModalProjector: mm_input_projection_weight and mm_soft_emb_norm.
+            ParamGroup("vision.mm_input_projection", d, text_hidden, 1, True, False),
+            ParamGroup("vision.mm_soft_emb_norm", d, 1, 1, False, False),
+        ]
+        if self.pooling_head:
+            # SiglipMultiheadAttentionPoolingHead: probe, nn.MultiheadAttention (in_proj 3d x d, out_proj),
+            # LayerNorm, and a SiglipMLP.
+            groups += [
+                ParamGroup("vision.head.attention", d, 4 * d, 1, True, False),
+                ParamGroup("vision.head.mlp", d, 2 * f, 1, True, False),
+                ParamGroup("vision.head.vectors", d, 1, 1 + 3 + 1 + 2 + 1, False, False),
+                ParamGroup("vision.head.fc1.bias", f, 1, 1, False, False),
+            ]
+        return groups
+
+
+QK_NORMS = ("", "head", "full")
+
+
+@dataclass(frozen=True)
 class ModelShape:
-    """A decoder-only transformer, Llama-style (RMSNorm, RoPE, SwiGLU, GQA) or GPT-2-style."""
+    """A decoder-only transformer: Llama-style blocks (RMSNorm, RoPE, gated MLP, GQA; arch "llama",
+    which every family here but GPT-2 is) or GPT-2-style (LayerNorm, learned positions, GELU)."""
 
     name: str
     hidden: int
@@ -44,6 +173,7 @@ class ModelShape:
     heads: int
     kv_heads: int
     ffn: int
+    """Intermediate size of the dense MLP; for a MoE model without dense layers, of one routed expert."""
     vocab: int
     tie_embeddings: bool
     arch: str = "llama"  # llama | gpt2
@@ -52,6 +182,29 @@ class ModelShape:
     positions: int = 0  # learned position embeddings (GPT-2); 0 for RoPE
     approximate: bool = False  # shapes inferred from a parameter count only
     params_override: int = 0  # the stated total when shapes are inferred
+    family: str = ""
+    """The config's model_type (qwen3, gemma2, mixtral, deepseek_v3...); "" for explicit dimensions."""
+    o_bias: bool = False
+    """A bias on the attention output projection too (Llama/Qwen3/Gemma/OLMoE attention_bias=True)."""
+    mlp_bias: bool = False
+    """Biases on gate, up and down (Llama/DeepSeek mlp_bias=True)."""
+    fused_proj: bool = False
+    """Phi-3: one qkv_proj (hidden -> q + 2 kv) and one gate_up_proj (hidden -> 2 ffn) instead of five linears."""
+    qk_norm: str = ""
+    """RMSNorm on queries and keys before RoPE: "" none | "head" (one head_dim weight: Qwen3, Gemma 3) |
+    "full" (over all heads: OLMoE's q_norm of heads x head_dim and k_norm of kv_heads x head_dim)."""
+    norms_per_layer: int = 2
+    """Hidden-size norms per block: 2 (input, post-attention); 4 for Gemma 2/3 (pre/post feed-forward too)."""
+    logit_softcap: float = 0.0
+    """Final logits soft-capped as cap * tanh(logits / cap) (Gemma 2: 30); 0: none."""
+    attn_softcap: float = 0.0
+    """Attention scores soft-capped the same way (Gemma 2: 50); SDPA cannot, so HF runs eager or flash-attn."""
+    moe: MoeSpec | None = None
+    """The Mixture-of-Experts MLP; None for a dense model."""
+    mla: MlaSpec | None = None
+    """Multi-head Latent Attention (DeepSeek-V2/V3); None for standard (grouped-query) attention."""
+    vision: VisionSpec | None = None
+    """A vision encoder loaded with the decoder (Gemma 3 4B-27B); None for a text-only model."""
 
     def __post_init__(self):
         for key in ("hidden", "layers", "heads", "kv_heads", "ffn", "vocab"):
@@ -68,9 +221,20 @@ class ModelShape:
             )
         if not self.head_dim and self.hidden % self.heads:
             raise ConfigError("model.heads", f"{self.heads} does not divide hidden={self.hidden}", "set model.head_dim")
+        if self.qk_norm not in QK_NORMS:
+            raise ConfigError("model.qk_norm", f"unknown value {self.qk_norm!r}", "one of '', 'head', 'full'")
+        if self.moe and self.moe.dense_layers >= self.layers:
+            raise ConfigError("model.moe.dense_layers", f"{self.moe.dense_layers} dense layers leave no MoE layer "
+                              f"of {self.layers}")
+        if self.mla and self.head_dim != self.mla.qk_head_dim:
+            raise ConfigError("model.head_dim", f"MLA needs head_dim = qk_nope + qk_rope = {self.mla.qk_head_dim}")
+        if self.arch == "gpt2" and (self.moe or self.mla or self.fused_proj or self.qk_norm):
+            raise ConfigError("model.arch",
+                              "GPT-2 blocks have no experts, latent attention, fused or q/k-normed projections")
 
     @property
     def d_head(self) -> int:
+        """Per-head query/key width (MLA: qk_nope + qk_rope)."""
         return self.head_dim or self.hidden // self.heads
 
     @property
@@ -79,7 +243,101 @@ class ModelShape:
 
     @property
     def kv_dim(self) -> int:
+        """Keys' width (MLA: approximates values, which are heads x v_head_dim)."""
         return self.kv_heads * self.d_head
+
+    @property
+    def moe_layers(self) -> int:
+        """Blocks whose MLP is the Mixture-of-Experts one; 0 for a dense model."""
+        return self.layers - self.moe.dense_layers if self.moe else 0
+
+    @property
+    def dense_mlp_layers(self) -> int:
+        return self.layers - self.moe_layers
+
+    @property
+    def dense_ffn(self) -> int:
+        return self.moe.dense_ffn if self.moe else self.ffn
+
+    def _attention_groups(self) -> list[ParamGroup]:
+        h, L = self.hidden, self.layers
+        if self.mla:
+            # transformers 5.23.0 models/deepseek_v3/modeling_deepseek_v3.py DeepseekV3Attention
+            # (deepseek_v2 is the same): q through a q_lora_rank latent (or a plain q_proj),
+            # kv_a_proj_with_mqa to the kv latent plus one shared RoPE key, kv_b_proj up to every
+            # head's no-RoPE key and value, o_proj from heads x v_head_dim.
+            m = self.mla
+            groups = []
+            if m.q_lora_rank:
+                groups += [
+                    ParamGroup("q_a_proj", h, m.q_lora_rank, L, True, True),
+                    ParamGroup("q_a_layernorm", m.q_lora_rank, 1, L, False, True),
+                    ParamGroup("q_b_proj", m.q_lora_rank, self.heads * m.qk_head_dim, L, True, True),
+                ]
+                if self.qkv_bias:
+                    groups.append(ParamGroup("q_a_proj.bias", m.q_lora_rank, 1, L, False, True))
+            else:
+                groups.append(ParamGroup("q_proj", h, self.heads * m.qk_head_dim, L, True, True))
+            groups += [
+                ParamGroup("kv_a_proj_with_mqa", h, m.kv_lora_rank + m.qk_rope_head_dim, L, True, True),
+                ParamGroup("kv_a_layernorm", m.kv_lora_rank, 1, L, False, True),
+                ParamGroup("kv_b_proj", m.kv_lora_rank, self.heads * (m.qk_nope_head_dim + m.v_head_dim), L,
+                           True, True),
+                ParamGroup("o_proj", self.heads * m.v_head_dim, h, L, True, True),
+            ]
+            if self.qkv_bias:
+                groups.append(ParamGroup("kv_a_proj_with_mqa.bias", m.kv_lora_rank + m.qk_rope_head_dim, 1, L,
+                                         False, True))
+            if self.o_bias:
+                groups.append(ParamGroup("o_proj.bias", h, 1, L, False, True))
+            return groups
+        if self.fused_proj:
+            # transformers 5.23.0 models/phi3/modeling_phi3.py Phi3Attention: qkv_proj, no biases.
+            groups = [ParamGroup("qkv_proj", h, self.q_dim + 2 * self.kv_dim, L, True, True)]
+        else:
+            groups = [
+                ParamGroup("q_proj", h, self.q_dim, L, True, True),
+                ParamGroup("k_proj", h, self.kv_dim, L, True, True),
+                ParamGroup("v_proj", h, self.kv_dim, L, True, True),
+            ]
+        groups.append(ParamGroup("o_proj", self.q_dim, h, L, True, True))
+        if self.qkv_bias:
+            groups.append(ParamGroup("qkv_bias", self.q_dim + 2 * self.kv_dim, 1, L, False, True))
+        if self.o_bias:
+            groups.append(ParamGroup("o_proj.bias", h, 1, L, False, True))
+        if self.qk_norm == "head":
+            # Qwen3Attention / Gemma3Attention: q_norm, k_norm = RMSNorm(head_dim), shared by all heads.
+            groups.append(ParamGroup("q_norm,k_norm", self.d_head, 1, 2 * L, False, True))
+        elif self.qk_norm == "full":
+            # OlmoeAttention: q_norm = RMSNorm(hidden), k_norm = RMSNorm(head_dim x kv_heads).
+            groups.append(ParamGroup("q_norm", self.q_dim, 1, L, False, True))
+            groups.append(ParamGroup("k_norm", self.kv_dim, 1, L, False, True))
+        return groups
+
+    def _mlp_groups(self, prefix: str, ffn: int, count: int, expert: bool = False) -> list[ParamGroup]:
+        """A gated MLP (SwiGLU, or Gemma's GeGLU): gate and up from hidden to ffn, down back."""
+        if not count:
+            return []
+        h = self.hidden
+        if expert:
+            # transformers 5.x stores each MoE layer's experts as two 3-D parameters, gate_up_proj
+            # (experts, 2 ffn, hidden) and down_proj (experts, hidden, ffn) (e.g. models/mixtral/
+            # modeling_mixtral.py MixtralExperts); one group entry per expert keeps per-expert shapes.
+            return [
+                ParamGroup(f"{prefix}gate_up_proj", h, 2 * ffn, count, True, True, expert=True),
+                ParamGroup(f"{prefix}down_proj", ffn, h, count, True, True, expert=True),
+            ]
+        if self.fused_proj:
+            groups = [ParamGroup(f"{prefix}gate_up_proj", h, 2 * ffn, count, True, True)]
+        else:
+            groups = [
+                ParamGroup(f"{prefix}gate_proj", h, ffn, count, True, True),
+                ParamGroup(f"{prefix}up_proj", h, ffn, count, True, True),
+            ]
+        groups.append(ParamGroup(f"{prefix}down_proj", ffn, h, count, True, True))
+        if self.mlp_bias:
+            groups.append(ParamGroup(f"{prefix}mlp_bias", 2 * ffn + h, 1, count, False, True))
+        return groups
 
     def param_groups(self) -> list[ParamGroup]:
         h, L = self.hidden, self.layers
@@ -99,22 +357,29 @@ class ModelShape:
                 ParamGroup("c_proj.bias", h, 1, 2 * L, False, True),
             ]
         else:
-            groups = [
-                ParamGroup("embed_tokens", self.vocab, h, 1, False, False),
-                ParamGroup("q_proj", h, self.q_dim, L, True, True),
-                ParamGroup("k_proj", h, self.kv_dim, L, True, True),
-                ParamGroup("v_proj", h, self.kv_dim, L, True, True),
-                ParamGroup("o_proj", self.q_dim, h, L, True, True),
-                ParamGroup("gate_proj", h, self.ffn, L, True, True),
-                ParamGroup("up_proj", h, self.ffn, L, True, True),
-                ParamGroup("down_proj", self.ffn, h, L, True, True),
-                ParamGroup("norm", h, 1, 2 * L, False, True),
+            groups = [ParamGroup("embed_tokens", self.vocab, h, 1, False, False)]
+            groups += self._attention_groups()
+            if self.moe:
+                m, Lm = self.moe, self.moe_layers
+                groups += self._mlp_groups("mlp.", m.dense_ffn, m.dense_layers)
+                # The router: a bare (experts, hidden) Parameter in transformers 5.x (MixtralTopKRouter
+                # and its kin), so neither peft's all-linear nor bitsandbytes touches it.
+                groups.append(ParamGroup("router", h, m.experts, Lm, False, True))
+                groups += self._mlp_groups("experts.", m.expert_ffn, m.experts * Lm, expert=True)
+                groups += self._mlp_groups("shared_expert.", m.shared_ffn, Lm if m.shared_ffn else 0)
+                if m.shared_gate:
+                    # Qwen2MoeSparseMoeBlock.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
+                    groups.append(ParamGroup("shared_expert_gate", h, 1, Lm, True, True))
+            else:
+                groups += self._mlp_groups("", self.ffn, L)
+            groups += [
+                ParamGroup("norm", h, 1, self.norms_per_layer * L, False, True),
                 ParamGroup("final_norm", h, 1, 1, False, False),
             ]
-            if self.qkv_bias:
-                groups.append(ParamGroup("qkv_bias", self.q_dim + 2 * self.kv_dim, 1, L, False, True))
         if not self.tie_embeddings:
             groups.append(ParamGroup("lm_head", self.vocab, h, 1, True, False))
+        if self.vision:
+            groups += self.vision.param_groups(h)
         return [g for g in groups if g.total]
 
     @property
@@ -124,45 +389,58 @@ class ModelShape:
         return sum(g.total for g in self.param_groups())
 
     @property
+    def active_params(self) -> int:
+        """Parameters one token goes through: everything but the routed experts it is not sent to
+        (top_k of experts, plus shared experts and every dense part). Equals params for a dense model."""
+        if not self.moe or self.params_override:
+            return self.params
+        routed = sum(g.total for g in self.param_groups() if g.expert)
+        return self.params - routed + routed * self.moe.top_k // self.moe.experts
+
+    @property
+    def embedding_params(self) -> int:
+        """Token (and learned position) embeddings, plus the LM head when untied."""
+        return sum(g.total for g in self.param_groups() if g.name in ("embed_tokens", "wte", "wpe", "lm_head"))
+
+    @property
+    def vision_params(self) -> int:
+        """The vision encoder and its projector (0 for a text-only model)."""
+        return sum(g.total for g in self.param_groups() if g.name.startswith("vision."))
+
+    @property
     def params_per_layer(self) -> int:
+        """Mean parameters per block (every expert included; DeepSeek's dense blocks are smaller)."""
         return sum(g.numel * g.count for g in self.param_groups() if g.per_layer) // self.layers
 
     @property
     def params_outside_layers(self) -> int:
-        """Embeddings, final norm, LM head: FSDP's root module, kept unsharded through fwd+bwd."""
+        """Embeddings, final norm, LM head (and a vision encoder): FSDP's root module, kept unsharded
+        through fwd+bwd."""
         return sum(g.total for g in self.param_groups() if not g.per_layer)
 
+    def linear_groups(self) -> list[ParamGroup]:
+        """The blocks' matmul weights other than routed experts, with their exact counts (DeepSeek's
+        dense MLP is in first_k_dense_replace blocks only, its shared experts in the others)."""
+        return [g for g in self.param_groups() if g.linear and g.per_layer and not g.expert]
+
     def linear_shapes(self) -> list[tuple[str, int, int]]:
-        """(name, in, out) of the matmul weights inside one block: what LoRA adapts."""
-        return [(g.name, g.rows, g.cols) for g in self.param_groups() if g.linear and g.per_layer]
+        """(name, in, out) of the matmul weights inside one block: what LoRA adapts. Attention, the
+        dense MLP, shared experts; routed experts are in expert_linear_shapes(). Each is in every
+        block except for DeepSeek's dense/MoE split: linear_groups() has the exact counts."""
+        return [(g.name, g.rows, g.cols) for g in self.linear_groups()]
+
+    def expert_linear_shapes(self) -> list[tuple[str, int, int]]:
+        """(name, in, out) of one routed expert's matmuls; each is in experts x moe_layers copies."""
+        return [(g.name, g.rows, g.cols) for g in self.param_groups() if g.expert]
 
     def lora_params(self, rank: int) -> int:
-        """LoRA (Hu et al. 2021): A (in x r) and B (r x out) on every linear layer of every block."""
-        return self.layers * sum(rank * (i + o) for _, i, o in self.linear_shapes())
-
-
-# Published architectures, from each model's config.json on its model card.
-PRESETS: dict[str, ModelShape] = {
-    s.name: s
-    for s in [
-        ModelShape("gpt2-124m", 768, 12, 12, 12, 3072, 50257, True, arch="gpt2", positions=1024),
-        ModelShape("llama-3.2-1b", 2048, 16, 32, 8, 8192, 128256, True, head_dim=64),
-        ModelShape("llama-3.2-3b", 3072, 28, 24, 8, 8192, 128256, True, head_dim=128),
-        ModelShape("llama-3.1-8b", 4096, 32, 32, 8, 14336, 128256, False),
-        ModelShape("llama-3.1-70b", 8192, 80, 64, 8, 28672, 128256, False),
-        ModelShape("llama-2-7b", 4096, 32, 32, 32, 11008, 32000, False),
-        ModelShape("llama-2-13b", 5120, 40, 40, 40, 13824, 32000, False),
-        ModelShape("mistral-7b", 4096, 32, 32, 8, 14336, 32000, False),
-        ModelShape("qwen2.5-0.5b", 896, 24, 14, 2, 4864, 151936, True, qkv_bias=True),
-        ModelShape("qwen2.5-7b", 3584, 28, 28, 4, 18944, 152064, False, qkv_bias=True),
-        ModelShape("qwen2.5-14b", 5120, 48, 40, 8, 13824, 152064, False, qkv_bias=True),
-        # The smoke run's CPU default: small enough for 100 steps in seconds on 2 cores.
-        ModelShape("tiny", 128, 2, 4, 2, 344, 512, True),
-    ]
-}
+        """LoRA (Hu et al. 2021): A (in x r) and B (r x out) on every non-expert linear of every block."""
+        return sum(rank * (g.rows + g.cols) * g.count for g in self.linear_groups())
 
 
 def preset(name: str) -> ModelShape:
+    from checks.presets import PRESETS
+
     try:
         return PRESETS[name.lower()]
     except KeyError:
@@ -170,50 +448,27 @@ def preset(name: str) -> ModelShape:
         raise ConfigError("model.preset", f"unknown preset {name!r}", hint) from None
 
 
+def __getattr__(name: str):
+    # PEP 562: the presets are built by the config.json reader, which imports this module.
+    if name == "PRESETS":
+        from checks.presets import PRESETS
+
+        return PRESETS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def from_hf_config(path: Path) -> ModelShape:
-    """Read the shapes from a Hugging Face config.json (Llama, Mistral, Qwen2, GPT-2 families)."""
-    try:
-        cfg = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise ConfigError("model.hf_config", f"{path} does not exist", "give the path to a config.json") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError("model.hf_config", f"cannot read {path}: {exc}") from None
-    if not isinstance(cfg, dict):
-        raise ConfigError("model.hf_config", f"{path} is not a JSON object")
-    model_type = cfg.get("model_type", "")
-    if model_type == "gpt2":
-        keys = {"hidden": "n_embd", "layers": "n_layer", "heads": "n_head", "vocab": "vocab_size"}
-    else:
-        keys = {
-            "hidden": "hidden_size",
-            "layers": "num_hidden_layers",
-            "heads": "num_attention_heads",
-            "ffn": "intermediate_size",
-            "vocab": "vocab_size",
-        }
-    missing = [v for v in keys.values() if v not in cfg]
-    if missing:
-        raise ConfigError(
-            "model.hf_config",
-            f"{path} lacks {', '.join(missing)}",
-            "use the model's config.json from its Hugging Face repo, or give the dimensions explicitly",
-        )
-    dims = {k: cfg[v] for k, v in keys.items()}
-    name = cfg.get("_name_or_path") or Path(path).parent.name or "hf-config"
-    if model_type == "gpt2":
-        return ModelShape(
-            name, dims["hidden"], dims["layers"], dims["heads"], dims["heads"],
-            cfg.get("n_inner") or 4 * dims["hidden"], dims["vocab"],
-            cfg.get("tie_word_embeddings", True), arch="gpt2", positions=cfg.get("n_positions", 1024),
-        )
-    return ModelShape(
-        name, dims["hidden"], dims["layers"], dims["heads"],
-        cfg.get("num_key_value_heads") or dims["heads"], dims["ffn"], dims["vocab"],
-        # transformers' PretrainedConfig defaults to tied; LlamaConfig and Qwen2Config to untied.
-        bool(cfg.get("tie_word_embeddings", model_type not in ("llama", "mistral", "qwen2", "mixtral"))),
-        head_dim=cfg.get("head_dim") or 0,
-        qkv_bias=bool(cfg.get("attention_bias", False)) or model_type == "qwen2",
-    )
+    """Read the shapes from a Hugging Face config.json (see checks.hf_config.SUPPORTED)."""
+    from checks import hf_config
+
+    return hf_config.from_file(Path(path))
+
+
+def from_hf_hub(repo_id: str, revision: str = "") -> ModelShape:
+    """Read the shapes from a Hugging Face Hub repo's config.json, through huggingface_hub's cache."""
+    from checks import hf_config
+
+    return hf_config.from_hub(repo_id, revision)
 
 
 def from_param_count(params: float, vocab: int = 32000) -> ModelShape:

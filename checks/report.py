@@ -30,6 +30,7 @@ class Preflight:
         return {
             "ok": self.ok,
             "model": {"name": job.shape.name, "params": job.shape.params, "trainable_params": self.trainable_params,
+                      "active_params": job.shape.active_params, "family": job.shape.family or job.shape.arch,
                       "approximate": job.shape.approximate},
             "gpu": {"name": est.gpu.name, "count": job.cluster.world_size,
                     "compute_capability": ".".join(map(str, est.gpu.compute_capability))},
@@ -63,7 +64,9 @@ class Preflight:
         shape = job.shape
         trainable = self.trainable_params
         console.print(
-            f"[bold]{shape.name}[/] {shape.params / 1e9:.2f}B params ({trainable / 1e9:.3g}B trainable)"
+            f"[bold]{shape.name}[/] {shape.params / 1e9:.2f}B params"
+            f"{f', {shape.active_params / 1e9:.2f}B active per token' if shape.moe else ''}"
+            f" ({trainable / 1e9:.3g}B trainable)"
             f"{' [yellow](shapes approximate)[/]' if shape.approximate else ''} on "
             f"[bold]{c.world_size} x {est.gpu.name}[/] — {t.precision}, {t.optimizer}, "
             f"micro-batch {t.micro_batch} x accum {t.grad_accum}, seq {t.seq_len}, checkpointing {t.checkpointing}"

@@ -63,6 +63,8 @@ def test_gpu_override():
     (["--config", "{zero_batch}"], "train.micro_batch: must be at least 1"),
     (["--config", "{bad_precision}"], "train.precision: unknown value 'fp8'"),
     (["--config", "{bad_hf}"], "lacks num_hidden_layers"),
+    (["--config", "{bert}"], "model_type 'bert' is not supported (podkit counts llama, mistral"),
+    (["--config", "{no_type}"], "has no model_type"),
     (["--config", "{directory}"], "is a directory"),
 ])
 def test_bad_input_is_one_line_exit_2(tmp_path, args, needle):
@@ -72,10 +74,14 @@ def test_bad_input_is_one_line_exit_2(tmp_path, args, needle):
         "zero_batch": '[model]\npreset = "llama-3.2-1b"\n[train]\nmicro_batch = 0',
         "bad_precision": '[model]\npreset = "llama-3.2-1b"\n[train]\nprecision = "fp8"',
         "bad_hf": '[model]\nhf_config = "config.json"',
+        "bert": '[model]\nhf_config = "bert.json"',
+        "no_type": '[model]\nhf_config = "untyped.json"',
     }
     for name, text in files.items():
         (tmp_path / f"{name}.toml").write_text(text)
-    (tmp_path / "config.json").write_text('{"hidden_size": 10}')
+    (tmp_path / "config.json").write_text('{"model_type": "llama", "hidden_size": 10}')
+    (tmp_path / "bert.json").write_text('{"model_type": "bert", "hidden_size": 768, "num_hidden_layers": 12}')
+    (tmp_path / "untyped.json").write_text('{"hidden_size": 10}')
     paths = {name: str(tmp_path / f"{name}.toml") for name in files} | {"directory": str(tmp_path)}
     out = preflight(*[a.format(**paths) for a in args])
     assert out.returncode == 2
@@ -102,3 +108,15 @@ def test_preflight_never_imports_torch():
 def test_every_bundled_example_runs(example):
     out = preflight("--config", str(EXAMPLES / example), "--json")
     assert out.returncode in (0, 1) and json.loads(out.stdout)["memory"]["per_gpu"]["total"] > 0
+
+
+def test_moe_reports_total_and_active_parameters(tmp_path):
+    job = tmp_path / "moe.toml"
+    job.write_text('[model]\npreset = "qwen3-30b-a3b"\n[cluster]\ngpu = "H100-SXM"\n')
+    out = preflight("--config", str(job), "--json")
+    model = json.loads(out.stdout)["model"]
+    # Qwen/Qwen3-30B-A3B model card: 30.5B in total, 3.3B activated.
+    assert model["params"] == 30_532_122_624 and model["active_params"] == 3_353_032_704
+    assert model["family"] == "qwen3_moe"
+    text = preflight("--config", str(job))
+    assert "30.53B params, 3.35B active per token" in " ".join(text.stdout.split())

@@ -59,3 +59,8 @@ def test_replace_changes_fields_and_keeps_the_resolved_shape(job):
     k = j.replace(train={"micro_batch": 1}, cluster={"gpu": "H100"})
     assert (j.train.micro_batch, k.train.micro_batch, k.cluster.gpu) == (4, 1, "H100")
     assert k.shape is j.shape
+
+
+def test_hf_hub_id_is_one_model_source_among_the_others():
+    with pytest.raises(ConfigError, match="more than one of preset, hf_config, hf, params"):
+        parse_job('[model]\npreset = "qwen3-8b"\nhf = "Qwen/Qwen3-8B"\n')

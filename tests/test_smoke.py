@@ -158,6 +158,14 @@ def test_gpu_only_choices_refused_on_cpu(tmp_path, train, message):
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
+def test_moe_model_refused_by_the_dense_replica(tmp_path):
+    job = tmp_path / "moe.toml"
+    job.write_text('[model]\npreset = "olmoe-1b-7b"\n')
+    proc, _ = smoke(tmp_path, "--config", str(job))
+    assert proc.returncode == 2 and "olmoe-1b-7b is a mixture-of-experts model" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
 def test_offload_without_fsdp_refused(tmp_path):
     job = tiny_job(tmp_path, cluster={"offload": '"optimizer"', "sharding": '"zero1"'})
     proc, _ = smoke(tmp_path, "--config", str(job))

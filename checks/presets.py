@@ -1,0 +1,164 @@
+"""Published architectures: the size-fixing keys of each model's own config.json on the Hugging Face
+Hub (https://huggingface.co/<repo>/blob/main/config.json), read by the same code as a user's file.
+
+Keys a config leaves to transformers' defaults are left out here too (Gemma 3's text_config relies
+on Gemma3TextConfig's vocab_size and head_dim). tests/test_models.py checks every total against
+the published one.
+"""
+
+from __future__ import annotations
+
+from checks.hf_config import shape_from_config
+from checks.models import ModelShape
+
+
+def _llama(hidden, layers, heads, kv, ffn, vocab, tie=False, **extra):
+    return {"hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
+            "num_key_value_heads": kv, "intermediate_size": ffn, "vocab_size": vocab,
+            "tie_word_embeddings": tie, **extra}
+
+
+# Gemma 3 4B, 12B and 27B share this vision_config (SigLIP so400m at 896 px).
+SIGLIP_896 = {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304, "model_type": "siglip_vision_model",
+              "num_attention_heads": 16, "num_hidden_layers": 27, "patch_size": 14, "vision_use_head": False}
+
+# preset name -> (Hub repo, config.json keys)
+CONFIGS: dict[str, tuple[str, dict]] = {
+    # ---- GPT-2
+    "gpt2-124m": ("openai-community/gpt2",
+                  {"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 1024,
+                   "vocab_size": 50257}),
+    "gpt2-355m": ("openai-community/gpt2-medium",
+                  {"model_type": "gpt2", "n_embd": 1024, "n_layer": 24, "n_head": 16, "n_positions": 1024,
+                   "vocab_size": 50257}),
+    # ---- Llama
+    "llama-2-7b": ("meta-llama/Llama-2-7b-hf", {"model_type": "llama", **_llama(4096, 32, 32, 32, 11008, 32000)}),
+    "llama-2-13b": ("meta-llama/Llama-2-13b-hf", {"model_type": "llama", **_llama(5120, 40, 40, 40, 13824, 32000)}),
+    "llama-3.2-1b": ("meta-llama/Llama-3.2-1B",
+                     {"model_type": "llama", **_llama(2048, 16, 32, 8, 8192, 128256, tie=True, head_dim=64)}),
+    "llama-3.2-3b": ("meta-llama/Llama-3.2-3B",
+                     {"model_type": "llama", **_llama(3072, 28, 24, 8, 8192, 128256, tie=True, head_dim=128)}),
+    "llama-3.1-8b": ("meta-llama/Llama-3.1-8B", {"model_type": "llama", **_llama(4096, 32, 32, 8, 14336, 128256)}),
+    "llama-3.1-70b": ("meta-llama/Llama-3.1-70B", {"model_type": "llama", **_llama(8192, 80, 64, 8, 28672, 128256)}),
+    "llama-3.3-70b": ("meta-llama/Llama-3.3-70B-Instruct",
+                      {"model_type": "llama", **_llama(8192, 80, 64, 8, 28672, 128256)}),
+    "llama-3.1-405b": ("meta-llama/Llama-3.1-405B",
+                       {"model_type": "llama", **_llama(16384, 126, 128, 8, 53248, 128256)}),
+    # ---- Mistral
+    "mistral-7b": ("mistralai/Mistral-7B-v0.1", {"model_type": "mistral", **_llama(4096, 32, 32, 8, 14336, 32000)}),
+    "mistral-nemo-12b": ("mistralai/Mistral-Nemo-Base-2407",
+                         {"model_type": "mistral", **_llama(5120, 40, 32, 8, 14336, 131072, head_dim=128)}),
+    "mistral-small-24b": ("mistralai/Mistral-Small-24B-Base-2501",
+                          {"model_type": "mistral", **_llama(5120, 40, 32, 8, 32768, 131072, head_dim=128)}),
+    # ---- Qwen2 (q/k/v biases)
+    "qwen2.5-0.5b": ("Qwen/Qwen2.5-0.5B", {"model_type": "qwen2", **_llama(896, 24, 14, 2, 4864, 151936, tie=True)}),
+    "qwen2.5-1.5b": ("Qwen/Qwen2.5-1.5B", {"model_type": "qwen2", **_llama(1536, 28, 12, 2, 8960, 151936, tie=True)}),
+    "qwen2.5-3b": ("Qwen/Qwen2.5-3B", {"model_type": "qwen2", **_llama(2048, 36, 16, 2, 11008, 151936, tie=True)}),
+    "qwen2.5-7b": ("Qwen/Qwen2.5-7B", {"model_type": "qwen2", **_llama(3584, 28, 28, 4, 18944, 152064)}),
+    "qwen2.5-14b": ("Qwen/Qwen2.5-14B", {"model_type": "qwen2", **_llama(5120, 48, 40, 8, 13824, 152064)}),
+    "qwen2.5-72b": ("Qwen/Qwen2.5-72B", {"model_type": "qwen2", **_llama(8192, 80, 64, 8, 29568, 152064)}),
+    # ---- Qwen3 (q/k RMSNorm per head, head_dim 128)
+    "qwen3-0.6b": ("Qwen/Qwen3-0.6B",
+                   {"model_type": "qwen3", **_llama(1024, 28, 16, 8, 3072, 151936, tie=True, head_dim=128)}),
+    "qwen3-1.7b": ("Qwen/Qwen3-1.7B",
+                   {"model_type": "qwen3", **_llama(2048, 28, 16, 8, 6144, 151936, tie=True, head_dim=128)}),
+    "qwen3-4b": ("Qwen/Qwen3-4B",
+                 {"model_type": "qwen3", **_llama(2560, 36, 32, 8, 9728, 151936, tie=True, head_dim=128)}),
+    "qwen3-8b": ("Qwen/Qwen3-8B", {"model_type": "qwen3", **_llama(4096, 36, 32, 8, 12288, 151936, head_dim=128)}),
+    "qwen3-14b": ("Qwen/Qwen3-14B", {"model_type": "qwen3", **_llama(5120, 40, 40, 8, 17408, 151936, head_dim=128)}),
+    "qwen3-32b": ("Qwen/Qwen3-32B", {"model_type": "qwen3", **_llama(5120, 64, 64, 8, 25600, 151936, head_dim=128)}),
+    # ---- Gemma (GeGLU, head_dim 256, 256k vocabulary, tied)
+    "gemma-2b": ("google/gemma-2b", {"model_type": "gemma", **_llama(2048, 18, 8, 1, 16384, 256000, tie=True,
+                                                                       head_dim=256)}),
+    "gemma-7b": ("google/gemma-7b", {"model_type": "gemma", **_llama(3072, 28, 16, 16, 24576, 256000, tie=True,
+                                                                       head_dim=256)}),
+    # ---- Gemma 2 (pre/post feed-forward norms, logit soft-capping)
+    "gemma-2-2b": ("google/gemma-2-2b",
+                   {"model_type": "gemma2", **_llama(2304, 26, 8, 4, 9216, 256000, tie=True, head_dim=256,
+                                                     final_logit_softcapping=30.0, attn_logit_softcapping=50.0)}),
+    "gemma-2-9b": ("google/gemma-2-9b",
+                   {"model_type": "gemma2", **_llama(3584, 42, 16, 8, 14336, 256000, tie=True, head_dim=256,
+                                                     final_logit_softcapping=30.0, attn_logit_softcapping=50.0)}),
+    "gemma-2-27b": ("google/gemma-2-27b",
+                    {"model_type": "gemma2", **_llama(4608, 46, 32, 16, 36864, 256000, tie=True, head_dim=128,
+                                                      final_logit_softcapping=30.0, attn_logit_softcapping=50.0)}),
+    # ---- Gemma 3 (q/k norms, 262k vocabulary; 4B+ carry a SigLIP vision encoder, counted too)
+    "gemma-3-1b": ("google/gemma-3-1b-pt",
+                   {"model_type": "gemma3_text", **_llama(1152, 26, 4, 1, 6912, 262144, tie=True, head_dim=256)}),
+    "gemma-3-4b": ("google/gemma-3-4b-pt",
+                   {"model_type": "gemma3",
+                    "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+                                    "num_hidden_layers": 34},
+                    "vision_config": SIGLIP_896}),
+    "gemma-3-12b": ("google/gemma-3-12b-pt",
+                    {"model_type": "gemma3",
+                     "text_config": {"hidden_size": 3840, "intermediate_size": 15360, "model_type": "gemma3_text",
+                                     "num_attention_heads": 16, "num_hidden_layers": 48, "num_key_value_heads": 8},
+                     "vision_config": SIGLIP_896}),
+    "gemma-3-27b": ("google/gemma-3-27b-pt",
+                    {"model_type": "gemma3",
+                     "text_config": {"head_dim": 128, "hidden_size": 5376, "intermediate_size": 21504,
+                                     "model_type": "gemma3_text", "num_attention_heads": 32, "num_hidden_layers": 62,
+                                     "num_key_value_heads": 16},
+                     "vision_config": SIGLIP_896}),
+    # ---- Phi-3 / Phi-4 (fused qkv_proj and gate_up_proj)
+    "phi-3-mini": ("microsoft/Phi-3-mini-4k-instruct",
+                   {"model_type": "phi3", **_llama(3072, 32, 32, 32, 8192, 32064)}),
+    "phi-3-medium": ("microsoft/Phi-3-medium-4k-instruct",
+                     {"model_type": "phi3", **_llama(5120, 40, 40, 10, 17920, 32064)}),
+    "phi-4": ("microsoft/phi-4", {"model_type": "phi3", **_llama(5120, 40, 40, 10, 17920, 100352)}),
+    "phi-4-mini": ("microsoft/Phi-4-mini-instruct",
+                   {"model_type": "phi3", **_llama(3072, 32, 24, 8, 8192, 200064, tie=True)}),
+    # ---- Mixture of Experts
+    "mixtral-8x7b": ("mistralai/Mixtral-8x7B-v0.1",
+                     {"model_type": "mixtral", **_llama(4096, 32, 32, 8, 14336, 32000),
+                      "num_local_experts": 8, "num_experts_per_tok": 2}),
+    "mixtral-8x22b": ("mistralai/Mixtral-8x22B-v0.1",
+                      {"model_type": "mixtral", **_llama(6144, 56, 48, 8, 16384, 32768),
+                       "num_local_experts": 8, "num_experts_per_tok": 2}),
+    "qwen1.5-moe-a2.7b": ("Qwen/Qwen1.5-MoE-A2.7B",
+                          {"model_type": "qwen2_moe", **_llama(2048, 24, 16, 16, 5632, 151936),
+                           "num_experts": 60, "num_experts_per_tok": 4, "moe_intermediate_size": 1408,
+                           "shared_expert_intermediate_size": 5632, "decoder_sparse_step": 1}),
+    "qwen2-57b-a14b": ("Qwen/Qwen2-57B-A14B",
+                       {"model_type": "qwen2_moe", **_llama(3584, 28, 28, 4, 18944, 151936),
+                        "num_experts": 64, "num_experts_per_tok": 8, "moe_intermediate_size": 2560,
+                        "shared_expert_intermediate_size": 20480, "decoder_sparse_step": 1}),
+    "qwen3-30b-a3b": ("Qwen/Qwen3-30B-A3B",
+                      {"model_type": "qwen3_moe", **_llama(2048, 48, 32, 4, 6144, 151936, head_dim=128),
+                       "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
+                       "decoder_sparse_step": 1, "mlp_only_layers": []}),
+    "qwen3-235b-a22b": ("Qwen/Qwen3-235B-A22B",
+                        {"model_type": "qwen3_moe", **_llama(4096, 94, 64, 4, 12288, 151936, head_dim=128),
+                         "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 1536,
+                         "decoder_sparse_step": 1, "mlp_only_layers": []}),
+    "olmoe-1b-7b": ("allenai/OLMoE-1B-7B-0924",
+                    {"model_type": "olmoe", **_llama(2048, 16, 16, 16, 1024, 50304),
+                     "num_experts": 64, "num_experts_per_tok": 8}),
+    "deepseek-v2-lite": ("deepseek-ai/DeepSeek-V2-Lite",
+                         {"model_type": "deepseek_v2", **_llama(2048, 27, 16, 16, 10944, 102400),
+                          "moe_intermediate_size": 1408, "n_routed_experts": 64, "n_shared_experts": 2,
+                          "num_experts_per_tok": 6, "first_k_dense_replace": 1, "q_lora_rank": None,
+                          "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}),
+    "deepseek-v2": ("deepseek-ai/DeepSeek-V2",
+                    {"model_type": "deepseek_v2", **_llama(5120, 60, 128, 128, 12288, 102400),
+                     "moe_intermediate_size": 1536, "n_routed_experts": 160, "n_shared_experts": 2,
+                     "num_experts_per_tok": 6, "first_k_dense_replace": 1, "q_lora_rank": 1536,
+                     "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}),
+    "deepseek-v3": ("deepseek-ai/DeepSeek-V3",
+                    {"model_type": "deepseek_v3", **_llama(7168, 61, 128, 128, 18432, 129280),
+                     "moe_intermediate_size": 2048, "n_routed_experts": 256, "n_shared_experts": 1,
+                     "num_experts_per_tok": 8, "first_k_dense_replace": 3, "q_lora_rank": 1536,
+                     "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}),
+}
+
+
+def _build() -> dict[str, ModelShape]:
+    shapes = {name: shape_from_config(cfg, name, "model.preset", f"{name}'s config")
+              for name, (_, cfg) in CONFIGS.items()}
+    # The smoke run's CPU default: small enough for 100 steps in seconds on 2 cores.
+    shapes["tiny"] = ModelShape("tiny", 128, 2, 4, 2, 344, 512, True)
+    return shapes
+
+
+PRESETS: dict[str, ModelShape] = _build()
