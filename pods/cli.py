@@ -6,6 +6,7 @@ fault (one line saying what and how to fix it), 130 interrupted.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import sys
 from contextlib import contextmanager
@@ -21,6 +22,7 @@ from pods.deploy import Outcome, PodOptions, Printer, connect, deploy, locate, s
 from pods.errors import PodError
 from pods.fetch import fetch as fetch_logs
 from pods.hosts import HostSpec, load_inventory, select_hosts
+from pods.ownership import deployed as is_deployed
 from pods.probe import Fingerprint
 from pods.profiles import PodProfile
 from pods.rsync import terminal_progress
@@ -67,13 +69,18 @@ class PodArgs:
                             remote_dir=self.remote_dir, python=self.python)
 
     @contextmanager
-    def one(self, host: str) -> Iterator[tuple[PodConnection, HostSpec, Fingerprint, PodProfile, str]]:
-        """Exactly one pod, connected and located: (conn, spec, fingerprint, profile, remote dir)."""
+    def one(self, host: str, *, deployed: bool = False) -> Iterator[tuple[PodConnection, HostSpec, Fingerprint, PodProfile, str]]:
+        """Exactly one pod, connected and located: (conn, spec, fingerprint, profile, remote dir).
+        With `deployed`, the project directory must hold a deploy (jobs run and log there)."""
         specs = self.specs(host)
         if len(specs) != 1:
             raise PodError(f"'{host}' names {len(specs)} pods", "give exactly one")
         with connect(specs[0], self.opts, click.echo) as conn:
-            yield (conn, specs[0], *locate(conn, specs[0], self.opts.project))
+            located = locate(conn, specs[0], self.opts.project)
+            if deployed and not is_deployed(conn, located[2]):
+                raise PodError(f"{located[2]} on {specs[0].name} was never deployed",
+                               f"run: bin/pod deploy {host} (with the same --remote-dir), then re-run")
+            yield (conn, specs[0], *located)
 
 
 def guarded(fn):
@@ -99,15 +106,17 @@ def main() -> None:
 @main.command("deploy")
 @click.argument("host", metavar="HOST")
 @click.option("--config", help="Job TOML to preflight on the pod (path inside the project).")
+@click.option("--force", is_flag=True,
+              help="Deploy into a non-empty REMOTE_DIR that podkit did not create (its files are kept, never deleted).")
 @pod_options
 @guarded
-def deploy_cmd(host, config, pods: PodArgs):
+def deploy_cmd(host, config, force, pods: PodArgs):
     """Probe, sync, set up the environment and preflight on HOST (several in parallel).
 
     HOST is user@host[:port], an ~/.ssh/config alias, the pasted RunPod line
     'ssh root@IP -p PORT -i KEY', or a pods.toml name or group; several separated by commas.
     """
-    outcomes: list[Outcome] = deploy(pods.specs(host), pods.opts, config)
+    outcomes: list[Outcome] = deploy(pods.specs(host), dataclasses.replace(pods.opts, force=force), config)
     if len(outcomes) == 1 and outcomes[0].error:
         raise PodError(outcomes[0].error)
     click.echo("\n" + summary(outcomes))
@@ -154,7 +163,7 @@ def run_cmd(host, command, detach, job_id, pods: PodArgs):
     """
     import shlex
 
-    with pods.one(host) as (conn, spec, *_):
+    with pods.one(host, deployed=True) as (conn, spec, *_):
         jid = remote_jobs.start(conn, shlex.join(command) if len(command) > 1 else command[0], job_id)
         click.echo(f"job {jid} started on {spec.name}; output: logs/jobs/{jid}/output.log", err=True)
         if detach:

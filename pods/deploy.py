@@ -19,6 +19,7 @@ from envsetup.envfile import SECRET_NAMES
 from pods.connection import PodConnection
 from pods.errors import PodError
 from pods.hosts import HostSpec, resolve
+from pods.ownership import claim, normalise, refuse_unsafe
 from pods.probe import Fingerprint, probe
 from pods.profiles import PodProfile, detect
 from pods.rsync import terminal_progress
@@ -36,6 +37,7 @@ class PodOptions:
     timeout: float = 10.0
     bwlimit: int | None = None
     project: Path = ROOT
+    force: bool = False  # write into a non-empty REMOTE_DIR podkit did not create (never deleting its files)
 
 
 @dataclass
@@ -79,9 +81,8 @@ def locate(conn: PodConnection, spec: HostSpec, project: Path) -> tuple[Fingerpr
     """Probe, pick the profile and the remote project directory, and set the command prelude."""
     fp = probe(conn, remote_dir=spec.remote_dir or "", python=spec.python)
     profile = detect(fp, spec.profile)
-    remote_dir = spec.remote_dir or profile.remote_dir(project.name, fp.home)
-    if remote_dir.startswith("~"):
-        remote_dir = fp.home + remote_dir[1:]
+    remote_dir = normalise(spec.remote_dir or profile.remote_dir(project.name, fp.home), fp.home)
+    refuse_unsafe(remote_dir, fp.home)
     conn.prelude = profile.shell_prelude(remote_dir)
     return fp, profile, remote_dir
 
@@ -113,6 +114,7 @@ def _deploy(conn: PodConnection, spec: HostSpec, opts: PodOptions, say, config, 
     say(f"probe: {fp.summary()}; profile {profile.name}; project {remote_dir}")
     if fp.python_missing:
         raise PodError(f"python {fp.python_missing} does not exist on the pod", "fix PYTHON=, or leave it out to detect")
+    claim(conn, remote_dir, force=opts.force)  # before anything is written there
     q = shlex.quote(remote_dir)
     made = conn.run(f"mkdir -p {q}/logs && cat > {q}/logs/probe.json", stdin=fp.to_json(), prelude=False)
     if not made.ok:

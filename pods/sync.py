@@ -1,9 +1,10 @@
-"""Push the project to the pod: rsync over the same SSH settings, incremental, honouring .gitignore
-and .podignore, confined to the remote project directory.
+"""Push the project to the pod: rsync over the same SSH connection, incremental, sending exactly
+the files pods/selection.py chooses (what git would commit, then .podignore).
 
---delete removes files deleted locally, but only inside the project directory, and never what the
-filters exclude: runs/, logs/, .venv/ and .podkit/ on the pod are outputs and state, not code.
-Without rsync on the pod (and no way to install it) the same file list goes over SFTP.
+rsync never deletes on the pod (no --delete): a file is removed there only when
+.podkit/manifest says podkit sent it and it is no longer chosen. runs/, logs/, .venv/ and a
+user's own files are therefore never touched. Without rsync on the pod (and no way to install
+it) the same file list goes over SFTP.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import os
 import shlex
 import stat
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -19,28 +19,33 @@ from typing import Callable
 
 from pods.connection import PodConnection
 from pods.errors import PodError
+from pods.ownership import delete_stale, read_manifest, write_manifest
 from pods.rsync import TransferStats, remote_target, run_rsync
-
-# Never synced, and protected from --delete on the pod: outputs, state and local environments.
-ALWAYS_EXCLUDED = [".git/", "/.venv/", "/.podkit/", "/runs/", "/logs/", "/pod-logs/", "__pycache__/", "*.pyc",
-                   ".pytest_cache/", "*.egg-info/"]
-
-
-def filter_args(local: Path) -> list[str]:
-    # dir-merge: every directory's .gitignore/.podignore applies below it, as in git
-    args = ["--filter=:- .gitignore", "--filter=:- .podignore"]
-    return args + [f"--exclude={pattern}" for pattern in ALWAYS_EXCLUDED]
+from pods.selection import chosen_files
 
 
 def push(conn: PodConnection, local: Path, remote_dir: str, *, rsync_on_pod: bool,
          progress: Callable[[str], None] | None = None, bwlimit: int | None = None) -> TransferStats:
-    if not remote_dir.startswith("/") or remote_dir.rstrip("/") in ("", "/root", "/home", "/workspace", "/tmp"):
-        raise PodError(f"remote dir '{remote_dir}' is not a project directory", "give REMOTE_DIR=/absolute/path/to/project")
+    """Send the chosen files (pods/selection.py); delete on the pod only what podkit sent before
+    and no longer sends (pods/ownership.py), never anything else."""
+    files = chosen_files(local)
+    before = read_manifest(conn, remote_dir)
+    # Record the union first: a sync cut short still knows every file it may have sent.
+    write_manifest(conn, remote_dir, (before or set()) | set(files))
     if rsync_on_pod:
-        args = ["-rlptz", "--delete", *filter_args(local), f"{local}/", remote_target(conn, remote_dir.rstrip("/") + "/")]
-        return run_rsync(conn, args, what="sync", progress=progress, bwlimit=bwlimit,
-                         disk_full=lambda: remote_disk_full(conn, remote_dir))
-    return push_sftp(conn, local, remote_dir)
+        with tempfile.NamedTemporaryFile("wb", suffix=".files") as listing:
+            listing.write("\0".join(files).encode(errors="surrogateescape"))
+            listing.flush()
+            args = ["-lptz", "--files-from", listing.name, "--from0", f"{local}/",
+                    remote_target(conn, remote_dir.rstrip("/") + "/")]
+            stats = run_rsync(conn, args, what="sync", progress=progress, bwlimit=bwlimit,
+                              disk_full=lambda: remote_disk_full(conn, remote_dir))
+    else:
+        stats = push_sftp(conn, local, remote_dir, files)
+    if before is not None:
+        delete_stale(conn, remote_dir, before - set(files))
+    write_manifest(conn, remote_dir, set(files))
+    return stats
 
 
 def remote_disk_full(conn: PodConnection, remote_dir: str) -> bool:
@@ -52,22 +57,14 @@ def remote_disk_full(conn: PodConnection, remote_dir: str) -> bool:
     return out.isdigit() and int(out) < 1024
 
 
-def local_files(local: Path) -> list[str]:
-    """The files rsync would send, with the same filters: a dry run into an empty directory."""
-    with tempfile.TemporaryDirectory() as empty:
-        out = subprocess.run(["rsync", "-rl", "--dry-run", "--out-format=%n", *filter_args(local), f"{local}/", empty],
-                             capture_output=True, text=True, check=True)
-    return [line for line in out.stdout.splitlines() if line and not line.endswith("/")]
-
-
-def push_sftp(conn: PodConnection, local: Path, remote_dir: str) -> TransferStats:
-    """Fallback without rsync on the pod: upload files whose size or mtime differ. No deletes."""
+def push_sftp(conn: PodConnection, local: Path, remote_dir: str, files: list[str]) -> TransferStats:
+    """Fallback without rsync on the pod: upload the chosen files whose size or mtime differ."""
     start = time.monotonic()
     sftp = conn.sftp()
     stats = TransferStats()
     made: set[str] = set()
     try:
-        for rel in local_files(local):
+        for rel in files:
             src = local / rel
             if src.is_symlink():
                 continue

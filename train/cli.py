@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import traceback
@@ -155,15 +156,23 @@ def _launch_torchrun(job, root: Path, run_id: str, as_json: bool) -> int:
     env = dict(os.environ, PODKIT_RUN_ID=run_id, PODKIT_LAUNCHER="1", OMP_NUM_THREADS=os.environ.get(
         "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc))))
     click.echo(f"smoke: launching {nproc} processes under torchrun (run {run_id})", err=True)
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL if as_json else None)
-    try:
-        code = proc.wait()
-    except KeyboardInterrupt:
-        code = proc.wait()  # the workers got the same Ctrl-C; let them write their summary
+    code, stopped = _supervise(cmd, env, as_json)
     summary_path = root / run_id / "summary.json"
     try:
         summary = json.loads(summary_path.read_text())
     except (OSError, json.JSONDecodeError):
+        summary = None
+    if stopped:
+        # Rank 0 may have been killed before it wrote its summary: the run was still interrupted.
+        if summary is not None and summary.get("status") != "interrupted":
+            summary = dict(summary, status="interrupted",
+                           reasons=[f"stopped by {signal.Signals(stopped).name} before rank 0 finished"])
+            summary_path.write_text(json.dumps(summary, indent=2))
+        click.echo(f"smoke: interrupted ({signal.Signals(stopped).name}); every process of the run stopped", err=True)
+        if summary is not None and "steps" in summary:
+            _report(summary, root / run_id, as_json)
+        return 130
+    if summary is None:
         click.echo(f"smoke: torchrun exited {code} without a summary; see {root / run_id}", err=True)
         return 1
     if summary.get("status") == "running":
@@ -173,6 +182,44 @@ def _launch_torchrun(job, root: Path, run_id: str, as_json: bool) -> int:
     from train.verdict import EXIT_CODES
 
     return EXIT_CODES.get(summary.get("status"), 1)
+
+
+# torchrun gives its workers 30 s after SIGTERM before SIGKILL (torch/distributed/elastic/
+# multiprocessing/api.py, PContext.close timeout=30, torch 2.13); a little more for itself.
+TORCHRUN_GRACE_S = 40.0
+
+
+def _supervise(cmd: list[str], env: dict, as_json: bool) -> tuple[int, int]:
+    """Run torchrun in its own session; SIGTERM/SIGINT here stop it and every worker (even one
+    re-parented after torchrun died), then wait. Returns (torchrun's exit code, the signal or 0)."""
+    from train import process_tree
+
+    process_tree.become_subreaper()
+    # Own session: a terminal's Ctrl-C reaches only this launcher, which stops the rest in order.
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL if as_json else None, start_new_session=True)
+    stopped: list[int] = []
+
+    def forward(signum, _frame):
+        stopped.append(signum)
+        try:  # SIGTERM whatever came: torchrun may have inherited SIGINT ignored (a background job)
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while True:
+            try:
+                code = proc.wait(timeout=TORCHRUN_GRACE_S if stopped else None)
+                break
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)  # past its grace: nothing more to save
+        # Workers left behind (torchrun killed before it stopped them) are ours now: stop them too.
+        process_tree.stop_all_below(os.getpid(), grace=10.0 if stopped else 0.0)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return code, (stopped[0] if stopped else 0)
 
 
 def _report(summary: dict, run_path: Path, as_json: bool) -> None:

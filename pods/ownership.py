@@ -1,0 +1,117 @@
+"""Deploy owns only what it writes: which remote directory it may use, and which files in it are its own.
+
+A project directory is podkit's when podkit created it (or found it empty): it then holds
+`.podkit/`. A directory that exists, is not empty and has no `.podkit/` belongs to someone else
+and is refused unless the user says --force. Either way a sync only ever deletes files that
+`.podkit/manifest` records as sent by podkit before, so a user's own files survive everything.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import shlex
+
+from pods.connection import PodConnection
+from pods.errors import PodError
+
+MARKER = ".podkit"
+MANIFEST = ".podkit/manifest"
+# Directories that are never a project directory (FHS 3.0 top-level directories, plus the
+# usual mount points and RunPod's volume root), refused outright and with everything below the
+# system ones.
+SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run",
+                "/sbin", "/sys", "/usr", "/var/lib", "/var/log", "/var/run", "/snap")
+NOT_PROJECT_DIRS = ("/", "/home", "/root", "/tmp", "/var", "/opt", "/srv", "/mnt", "/media", "/workspace", "/var/tmp")
+
+
+def normalise(remote_dir: str, home: str) -> str:
+    """Absolute, '~' expanded, no '.', '..', repeated or trailing slashes: the one form every check sees."""
+    path = remote_dir.strip()
+    if path == "~" or path.startswith("~/"):
+        path = home + path[1:]
+    if not path.startswith("/"):
+        raise PodError(f"REMOTE_DIR '{remote_dir}' is not an absolute path", "give REMOTE_DIR=/absolute/path/to/project")
+    path = posixpath.normpath("/" + path.lstrip("/"))  # normpath keeps a leading '//' (POSIX): drop it first
+    return "/" + path.lstrip("/")
+
+
+def refuse_unsafe(path: str, home: str) -> None:
+    """`path` is normalised. Refuse '/', home directories and system directories outright."""
+    homes = {posixpath.normpath(home)} if home else set()
+    parent = posixpath.dirname(path)
+    if path in NOT_PROJECT_DIRS or path in homes or parent == "/home":
+        raise PodError(f"REMOTE_DIR {path} is a system or home directory, not a project directory",
+                       f"use a directory of its own, e.g. REMOTE_DIR={path.rstrip('/')}/podkit")
+    for tree in SYSTEM_TREES:
+        if path == tree or path.startswith(tree + "/"):
+            raise PodError(f"REMOTE_DIR {path} is inside the system directory {tree}",
+                           "use a directory of its own under your home or /workspace")
+
+
+CLAIM_SCRIPT = r'''
+d={d}
+if [ -d "$d/.podkit" ]; then echo owned; exit 0; fi
+if [ -e "$d" ] && [ ! -d "$d" ]; then echo notdir; exit 0; fi
+if [ -d "$d" ] && [ -n "$(ls -A "$d" 2>/dev/null)" ] && [ {force} != 1 ]; then echo foreign; exit 0; fi
+mkdir -p "$d/.podkit" || exit 3
+date -u +%Y-%m-%dT%H:%M:%SZ > "$d/.podkit/created"
+echo claimed
+'''
+
+
+def claim(conn: PodConnection, remote_dir: str, *, force: bool = False) -> str:
+    """Make sure deploy may write into `remote_dir`: 'owned', 'claimed' (new, empty or --force)."""
+    result = conn.run(CLAIM_SCRIPT.format(d=shlex.quote(remote_dir), force=int(force)), prelude=False)
+    state = result.stdout.strip().splitlines()[-1:] or [""]
+    if state[0] == "foreign":
+        raise PodError(f"REMOTE_DIR {remote_dir} exists, is not empty and was not created by podkit; refusing to write there",
+                       "pick a new or empty directory, or re-run with --force (FORCE=1) to add podkit's files "
+                       "beside what is there; podkit never deletes files it did not send")
+    if state[0] == "notdir":
+        raise PodError(f"REMOTE_DIR {remote_dir} exists and is not a directory", "pick another REMOTE_DIR")
+    if state[0] not in ("owned", "claimed"):
+        detail = (result.stderr or result.stdout).strip().splitlines()
+        if any("No space" in line for line in detail):
+            raise PodError(f"the pod's disk is full at {remote_dir}", "free space, then re-run")
+        raise PodError(f"cannot create {remote_dir}: {detail[-1] if detail else result.exit_code}",
+                       "set REMOTE_DIR= to a writable path")
+    return state[0]
+
+
+def deployed(conn: PodConnection, remote_dir: str) -> bool:
+    return conn.run(f"[ -d {shlex.quote(remote_dir)}/.podkit ]", prelude=False).ok
+
+
+def read_manifest(conn: PodConnection, remote_dir: str) -> set[str] | None:
+    """What podkit sent before; None when there is no manifest (nothing may be deleted then)."""
+    q = shlex.quote(f"{remote_dir}/{MANIFEST}")
+    result = conn.run(f"[ -r {q} ] || exit 3; base64 < {q}", prelude=False)
+    if result.exit_code == 3:
+        return None
+    import base64
+    raw = base64.b64decode("".join(result.stdout.split()))
+    return {p for p in raw.decode(errors="surrogateescape").split("\0") if _safe_relative(p)}
+
+
+def write_manifest(conn: PodConnection, remote_dir: str, paths: set[str]) -> None:
+    q = shlex.quote(f"{remote_dir}/{MANIFEST}")
+    data = "\0".join(sorted(paths))
+    conn.run(f"mkdir -p {shlex.quote(remote_dir)}/.podkit && cat > {q}.tmp && mv {q}.tmp {q}", stdin=data,
+             prelude=False, check=True)
+
+
+def delete_stale(conn: PodConnection, remote_dir: str, stale: set[str]) -> int:
+    """Remove files podkit sent before and no longer sends, and directories they leave empty."""
+    stale = {p for p in stale if _safe_relative(p)}
+    if not stale:
+        return 0
+    script = (f"cd {shlex.quote(remote_dir)} || exit 3\n"
+              "while IFS= read -r f || [ -n \"$f\" ]; do rm -f -- \"$f\"; "
+              "p=$(dirname -- \"$f\"); [ \"$p\" = . ] || rmdir -p --ignore-fail-on-non-empty -- \"$p\" 2>/dev/null; done; true")
+    # newline-separated on the wire (the shell's stdin is a text line); names with a newline are skipped
+    conn.run(script, stdin="\n".join(sorted(p for p in stale if "\n" not in p)), prelude=False, check=True)
+    return len(stale)
+
+
+def _safe_relative(path: str) -> bool:
+    return bool(path) and not path.startswith("/") and ".." not in path.split("/") and not path.startswith(MARKER)

@@ -1,0 +1,138 @@
+"""Deploy owns only what it writes (issue 12, items 1, 5 and 8), against a real sshd on loopback.
+
+A directory podkit did not create keeps its files; REMOTE_DIR is normalised before any check;
+files are chosen as git chooses them, the same over rsync and SFTP; `run` refuses an undeployed
+directory.
+"""
+
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from pods.connection import PodConnection
+from pods.hosts import parse_host, resolve
+from pods.ownership import claim
+from pods.selection import chosen_files
+from pods.sync import push
+from sshd_harness import LoopbackPod, pod_cli, project_copy, sshd_available
+
+pytestmark = pytest.mark.skipif(sshd_available() is not None, reason=str(sshd_available()))
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    base = tmp_path_factory.mktemp("own")
+    pod = LoopbackPod(base, "own").start()
+    project = project_copy(base / "laptop" / "podkit")
+    known_hosts = base / "known_hosts"
+    known_hosts.write_text(pod.known_hosts_line())
+    yield SimpleNamespace(base=base, pod=pod, project=project, known_hosts=known_hosts)
+    pod.stop()
+
+
+def cli(world, *args, **kw):
+    return pod_cli(world.project, *args, known_hosts=world.known_hosts, **kw)
+
+
+def args_for(world, remote_dir: str) -> list[str]:
+    return ["--key", str(world.pod.client_key), "--remote-dir", remote_dir, "--python", sys.executable]
+
+
+def one_line_error(out) -> str:
+    assert out.returncode == 2, out.stdout + out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in out.stderr, out.stderr
+    return lines[0]
+
+
+def connection(world) -> PodConnection:
+    pod = world.pod
+    return PodConnection(resolve(parse_host(pod.spec, key=str(pod.client_key))), known_hosts=world.known_hosts)
+
+
+def tree(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("remote_dir", ["/tmp/.", "//tmp", "/root/.", "/home/ubuntu", "/etc", "/", "/usr/local/x",
+                                        "/workspace/../etc"])
+def test_system_and_home_directories_are_refused_after_normalising(world, remote_dir):
+    line = one_line_error(cli(world, "deploy", world.pod.spec, *args_for(world, remote_dir)))
+    assert "system" in line and "REMOTE_DIR" in line, line
+    assert "//" not in line.split("REMOTE_DIR ", 1)[1].split()[0] and "/." not in line.split("REMOTE_DIR ", 1)[1].split()[0]
+
+
+def test_a_foreign_directory_is_refused_then_force_keeps_every_file_of_its_owner(world):
+    theirs = world.base / "pod-side" / "existing"
+    (theirs / "notes").mkdir(parents=True)
+    (theirs / "thesis.txt").write_text("four years of work\n")
+    (theirs / "notes" / "chapter1.md").write_text("draft\n")
+    (theirs / "README.md").write_text("their readme, same name as one of ours\n")
+    before = tree(theirs)
+
+    refused = cli(world, "deploy", world.pod.spec, *args_for(world, str(theirs) + "/."))
+    line = one_line_error(refused)
+    assert str(theirs) in line and "--force" in line and "not created by podkit" in line
+    assert tree(theirs) == before and not (theirs / ".podkit").exists()
+
+    forced = cli(world, "deploy", world.pod.spec, *args_for(world, str(theirs)), "--force")
+    assert forced.returncode == 0, forced.stdout + forced.stderr
+    assert (theirs / "bin" / "smoke").exists()
+    assert (theirs / "thesis.txt").read_text() == before["thesis.txt"]
+    assert (theirs / "notes" / "chapter1.md").read_text() == before["notes/chapter1.md"]
+
+    # Later deploys delete only what podkit itself sent and the user removed locally.
+    (theirs / "made-on-the-pod.txt").write_text("results\n")
+    (world.project / "tests" / "test_gpus.py").unlink()
+    again = cli(world, "deploy", world.pod.spec, *args_for(world, str(theirs)))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert not (theirs / "tests" / "test_gpus.py").exists()
+    assert (theirs / "thesis.txt").exists() and (theirs / "notes" / "chapter1.md").exists()
+    assert (theirs / "made-on-the-pod.txt").exists()
+
+
+def test_run_in_a_directory_that_was_never_deployed_is_refused(world):
+    never = world.base / "pod-side" / "never-deployed"
+    line = one_line_error(cli(world, "run", *args_for(world, str(never)), world.pod.spec, "--", "true"))
+    assert "never deployed" in line and "deploy" in line
+    assert not never.exists()
+
+
+def _git_project(root: Path) -> set[str]:
+    """A repository using the rules rsync's filters got wrong; returns what git would commit."""
+    root.mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    files = {
+        ".gitignore": "*.log\n!keep.log\nbuild/\n",
+        ".podignore": "data/\n!build/wanted.bin\n",
+        "train.py": "print('hi')\n", "keep.log": "negated: git tracks it\n", "noise.log": "ignored\n",
+        "sub/.gitignore": "local.txt\n", "sub/local.txt": "nested ignore\n", "sub/code.py": "x = 1\n",
+        "secret.txt": "in .git/info/exclude\n", "data/big.bin": "podignored\n",
+        "build/out.o": "ignored\n", "build/wanted.bin": "added back by .podignore\n",
+        "runs/r0/summary.json": "{}\n", ".venv/bin/python": "#!\n",
+    }
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    (root / ".git" / "info" / "exclude").write_text("secret.txt\n")
+    subprocess.run(["git", "-C", str(root), "add", "train.py", ".gitignore"], check=True)
+    return {".gitignore", ".podignore", "train.py", "keep.log", "sub/.gitignore", "sub/code.py", "build/wanted.bin"}
+
+
+def test_files_are_chosen_as_git_chooses_them_over_rsync_and_sftp(world):
+    local = world.base / "gitproj"
+    expected = _git_project(local)
+    assert set(chosen_files(local)) == expected
+    with connection(world) as conn:
+        for name, rsync_on_pod in (("via-rsync", True), ("via-sftp", False)):
+            remote = world.base / "pod-side" / name
+            claim(conn, str(remote))
+            push(conn, local, str(remote), rsync_on_pod=rsync_on_pod)
+            sent = {k for k in tree(remote) if not k.startswith(".podkit/")}
+            assert sent == expected, name
+    # Outside git the same rules come from pathspec (.git/info/exclude then does not exist).
+    subprocess.run(["rm", "-rf", str(local / ".git")], check=True)
+    assert set(chosen_files(local)) == expected | {"secret.txt"}
