@@ -29,6 +29,7 @@ ROPE_THETA = 500000.0  # Llama 3
 LORA_ALPHA = 16
 
 ATTENTION = ("sdpa", "flash-attn", "eager")
+SDPA_KERNELS = ("auto", "flash", "efficient", "math")
 LOSSES = ("fp32-upcast", "fp32-logits-kept", "chunked", "fused")
 AC_POLICIES = ("none", "matmuls", "op-sac", "block")
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
@@ -47,6 +48,9 @@ def ac_policy_for(checkpointing: str) -> str:
 class ModelOptions:
     attention: str = "sdpa"
     """sdpa | flash-attn | eager."""
+    sdpa_kernel: str = "auto"
+    """auto (torch's dispatch on this device) or the aten kernel to call: flash | efficient | math.
+    The traced estimate sets the one the target GPU would pick (train/traced.py sdpa_backend)."""
     ac_policy: str = "none"
     """Activation checkpointing per block: none; matmuls (podkit's selective: keep every matmul and
     attention output); op-sac (torchtitan's op-level selective AC: keep attention and every second
@@ -71,7 +75,8 @@ class ModelOptions:
     def __post_init__(self):
         for name, value, choices in (("attention", self.attention, ATTENTION), ("loss", self.loss, LOSSES),
                                      ("ac_policy", self.ac_policy, AC_POLICIES),
-                                     ("lora_dtype", self.lora_dtype, LORA_DTYPES)):
+                                     ("lora_dtype", self.lora_dtype, LORA_DTYPES),
+                                     ("sdpa_kernel", self.sdpa_kernel, SDPA_KERNELS)):
             if value not in choices:
                 raise ValueError(f"ModelOptions.{name}: {value!r} is not one of {', '.join(choices)}")
         unknown = set(self.lora_targets) - set(LORA_TARGETS)
@@ -140,7 +145,7 @@ class Attention(nn.Module):
     def __init__(self, shape: ModelShape, opts: ModelOptions, linear):
         super().__init__()
         self.heads, self.kv_heads, self.d_head = shape.heads, shape.kv_heads, shape.d_head
-        self.attention = opts.attention
+        self.attention, self.kernel = opts.attention, opts.sdpa_kernel
         h = shape.hidden
         self.q_proj = linear("q_proj", h, shape.q_dim, bias=shape.qkv_bias)
         self.k_proj = linear("k_proj", h, shape.kv_dim, bias=shape.qkv_bias)
@@ -166,10 +171,22 @@ class Attention(nn.Module):
             else:
                 # The flash backend on CUDA (fp16/bf16), memory-efficient or math otherwise; no
                 # s x s matrix is kept, and GQA needs no repeated k/v.
-                out = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                                     enable_gqa=self.heads != self.kv_heads)
+                out = _sdpa(q, k, v, self.kernel, self.heads != self.kv_heads)
             out = out.transpose(1, 2).reshape(b, s, -1)
         return self.o_proj(out)
+
+
+def _sdpa(q, k, v, kernel: str, gqa: bool) -> torch.Tensor:
+    """Causal SDPA through torch's dispatch, or straight through one aten kernel. The fused kernels
+    save out and logsumexp; math saves the s x s attention weights."""
+    aten = torch.ops.aten
+    if kernel == "flash":
+        return aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True, False)[0]
+    if kernel == "efficient":
+        return aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, True)[0]
+    if kernel == "math":
+        return aten._scaled_dot_product_attention_math(q, k, v, None, 0.0, True, None, enable_gqa=gqa)[0]
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
 
 
 def _eager_attention(q, k, v, groups: int) -> torch.Tensor:
