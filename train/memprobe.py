@@ -189,7 +189,7 @@ class TensorCounter(TorchDispatchMode):
 
     def resized(self, storage, category: str) -> None:
         """UntypedStorage.resize_ (FSDP2 allocates and frees unsharded parameters this way) bypasses
-        the dispatcher: the caller reports it."""
+        the dispatcher: the caller reports it, and the storage counts under `category` from then on."""
         key = id(storage)
         n = self._size(storage)
         if key not in self._sizes:
@@ -197,10 +197,10 @@ class TensorCounter(TorchDispatchMode):
                 self._track(storage, None, category)
             return
         old, addr, cat = self._sizes[key]
-        self._sizes[key] = (n, addr, cat)
+        self._sizes[key] = (n, addr, category)
         self.live -= old
         self.by_category[cat] -= old
-        self._add(cat, n)
+        self._add(category, n)
 
     def window_split(self) -> dict[str, int]:
         """Live bytes by category at the window's peak."""

@@ -308,7 +308,10 @@ def _ddp_buckets(model: torch.nn.Module, counter: TensorCounter) -> list:
 
 def trace(job: JobConfig, steps: int = 2, device_kind: str = "cuda",
           options: model_mod.ModelOptions | None = None, optimizer_impl: str = "fused") -> TracedEstimate:
-    """Run `steps` optimizer steps of the job at full size on fake tensors; measure the last one."""
+    """Run `steps` optimizer steps of the job at full size on fake tensors and measure the last.
+
+    The steps before the last only create the optimizer states (from zero gradients: their forward
+    and backward would be the measured step's again), so steps=2 costs one forward and backward."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     if steps < 1:
@@ -333,7 +336,7 @@ def trace(job: JobConfig, steps: int = 2, device_kind: str = "cuda",
     fsdp, world = step_mod.uses_fsdp(job), c.world_size
     ddp = world > 1 and not fsdp
     counter = TensorCounter(trace_limit=0, block_bytes=cuda_block_bytes if cuda else None,
-                            classify=_weight_copies, scratch=flash_backward_workspace if cuda else None)
+                            classify=_fsdp_aware if fsdp else _weight_copies, scratch=flash_backward_workspace if cuda else None)
     phases = TracedPhases(counter)
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     gc_was_enabled = gc.isenabled()
@@ -374,23 +377,28 @@ def trace(job: JobConfig, steps: int = 2, device_kind: str = "cuda",
 
         parts = step_mod.StepParts(model, model, optimizer, scaler, params,
                                    lambda: step_mod.autocast_context(autocast, "cpu", t.precision),
-                                   next_batch, t.grad_accum, t.grad_clip)
+                                   next_batch, 1, t.grad_clip)
         with fake:
             counter.switch_on()
             try:
-                for step in range(1, steps + 1):
-                    phases.enabled = step == steps
-                    counter.category = "activations"
-                    counter.reset_peak()
-                    phases.mark("step_start")
-                    step_mod.optimizer_step(parts, phases)
-                    for state in optimizer.state.values():
-                        for value in state.values():
-                            if isinstance(value, torch.Tensor):
-                                counter.reclassify(value, "optimizer")
-                    for p in params:  # FSDP2 assigns sharded gradients outside autograd's hooks
-                        if p.grad is not None:
-                            counter.reclassify(p.grad, "grads")
+                # Warm-up steps only create the optimizer states: their forward and backward would
+                # repeat the measured step's, so the states are made from zero gradients instead.
+                counter.category = "optimizer"
+                for _ in range(steps - 1):
+                    for p in params:
+                        if p.grad is None:
+                            p.grad = torch.zeros_like(p)
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                _reclassify_states(optimizer, counter)
+                # The measured step. Micro-steps after the second repeat the second exactly
+                # (gradients exist and accumulate in place): trace min(2, grad_accum) of them.
+                parts.grad_accum = min(2, t.grad_accum)
+                counter.category = "activations"
+                counter.reset_peak()
+                phases.mark("step_start")
+                step_mod.optimizer_step(parts, phases)
+                _reclassify_states(optimizer, counter)
             finally:
                 counter.switch_off()
         del buckets
@@ -411,12 +419,43 @@ def trace(job: JobConfig, steps: int = 2, device_kind: str = "cuda",
                           notes=notes)
 
 
+def _reclassify_states(optimizer, counter: TensorCounter) -> None:
+    for state in optimizer.state.values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor):
+                counter.reclassify(value, "optimizer")
+
+
 def _weight_copies(func, args, counter: TensorCounter) -> str | None:
     """A dtype copy of a parameter (autocast's weight cache) is parameter memory."""
     if func is aten._to_copy.default and args and isinstance(args[0], torch.Tensor):
         if counter.category_of(args[0].untyped_storage()) == "params":
             return "params"
     return None
+
+
+# FSDP2's functions (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, _fsdp_param.py)
+# whose allocations are gathered parameters, or gradients on their way to the reduce-scatter.
+_FSDP_PARAMS = frozenset({"foreach_all_gather", "foreach_all_gather_copy_out", "init_all_gather_outputs",
+                          "init_unsharded_param", "all_gather_copy_in_meta", "all_gather_copy_in_cuda"})
+_FSDP_GRADS = frozenset({"foreach_reduce", "foreach_reduce_scatter_copy_in"})
+
+
+def _fsdp_aware(func, args, counter: TensorCounter) -> str | None:
+    """_weight_copies, plus FSDP2's buffers by the function that allocates them."""
+    import sys
+
+    frame = sys._getframe(2)
+    for _ in range(30):
+        if frame is None:
+            break
+        name = frame.f_code.co_name
+        if name in _FSDP_PARAMS:
+            return "params"
+        if name in _FSDP_GRADS:
+            return "grads"
+        frame = frame.f_back
+    return _weight_copies(func, args, counter)
 
 
 def _optimizer(model, job: JobConfig, impl: str, zero1: bool):
