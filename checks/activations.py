@@ -73,7 +73,7 @@ def block_facts(job, device: str = "cuda") -> BlockFacts:
     # fp32 jobs, and mixed precision with fp32 weights on the GPU (autocast). LoRA bases, pure bf16
     # and FSDP's bf16 gathered parameters give a 16-bit stream.
     stream = 4 if t.precision == "fp32" or (f.autocast and not lora) else e
-    adapter = 4 if (t.precision == "fp32" or f.lora_dtype == "fp32") else e
+    adapter = f.adapter_bytes or e
     return BlockFacts(
         hidden=shape.hidden, q_dim=shape.q_dim, kv_dim=shape.kv_dim, ffn=shape.ffn, heads=shape.heads,
         seq_len=t.seq_len, e=e, stream=stream,

@@ -44,7 +44,10 @@ def run_preflight(config: str, gpu: str | None, probe: bool):
 @click.option("--gpu", help="GPU catalog name to predict for, overriding [cluster].gpu (e.g. H100, A10G, RTX4090).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 @click.option("--no-probe", is_flag=True, help="Skip looking at this machine (env, packages, GPU, disk).")
-def main(config: str, gpu: str | None, as_json: bool, no_probe: bool) -> None:
+@click.option("--traced", is_flag=True,
+              help="Also run the training step at full size on fake tensors (needs torch; a CPU is enough; "
+                   "tens of seconds) and show its phases beside the analytic ones.")
+def main(config: str, gpu: str | None, as_json: bool, no_probe: bool, traced: bool) -> None:
     """Predict per-GPU training memory term by term and check a job before it runs.
 
     Reads the job config, predicts params, grads, optimizer states, activations, the loss
@@ -56,13 +59,40 @@ def main(config: str, gpu: str | None, as_json: bool, no_probe: bool) -> None:
     except ConfigError as exc:
         click.echo(f"preflight: {exc}", err=True)
         sys.exit(EXIT_BAD_INPUT)
+    trace = None
+    if traced:
+        try:
+            trace = run_traced(result.job)
+        except ConfigError as exc:
+            click.echo(f"preflight: {exc}", err=True)
+            sys.exit(EXIT_BAD_INPUT)
     if as_json:
-        click.echo(json.dumps(result.to_json(), indent=2))
+        data = result.to_json()
+        if trace is not None:
+            from checks.traced_report import comparison
+
+            data["traced"] = {**trace, "comparison": comparison(result.estimate, trace)}
+        click.echo(json.dumps(data, indent=2))
     else:
         from rich.console import Console
 
-        result.render(Console())
+        console = Console()
+        result.render(console)
+        if trace is not None:
+            from checks.traced_report import render
+
+            render(console, result.estimate, trace)
     sys.exit(0 if result.ok else EXIT_FAILED)
+
+
+def run_traced(job) -> dict:
+    """train.traced's estimate as JSON; torch is imported here only, when --traced asks for it."""
+    try:
+        from train.traced import trace
+    except ImportError as exc:
+        raise ConfigError("--traced", f"needs torch, which cannot be imported here ({exc})",
+                          "install torch (make setup), or drop --traced for the analytic estimate") from None
+    return trace(job).to_json()
 
 
 if __name__ == "__main__":

@@ -135,7 +135,8 @@ class TrainConfig:
     lora_dropout: float = 0.0
     """Dropout on the adapters' input (peft's lora_dropout): saves a mask and the dropped input."""
     lora_dtype: str = "stack"
-    """Adapter weights under a 16-bit base: "stack" | "fp32" (peft's autocast_adapter_dtype) | "compute"."""
+    """Adapter weights: "stack" | "param" (the precision's trainable dtype) | "fp32" (peft's
+    autocast_adapter_dtype) | "compute"."""
     stack: str = "podkit"
     """The library that runs the training step: podkit | hf (transformers Trainer/TRL + peft +
     bitsandbytes) | deepspeed | torchtitan | litgpt | torchtune. Sets the defaults below."""

@@ -213,12 +213,9 @@ def _compute_bytes(job: JobConfig) -> int:
 
 def _param_bytes(job: JobConfig) -> int:
     """How trainable weights are stored: fp32 masters unless pure bf16; LoRA adapters by the stack."""
-    t = job.train
-    if t.precision == "bf16":
-        return 2
-    if t.lora_rank and job.facts.lora_dtype == "compute":
-        return _compute_bytes(job)
-    return 4
+    if job.train.lora_rank:
+        return job.facts.adapter_bytes
+    return 2 if job.train.precision == "bf16" else 4
 
 
 def optimizer_bytes(job: JobConfig, groups: list[ParamGroup], state_bytes: int) -> int:
@@ -411,7 +408,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
                                           transient=True)]
 
     # ---- optimizer ----------------------------------------------------------------------------
-    state_bytes = 2 if t.precision == "bf16" or (lora and f.lora_dtype == "compute" and t.precision != "fp32") else 4
+    state_bytes = param_bytes  # torch optimizers keep states in the parameter's dtype
     opt_total = optimizer_bytes(job, trainable, state_bytes) // optim_shards
     # bitsandbytes pages (cudaMallocManaged, outside torch's allocator) only the states of tensors
     # of at least 1e5 values (bitsandbytes/optim/optimizer.py get_state_buffer: `if not

@@ -33,7 +33,7 @@ LOSSES = ("fp32-upcast", "fp32-logits-kept", "chunked", "fused", "native")
 #   block     per-block (per decoder layer) full recompute: only each block's input is kept
 AC_POLICIES = ("none", "matmuls", "op-sac", "block")
 OPTIMIZER_IMPLS = ("fused", "foreach", "for-loop")
-LORA_DTYPES = ("fp32", "compute")
+LORA_DTYPES = ("param", "fp32", "compute")  # param: the precision's trainable dtype (podkit)
 
 LLAMA_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 GPT2_LINEARS = ("c_attn", "attn.c_proj", "c_fc", "mlp.c_proj")
@@ -59,7 +59,7 @@ class Stack:
     lora_targets: tuple[str, ...]
     """LoRA's default target modules, by Llama module name ("all" = every block linear)."""
     lora_dtype: str
-    """Adapter weights' dtype under a 16-bit base: fp32 or the compute dtype."""
+    """Adapter weights' dtype: param (fp32 masters unless pure bf16), fp32 always, or the compute dtype."""
     adamw_impl: str
     """torch AdamW implementation the stack picks on CUDA (fused / foreach / for-loop)."""
     quantize_head: bool
@@ -80,7 +80,7 @@ STACK_FACTS: dict[str, Stack] = {
     for s in [
         # podkit's own smoke loop: train/model.py (cross_entropy(logits.float())), train/optim.py
         # (AdamW(fused=True)), LoRA on every block linear in the optimizer's dtype.
-        Stack("podkit", "fp32-upcast", 0, 0, True, False, "matmuls", ("all",), "fp32", "fused", False, False, False,
+        Stack("podkit", "fp32-upcast", 0, 0, True, False, "matmuls", ("all",), "param", "fused", False, False, False,
               "podkit train/model.py, train/optim.py"),
         # transformers >= 4.46 (LlamaForCausalLM.forward -> self.loss_function = ForCausalLMLoss in
         # loss/loss_utils.py: `logits = logits.float()` inside the loss, labels shifted by padding, not
@@ -140,6 +140,8 @@ class JobFacts:
     lora_targets: tuple[str, ...]
     """Resolved module names (Llama or GPT-2 names), possibly including lm_head."""
     lora_dtype: str
+    adapter_bytes: int
+    """Bytes per adapter weight (and its gradient and, for AdamW, each state); 0 without LoRA."""
     lora_dropout: float
     optimizer_impl: str
     fsdp: bool
@@ -238,6 +240,8 @@ def resolve(train, cluster, arch: str) -> JobFacts:
         lora=lora,
         lora_targets=resolve_targets(train.lora_targets, linears, default_targets) if lora else (),
         lora_dtype=lora_dtype,
+        adapter_bytes=(0 if not lora else 4 if lora_dtype == "fp32" or train.precision == "fp32"
+                       else 2 if lora_dtype == "compute" or train.precision == "bf16" else 4),
         lora_dropout=train.lora_dropout if lora else 0.0,
         optimizer_impl=impl,
         fsdp=fsdp,

@@ -84,50 +84,127 @@ class CudaProbe:
         torch.cuda.memory._record_memory_history(enabled=None)
 
 
+def cuda_block_bytes(nbytes: int) -> int:
+    """What the CUDA caching allocator counts as allocated for one storage: round_size() in
+    c10/cuda/CUDACachingAllocator.cpp rounds every request up to a multiple of kMinBlockSize = 512
+    bytes (roundup_power2_divisions is off by default); an empty storage allocates nothing."""
+    return 0 if nbytes == 0 else -(-nbytes // 512) * 512
+
+
 class TensorCounter(TorchDispatchMode):
-    """Live tensor bytes on CPU, with a trace in memory_viz's snapshot format."""
+    """Live tensor bytes on CPU, with a trace in memory_viz's snapshot format.
+
+    The traced estimate (train/traced.py) runs it under FakeTensorMode with `block_bytes` set to
+    the CUDA allocator's rounding, and sorts the live bytes by what they are (`category`, set by
+    the phase; `reclassify` for gradients and optimizer states; `classify` for outputs an op makes
+    from a parameter, such as autocast's weight cache). `scratch` adds the workspace a kernel
+    allocates and frees inside one op (flash attention's backward) to the peak.
+    """
 
     kind = "tensor-counter"
 
-    def __init__(self, trace_limit: int = 200_000):
+    def __init__(self, trace_limit: int = 200_000, block_bytes=None, classify=None, scratch=None):
         super().__init__()
         self.live = 0
         self._window_peak = 0
         self._run_peak = 0
-        self._sizes: dict[int, tuple[int, int]] = {}  # id(storage) -> (bytes, address)
+        self._sizes: dict[int, tuple[int, int, str]] = {}  # id(storage) -> (bytes, address, category)
         self._trace: list[dict] | None = None
         self._trace_limit = trace_limit
+        self._block_bytes = block_bytes
+        self._classify = classify
+        self._scratch = scratch
+        self.category = "activations"
+        self.by_category: dict[str, int] = {}
+        self._window_split: dict[str, int] = {}
         self.active = False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        category = self._classify(func, args, self) if self._classify is not None else None
         for t in tree_leaves(out):
             for plain in _plain_tensors(t):
-                self._track(plain.untyped_storage(), func)
+                self._track(plain.untyped_storage(), func, category)
+        if self._scratch is not None:
+            extra = self._scratch(func, args)
+            if extra and self.live + extra > self._window_peak:
+                self._window_peak = self.live + extra
+                self._window_split = dict(self.by_category)
+                self._window_split["temporaries"] = self._window_split.get("temporaries", 0) + extra
         return out
 
-    def _track(self, storage, func) -> None:
+    def _size(self, storage) -> int:
+        n = storage.nbytes()
+        return self._block_bytes(n) if self._block_bytes is not None else n
+
+    def _track(self, storage, func, category: str | None = None) -> None:
         key = id(storage)
         if key in self._sizes:
             return  # a view or an in-place result: no new memory
-        n, addr = storage.nbytes(), storage.data_ptr()
-        self._sizes[key] = (n, addr)
-        self.live += n
-        if self.live > self._window_peak:
-            self._window_peak = self.live
+        n = self._size(storage)
+        addr = storage.data_ptr() if self._trace is not None else 0
+        category = category or self.category
+        self._sizes[key] = (n, addr, category)
+        self._add(category, n)
         if self._trace is not None and len(self._trace) < self._trace_limit:
             self._trace.append({"action": "alloc", "addr": addr, "size": n, "stream": 0,
                                 "time_us": time.perf_counter_ns() // 1000,
                                 "frames": [{"filename": "aten", "line": 0, "name": str(func)}]})
         weakref.finalize(storage, self._free, key)
 
+    def _add(self, category: str, n: int) -> None:
+        self.live += n
+        self.by_category[category] = self.by_category.get(category, 0) + n
+        if self.live > self._window_peak:
+            self._window_peak = self.live
+            self._window_split = dict(self.by_category)
+
     def _free(self, key: int) -> None:
-        n, addr = self._sizes.pop(key, (0, 0))
+        n, addr, category = self._sizes.pop(key, (0, 0, ""))
         self.live -= n
+        if category:
+            self.by_category[category] -= n
         if self._trace is not None and len(self._trace) < self._trace_limit:
             for action in ("free_requested", "free_completed"):
                 self._trace.append({"action": action, "addr": addr, "size": n, "stream": 0,
                                     "time_us": time.perf_counter_ns() // 1000, "frames": []})
+
+    def category_of(self, storage) -> str:
+        entry = self._sizes.get(id(storage))
+        return entry[2] if entry else ""
+
+    def reclassify(self, tensor: torch.Tensor, category: str) -> None:
+        """Count a tensor's storage (tracked or not) under `category` from now on."""
+        for plain in _plain_tensors(tensor):
+            storage = plain.untyped_storage()
+            key = id(storage)
+            if key not in self._sizes:
+                self._track(storage, None, category)
+                continue
+            n, addr, old = self._sizes[key]
+            if old != category:
+                self._sizes[key] = (n, addr, category)
+                self.by_category[old] -= n
+                self.by_category[category] = self.by_category.get(category, 0) + n
+
+    def resized(self, storage, category: str) -> None:
+        """UntypedStorage.resize_ (FSDP2 allocates and frees unsharded parameters this way) bypasses
+        the dispatcher: the caller reports it, and the storage counts under `category` from then on."""
+        key = id(storage)
+        n = self._size(storage)
+        if key not in self._sizes:
+            if n:
+                self._track(storage, None, category)
+            return
+        old, addr, cat = self._sizes[key]
+        self._sizes[key] = (n, addr, category)
+        self.live -= old
+        self.by_category[cat] -= old
+        self._add(category, n)
+
+    def window_split(self) -> dict[str, int]:
+        """Live bytes by category at the window's peak."""
+        return dict(self._window_split)
 
     # -- the probe interface ------------------------------------------------------------------
     def allocated(self) -> int:
@@ -139,6 +216,7 @@ class TensorCounter(TorchDispatchMode):
     def reset_peak(self) -> None:
         self._run_peak = max(self._run_peak, self._window_peak)
         self._window_peak = self.live
+        self._window_split = dict(self.by_category)
 
     def stats(self) -> AllocatorStats:
         peak = max(self._run_peak, self._window_peak)
@@ -152,7 +230,7 @@ class TensorCounter(TorchDispatchMode):
 
     def dump_history(self, path: str) -> None:
         blocks = [{"size": n, "state": "active_allocated", "requested_size": n, "frames": []}
-                  for n, _ in self._sizes.values()]
+                  for n, _, _ in self._sizes.values()]
         snapshot = {"device_traces": [list(self._trace or [])],
                     "segments": [{"device": 0, "address": 0, "total_size": sum(b["size"] for b in blocks),
                                   "stream": 0, "blocks": blocks}] if blocks else []}

@@ -2,8 +2,12 @@
 
 It is structured the way checks/memory.py counts it (HF modeling_llama): RMSNorm computed in
 fp32, separate q/k/v/o and gate/up/down projections, RoPE, grouped-query attention without
-repeating k/v for SDPA, and the loss as cross_entropy(logits.float()) inside forward so the
-logits are never kept. Change one and the other must follow.
+repeating k/v for SDPA. Change one and the other must follow.
+
+ModelOptions also emulates the memory-relevant choices of other training stacks, so that bin/smoke
+and the traced estimate (train/traced.py) measure each of them: how the loss is computed
+(`loss`), what activation checkpointing saves (`ac_policy`), which linears carry LoRA adapters, in
+which dtype, and with what dropout.
 
 The model is created on the meta device and materialised once, straight on the target device
 (`materialize`), so a 7B model never passes through CPU RAM.
@@ -13,25 +17,83 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from checks.models import ModelShape
+from train import losses
 
 ROPE_THETA = 500000.0  # Llama 3
 LORA_ALPHA = 16
 
+ATTENTION = ("sdpa", "flash-attn", "eager")
+SDPA_KERNELS = ("auto", "flash", "efficient", "math")
+LOSSES = ("fp32-upcast", "fp32-logits-kept", "chunked", "fused", "native")
+AC_POLICIES = ("none", "matmuls", "op-sac", "block")
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
+LORA_DTYPES = ("param", "fp32", "compute")
+# torchtune CEWithChunkedOutputLoss(num_output_chunks=8) (torchtune/modules/loss/ce_chunked_output_loss.py).
+DEFAULT_LOSS_CHUNKS = 8
+
+
+def ac_policy_for(checkpointing: str) -> str:
+    """podkit's own `checkpointing` key as an AC policy: selective keeps every matmul output, full
+    recomputes each block."""
+    return {"none": "none", "selective": "matmuls", "full": "block"}[checkpointing]
+
 
 @dataclass(frozen=True)
 class ModelOptions:
-    attention: str = "sdpa"  # sdpa | flash-attn | eager
-    checkpointing: str = "none"  # none | selective | full
+    attention: str = "sdpa"
+    """sdpa | flash-attn | eager."""
+    sdpa_kernel: str = "auto"
+    """auto (torch's dispatch on this device) or the aten kernel to call: flash | efficient | math.
+    The traced estimate sets the one the target GPU would pick (train/traced.py sdpa_backend)."""
+    ac_policy: str = "none"
+    """Activation checkpointing per block: none; matmuls (podkit's selective: keep every matmul and
+    attention output); op-sac (torchtitan's op-level selective AC: keep attention and every second
+    mm); block (full recompute of each block: HF gradient_checkpointing, torchtune, litgpt)."""
+    loss: str = "fp32-upcast"
+    """fp32-upcast (podkit: cross_entropy(logits.float())); fp32-logits-kept (HF transformers: fp32
+    logits returned in the output and referenced until backward); chunked (torchtune/litgpt: head and
+    cross-entropy per chunk of the sequence); fused (linear + cross-entropy in one autograd Function
+    that recomputes each chunk's logits in backward, after Liger's fused linear cross entropy)."""
+    loss_chunks: int = DEFAULT_LOSS_CHUNKS
+    """Chunks along the sequence for the chunked and fused losses."""
+    loss_upcast: bool = True
+    """Cross-entropy on fp32 logits (podkit, torchtune, transformers) or on the compute dtype (litgpt)."""
+    logits_kept: bool = False
+    """The logits stay referenced until after backward (litgpt's fit keeps its chunk list)."""
     lora_rank: int = 0
+    lora_targets: tuple[str, ...] = LORA_TARGETS[:-1]
+    """Linears that carry adapters (podkit: every block linear)."""
+    lora_dropout: float = 0.0
+    """peft's lora_dropout: > 0 saves a mask and the dropped input for each adapter."""
+    lora_dtype: str = "param"
+    """Adapter weights: param (podkit: the trainable dtype of the precision), fp32, or compute."""
     base_quant: str = "none"  # none | int8 | nf4
     max_seq_len: int = 2048
+
+    def __post_init__(self):
+        for name, value, choices in (("attention", self.attention, ATTENTION), ("loss", self.loss, LOSSES),
+                                     ("ac_policy", self.ac_policy, AC_POLICIES),
+                                     ("lora_dtype", self.lora_dtype, LORA_DTYPES),
+                                     ("sdpa_kernel", self.sdpa_kernel, SDPA_KERNELS)):
+            if value not in choices:
+                raise ValueError(f"ModelOptions.{name}: {value!r} is not one of {', '.join(choices)}")
+        unknown = set(self.lora_targets) - set(LORA_TARGETS)
+        if unknown:
+            raise ValueError(f"ModelOptions.lora_targets: unknown {sorted(unknown)}; known {', '.join(LORA_TARGETS)}")
+        if self.lora_rank and not self.lora_targets:
+            raise ValueError("ModelOptions.lora_targets: LoRA needs at least one target linear")
+        if not 0 <= self.lora_dropout < 1:
+            raise ValueError(f"ModelOptions.lora_dropout: must be in [0, 1), got {self.lora_dropout}")
+        if self.loss_chunks < 1:
+            raise ValueError(f"ModelOptions.loss_chunks: must be at least 1, got {self.loss_chunks}")
+        if self.loss == "fused" and self.lora_rank and "lm_head" in self.lora_targets:
+            raise ValueError("ModelOptions.loss: the fused loss needs a plain head weight, not a LoRA lm_head")
 
 
 class RMSNorm(nn.Module):
@@ -50,17 +112,32 @@ class RMSNorm(nn.Module):
 
 
 class LoRALinear(nn.Module):
-    """A frozen base linear plus a trainable low-rank update (Hu et al. 2021): W x + B A x * alpha/r."""
+    """A frozen base linear plus a trainable low-rank update (Hu et al. 2021): W x + B A drop(x) * alpha/r.
 
-    def __init__(self, base: nn.Module, fan_in: int, fan_out: int, rank: int, dtype: torch.dtype):
+    As peft's lora.Linear.forward (peft 0.13, tuners/lora/layer.py): the input is cast to the
+    adapter's dtype when they differ, dropout (a mask and the dropped copy, both saved) comes before
+    A, and the sum is cast back to the base output's dtype.
+    """
+
+    def __init__(self, base: nn.Module, fan_in: int, fan_out: int, rank: int, dtype: torch.dtype,
+                 dropout: float = 0.0):
         super().__init__()
         self.base = base
         self.lora_A = nn.Linear(fan_in, rank, bias=False, dtype=dtype)
         self.lora_B = nn.Linear(rank, fan_out, bias=False, dtype=dtype)
+        self.dropout = nn.Dropout(dropout) if dropout else nn.Identity()
         self.scale = LORA_ALPHA / rank
 
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.base.weight
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.base(x) + self.lora_B(self.lora_A(x)) * self.scale
+        result = self.base(x)
+        a = self.lora_A.weight
+        if x.dtype != a.dtype and not torch.is_autocast_enabled(x.device.type):
+            x = x.to(a.dtype)
+        return (result + self.lora_B(self.lora_A(self.dropout(x))) * self.scale).to(result.dtype)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -72,12 +149,12 @@ class Attention(nn.Module):
     def __init__(self, shape: ModelShape, opts: ModelOptions, linear):
         super().__init__()
         self.heads, self.kv_heads, self.d_head = shape.heads, shape.kv_heads, shape.d_head
-        self.attention = opts.attention
+        self.attention, self.kernel = opts.attention, opts.sdpa_kernel
         h = shape.hidden
-        self.q_proj = linear(h, shape.q_dim, bias=shape.qkv_bias)
-        self.k_proj = linear(h, shape.kv_dim, bias=shape.qkv_bias)
-        self.v_proj = linear(h, shape.kv_dim, bias=shape.qkv_bias)
-        self.o_proj = linear(shape.q_dim, h, bias=False)
+        self.q_proj = linear("q_proj", h, shape.q_dim, bias=shape.qkv_bias)
+        self.k_proj = linear("k_proj", h, shape.kv_dim, bias=shape.qkv_bias)
+        self.v_proj = linear("v_proj", h, shape.kv_dim, bias=shape.qkv_bias)
+        self.o_proj = linear("o_proj", shape.q_dim, h, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -98,10 +175,22 @@ class Attention(nn.Module):
             else:
                 # The flash backend on CUDA (fp16/bf16), memory-efficient or math otherwise; no
                 # s x s matrix is kept, and GQA needs no repeated k/v.
-                out = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                                     enable_gqa=self.heads != self.kv_heads)
+                out = _sdpa(q, k, v, self.kernel, self.heads != self.kv_heads)
             out = out.transpose(1, 2).reshape(b, s, -1)
         return self.o_proj(out)
+
+
+def _sdpa(q, k, v, kernel: str, gqa: bool) -> torch.Tensor:
+    """Causal SDPA through torch's dispatch, or straight through one aten kernel. The fused kernels
+    save out and logsumexp; math saves the s x s attention weights."""
+    aten = torch.ops.aten
+    if kernel == "flash":
+        return aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True, False)[0]
+    if kernel == "efficient":
+        return aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, True)[0]
+    if kernel == "math":
+        return aten._scaled_dot_product_attention_math(q, k, v, None, 0.0, True, None, enable_gqa=gqa)[0]
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
 
 
 def _eager_attention(q, k, v, groups: int) -> torch.Tensor:
@@ -119,9 +208,9 @@ def _eager_attention(q, k, v, groups: int) -> torch.Tensor:
 class MLP(nn.Module):
     def __init__(self, shape: ModelShape, linear):
         super().__init__()
-        self.gate_proj = linear(shape.hidden, shape.ffn, bias=False)
-        self.up_proj = linear(shape.hidden, shape.ffn, bias=False)
-        self.down_proj = linear(shape.ffn, shape.hidden, bias=False)
+        self.gate_proj = linear("gate_proj", shape.hidden, shape.ffn, bias=False)
+        self.up_proj = linear("up_proj", shape.hidden, shape.ffn, bias=False)
+        self.down_proj = linear("down_proj", shape.ffn, shape.hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -140,22 +229,54 @@ class Block(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-# torchtitan's selective checkpointing policy: keep what is expensive to recompute (matmuls and
-# attention), recompute norms, activations, casts and RoPE. Resolved lazily: some SDPA overloads
-# only exist in some builds.
-_SAVE_OPS = ("mm", "addmm", "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-             "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu")
+# What the selective policies keep. matmuls (podkit): every matmul and attention output, recompute
+# norms, activations, casts and RoPE. op-sac: torchtitan's _op_sac_save_list
+# (torchtitan/models/llama3/infra/parallelize.py, 2025), saving all of these except every second
+# aten.mm. Resolved lazily: some SDPA overloads only exist in some builds.
+_ATTENTION_OPS = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+                  "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu")
+_MATMULS_SAVE = ("mm", "addmm") + _ATTENTION_OPS
+_OP_SAC_SAVE = ("mm", "max", "_scaled_dot_product_attention_math") + _ATTENTION_OPS
 
 
-def _selective_policy():
+def _ops(names) -> set:
+    return {getattr(torch.ops.aten, name).default for name in names if hasattr(torch.ops.aten, name)}
+
+
+def _matmuls_policy():
     from torch.utils.checkpoint import CheckpointPolicy
 
-    save = {getattr(torch.ops.aten, name).default for name in _SAVE_OPS if hasattr(torch.ops.aten, name)}
+    save = _ops(_MATMULS_SAVE)
 
     def policy(ctx, op, *args, **kwargs):
         return CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.PREFER_RECOMPUTE
 
     return policy
+
+
+def _op_sac_policy():
+    """torchtitan's _custom_policy: count mm calls separately in forward and in recompute, and
+    recompute every second one."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    save, mm = _ops(_OP_SAC_SAVE), torch.ops.aten.mm.default
+    counts = {"forward": 0, "recompute": 0}
+
+    def policy(ctx, op, *args, **kwargs):
+        mode = "recompute" if ctx.is_recompute else "forward"
+        if op == mm:
+            counts[mode] += 1
+        keep = op in save and not (op == mm and counts[mode] % 2 == 0)
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy
+
+
+def _selective_context(make_policy):
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    # A fresh policy (and mm count) per block call, as torchtitan builds one per checkpoint.
+    return lambda: create_selective_checkpoint_contexts(make_policy())
 
 
 class Decoder(nn.Module):
@@ -165,30 +286,53 @@ class Decoder(nn.Module):
         self.embed_tokens = nn.Embedding(shape.vocab, shape.hidden)
         self.layers = nn.ModuleList(Block(shape, opts, linear) for _ in range(shape.layers))
         self.norm = RMSNorm(shape.hidden)
-        self.lm_head = None if shape.tie_embeddings else nn.Linear(shape.hidden, shape.vocab, bias=False)
+        self.lm_head = None if shape.tie_embeddings else linear("lm_head", shape.hidden, shape.vocab, bias=False)
         # RoPE tables: recomputed by init_weights after materialisation, never saved.
         self.register_buffer("rope_cos", torch.empty(opts.max_seq_len, shape.d_head), persistent=False)
         self.register_buffer("rope_sin", torch.empty(opts.max_seq_len, shape.d_head), persistent=False)
+        self.kept_logits: torch.Tensor | None = None
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """The mean next-token loss. Computed here, in fp32, so the logits die with this frame."""
+        """The mean next-token loss, computed as opts.loss says (train/losses.py)."""
         x = self.embed_tokens(tokens)
         for block in self.layers:
             x = self._run_block(block, x)
         x = self.norm(x)
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        logits = F.linear(x, weight) if self.lm_head is None else self.lm_head(x)
-        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
+        loss = self.opts.loss
+        if loss == "chunked":
+            keep = [] if self.opts.logits_kept else None
+            out = losses.chunked(x, self._head, targets, self.opts.loss_chunks, self.opts.loss_upcast, keep)
+            self.kept_logits = keep
+            return out
+        if loss == "fused":
+            weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+            return losses.fused(x, weight, targets, self.opts.loss_chunks)
+        logits = self._head(x)
+        if loss == "fp32-logits-kept":
+            logits = logits.float()
+            self.kept_logits = logits  # the caller's output object holds it until after backward
+        if self.opts.logits_kept:
+            self.kept_logits = logits
+        return losses.plain(logits, targets, upcast=loss != "native" and self.opts.loss_upcast)
+
+    def _head(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.embed_tokens.weight) if self.lm_head is None else self.lm_head(x)
+
+    def release_outputs(self) -> None:
+        """Drop what the forward's output kept (the step calls this after backward)."""
+        self.kept_logits = None
 
     def _run_block(self, block: Block, x: torch.Tensor) -> torch.Tensor:
-        mode = self.opts.checkpointing
-        if mode == "none":
+        policy = self.opts.ac_policy
+        if policy == "none":
             return block(x, self.rope_cos, self.rope_sin)
-        from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+        from torch.utils.checkpoint import checkpoint
 
         kwargs = {}
-        if mode == "selective":
-            kwargs["context_fn"] = partial(create_selective_checkpoint_contexts, _selective_policy())
+        if policy == "matmuls":
+            kwargs["context_fn"] = _selective_context(_matmuls_policy)
+        elif policy == "op-sac":
+            kwargs["context_fn"] = _selective_context(_op_sac_policy)
         # Non-reentrant: works with autocast, FSDP2 hooks and inputs that need no grad.
         return checkpoint(block, x, self.rope_cos, self.rope_sin, use_reentrant=False, **kwargs)
 
@@ -238,14 +382,16 @@ def build(shape: ModelShape, opts: ModelOptions, precision: str) -> Decoder:
                           "use a llama/mistral/qwen2 preset, hf_config or explicit dimensions")
     trainable = param_dtype(precision)
     frozen = compute_dtype(precision)  # LoRA's base never updates: no fp32 master copy
+    adapter = {"param": trainable, "fp32": torch.float32, "compute": frozen}[opts.lora_dtype]
     with torch.device("meta"):
-        if opts.lora_rank:
-            def linear(fan_in, fan_out, bias=False):
-                base = _base_linear(fan_in, fan_out, bias, opts.base_quant, frozen)
-                return LoRALinear(base, fan_in, fan_out, opts.lora_rank, trainable)
-        else:
-            def linear(fan_in, fan_out, bias=False):
-                return nn.Linear(fan_in, fan_out, bias=bias, dtype=trainable)
+        def linear(name, fan_in, fan_out, bias=False):
+            if opts.lora_rank and name in opts.lora_targets:
+                base = _base_linear(fan_in, fan_out, bias, opts.base_quant if name != "lm_head" else "none", frozen)
+                return LoRALinear(base, fan_in, fan_out, opts.lora_rank, adapter, opts.lora_dropout)
+            if opts.lora_rank:
+                return _base_linear(fan_in, fan_out, bias, opts.base_quant if name != "lm_head" else "none", frozen)
+            return nn.Linear(fan_in, fan_out, bias=bias, dtype=trainable)
+
         model = Decoder(shape, opts, linear)
         if opts.lora_rank:
             for name, p in model.named_parameters():
@@ -288,9 +434,9 @@ def _materialize_quantized(model: Decoder, device: torch.device, seed: int) -> D
 
     gen = torch.Generator(device=device).manual_seed(seed + 1)
     dtype = compute_dtype("bf16")
-    for module in model.modules():
-        if isinstance(module, LoRALinear) and not isinstance(module.base, nn.Linear):
-            base = module.base
+    # Every bitsandbytes base, adapted or not (bnb's Linear4bit/Linear8bitLt subclass nn.Linear).
+    for base in model.modules():
+        if isinstance(base, (bnb.nn.Linear4bit, bnb.nn.Linear8bitLt)):
             w = torch.empty(base.out_features, base.in_features, device=device, dtype=dtype)
             w.normal_(0.0, 0.02, generator=gen)
             if isinstance(base, bnb.nn.Linear4bit):

@@ -54,11 +54,19 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return groups
 
 
-def optimizer_class(name: str, device: torch.device):
-    """(class, extra kwargs) for an optimizer name; bitsandbytes imported only when asked for."""
+ADAMW_IMPLS = ("fused", "foreach", "for-loop")
+
+
+def optimizer_class(name: str, device: torch.device, impl: str = "fused"):
+    """(class, extra kwargs) for an optimizer name; bitsandbytes imported only when asked for.
+
+    `impl` picks torch AdamW's implementation: fused (podkit: one kernel over all tensors, CUDA and
+    CPU since torch 2.4, no full-size temporaries), foreach (torch's default on CUDA: grouped
+    kernels with per-group intermediates) or for-loop (tensor by tensor)."""
     if name == "adamw":
-        # Fused (CUDA, and CPU since torch 2.4): one kernel over all tensors, no full-size temporaries.
-        kind = {"fused": True}
+        if impl not in ADAMW_IMPLS:
+            raise ConfigError("optimizer_impl", f"unknown AdamW implementation {impl!r}", " | ".join(ADAMW_IMPLS))
+        kind = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for-loop": {"foreach": False}}[impl]
         return torch.optim.AdamW, {"betas": (0.9, 0.95), **kind}
     if name in ("adamw8bit", "paged_adamw8bit", "paged_adamw"):
         try:
@@ -82,8 +90,8 @@ def optimizer_class(name: str, device: torch.device):
 
 
 def build_optimizer(model: torch.nn.Module, name: str, lr: float, weight_decay: float,
-                    device: torch.device, zero1: bool = False) -> torch.optim.Optimizer:
-    cls, kwargs = optimizer_class(name, device)
+                    device: torch.device, zero1: bool = False, impl: str = "fused") -> torch.optim.Optimizer:
+    cls, kwargs = optimizer_class(name, device, impl)
     groups = param_groups(model, weight_decay)
     if zero1:
         # ZeRO-1: each rank keeps and updates the states of its share of the parameters.

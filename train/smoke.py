@@ -8,7 +8,6 @@ only the monitor's cheap samples run, every profile_every steps.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import logging
 import math
@@ -16,6 +15,7 @@ import signal
 import time
 import traceback
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
@@ -26,6 +26,7 @@ from train import data as data_mod
 from train import model as model_mod
 from train import optim as optim_mod
 from train import parallel
+from train import step as step_mod
 from train.memprobe import PhasePeaks, TensorCounter, make_probe
 from train.monitor import MemoryMonitor, flops_per_token
 from train.outputs import RunDir, env_record, resolved_toml
@@ -152,9 +153,7 @@ class SmokeRun:
     def _build(self):
         t, c, dev = self.t, self.c, self.device
         fsdp = self.job.facts.fsdp
-        opts = model_mod.ModelOptions(attention=t.attention, checkpointing=t.checkpointing, lora_rank=t.lora_rank,
-                                      base_quant=t.base_quant, max_seq_len=t.seq_len)
-        model = model_mod.build(self.job.shape, opts, t.precision)
+        model = model_mod.build(self.job.shape, step_mod.model_options(self.job), t.precision)
         if isinstance(self.probe, TensorCounter):
             self.probe.switch_on()  # count the weights as they are materialised
         if fsdp:
@@ -184,9 +183,7 @@ class SmokeRun:
                  f"{trainable:,}", dev, "FSDP2 " + c.sharding if fsdp else "DDP" if self.world.distributed else "1 process")
 
     def _amp(self):
-        if not self.autocast:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=model_mod.compute_dtype(self.t.precision))
+        return step_mod.autocast_context(self.autocast, self.device.type, self.t.precision)
 
     def _batch(self):
         x, y = self.data.next_batch()
@@ -199,7 +196,8 @@ class SmokeRun:
         t = self.t
         model, opt, scaler, mon, phases = self.model, self.optimizer, self.scaler, self.monitor, self.phases
         warmup = min(t.warmup_steps, max(1, steps // 10))
-        params = [p for p in model.parameters() if p.requires_grad]
+        parts = step_mod.StepParts(model, self.raw_model, opt, scaler, [p for p in model.parameters() if p.requires_grad],
+                                   self._amp, self._batch, t.grad_accum, t.grad_clip)
         for step in range(1, steps + 1):
             t0 = time.perf_counter()
             # Step 3: optimizer states exist (step 1) and DDP has rebuilt its buckets (step 2).
@@ -208,33 +206,7 @@ class SmokeRun:
             lr = t.lr * optim_mod.warmup_cosine(step - 1, warmup, steps)
             for group in opt.param_groups:
                 group["lr"] = lr
-            loss_sum = torch.zeros((), device=self.device)
-            for micro in range(t.grad_accum):
-                x, y = self._batch()
-                last = micro == t.grad_accum - 1
-                # DDP all-reduces only after the last micro-step's backward.
-                with parallel.grad_sync(model, sync=last):
-                    with phases.phase("forward"), self._amp():
-                        loss = model(x, y) / t.grad_accum
-                    if self.fault.kind == "nan" and step >= self.fault.step:
-                        loss = loss * float("nan")
-                    if self.fault.kind == "oom" and step == self.fault.step:
-                        raise OOM_ERROR("injected by --inject-fault: CUDA out of memory. "
-                                                     "Tried to allocate 2.00 GiB")
-                    with phases.phase("backward"):
-                        (scaler.scale(loss) if scaler else loss).backward()
-                loss_sum += loss.detach()
-            phases.mark("grads_ready")
-            with phases.phase("step"):
-                if scaler:
-                    scaler.unscale_(opt)
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, t.grad_clip) if t.grad_clip else None
-                if scaler:
-                    scaler.step(opt)  # skips the step when the fp16 gradients overflowed
-                    scaler.update()
-                else:
-                    opt.step()
-                opt.zero_grad(set_to_none=True)
+            loss_sum, grad_norm = step_mod.optimizer_step(parts, phases, on_loss=partial(self._inject, step))
             # note: a CPU-GPU sync point, once per step: the NaN check and metrics.jsonl need the value.
             loss_value = parallel.all_reduce_mean(loss_sum.item(), self.device)
             dt = time.perf_counter() - t0
@@ -258,6 +230,13 @@ class SmokeRun:
                 self.probe.switch_off()  # its per-op cost would distort the speed figures
             if not math.isfinite(loss_value):
                 raise FloatingPointError(f"loss is {loss_value} at step {step}")
+
+    def _inject(self, step: int, loss: torch.Tensor) -> torch.Tensor:
+        if self.fault.kind == "nan" and step >= self.fault.step:
+            loss = loss * float("nan")
+        if self.fault.kind == "oom" and step == self.fault.step:
+            raise OOM_ERROR("injected by --inject-fault: CUDA out of memory. Tried to allocate 2.00 GiB")
+        return loss
 
     # ------------------------------------------------------------------ run
     def run(self, steps: int) -> Verdict:

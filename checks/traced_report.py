@@ -1,0 +1,71 @@
+"""The traced estimate beside the analytic one: same phases, term by term.
+
+Reads the JSON form of train.traced.TracedEstimate, so checks/ never imports torch. The analytic
+model's moments map onto the traced phases' peaks: forward-end <-> forward (its peak is at the
+loss), backward <-> backward, step <-> step; both without the device-only overhead, i.e. what
+torch.cuda.max_memory_allocated would show.
+"""
+
+from __future__ import annotations
+
+from checks.memory import GIB, MemoryEstimate
+
+PHASE_PAIRS = (("forward", "forward-end"), ("backward", "backward"), ("step", "step"))
+TRACED_TERMS = ("params", "grads", "optimizer", "activations", "temporaries")
+
+
+def analytic_allocated(est: MemoryEstimate) -> dict[str, int]:
+    """The analytic model's allocated bytes per traced phase name."""
+    return {traced: sum(p.bytes for p in est.phase_parts[analytic] if p.term != "overhead")
+            for traced, analytic in PHASE_PAIRS}
+
+
+def error(predicted: int, traced: int) -> float | None:
+    """Relative error of the analytic figure against the trace; None when nothing was traced."""
+    return (predicted - traced) / traced if traced else None
+
+
+def comparison(est: MemoryEstimate, traced: dict) -> dict:
+    """Per phase: analytic, traced and the analytic model's error; plus the peaks."""
+    analytic = analytic_allocated(est)
+    phases = {}
+    for name, _ in PHASE_PAIRS:
+        t = traced["phases"][name]["peak"]
+        phases[name] = {"analytic": analytic[name], "traced": t, "error": _round(error(analytic[name], t))}
+    return {"phases": phases, "peak": {"analytic": est.allocated, "traced": traced["peak"],
+                                       "error": _round(error(est.allocated, traced["peak"]))}}
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
+
+
+def render(console, est: MemoryEstimate, traced: dict) -> None:
+    from rich.table import Table
+
+    cmp = comparison(est, traced)
+    table = Table(title=f"Analytic vs traced (allocated, GiB; traced in {traced['seconds']:.1f} s on fake tensors)",
+                  title_justify="left")
+    for col in ("phase", "analytic", "traced", "error", *TRACED_TERMS):
+        table.add_column(col, justify="left" if col == "phase" else "right")
+    for name, _ in PHASE_PAIRS:
+        row = cmp["phases"][name]
+        terms = traced["phases"][name]["terms"]
+        table.add_row(name, f"{row['analytic'] / GIB:.2f}", f"{row['traced'] / GIB:.2f}", _pct(row["error"]),
+                      *(f"{terms.get(t, 0) / GIB:.2f}" for t in TRACED_TERMS))
+    table.add_section()
+    peak = cmp["peak"]
+    table.add_row("[bold]peak[/]", f"{peak['analytic'] / GIB:.2f}", f"[bold]{peak['traced'] / GIB:.2f}[/]",
+                  _pct(peak["error"]), *([""] * len(TRACED_TERMS)))
+    console.print(table)
+    if traced.get("sdpa"):
+        console.print("attention kernel: " + "; ".join(f"{k} ({v})" for k, v in traced["sdpa"].items()))
+    for note in traced.get("notes", []):
+        console.print(f"[yellow]traced:[/] {note}")
+
+
+def _pct(x: float | None) -> str:
+    if x is None:
+        return "n/a"
+    colour = "green" if abs(x) <= 0.03 else "yellow" if abs(x) <= 0.10 else "red"
+    return f"[{colour}]{x:+.1%}[/]"

@@ -1,0 +1,91 @@
+"""The next-token loss as each training stack computes it; what differs is what stays alive.
+
+- fp32-upcast (podkit): cross_entropy(logits.float()); the logits die with the model's frame and
+  only log-softmax's fp32 output is saved for backward.
+- fp32-logits-kept (HF transformers 4.3x-4.4x LlamaForCausalLM.forward: `logits = logits.float()`,
+  returned in CausalLMOutputWithPast): the fp32 logits stay referenced by the output until the
+  caller drops it after backward.
+- chunked (torchtune CEWithChunkedOutputLoss, torchtune/modules/loss/ce_chunked_output_loss.py:
+  the model returns the head's output in `num_output_chunks` = 8 chunks along the sequence and
+  each chunk is upcast and cross-entropied with reduction="sum"; litgpt's chunked_cross_entropy in
+  litgpt/utils.py does the same per lm_head_chunk_size = 128 tokens).
+- fused: a chunked linear + cross-entropy in one autograd Function that keeps only the head's
+  input and recomputes each chunk's logits in backward. Liger's LigerFusedLinearCrossEntropy
+  (liger_kernel/ops/fused_linear_cross_entropy.py) computes the gradients in forward instead; both
+  never hold the full logits. Written here (a few lines) so the CPU smoke run needs no Triton.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _autocast_dtype(x: torch.Tensor) -> torch.dtype:
+    dev = x.device.type
+    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+
+
+def plain(logits: torch.Tensor, targets: torch.Tensor, upcast: bool = True) -> torch.Tensor:
+    """cross_entropy over every position; upcast: on an fp32 copy of the logits (else their own dtype)."""
+    flat = logits.view(-1, logits.shape[-1])
+    return F.cross_entropy(flat.float() if upcast else flat, targets.reshape(-1))
+
+
+def chunked(x: torch.Tensor, head, targets: torch.Tensor, chunks: int, upcast: bool = True,
+            keep: list | None = None) -> torch.Tensor:
+    """torchtune's chunked output + loss: head per chunk of the sequence (all chunks kept until the
+    loss is done), fp32 upcast (litgpt: none) and cross-entropy per chunk, summed and divided by the
+    tokens; `keep` receives the chunks when the caller holds them through backward (litgpt's fit)."""
+    logits = [head(c) for c in x.chunk(chunks, dim=1)]
+    if keep is not None:
+        keep.extend(logits)
+    labels = targets.chunk(chunks, dim=1)
+    total = 0.0
+    for lc, tc in zip(logits, labels):
+        flat = lc.reshape(-1, lc.shape[-1])
+        total = total + F.cross_entropy(flat.float() if upcast else flat, tc.reshape(-1), reduction="sum")
+    return total / targets.numel()
+
+
+class FusedLinearCrossEntropy(torch.autograd.Function):
+    """mean cross_entropy(x @ weight.T) over rows, chunk by chunk, without the full logits."""
+
+    @staticmethod
+    def forward(ctx, x, weight, targets, chunks: int, dtype: torch.dtype):
+        n = x.shape[0]
+        size = -(-n // chunks)
+        with torch.autocast(x.device.type, enabled=False):
+            w = weight.to(dtype)
+            total = torch.zeros((), dtype=torch.float32, device=x.device)
+            for xs, ts in zip(x.split(size), targets.split(size)):
+                logits = (xs.to(dtype) @ w.t()).float()
+                total += (torch.logsumexp(logits, -1) - logits.gather(1, ts[:, None]).squeeze(1)).sum()
+        ctx.save_for_backward(x, weight, targets)
+        ctx.size, ctx.dtype = size, dtype
+        return total / n
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight, targets = ctx.saved_tensors
+        size, dtype, n = ctx.size, ctx.dtype, x.shape[0]
+        with torch.autocast(x.device.type, enabled=False):
+            w = weight.to(dtype)
+            grad_x = torch.empty_like(x)
+            grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+            for i, (xs, ts) in enumerate(zip(x.split(size), targets.split(size))):
+                xc = xs.to(dtype)
+                probs = torch.softmax((xc @ w.t()).float(), dim=-1)
+                probs[torch.arange(len(ts), device=ts.device), ts] -= 1.0  # d loss / d logits
+                probs.mul_(grad / n)
+                g = probs.to(dtype)
+                del probs
+                grad_x[i * size:i * size + len(ts)] = (g @ w).to(x.dtype)
+                grad_w.add_((g.t() @ xc).float())  # accumulated in fp32 across chunks
+        return grad_x, grad_w.to(weight.dtype), None, None, None
+
+
+def fused(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunks: int) -> torch.Tensor:
+    dtype = _autocast_dtype(x)
+    flat = x.reshape(-1, x.shape[-1])
+    return FusedLinearCrossEntropy.apply(flat, weight, targets.reshape(-1), chunks, dtype)
