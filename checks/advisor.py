@@ -87,13 +87,34 @@ def _fits(est: MemoryEstimate, host_known: bool) -> bool:
     return est.total <= est.capacity * (1 - HEADROOM) and host_ok
 
 
+def neighbours(job: JobConfig) -> list[JobConfig]:
+    """The nearest valid jobs to start from besides the job itself: the levers only ever add memory
+    savers, so a job that took a wrong turn (sharding on one GPU, a bitsandbytes optimizer under
+    FSDP or offload) must also be explored from the configuration it should have been."""
+    out = []
+    c, f = job.cluster, job.facts
+    if c.world_size == 1 and c.sharding != "none":
+        out.append(job.replace(cluster={"sharding": "none", "offload": "none"}))
+    if f.bnb_unsupported:
+        out.append(job.replace(train={"optimizer": "adamw"}))
+        out.append(job.replace(cluster={"sharding": "zero1" if c.world_size > 1 else "none", "offload": "none"}))
+    return out
+
+
 def advise(job: JobConfig, limit: int = 4) -> list[Suggestion]:
-    """The cheapest few configurations that fit with 10% headroom, cheapest first."""
+    """The cheapest few configurations that fit with 10% headroom, cheapest first, explored from the
+    job as given and from its nearest valid neighbours."""
     base_cost = _cost(job)
     host_known = job.cluster.host_ram_gb > 0
     found: list[Suggestion] = []
+    seen: set = set()
+    starts = [job] + neighbours(job)
     for allow_seq in (False, True):  # the sequence length only when nothing else fits
-        for train, cluster in _options(job, allow_seq):
+        for train, cluster in (o for start in starts for o in _options(start, allow_seq)):
+            key = (tuple(sorted(train.items())), tuple(sorted(cluster.items())))
+            if key in seen:
+                continue
+            seen.add(key)
             if job.replace(train=train, cluster=cluster).facts.bnb_unsupported:
                 continue
             batches = _micro_batches(job.train.micro_batch)

@@ -38,6 +38,8 @@ class Preflight:
             "memory": {
                 "per_gpu": est.per_gpu,
                 "allocated": est.allocated,
+                "reserved": est.reserved,
+                "headroom_allocated": round(est.headroom_allocated, 4),
                 "gpu_capacity": est.capacity,
                 "fits": est.fits,
                 "headroom": round(est.headroom, 4),
@@ -87,7 +89,10 @@ class Preflight:
                       f"[bold {colour}]{est.total / GIB:.2f}[/]", f"[{colour}]{est.total / est.capacity:.0%}[/]")
         console.print(table)
         phases = ", ".join(f"{name} {v / GIB:.1f}" for name, v in est.phases.items())
-        console.print(f"phases (GiB): {phases}; torch peak allocated ≈ {est.allocated / GIB:.1f} GiB")
+        console.print(f"phases (GiB): {phases}")
+        console.print(f"torch peak allocated ≈ {est.allocated / GIB:.1f} GiB ({est.headroom_allocated:.0%} headroom), "
+                      f"reserved ≈ {est.reserved / GIB:.1f} GiB; the fit is judged on reserved plus what only "
+                      f"the device holds ({est.headroom:.0%} headroom); stack: {job.facts.stack.name}")
         if est.host_needed:
             console.print(f"host RAM for offload: {est.host_needed / GIB:.1f} GiB per node")
         for note in est.notes:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from checks.advisor import HEADROOM, Suggestion
 from checks.config import JobConfig
 from checks.host import HostFacts
+from checks.kernels import attention_kernel
 from checks.memory import GIB, MemoryEstimate, optimizer_bytes, trainable_groups, trainable_params
 
 PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
@@ -30,7 +31,9 @@ def gib(n: float) -> str:
 
 
 def memory_fit(job: JobConfig, est: MemoryEstimate, suggestions: list[Suggestion]) -> CheckResult:
-    used = f"{gib(est.total)} of {gib(est.capacity)} on {est.gpu.name} (peak at {est.peak_phase})"
+    # Judged on what the device holds: reserved (what an OOM is about) plus what only the device sees.
+    used = (f"{gib(est.total)} of {gib(est.capacity)} on {est.gpu.name} (peak at {est.peak_phase}; "
+            f"allocated {gib(est.allocated)}, reserved {gib(est.reserved)})")
     fix = f"e.g. {suggestions[0].describe()}" if suggestions else ""
     if not est.fits:
         return CheckResult("memory.fit", FAIL, f"does not fit: {used}", fix or "no lever found: use a larger GPU")
@@ -100,7 +103,19 @@ def flash_attention(job: JobConfig) -> CheckResult:
                            f"eager attention stores s x s scores: {gib(scores)} per layer",
                            "use attention = 'sdpa'")
     if t.attention != "flash-attn":
-        return CheckResult("attention.kernel", PASS, "sdpa: flash / memory-efficient kernels, no s x s matrix")
+        kernel = attention_kernel(job)
+        if kernel == "math":
+            # torch's SDPA falls back to its math kernel (sdp_utils.cpp): no flash for fp32 or
+            # pre-sm80, no memory-efficient kernel for grouped-query attention.
+            scores = shape.heads * t.seq_len * t.seq_len * t.micro_batch * (4 if t.precision == "fp32" else 2)
+            why = ("fp32 with grouped-query attention" if t.precision == "fp32" and shape.kv_heads != shape.heads
+                   else f"{t.precision} on sm{gpu.sm}")
+            return CheckResult("attention.kernel", WARN,
+                               f"sdpa takes its math kernel on {gpu.name} ({why}): it keeps s x s attention "
+                               f"weights, {gib(scores)} per layer",
+                               "use precision = 'bf16-mixed' on sm80+ (flash kernel)" if gpu.supports_bf16
+                               else "use precision = 'fp16-mixed' with a model without GQA, or a sm80+ GPU")
+        return CheckResult("attention.kernel", PASS, f"sdpa: the {kernel} kernel on {gpu.name}, no s x s matrix")
     # flash-attn 2 ships kernels for Ampere, Ada and Hopper (its README: sm80 and newer).
     if gpu.compute_capability < (8, 0):
         return CheckResult("attention.kernel", FAIL,

@@ -31,7 +31,7 @@ from train.memprobe import PhasePeaks, TensorCounter, make_probe
 from train.monitor import MemoryMonitor, flops_per_token
 from train.outputs import RunDir, env_record, resolved_toml
 from train.plot import Series, line_plot
-from train.verdict import Verdict, comparison, judge
+from train.verdict import Verdict, comparison, judge, prediction_warnings
 
 log = logging.getLogger("podkit.smoke")
 MEASURED_STEPS = 4  # steps 1..4 recorded in detail; step 3 is measured term by term
@@ -327,7 +327,10 @@ class SmokeRun:
             verdict.reasons.insert(0, self.error)
         self.verdict = verdict
         rows = comparison(self.estimate, self.phases.marks, self.phases.peaks, self.phases.rises, peak_alloc,
-                          mon.get("device_peak"), self.device.type)
+                          mon.get("device_peak"), self.device.type, peak_reserved)
+        off = prediction_warnings(rows)
+        for line in off:
+            log.warning("%s", line)
         losses = self.measured.losses
         self.summary = {
             "status": verdict.status,
@@ -342,6 +345,7 @@ class SmokeRun:
             "peak_reserved": peak_reserved,
             "device_peak": mon.get("device_peak"),
             "predicted": self.estimate.allocated,
+            "predicted_reserved": self.estimate.reserved,
             "predicted_device": self.estimate.total,
             "predicted_phase": self.estimate.peak_phase,
             "limit": limit,
@@ -357,7 +361,8 @@ class SmokeRun:
             "measured_by": "torch.cuda.memory_stats" if self.device.type == "cuda" else "tensor counter (CPU)",
             "alloc_retries": mon.get("alloc_retries"),
             "ooms": mon.get("ooms"),
-            "warnings": mon.get("warnings", []),
+            "warnings": mon.get("warnings", []) + off,
+            "prediction_error": next((r.to_json()["error"] for r in rows if r.name == "peak allocated"), None),
             "duration_s": round(time.time() - self.started, 2),
         }
         if verdict.status == "oom":

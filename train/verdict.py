@@ -37,29 +37,47 @@ class Row:
 
 
 def comparison(est: MemoryEstimate, marks: dict[str, int], peaks: dict[str, int], rises: dict[str, int],
-               peak_allocated: int | None, device_peak: int | None, device_type: str) -> list[Row]:
-    def no_overhead(phase: str) -> int:
-        return est.phases[phase] - est.term("overhead", phase)
+               peak_allocated: int | None, device_peak: int | None, device_type: str,
+               peak_reserved: int | None = None) -> list[Row]:
+    def tensors(term: str, phase: str) -> int:
+        return sum(p.bytes for p in est.phase_parts[phase] if p.term == term and p.where == "tensor")
 
     m = marks.get
-    rows = [Row("params", est.term("params", "step"), m("materialized"), "weights as stored (this rank's shard)")]
+    rows = [Row("params", tensors("params", "step"), m("materialized"), "weights as stored (this rank's shard)")]
     if m("grads_ready") is not None and m("step_start") is not None:
         buckets = (m("wrapped") or 0) - (m("materialized") or 0)
-        rows.append(Row("grads", est.term("grads", "step"), m("grads_ready") - m("step_start") + buckets,
+        rows.append(Row("grads", tensors("grads", "step"), m("grads_ready") - m("step_start") + buckets,
                         "added by step 3's backward" + (" (incl. DDP buckets)" if buckets else "")))
     if m("step_start") is not None and m("wrapped") is not None:
-        rows.append(Row("optimizer", est.term("optimizer", "step"), m("step_start") - m("wrapped"),
-                        "states left by steps 1-2"))
-    fwd_extra = est.term("params", "forward-end") - est.term("params", "step")
-    rows.append(Row("activations + loss", est.term("activations", "forward-end") + est.term("loss", "forward-end")
+        rows.append(Row("optimizer", tensors("optimizer", "step"), m("step_start") - m("wrapped"),
+                        "states left by steps 1-2 (paged states are outside the allocator)"))
+    fwd_extra = tensors("params", "forward-end") - tensors("params", "step")
+    rows.append(Row("activations + loss", tensors("activations", "forward-end") + tensors("loss", "forward-end")
                     + fwd_extra, rises.get("forward"), "rise during forward"))
-    for phase, name in (("forward-end", "forward"), ("backward", "backward"), ("step", "step")):
-        rows.append(Row(f"peak in {name}", no_overhead(phase), peaks.get(name), f"phase {phase}"))
+    for phases, name in ((("forward-end",), "forward"), (("backward", "backward-end"), "backward"), (("step",), "step")):
+        rows.append(Row(f"peak in {name}", max(est.phase_allocated(p) for p in phases), peaks.get(name),
+                        "phase " + " / ".join(phases)))
     rows.append(Row("peak allocated", est.allocated, peak_allocated,
                     "torch.cuda.max_memory_allocated" if device_type == "cuda" else "tensor counter (CPU)"))
     if device_type == "cuda":
-        rows.append(Row("device (nvidia-smi)", est.total, device_peak, "incl. CUDA context, NCCL, fragmentation"))
+        rows.append(Row("peak reserved", est.reserved, peak_reserved, "torch.cuda.max_memory_reserved"))
+        rows.append(Row("device (nvidia-smi)", est.total, device_peak, "incl. CUDA context, NCCL, paged states"))
     return rows
+
+
+# The smoke run warns when a measured term strays this far from its prediction: the prediction is
+# what users size their pods by, so a 10% miss is worth a line even when the run passed.
+PREDICTION_TOLERANCE = 0.10
+
+
+def prediction_warnings(rows: list[Row]) -> list[str]:
+    out = []
+    for r in rows:
+        err = r.error
+        if err is not None and abs(err) > PREDICTION_TOLERANCE and max(r.predicted, r.measured) >= (1 << 20):
+            out.append(f"{r.name}: measured {r.measured / GIB:.3f} GiB vs predicted {r.predicted / GIB:.3f} GiB "
+                       f"({err:+.0%}): the prediction is off by more than {PREDICTION_TOLERANCE:.0%}")
+    return out
 
 
 # Exit codes by status (DESIGN.md: 0 ok, 1 failed, 3 out of memory; 130 is the shell's Ctrl-C).
