@@ -1,0 +1,241 @@
+"""Each defect of the truth issue, with the bytes derived by hand from how the library works.
+
+Shapes used: Llama-3.1-8B h = 4096, L = 32, heads 32 x 128 (q_dim 4096), kv 8 x 128 (kv_dim 1024),
+ffn 14336, vocab 128256, untied; per block 218,103,808 linear weights + 8,192 norm weights.
+"""
+
+import pytest
+
+from checks import activations as A
+from checks.advisor import advise
+from checks.kernels import sdpa_backend
+from checks.gpus import lookup
+from checks.memory import GIB, NF4_BYTES, PAGED_MIN_NUMEL, estimate, trainable_groups, trainable_params
+from checks.rules import flash_attention
+from train.verdict import Row, prediction_warnings
+
+H, L, QD, KVD, F, V, HEADS = 4096, 32, 4096, 1024, 14336, 128_256, 32
+BLOCK_LINEAR = 2 * H * QD + 2 * H * KVD + 3 * H * F  # 218,103,808
+P_8B = 8_030_261_248
+LLAMA8B = 'preset = "llama-3.1-8b"'
+
+
+def part(est, label, phase):
+    return sum(p.bytes for p in est.phase_parts[phase] if p.label.startswith(label))
+
+
+# ---- 1. offload with a frozen base --------------------------------------------------------------
+
+
+def test_offload_all_keeps_a_qlora_base_on_the_host_and_gathers_it_packed(job):
+    j = job(model=LLAMA8B, train="lora_rank = 16\nbase_quant = 'nf4'\ncheckpointing = 'full'\nprecision = 'bf16'",
+            cluster="gpu = 'RTX4090'\ngpus_per_node = 2\nsharding = 'zero3'\noffload = 'all'\nhost_ram_gb = 128")
+    est = estimate(j)
+    # Nothing of the model stays resident on the GPU.
+    assert part(est, "weights", "step") == 0
+    # Two gathered blocks as stored: nf4 linears, bf16 norms and bf16 adapters (pure bf16), plus the
+    # root module (embeddings + head + final norm in bf16) - not 2 B per quantized weight.
+    adapters_per_block = trainable_params(j) // L
+    block = BLOCK_LINEAR * NF4_BYTES + 2 * H * 2 + adapters_per_block * 2
+    root = (2 * V * H + H) * 2
+    assert part(est, "unsharded weights", "forward-end") == int(2 * block + root)
+    # The frozen base is counted once, on the host: half of it per rank's share, two ranks per node.
+    frozen = BLOCK_LINEAR * L * NF4_BYTES + (2 * V * H + (2 * L + 1) * H) * 2
+    assert est.host_needed >= frozen
+
+
+# ---- 2. reserved vs allocated -------------------------------------------------------------------
+
+
+def test_fsdp_stream_pools_are_reserved_not_allocated(job):
+    est = estimate(job(model=LLAMA8B, train="checkpointing = 'full'",
+                       cluster="gpu = 'H100'\ngpus_per_node = 8\nsharding = 'zero3'"))
+    block = BLOCK_LINEAR + 2 * H
+    pools = {p.label: p.bytes for p in est.parts if p.where == "pool"}
+    assert pools["FSDP all-gather stream pool"] == 2 * block * 2  # two blocks in bf16
+    assert pools["FSDP reduce-scatter stream pool"] == 2 * block * 2
+    assert est.reserved >= est.allocated + 4 * block * 2
+    # The fit is judged on the device total: reserved plus the CUDA context, workspaces and NCCL.
+    assert est.total > est.reserved > est.allocated
+
+
+# ---- 3. the loss per stack ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stack,loss,per_logit", [
+    ("podkit", "stack", 12),         # bf16 logits + fp32 copy + fp32 log-softmax; backward 4 + 4 + 4
+    ("hf", "fp32-logits-kept", 16),  # transformers <= 4.44: fp32 logits kept + log-softmax + grads
+    ("torchtune", "stack", 6.5),     # 8 chunks: bf16 logits 2 + fp32 log-softmax 4 + one fp32 chunk 4/8
+    # 128-token chunks kept (2) + bf16 log-softmax (2), no upcast; backward adds one chunk's gradient
+    # in and out of log_softmax, 2 x 2 B / 8 chunks of a 1024-token sequence.
+    ("litgpt", "stack", 4.5),
+    ("hf", "fused", 0),              # fused linear + cross-entropy: no logits tensor
+])
+def test_loss_bytes_per_logit(job, stack, loss, per_logit):
+    j = job(model=LLAMA8B, train=f"stack = '{stack}'\nloss = '{loss}'\nseq_len = 1024\nprecision = 'bf16'")
+    est = estimate(j)
+    assert part(est, "loss:", "forward-end") == int(per_logit * V * 1024)
+
+
+# ---- 4. QLoRA: bitsandbytes before 0.43.2 keeps every quantized matmul's input ------------------
+
+
+def test_old_bitsandbytes_keeps_quantized_inputs_even_under_checkpointing(job):
+    def acts(bnb, stack, ckpt):
+        j = job(model=LLAMA8B, train=f"lora_rank = 16\nbase_quant = 'nf4'\nprecision = 'bf16'\nseq_len = 512\n"
+                                      f"stack = '{stack}'\ncheckpointing = '{ckpt}'\nbitsandbytes = '{bnb}'")
+        return part(estimate(j), "saved activations", "forward-end")
+
+    # Inputs of q/k/v (one shared normed tensor, h), o_proj (q_dim), gate/up (h), down (ffn), bf16.
+    extra = L * 512 * (2 * H + QD + F) * 2
+    assert acts("0.42.0", "hf", "none") - acts("0.45.5", "hf", "none") == extra
+    # ctx.tensors is out of reach of non-reentrant checkpointing's hooks: kept under 'full' too...
+    assert acts("0.42.0", "podkit", "full") - acts("0.45.5", "podkit", "full") == pytest.approx(extra, rel=0.02)
+    # ...but a reentrant checkpoint (transformers' default) runs forward in no_grad: nothing kept.
+    assert acts("0.42.0", "hf", "full") == acts("0.45.5", "hf", "full")
+
+
+# ---- 5. "selective" means each stack's policy -----------------------------------------------------
+
+
+def test_torchtitan_op_sac_keeps_every_second_matmul(job):
+    j = job(model=LLAMA8B, train="stack = 'torchtitan'\ncheckpointing = 'selective'\nseq_len = 2048",
+            cluster="gpu = 'H100'\ngpus_per_node = 8\nsharding = 'zero3'")
+    kept = sum(A.saved_per_token(A.block_facts(j), j.facts.ac_policy).values())
+    # bf16 stream (FSDP's bf16 parameters): block input 2h; mm outputs 1 (wq), 3 (wv), 5 (w1), 7 (w2);
+    # SDPA output and fp32 logsumexp.
+    assert j.facts.ac_policy == "op-sac"
+    assert kept == 2 * H + 2 * (QD + KVD + F + H) + 2 * QD + 4 * HEADS
+    podkit = job(model=LLAMA8B, train="checkpointing = 'selective'\nseq_len = 2048",
+                 cluster="gpu = 'H100'\ngpus_per_node = 8\nsharding = 'zero3'")
+    assert podkit.facts.ac_policy == "matmuls"
+    # podkit's policy also keeps wk, wo and w3.
+    assert sum(A.saved_per_token(A.block_facts(podkit), "matmuls").values()) - kept == 2 * (KVD + H + F)
+
+
+def test_hf_selective_is_per_layer_recompute(job):
+    assert job(train="stack = 'hf'\ncheckpointing = 'selective'").facts.ac_policy == "block"
+
+
+# ---- 6. LoRA targets and the adapters' activations ------------------------------------------------
+
+
+def test_peft_targets_q_and_v_by_default(job):
+    hf = job(model=LLAMA8B, train="stack = 'hf'\nlora_rank = 16")
+    assert hf.facts.lora_targets == ("q_proj", "v_proj")
+    assert trainable_params(hf) == L * 16 * ((H + QD) + (H + KVD))
+    podkit = job(model=LLAMA8B, train="lora_rank = 16")
+    assert trainable_params(podkit) == podkit.shape.lora_params(16)  # every block linear
+    listed = job(model=LLAMA8B, train="lora_rank = 8\nlora_targets = ['o_proj', 'lm_head']")
+    assert trainable_params(listed) == L * 8 * (QD + H) + 8 * (H + V)
+
+
+def test_lora_matmul_outputs_are_kept_under_the_matmuls_policy(job):
+    base = job(model=LLAMA8B, train="lora_rank = 16\nlora_targets = ['q_proj']\ncheckpointing = 'selective'")
+    more = job(model=LLAMA8B, train="lora_rank = 16\nlora_targets = ['q_proj', 'v_proj']\ncheckpointing = 'selective'")
+    a = sum(A.saved_per_token(A.block_facts(base), "matmuls").values())
+    b = sum(A.saved_per_token(A.block_facts(more), "matmuls").values())
+    # v_proj's adapter adds two matmuls: lora_A's output (r) and lora_B's (kv_dim), bf16 under autocast.
+    assert b - a == 2 * (16 + KVD)
+
+
+# ---- 7. the attention kernel SDPA really picks ---------------------------------------------------
+
+
+def test_sdpa_kernel_choice():
+    h100, t4 = lookup("H100"), lookup("T4")
+    assert sdpa_backend(h100, 2, 128, gqa=True) == "flash"
+    assert sdpa_backend(h100, 4, 128, gqa=True) == "math"       # no fp32 flash, no GQA in efficient
+    assert sdpa_backend(h100, 4, 128, gqa=False) == "efficient"
+    assert sdpa_backend(t4, 2, 128, gqa=False) == "efficient"   # flash needs sm80
+    assert sdpa_backend(t4, 2, 128, gqa=True) == "math"
+
+
+def test_fp32_gqa_keeps_the_s_by_s_weights(job):
+    fp32 = job(model=LLAMA8B, train="precision = 'fp32'\nseq_len = 1024", cluster="gpu = 'H100'")
+    per_token = A.saved_per_token(A.block_facts(fp32), "none")
+    assert per_token["attention weights s x s (math kernel)"] == HEADS * 1024 * 4
+    check = flash_attention(fp32)
+    assert check.status == "warn" and "math kernel" in check.message
+
+
+# ---- 8. optimizer step temporaries and paged states ----------------------------------------------
+
+
+def test_foreach_step_temporaries(job):
+    sgd = estimate(job(model=LLAMA8B, train="optimizer = 'sgd'\noptimizer_impl = 'foreach'"))
+    matrices = sum(g.total for g in trainable_groups(job(model=LLAMA8B)) if g.cols > 1)
+    # torch._foreach_add(grads, params, alpha=weight_decay): a copy of every decayed fp32 gradient.
+    assert part(sgd, "step temporaries", "step") == matrices * 4
+    adamw = estimate(job(model=LLAMA8B, train="optimizer_impl = 'foreach'"))
+    assert part(adamw, "step temporaries", "step") == P_8B * 4  # torch._foreach_sqrt(exp_avg_sqs)
+    assert part(estimate(job(model=LLAMA8B)), "step temporaries", "step") == 0  # fused
+
+
+def test_paged_states_are_outside_the_allocator(job):
+    j = job(model=LLAMA8B, train="lora_rank = 16\noptimizer = 'paged_adamw'\nlora_targets = 'all-linear'")
+    est = estimate(j)
+    groups = trainable_groups(j)
+    paged = sum(g.total for g in groups if g.numel >= PAGED_MIN_NUMEL) * 8  # fp32 m and v
+    small = sum(g.total for g in groups if g.numel < PAGED_MIN_NUMEL) * 8
+    assert paged and small  # r x 4096 adapters stay under 1e5 values; r x 14336 ones are paged
+    assert part(est, "paged_adamw paged states", "step") == paged
+    assert part(est, "paged_adamw states", "step") == small
+    assert est.phase_allocated("step") < est.phase_reserved("step") + 1 <= est.phases["step"] - paged + 1
+
+
+# ---- 9. the backward peak at its end -------------------------------------------------------------
+
+
+def test_backward_end_holds_nearly_every_gradient(job):
+    est = estimate(job(model=LLAMA8B, train="checkpointing = 'full'\nseq_len = 1024", cluster="gpu = 'H100'"))
+    # Every fp32 gradient but the input embedding's, which embedding backward produces last.
+    assert part(est, "gradients so far (all but", "backward-end") == (P_8B - V * H) * 4
+    assert est.phase_allocated("backward-end") > est.phase_allocated("backward")
+
+
+# ---- 10. autocast's weight cache under checkpointing ---------------------------------------------
+
+
+def test_autocast_cache_after_forward_is_the_head_only_when_checkpointed(job):
+    ckpt = estimate(job(model=LLAMA8B, train="checkpointing = 'full'\nseq_len = 1024", cluster="gpu = 'H100'"))
+    plain = estimate(job(model=LLAMA8B, train="seq_len = 1024", cluster="gpu = 'H100'"))
+    everything = (L * BLOCK_LINEAR + V * H) * 2
+    assert part(ckpt, "autocast weight cache", "forward-end") == everything
+    assert part(plain, "autocast weight cache", "backward") == everything
+    # Checkpointed: the head's cast plus the block being recomputed.
+    assert part(ckpt, "autocast weight cache", "backward") == (BLOCK_LINEAR + V * H) * 2
+
+
+# ---- 11. the advisor and the smoke verdict -------------------------------------------------------
+
+
+def test_advisor_explores_from_the_valid_neighbour(job):
+    j = job(model='preset = "mistral-7b"', train="optimizer = 'adamw8bit'\nseq_len = 2048",
+            cluster="gpu = 'L40S'\nsharding = 'zero3'")
+    assert j.facts.bnb_unsupported
+    found = advise(j)
+    assert found and all(s.estimate.total <= s.estimate.capacity * 0.9 for s in found)
+
+
+def test_smoke_warns_when_a_term_is_off_by_more_than_ten_percent():
+    rows = [Row("optimizer", 1_600_000, 3_300_000), Row("params", 10 << 20, (10 << 20) + 1)]
+    [line] = prediction_warnings(rows)
+    assert line.startswith("optimizer:") and "+106%" in line
+
+
+# ---- seed scenarios keep their verdicts ------------------------------------------------------------
+
+
+def test_fp32_logits_of_a_128k_vocabulary_dominate(job):
+    est = estimate(job(train="micro_batch = 1\nseq_len = 8192\ncheckpointing = 'selective'"))
+    loss = part(est, "loss:", "forward-end")
+    assert loss == 12 * 128_256 * 8192 and loss / GIB == pytest.approx(11.74, abs=0.01)
+    assert loss == max(p.bytes for p in est.phase_parts["forward-end"])
+
+
+def test_qwen_7b_lora_batch_2_does_not_fit_a_24_gb_card(job):
+    est = estimate(job(model='preset = "qwen2.5-7b"', train="stack = 'hf'\nlora_rank = 16\nmicro_batch = 2\n"
+                                                        "seq_len = 2048\nprecision = 'bf16'",
+                       cluster="gpu = 'RTX4090'"))
+    assert not est.fits
