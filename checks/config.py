@@ -149,6 +149,9 @@ class TrainConfig:
     """torch optimizer kernel: "stack" | fused | foreach | for-loop (foreach keeps full-size temporaries)."""
     base_quant: str = "none"
     """Frozen base weights quantized by bitsandbytes (QLoRA): none | int8 | nf4. Needs lora_rank > 0."""
+    double_quant: bool = True
+    """nf4 with double quantization of the absmax (QLoRA's recipe, bnb_4bit_use_double_quant=True,
+    litgpt's bnb.nf4-dq): 0.516 B per weight; false (transformers' default, litgpt's bnb.nf4): 0.5625."""
     grad_scaler: str = "auto"
     """Loss scaling: auto (on for fp16-mixed only) | on | off."""
     global_batch: int = 0

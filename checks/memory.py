@@ -53,8 +53,14 @@ BNB_BLOCK = 256
 BNB_MIN_8BIT_SIZE = 4096
 PAGED_MIN_NUMEL = 100_000
 # QLoRA NF4 with double quantization (Dettmers et al. 2023, section 3): 4 bits per weight plus
-# 8-bit absmax per 64 weights plus fp32 per 256 absmax = 0.5 + 1/64 + 4/(64*256) bytes.
+# 8-bit absmax per 64 weights plus fp32 per 256 absmax = 0.5 + 1/64 + 4/(64*256) bytes; without it
+# an fp32 absmax per 64 weights (bitsandbytes functional.quantize_4bit, blocksize 64).
 NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
+NF4_BYTES_NO_DQ = 0.5 + 4 / 64
+
+
+def nf4_bytes(job: JobConfig) -> float:
+    return NF4_BYTES if job.train.double_quant else NF4_BYTES_NO_DQ
 
 
 @dataclass(frozen=True)
@@ -196,7 +202,7 @@ def frozen_groups(job: JobConfig) -> list[tuple[ParamGroup, float]]:
     for g in job.shape.param_groups():
         if quant != "none" and g.linear and (g.per_layer or head_too):
             # LLM.int8 (Dettmers et al. 2022): int8 weights plus an fp32 scale per output row.
-            per = NF4_BYTES if quant == "nf4" else 1 + 4 / g.rows
+            per = nf4_bytes(job) if quant == "nf4" else 1 + 4 / g.rows
         else:
             per = e
         out.append((g, per))
@@ -538,7 +544,7 @@ def _stored_per_value(job: JobConfig, g: ParamGroup, e: int) -> float:
     frozen weights, the quantized storage for a QLoRA base (gathered packed, dequantized per matmul)."""
     t = job.train
     if t.lora_rank and t.base_quant != "none" and g.linear and g.per_layer:
-        return NF4_BYTES if t.base_quant == "nf4" else 1 + 4 / g.rows
+        return nf4_bytes(job) if t.base_quant == "nf4" else 1 + 4 / g.rows
     return e if t.precision != "fp32" else 4
 
 
