@@ -233,6 +233,17 @@ class ModelShape:
                               "GPT-2 blocks have no experts, latent attention, fused or q/k-normed projections")
 
     @property
+    def replica_gap(self) -> str:
+        """What podkit's own replica (train/model.py, a dense Llama-style text decoder, run by bin/smoke
+        and --traced) cannot build: "mixture-of-experts", "latent-attention", "vision-language"; ""
+        when it can. Measuring the replica of such a model would measure another model."""
+        if self.moe:
+            return "mixture-of-experts"
+        if self.mla:
+            return "latent-attention"
+        return "vision-language" if self.vision else ""
+
+    @property
     def d_head(self) -> int:
         """Per-head query/key width (MLA: qk_nope + qk_rope)."""
         return self.head_dim or self.hidden // self.heads

@@ -245,3 +245,18 @@ def test_report_prints_raw_error_text(capsys, tmp_path):
             tmp_path, as_json=False)
     err = " ".join(capsys.readouterr().err.split())  # rich wraps long lines
     assert "pair.cc:553] Connection closed by peer" in err and "[/x] y" in err
+
+
+@pytest.mark.parametrize("preset, kind", [("mixtral-8x7b", "mixture-of-experts"),
+                                          ("deepseek-v2-lite", "mixture-of-experts"),
+                                          ("gemma-3-4b", "vision-language")])
+def test_tracer_refuses_models_its_dense_replica_cannot_build(preset, kind):
+    from checks.config import parse_job
+    from checks.errors import ConfigError
+    from train.traced import check_traceable
+
+    job = parse_job(f'[model]\npreset = "{preset}"\n[cluster]\ngpu = "H100-SXM"\n')
+    with pytest.raises(ConfigError, match=f"is a {kind} model"):
+        check_traceable(job)
+    assert job.shape.replica_gap == kind
+    assert parse_job('[model]\npreset = "qwen3-8b"\n').shape.replica_gap == ""

@@ -83,11 +83,9 @@ def check_runnable(job: JobConfig, device: torch.device) -> None:
     if job.shape.arch != "llama":
         raise ConfigError("model", f"bin/smoke trains Llama-style decoders; {job.shape.name} is {job.shape.arch}",
                           "use a llama/mistral/qwen2 preset, hf_config or explicit dimensions")
-    if job.shape.moe or job.shape.mla:
-        # The replica (train/model.py) has dense grouped-query blocks: it would measure another model.
-        kind = "mixture-of-experts" if job.shape.moe else "latent-attention"
+    if job.shape.replica_gap:
         raise ConfigError("model", f"bin/smoke's replica is a dense Llama-style decoder; {job.shape.name} is a "
-                          f"{kind} model", "predict it with bin/preflight")
+                          f"{job.shape.replica_gap} model", "predict it with bin/preflight")
     need = rules.required_packages(job)
     if "bitsandbytes" in need and importlib.util.find_spec("bitsandbytes") is None:
         raise ConfigError("train.optimizer" if t.base_quant == "none" else "train.base_quant",

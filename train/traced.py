@@ -257,6 +257,10 @@ def check_traceable(job: JobConfig) -> None:
     if job.shape.arch != "llama":
         raise ConfigError("model", f"--traced runs the Llama-style smoke model; {job.shape.name} is {job.shape.arch}",
                           "use a llama/mistral/qwen2 preset, hf_config or explicit dimensions")
+    if job.shape.replica_gap:
+        raise ConfigError("model", f"--traced runs the dense Llama-style smoke model; {job.shape.name} "
+                          f"is a {job.shape.replica_gap} model",
+                          "use the analytic estimate (bin/preflight without --traced)")
     if t.base_quant != "none":
         raise ConfigError("train.base_quant", f"--traced cannot run bitsandbytes' {t.base_quant} layers on fake tensors",
                           "trace the LoRA twin (base_quant = 'none'), or use the analytic estimate")
