@@ -11,7 +11,8 @@ TORCH_CPU ?= torch==2.13.0
 # FORCE=1 (deploy into a non-empty REMOTE_DIR podkit did not create; its files are kept), ACCEPT_NEW=1 (record an unknown host key), PODS=pods.toml (inventory), CONFIG=job.toml (preflight on the pod).
 POD_ARGS = $(if $(KEY),--key "$(KEY)") $(if $(PROFILE),--profile "$(PROFILE)") \
   $(if $(REMOTE_DIR),--remote-dir "$(REMOTE_DIR)") $(if $(PYTHON),--python "$(PYTHON)") \
-  $(if $(ACCEPT_NEW),--accept-new) $(if $(PODS),--inventory "$(PODS)") $(if $(BWLIMIT),--bwlimit "$(BWLIMIT)")
+  $(if $(ACCEPT_NEW),--accept-new) $(if $(PODS),--inventory "$(PODS)") $(if $(BWLIMIT),--bwlimit "$(BWLIMIT)") \
+  $(if $(SSH_CONFIG),--ssh-config "$(SSH_CONFIG)")
 
 setup: $(VENV)/.installed
 

@@ -14,6 +14,8 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from envsetup.fingerprint import Gpu
+
 # Distribution name -> import name, for the packages a job may need.
 PACKAGES = {
     "torch": "torch",
@@ -25,11 +27,8 @@ PACKAGES = {
 }
 
 
-@dataclass(frozen=True)
-class DetectedGpu:
-    name: str
-    memory_bytes: int
-    compute_capability: tuple[int, int]
+# One model of a GPU for preflight and the pod probe (envsetup/fingerprint.py).
+DetectedGpu = Gpu
 
 
 @dataclass

@@ -14,6 +14,7 @@ from checks.config import JobConfig
 from checks.host import HostFacts
 from checks.kernels import attention_kernel
 from checks.memory import GIB, MemoryEstimate, optimizer_bytes, trainable_groups, trainable_params
+from envsetup import arch
 
 PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
 
@@ -264,14 +265,12 @@ def gpu_arch(facts: HostFacts) -> CheckResult:
         return CheckResult("gpu.arch", SKIP, "torch not installed, or a CPU build: no CUDA architectures")
     gpu = facts.gpus[0]
     major, minor = gpu.compute_capability
-    cubins = {a for a in facts.torch_archs if a.startswith("sm_")}
-    # A cubin runs on the same major architecture at an equal or higher minor (sm_80 on sm_86).
-    if f"sm_{major}{minor}" in cubins or any(
-        a[3:-1] == str(major) and int(a[-1]) <= minor for a in cubins if a[3:].isdigit()
-    ):
+    sm = major * 10 + minor
+    # one reading of torch's arch list for the project (envsetup/arch.py): sm_90a, compute_90a too
+    if arch.supports(facts.torch_archs, sm) and not arch.ptx_only(facts.torch_archs, sm):
         return CheckResult("gpu.arch", PASS, f"{gpu.name} sm_{major}{minor} is in torch's arch list")
-    ptx = [a for a in facts.torch_archs if a.startswith("compute_") and int(a[8:]) <= major * 10 + minor]
-    if ptx:
+    if arch.ptx_only(facts.torch_archs, sm):
+        ptx = [a for a in facts.torch_archs if a.startswith("compute_")]
         return CheckResult("gpu.arch", WARN, f"{gpu.name} sm_{major}{minor} runs only through PTX JIT ({ptx[-1]}): "
                            "slow first steps", "install a torch build that lists this architecture")
     return CheckResult("gpu.arch", FAIL,

@@ -8,6 +8,7 @@ Everything it does is logged under logs/envsetup/, and report.json there says wh
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import os
@@ -20,11 +21,12 @@ from envsetup import envfile
 from envsetup.resolve import Dependency, Plan, resolve
 from envsetup.state import StepState
 from envsetup.verify import VERIFY_SCRIPT
-from pods.probe import Fingerprint, probe_local
+from envsetup.fingerprint import Fingerprint, probe_local
 
 ROOT = Path(__file__).resolve().parents[1]
 REQUIREMENTS = ROOT / "envsetup" / "requirements.txt"
 HEARTBEAT_S = 30
+LOCK_WAIT_S = 2 * 3600  # a flash-attn source build can take this long; past it the holder is stuck
 
 
 class SetupError(Exception):
@@ -46,6 +48,31 @@ class Setup:
         self.venv = project / ".venv"
         self.python = self.venv / "bin" / "python"
         self.outcome: dict[str, str] = {}
+        self._lock = None  # see lock()
+
+    # -- one envsetup at a time per project
+    def lock(self) -> None:
+        """Hold .podkit/envsetup/lock for this run. Every install command inherits it, so an
+        install left running by a killed client keeps it too, and a re-run waits for that
+        install instead of racing it into the same venv."""
+        self._lock = open(self.dir / "lock", "a+")
+        start = time.monotonic()
+        told = False
+        while True:
+            try:
+                fcntl.flock(self._lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                pass
+            waited = time.monotonic() - start
+            if not told or int(waited) % HEARTBEAT_S == 0:
+                self.say(f"  another envsetup or its install is still running in {self.project}; "
+                         f"waiting for it ({waited:.0f} s)")
+                told = True
+            if waited > LOCK_WAIT_S:
+                raise SetupError(f"another envsetup has held {self.dir / 'lock'} for {waited:.0f} s; "
+                                 "stop it (ps aux | grep pip) and re-run")
+            time.sleep(1)
 
     # -- venv
     def venv_step(self) -> None:
@@ -120,7 +147,8 @@ class Setup:
         with open(log, "a") as f:
             f.write(f"\n$ {' '.join(argv)}\n")
             f.flush()
-            proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=_child_env(env))
+            proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=_child_env(env),
+                                    pass_fds=(self._lock.fileno(),) if self._lock else ())
             while True:
                 try:
                     proc.wait(timeout=HEARTBEAT_S)
@@ -205,14 +233,25 @@ def run(project: Path, fingerprint_file, python, cache_dir, secrets_stdin: bool,
     for warning in plan.warnings:
         echo(f"  warning: {warning}")
     setup = Setup(project, fp, plan, say=echo)
+    setup.lock()
     setup.venv_step()
     failed = []
     attention, attention_reason = plan.attention, plan.attention_reason
-    for dep in plan.deps:
+    pending = list(plan.deps)
+    while pending:
+        dep = pending.pop(0)
         if not setup.install(dep):
             failed.append(dep.name)
             if dep.name == "flash-attn":
                 attention, attention_reason = "sdpa", f"flash-attn {dep.action} failed; see logs/envsetup/flash-attn.log"
+        elif dep.name == "torch" and dep.action == "pip" and fp.torch is None:
+            # torch is in the venv now: plan the rest (bitsandbytes, flash-attn) for that torch
+            fp = probe_local(str(project), fp.python)
+            plan = setup.plan = resolve(fp, requirements())
+            setup.fp = fp
+            done = {d.name for d in plan.deps[:plan.deps.index(plan.dep("torch")) + 1]}
+            pending = [d for d in plan.deps if d.name not in done]
+            attention, attention_reason = plan.attention, plan.attention_reason
     verify = setup.verify()
     if not verify.get("flash-attn", "ok").startswith("ok"):
         # A wheel that imports but cannot run on this GPU/driver is worse than none.

@@ -11,7 +11,7 @@ import os
 import shlex
 from pathlib import Path
 
-from pods.probe import Fingerprint
+from envsetup.fingerprint import Fingerprint
 
 SECRET_NAMES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY")
 
@@ -39,8 +39,10 @@ def render(fp: Fingerprint, project: Path, cache_dir: str | None, attention: str
     lines = [
         "# Written by podkit envsetup; sourced by every podkit command on this machine. Mode 0600.",
         f"export PODKIT_ROOT={shlex.quote(str(project))}",
+        # Always first, even when already on PATH: a pyenv or conda shim put before it by an rc
+        # file would otherwise win (`python` resolving to the shim, without the venv's packages).
         f"if [ -x {shlex.quote(str(venv))}/bin/python ]; then export VIRTUAL_ENV={shlex.quote(str(venv))}; "
-        f"case \":$PATH:\" in *\":$VIRTUAL_ENV/bin:\"*) ;; *) export PATH=\"$VIRTUAL_ENV/bin:$PATH\";; esac; fi",
+        f"export PATH=\"$VIRTUAL_ENV/bin:$PATH\"; fi",
     ]
     lines += [f"export {k}=\"${{{k}:-{v}}}\"" for k, v in settings.items()]
     lines += [f"export PODKIT_ATTENTION={attention}", f"export PODKIT_ATTENTION_REASON={shlex.quote(attention_reason)}"]

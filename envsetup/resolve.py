@@ -3,10 +3,14 @@
 Rules, in short:
 - torch: the image's build is reused, never reinstalled (a constraint pins it for every pip
   call). A CPU machine without torch gets the pinned CPU build, like `make setup`.
-- bitsandbytes: the newest release whose torch range includes the image's torch.
-- flash-attn: only on sm80+ GPUs that the image's torch has kernels for. A prebuilt wheel when
-  one was published for this torch minor, CUDA major, C++ ABI and Python; else a ninja build
-  with MAX_JOBS from free RAM and FLASH_ATTN_CUDA_ARCHS for this GPU; else SDPA, with the reason.
+- bitsandbytes: through pip with torch constrained to the pod's build, so pip picks the newest
+  release whose own Requires-Dist admits that torch (no release table to go stale).
+- flash-attn: only on sm80+ GPUs that the image's torch has kernels for. A prebuilt wheel named
+  as flash-attn's setup.py names them (envsetup/wheels.py) for the newest releases on the index,
+  chosen only once it is seen to exist; else a ninja build with MAX_JOBS from free RAM and
+  FLASH_ATTN_CUDA_ARCHS for this GPU; else SDPA, with the reason.
+
+Pure given a `WheelSource` (the tests point one at a server on 127.0.0.1).
 """
 
 from __future__ import annotations
@@ -15,28 +19,14 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 
-from pods.probe import Fingerprint
+from envsetup.arch import version_tuple as _version_tuple
+from envsetup.wheels import WheelSource, flash_attn_wheel_name
+from envsetup.fingerprint import Fingerprint
 
 TORCH_CPU = "torch==2.13.0"  # the same pin as the Makefile's TORCH_CPU
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
-# bitsandbytes release -> lowest torch (its Requires-Dist) and lowest Python (Requires-Python).
-BITSANDBYTES = [
-    ("0.50.2", (2, 4), (3, 10)),
-    ("0.49.2", (2, 3), (3, 10)),
-    ("0.47.0", (2, 2), (3, 9)),
-    ("0.45.5", (2, 0), (3, 8)),
-]
-
-# flash-attn releases and the wheels published on their GitHub release pages: torch minors,
-# CUDA major, Python tags (both C++ ABIs were published for each). Newest first.
-FLASH_ATTN_WHEELS = [
-    ("2.8.3", {(2, 4), (2, 5), (2, 6), (2, 7), (2, 8)}, "12", {"cp39", "cp310", "cp311", "cp312", "cp313"}),
-    ("2.7.4.post1", {(2, 2), (2, 3), (2, 4), (2, 5), (2, 6)}, "12", {"cp38", "cp39", "cp310", "cp311", "cp312", "cp313"}),
-]
-FLASH_ATTN_SOURCE = "2.8.3"
-WHEEL_URL = ("https://github.com/Dao-AILab/flash-attention/releases/download/v{ver}/"
-             "flash_attn-{ver}+cu{cuda}torch{torch}cxx11abi{abi}-{py}-{py}-linux_x86_64.whl")
+FLASH_ATTN_TRIED = 3  # newest releases checked for a wheel before building from source
 BUILD_RAM_PER_JOB_MIB = 8 * 1024  # nvcc on flash-attn's kernels peaks at several GiB per job
 BUILD_DISK_MIB = 10 * 1024
 
@@ -71,17 +61,8 @@ class Plan:
         return next(d for d in self.deps if d.name == name)
 
 
-def _version_tuple(text: str) -> tuple[int, ...]:
-    out = []
-    for part in text.split("+")[0].split("."):
-        digits = "".join(c for c in part if c.isdigit())
-        if not digits:
-            break
-        out.append(int(digits))
-    return tuple(out)
-
-
-def resolve(fp: Fingerprint, requirements: list[str]) -> Plan:
+def resolve(fp: Fingerprint, requirements: list[str], wheels: WheelSource | None = None) -> Plan:
+    wheels = wheels or WheelSource()
     warnings: list[str] = []
     torch = fp.torch
     sms = sorted({g.sm for g in fp.gpus if g.sm})
@@ -89,7 +70,8 @@ def resolve(fp: Fingerprint, requirements: list[str]) -> Plan:
 
     # torch
     if torch:
-        deps = [Dependency("torch", "reuse", torch.version, reason=f"the image's build (CUDA {torch.cuda or 'none'})")]
+        where = "the project venv's build" if fp.torch_in_venv else "the image's build"
+        deps = [Dependency("torch", "reuse", torch.version, reason=f"{where} (CUDA {torch.cuda or 'none'})")]
         constraints = [f"torch=={torch.version}"]
         if fp.gpus and not torch.cuda:
             warnings.append(f"torch {torch.version} is a CPU build on a GPU pod: use the image's CUDA torch")
@@ -112,7 +94,7 @@ def resolve(fp: Fingerprint, requirements: list[str]) -> Plan:
     deps.append(_bitsandbytes(fp, py))
 
     # flash-attn
-    fa = _flash_attn(fp, py, unsupported)
+    fa = _flash_attn(fp, unsupported, wheels)
     deps.append(fa)
     attention = "flash-attn" if fa.action in ("pip", "build") else "sdpa"
     return Plan(deps, attention, fa.reason if attention == "sdpa" else f"flash-attn {fa.action}",
@@ -127,18 +109,16 @@ def _bitsandbytes(fp: Fingerprint, py: tuple[int, ...]) -> Dependency:
     if cuda and cuda < (11, 8):
         return Dependency("bitsandbytes", "skip", reason=f"bitsandbytes ships kernels for CUDA 11.8+, torch has {torch.cuda}")
     tv = torch.major_minor
-    for version, min_torch, min_py in BITSANDBYTES:
-        if tv >= min_torch and py >= min_py:
-            return Dependency("bitsandbytes", "pip", f"bitsandbytes=={version}",
-                              reason=f"newest release for torch {tv[0]}.{tv[1]}, Python {py[0]}.{py[1]}")
-    return Dependency("bitsandbytes", "skip", reason=f"no bitsandbytes release supports torch {torch.version}")
+    return Dependency("bitsandbytes", "pip", "bitsandbytes",
+                      reason=f"the newest release pip finds for torch {tv[0]}.{tv[1]} (pinned by constraint), "
+                             f"Python {py[0]}.{py[1]}")
 
 
 def _fa_arch(sm: int) -> str:
     return {8: "80", 9: "90", 10: "100", 12: "120"}.get(sm // 10, str(sm))
 
 
-def _flash_attn(fp: Fingerprint, py: tuple[int, ...], unsupported: list[int]) -> Dependency:
+def _flash_attn(fp: Fingerprint, unsupported: list[int], wheels: WheelSource) -> Dependency:
     torch = fp.torch
     sms = sorted({g.sm for g in fp.gpus if g.sm})
 
@@ -160,19 +140,22 @@ def _flash_attn(fp: Fingerprint, py: tuple[int, ...], unsupported: list[int]) ->
     if max(sms) >= 100 and cuda < (12, 8):
         return skip(f"sm_{max(sms)} needs CUDA 12.8+, torch has {torch.cuda}")
     tv = torch.major_minor
-    if torch.cxx11_abi is not None and fp.python_tag and fp.machine in ("x86_64", ""):
-        for version, torches, cuda_major, pythons in FLASH_ATTN_WHEELS:
-            if tv in torches and str(cuda[0]) == cuda_major and fp.python_tag in pythons and max(sms) < 100:
-                url = WHEEL_URL.format(ver=version, cuda=cuda_major, torch=f"{tv[0]}.{tv[1]}",
-                                       abi=str(torch.cxx11_abi).upper(), py=fp.python_tag)
+    releases = wheels.versions("flash-attn")
+    if torch.cxx11_abi is not None and fp.python_tag:
+        for version in releases[:FLASH_ATTN_TRIED]:
+            name = flash_attn_wheel_name(version, torch.cuda, torch.version, torch.cxx11_abi, fp.python_tag,
+                                         fp.machine or "x86_64")
+            url = wheels.flash_attn_url(version, name)
+            if wheels.exists(url):
                 return Dependency("flash-attn", "pip", url, ("--no-deps",),
-                                  reason=f"prebuilt wheel {version} for torch {tv[0]}.{tv[1]}, cu{cuda_major}, {fp.python_tag}")
+                                  reason=f"prebuilt wheel {version} for torch {tv[0]}.{tv[1]}, cu{cuda[0]}, {fp.python_tag}")
+    source = releases[0] if releases else None
     # No wheel: build, if this pod can.
     nvcc = _version_tuple(fp.nvcc_version or "")
     if not nvcc:
         return skip(f"no prebuilt wheel for torch {torch.version} and no nvcc to build one")
     if cuda < (12, 0):
-        return skip(f"no prebuilt wheel for torch {torch.version}, and flash-attn {FLASH_ATTN_SOURCE} builds need CUDA 12+ "
+        return skip(f"no prebuilt wheel for torch {torch.version}, and flash-attn {source or ''} builds need CUDA 12+ "
                     f"(torch has {torch.cuda}): use a CUDA 12 image")
     if nvcc[0] != cuda[0]:
         return skip(f"nvcc {fp.nvcc_version} does not match torch's CUDA {torch.cuda}")
@@ -183,5 +166,6 @@ def _flash_attn(fp: Fingerprint, py: tuple[int, ...], unsupported: list[int]) ->
         return skip(f"building needs {BUILD_DISK_MIB // 1024} GiB free disk, the pod has {fp.disk_free_mib // 1024} GiB")
     archs = ";".join(sorted({_fa_arch(sm) for sm in sms}))
     env = (("MAX_JOBS", str(jobs)), ("FLASH_ATTN_CUDA_ARCHS", archs), ("FLASH_ATTENTION_FORCE_BUILD", "TRUE"))
-    return Dependency("flash-attn", "build", f"flash-attn=={FLASH_ATTN_SOURCE}", ("--no-build-isolation", "--no-deps"), env,
+    return Dependency("flash-attn", "build", f"flash-attn=={source}" if source else "flash-attn",
+                      ("--no-build-isolation", "--no-deps"), env,
                       reason=f"no wheel for torch {torch.version}: ninja build, MAX_JOBS={jobs}, FLASH_ATTN_CUDA_ARCHS={archs}")

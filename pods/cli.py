@@ -1,5 +1,7 @@
 """bin/pod (and bin/deploy, bin/fetch-logs): thin click commands over pods.*.
 
+Commands: deploy, run (detached jobs), attach, stop, jobs, probe, fetch-logs.
+
 Exit codes: 0 ok, 1 envsetup/preflight or the remote command failed, 2 bad input or a connection
 fault (one line saying what and how to fix it), 130 interrupted.
 """
@@ -23,14 +25,17 @@ from pods.errors import PodError
 from pods.fetch import fetch as fetch_logs
 from pods.hosts import HostSpec, load_inventory, select_hosts
 from pods.ownership import deployed as is_deployed
-from pods.probe import Fingerprint
+from envsetup.fingerprint import Fingerprint
 from pods.profiles import PodProfile
 from pods.rsync import terminal_progress
 
 def pod_options(fn):
     """Options every pod command shares (SkyPilot style: defined once)."""
     options = [
-        click.option("--key", envvar="KEY", help="Private key file (identity)."),
+        # No envvar: an unrelated KEY in the environment is not a key path (the Makefile passes KEY= on).
+        click.option("--key", help="Private key file (identity)."),
+        click.option("--ssh-config", type=click.Path(dir_okay=False, path_type=Path),
+                     help="ssh config file, read as OpenSSH reads it (default ~/.ssh/config and the system one)."),
         click.option("--profile", type=click.Choice(["auto", "runpod", "sagemaker", "generic"]), default=None,
                      help="Pod profile; detected when left out."),
         click.option("--remote-dir", help="Project directory on the pod (default: the profile's, e.g. /workspace/<project>)."),
@@ -43,9 +48,11 @@ def pod_options(fn):
     ]
 
     @functools.wraps(fn)
-    def wrapper(*args, key, profile, remote_dir, python, inventory, accept_new, known_hosts, timeout, bwlimit, **kwargs):
+    def wrapper(*args, key, ssh_config, profile, remote_dir, python, inventory, accept_new, known_hosts, timeout, bwlimit,
+                **kwargs):
         pods = PodArgs(key, profile, remote_dir, python, inventory,
-                       PodOptions(known_hosts=known_hosts, accept_new=accept_new, timeout=timeout, bwlimit=bwlimit))
+                       PodOptions(known_hosts=known_hosts, accept_new=accept_new, timeout=timeout, bwlimit=bwlimit,
+                                  ssh_config=ssh_config))
         return fn(*args, pods=pods, **kwargs)
 
     for option in reversed(options):
@@ -163,6 +170,8 @@ def run_cmd(host, command, detach, job_id, pods: PodArgs):
     """
     import shlex
 
+    if job_id:
+        remote_jobs.valid_id(job_id)
     with pods.one(host, deployed=True) as (conn, spec, *_):
         jid = remote_jobs.start(conn, shlex.join(command) if len(command) > 1 else command[0], job_id)
         click.echo(f"job {jid} started on {spec.name}; output: logs/jobs/{jid}/output.log", err=True)
@@ -184,14 +193,37 @@ def run_cmd(host, command, detach, job_id, pods: PodArgs):
 @guarded
 def attach_cmd(host, job_id, pods: PodArgs):
     """Stream a detached job's output (from the start) until it ends; exit with its code. Default: the newest job."""
+    if job_id:
+        remote_jobs.valid_id(job_id)  # before connecting: an id never reaches a shell unchecked
     with pods.one(host) as (conn, spec, *_):
-        if not job_id:
-            listed = remote_jobs.list_jobs(conn)
-            if not listed:
-                raise PodError(f"no jobs on {spec.name}", "start one with: bin/pod run HOST -- COMMAND")
-            job_id = listed[-1].id
+        job_id = job_id or _newest(conn, spec)
         code = remote_jobs.attach(conn, job_id, click.echo)
     sys.exit(code)
+
+
+@main.command("stop")
+@click.argument("host", metavar="HOST")
+@click.argument("job_id", required=False)
+@click.option("--grace", type=click.FloatRange(0, 600), default=30.0, show_default=True,
+              help="Seconds between SIGTERM (the run writes its summary) and SIGKILL.")
+@pod_options
+@guarded
+def stop_cmd(host, job_id, grace, pods: PodArgs):
+    """Stop a detached job and every process it started (workers included). Default: the newest job."""
+    if job_id:
+        remote_jobs.valid_id(job_id)
+    with pods.one(host) as (conn, spec, *_):
+        job_id = job_id or _newest(conn, spec)
+        what = remote_jobs.stop(conn, job_id, grace)
+    click.echo(f"job {job_id} on {spec.name}: {what}")
+    sys.exit(0 if not what.startswith("left") else 1)
+
+
+def _newest(conn: PodConnection, spec: HostSpec) -> str:
+    job = remote_jobs.newest(conn)
+    if job is None:
+        raise PodError(f"no jobs on {spec.name}", "start one with: bin/pod run HOST -- COMMAND")
+    return job.id
 
 
 @main.command("jobs")
@@ -202,7 +234,7 @@ def jobs_cmd(host, pods: PodArgs):
     """List detached jobs on HOST: id, state, command."""
     with pods.one(host) as (conn, *_):
         for job in remote_jobs.list_jobs(conn):
-            state = f"exited {job.exit_code}" if job.state == "exited" else job.state
+            state = f"{job.state} {job.exit_code}" if job.exit_code is not None else job.state
             click.echo(f"{job.id}  {state:10}  {job.command}")
 
 

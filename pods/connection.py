@@ -15,8 +15,10 @@ import base64
 import hashlib
 import logging
 import os
+import secrets
 import socket
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
@@ -25,7 +27,7 @@ import fabric
 import paramiko
 
 from pods.errors import PodError
-from pods.hosts import Endpoint
+from pods.hosts import Endpoint, agent_available
 from pods.shell import LOGIN_TIMEOUT_FACTOR, CommandTimeout, LoginTimeout, RemoteShell, Result
 
 # paramiko logs transport failures itself; podkit reports each one as its own single line.
@@ -60,6 +62,40 @@ def _tune_socket(sock: socket.socket, dead_after: float) -> None:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     if hasattr(socket, "TCP_USER_TIMEOUT"):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(dead_after * 1000))
+
+
+class _Watchdog(threading.Thread):
+    """OpenSSH's ServerAliveInterval/CountMax, which paramiko lacks: a global request that wants a
+    reply (sshd answers every one, even unknown ones, RFC 4254 section 4) every `interval` s. A pod
+    whose kernel still ACKs TCP while its sshd is frozen (stopped, swapping) answers nothing at the
+    SSH level; after `dead_after` s without a reply the transport is closed, so every blocked read
+    ends and the caller reports the host and what timed out."""
+
+    def __init__(self, transport: paramiko.Transport, interval: float, dead_after: float):
+        super().__init__(daemon=True, name="podkit-watchdog")
+        self.transport, self.interval, self.dead_after = transport, interval, dead_after
+        self.dead = False
+        self._stop = threading.Event()
+
+    def run(self) -> None:
+        while self.transport.is_active() and not self._stop.is_set():
+            asked = threading.Thread(target=self._ask, daemon=True)
+            asked.start()
+            asked.join(self.dead_after)
+            if asked.is_alive() and not self._stop.is_set():
+                self.dead = True
+                self.transport.close()  # wakes every reader; the request thread returns too
+                return
+            self._stop.wait(self.interval)
+
+    def _ask(self) -> None:
+        try:
+            self.transport.global_request("keepalive@openssh.com", wait=True)
+        except Exception:  # noqa: BLE001 - a closed transport: the readers report it
+            pass
+
+    def stop(self) -> None:
+        self._stop.set()
 
 
 class UnknownHostKey(paramiko.SSHException):
@@ -101,6 +137,11 @@ class PodConnection:
         self._spare: RemoteShell | None = None
         self._want_spare = False
         self._lock = threading.Lock()
+        self._watchdog: _Watchdog | None = None
+        self._hops: list[fabric.Connection] = []  # ProxyJump connections, closed with this one
+        # Every process this invocation starts on the pod carries PODKIT_SESSION=<tag> in its
+        # environment, so an interrupted step can be found and stopped there (`stop_remote`).
+        self.tag = secrets.token_hex(8)
 
     # -- lifecycle
     def __enter__(self) -> "PodConnection":
@@ -111,6 +152,11 @@ class PodConnection:
 
     def close(self) -> None:
         self._shell = self._spare = None
+        if self._watchdog is not None:
+            self._watchdog.stop()
+        for hop in reversed(self._hops):
+            hop.close()
+        self._hops = []
         if self._fabric is not None:
             self._fabric.close()
             self._fabric = None
@@ -122,16 +168,22 @@ class PodConnection:
         return self._fabric
 
     def _open(self) -> fabric.Connection:
-        ep = self.endpoint
+        gateway = None
+        for hop in self.endpoint.jumps:  # ProxyJump: each hop reached through the one before
+            gateway = self._connect(hop, gateway)
+            self._hops.append(gateway)
+        return self._connect(self.endpoint, gateway)
+
+    def _connect(self, ep: Endpoint, gateway: fabric.Connection | None) -> fabric.Connection:
         keys = list(ep.key_files)
         conn = fabric.Connection(
-            host=ep.hostname, user=ep.user, port=ep.port, connect_timeout=self.timeout,
-            # An explicit empty SSHConfig: hosts.resolve already read ~/.ssh/config, once.
+            host=ep.hostname, user=ep.user, port=ep.port, connect_timeout=self.timeout, gateway=gateway,
+            # An explicit empty SSHConfig: hosts.resolve already read the ssh config (ssh -G), once.
             config=fabric.Config(ssh_config=paramiko.SSHConfig()),
             connect_kwargs={
                 "key_filename": keys,
-                "look_for_keys": not keys,
-                "allow_agent": not keys,
+                "look_for_keys": False,  # ssh -G already listed the default identity files
+                "allow_agent": True,  # as OpenSSH: agent keys are offered too
                 "banner_timeout": self.timeout,
                 "auth_timeout": self.timeout,
             },
@@ -145,15 +197,19 @@ class PodConnection:
         client.set_missing_host_key_policy(_HostKeyPolicy(self.known_hosts, self.accept_new, self.say))
         try:
             conn.open()
+        except PodError:
+            raise
         except Exception as exc:  # noqa: BLE001 - every failure becomes one line
             conn.close()
-            raise self._describe(exc) from None
-        conn.transport.set_keepalive(KEEPALIVE_S)
-        _tune_socket(conn.transport.sock, DEAD_LINK_FACTOR * self.timeout)
+            raise self._describe(exc, ep) from None
+        dead_after = DEAD_LINK_FACTOR * self.timeout
+        _tune_socket(conn.transport.sock, dead_after)
+        self._watchdog = _Watchdog(conn.transport, min(KEEPALIVE_S, dead_after / 2), dead_after)
+        self._watchdog.start()
         return conn
 
-    def _describe(self, exc: BaseException) -> PodError:
-        ep = self.endpoint
+    def _describe(self, exc: BaseException, ep: Endpoint | None = None) -> PodError:
+        ep = ep or self.endpoint
         where = f"{ep.hostname}:{ep.port}"
         if isinstance(exc, UnknownHostKey):
             return PodError(
@@ -164,8 +220,9 @@ class PodConnection:
                 f"host key of {ep.known_hosts_name} CHANGED (now {fingerprint(exc.key)}); refusing to connect",
                 f"if the pod was re-created, remove the old key: ssh-keygen -R '{ep.known_hosts_name}' -f {self.known_hosts}")
         if isinstance(exc, paramiko.AuthenticationException):
-            tried = ", ".join(ep.key_files) or "agent and default keys"
-            return PodError(f"{ep.user}@{where} refused the key ({tried})", "give the right KEY=path, or check the user")
+            tried = ", ".join(ep.key_files) + (" and ssh-agent's keys" if agent_available() else "")
+            return PodError(f"{ep.user}@{where} refused the key ({tried or 'no key found'})",
+                            "give the right KEY=path, or check the user")
         if isinstance(exc, socket.gaierror):
             return PodError(f"cannot resolve host name '{ep.hostname}'", "check HOST")
         if isinstance(exc, (paramiko.ssh_exception.NoValidConnectionsError, ConnectionRefusedError)):
@@ -195,11 +252,31 @@ class PodConnection:
         """
         script = f"{self.prelude}\n{command}" if prelude and self.prelude else command
         with self._lock, self._faults(timeout):
-            result = self._shell_for_commands().run(script, stdin=stdin, out=out, timeout=timeout)
+            try:
+                result = self._shell_for_commands().run(script, stdin=stdin, out=out, timeout=timeout)
+            except KeyboardInterrupt:
+                self._shell = None  # mid-command: that shell is abandoned
+                self.stop_remote()
+                raise
         if check and not result.ok:
             detail = (result.stderr or result.stdout).strip().splitlines()
             raise PodError(f"remote command failed ({result.exit_code}): {detail[-1] if detail else command[:60]}")
         return result
+
+    def stop_remote(self, grace: float = 10.0) -> None:
+        """Stop every process this connection started on the pod (Ctrl-C on the laptop): SIGTERM,
+        then SIGKILL after `grace` s. Best effort within the deadline: a dead link stops nothing."""
+        from pods.remote_stop import stop_script
+
+        try:
+            chan = self.connection.transport.open_session(timeout=self.timeout)
+            chan.exec_command(stop_script(f"PODKIT_SESSION={self.tag}", grace))
+            deadline = time.monotonic() + grace + DEAD_LINK_FACTOR * self.timeout
+            while not chan.exit_status_ready() and time.monotonic() < deadline:
+                chan.status_event.wait(0.2)
+            chan.close()
+        except Exception:  # noqa: BLE001 - interrupted anyway; nothing more to report
+            pass
 
     def exec(self, command: str) -> paramiko.Channel:
         """Run `command` in place of a fresh shell (the pre-started spare when there is one) and
@@ -207,7 +284,7 @@ class PodConnection:
         shell, self._spare = self._spare, None
         with self._faults():
             if shell is None or shell.dead:
-                shell = RemoteShell(self.connection.transport, self.timeout)
+                shell = RemoteShell(self.connection.transport, self.timeout, self.tag)
             return shell.exec(command)
 
     def warm_spare(self) -> None:
@@ -219,7 +296,7 @@ class PodConnection:
 
     def _shell_for_commands(self) -> RemoteShell:
         if self._shell is None or self._shell.dead:
-            self._shell = RemoteShell(self.connection.transport, self.timeout)
+            self._shell = RemoteShell(self.connection.transport, self.timeout, self.tag)
             if self._want_spare:
                 self._shell.wait_ready()
                 self._start_spare()
@@ -228,7 +305,7 @@ class PodConnection:
     def _start_spare(self) -> None:
         if self._spare is None:
             with self._faults():
-                self._spare = RemoteShell(self.connection.transport, self.timeout)
+                self._spare = RemoteShell(self.connection.transport, self.timeout, self.tag)
 
     @contextmanager
     def _faults(self, timeout: float | None = None) -> Iterator[None]:
@@ -246,7 +323,25 @@ class PodConnection:
         except Exception as exc:  # noqa: BLE001 - ShellClosed, paramiko and socket errors alike
             raise self._dropped(exc) from None
 
+    @property
+    def alive(self) -> bool:
+        """The SSH transport is still up and answering (so a failure was not the link's)."""
+        return (self._fabric is not None and self._fabric.transport is not None
+                and self._fabric.transport.is_active() and self.frozen is None)
+
+    @property
+    def frozen(self) -> PodError | None:
+        """Set when the watchdog gave up on the pod: the error every operation then reports."""
+        if self._watchdog is None or not self._watchdog.dead:
+            return None
+        ep = self.endpoint
+        return PodError(f"{ep.hostname}:{ep.port} stopped answering: no reply to keepalives for "
+                        f"{self._watchdog.dead_after:.0f} s (the connection is up, the pod's sshd is not)",
+                        "the pod may be frozen or out of memory; re-run when it answers, finished work is kept")
+
     def _dropped(self, exc: BaseException) -> PodError:
+        if self.frozen is not None:
+            return self.frozen
         return PodError(f"connection to {self.endpoint.hostname}:{self.endpoint.port} dropped ({type(exc).__name__})",
                         "re-run the same command; it continues where it stopped")
 

@@ -20,7 +20,8 @@ from pods.connection import PodConnection
 from pods.errors import PodError
 from pods.hosts import HostSpec, resolve
 from pods.ownership import claim, normalise, refuse_unsafe
-from pods.probe import Fingerprint, probe
+from envsetup.fingerprint import Fingerprint
+from pods.probe import probe
 from pods.profiles import PodProfile, detect
 from pods.rsync import terminal_progress
 from pods.sync import ensure_rsync, push
@@ -37,6 +38,7 @@ class PodOptions:
     timeout: float = 10.0
     bwlimit: int | None = None
     project: Path = ROOT
+    ssh_config: Path | None = None  # None: OpenSSH's defaults (~/.ssh/config, /etc/ssh/ssh_config)
     force: bool = False  # write into a non-empty REMOTE_DIR podkit did not create (never deleting its files)
 
 
@@ -70,7 +72,7 @@ class Printer:
 
 
 def connect(spec: HostSpec, opts: PodOptions, say: Callable[[str], None], *, for_rsync: bool = False) -> PodConnection:
-    conn = PodConnection(resolve(spec), known_hosts=opts.known_hosts, accept_new=opts.accept_new,
+    conn = PodConnection(resolve(spec, opts.ssh_config), known_hosts=opts.known_hosts, accept_new=opts.accept_new,
                          timeout=opts.timeout, say=say).open()
     if for_rsync:
         conn.warm_spare()  # rsync's shell logs in on the pod while the probe runs

@@ -72,6 +72,7 @@ class Endpoint:
     user: str
     key_files: tuple[str, ...] = ()
     ssh_config: str | None = None  # the config file the alias came from, passed on to ssh -F
+    jumps: tuple["Endpoint", ...] = ()  # ProxyJump hops, in order
 
     @property
     def display(self) -> str:
@@ -254,30 +255,92 @@ def select_hosts(text: str, inventory: Inventory, key: str | None = None, **over
 # ---------------------------------------------------------------- ~/.ssh/config
 
 def resolve(spec: HostSpec, ssh_config: str | Path | None = None) -> Endpoint:
-    """The spec completed from ~/.ssh/config (as OpenSSH would read it), then defaults."""
-    import getpass
+    """The spec completed from the ssh config exactly as OpenSSH reads it (`ssh -G`: Include,
+    Match, Host patterns, tokens, ProxyJump), then OpenSSH's key checks on the chosen keys."""
+    import shutil
 
-    import paramiko
-
-    config_path = Path(ssh_config or os.path.expanduser("~/.ssh/config"))
-    hostname, port, user, keys, used = spec.host, spec.port, spec.user, [], None
-    if config_path.is_file():
-        try:
-            entry = paramiko.SSHConfig.from_path(str(config_path)).lookup(spec.host)
-        except Exception as exc:  # paramiko raises several types for a bad file
-            raise PodError(f"cannot read {config_path}: {exc}", "fix the ssh config") from None
-        if "proxyjump" in entry or "proxycommand" in entry:
-            raise PodError(f"{spec.host}: ProxyJump/ProxyCommand in {config_path} is not supported", "connect to the pod directly")
-        hostname = entry.get("hostname", hostname)
-        port = port or (int(entry["port"]) if "port" in entry else None)
-        user = user or entry.get("user")
-        keys = [os.path.expanduser(k) for k in entry.get("identityfile", [])]
-        used = str(config_path)
+    if ssh_config is not None and not Path(ssh_config).is_file():
+        ssh_config = "/dev/null"  # named but absent: no config at all, as `ssh -F` with an empty file
+    if shutil.which("ssh") is None:
+        raise PodError("OpenSSH's ssh is not installed on this machine (podkit reads ~/.ssh/config through it)",
+                       "install openssh-client")
+    facts = _ssh_g(spec, ssh_config)
+    user = spec.user or facts.get("user", [None])[0]
+    port = spec.port or int(facts.get("port", ["22"])[0])
+    hostname = facts.get("hostname", [spec.host])[0]
+    if "proxycommand" in facts and facts["proxycommand"][0] != "none":
+        raise PodError(f"{spec.host}: ProxyCommand is not supported", "use ProxyJump in the ssh config instead")
+    jumps: list[Endpoint] = []
+    hops = facts.get("proxyjump", ["none"])[0]
+    if hops != "none":
+        for hop in hops.split(","):
+            # each hop is read from the same config, as ssh does (its own ProxyJump not chained)
+            hop_spec = parse_host(hop.removeprefix("ssh://"))
+            jumps.append(replace(resolve(replace(hop_spec, name=hop_spec.name), ssh_config), jumps=()))
     if spec.key:
+        keys = [spec.key]
         if not Path(spec.key).is_file():
             raise PodError(f"key file {spec.key} does not exist", "give KEY=path to your private key")
-        keys = [spec.key]
     else:
+        keys = [os.path.expanduser(k) for k in facts.get("identityfile", [])]
         keys = [k for k in keys if Path(k).is_file()]
-    return Endpoint(hostname=hostname, port=port or 22, user=user or getpass.getuser(),
-                    key_files=tuple(keys), ssh_config=used)
+    keys = [k for k in keys if check_key(k)]
+    return Endpoint(hostname=hostname, port=port, user=user or _local_user(), key_files=tuple(keys),
+                    ssh_config=str(ssh_config) if ssh_config else None, jumps=tuple(jumps))
+
+
+def _local_user() -> str:
+    import getpass
+
+    return getpass.getuser()
+
+
+def _ssh_g(spec: HostSpec, ssh_config: Path | str | None) -> dict[str, list[str]]:
+    import subprocess
+
+    argv = ["ssh", "-G"]
+    if ssh_config is not None:
+        argv += ["-F", str(ssh_config)]
+    if spec.port:
+        argv += ["-p", str(spec.port)]
+    if spec.user:
+        argv += ["-l", spec.user]
+    out = subprocess.run([*argv, "--", spec.host], capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=30)
+    if out.returncode != 0:
+        detail = [line for line in out.stderr.splitlines() if line.strip() and "Pseudo-terminal" not in line]
+        raise PodError(f"ssh config: {detail[0] if detail else 'ssh -G failed'}", "fix the ssh config")
+    facts: dict[str, list[str]] = {}
+    for line in out.stdout.splitlines():
+        key, _, value = line.partition(" ")
+        facts.setdefault(key.lower(), []).append(value)
+    return facts
+
+
+def agent_available() -> bool:
+    return bool(os.environ.get("SSH_AUTH_SOCK")) and os.path.exists(os.environ["SSH_AUTH_SOCK"])
+
+
+def check_key(path: str) -> bool:
+    """OpenSSH's checks on a private key file (sshkey.c, sshkey_perm_ok: no group/other access).
+    True: usable. False: encrypted, but ssh-agent is running and will be asked instead.
+    Anything else is one PodError saying what to do."""
+    import stat
+    import subprocess
+
+    mode = stat.S_IMODE(os.stat(path).st_mode)
+    if mode & 0o077 and os.stat(path).st_uid == os.getuid():
+        raise PodError(f"key {path} is readable by others (mode {mode:04o}); OpenSSH refuses such a key",
+                       f"chmod 600 {path}")
+    # OpenSSH's own reading of the file: decrypts with an empty passphrase or says why it cannot.
+    out = subprocess.run(["ssh-keygen", "-y", "-P", "", "-f", path], capture_output=True, text=True,
+                         stdin=subprocess.DEVNULL, timeout=30)
+    if out.returncode == 0:
+        return True
+    if "passphrase" in out.stderr:
+        if agent_available():
+            return False
+        raise PodError(f"key {path} needs a passphrase and no ssh-agent is running",
+                       f"add it to ssh-agent: eval $(ssh-agent); ssh-add {path}")
+    raise PodError(f"key {path} is not a private key OpenSSH can read ({(out.stderr.strip().splitlines() or ['?'])[-1]})",
+                   "give KEY=path to your private key (not the .pub file)")
+    return True

@@ -16,16 +16,19 @@ from typing import Callable
 
 from pods.connection import PodConnection
 from pods.errors import PodError
+from pods.remote_stop import stop_script
 
 JOBS_DIR = "logs/jobs"
+_ID = re.compile(r"[A-Za-z0-9_.-]{1,100}")
 
 
 @dataclass
 class Job:
     id: str
     command: str
-    state: str  # running | exited | lost (no process and no exit code: the pod restarted)
+    state: str  # running | exited | stopped | lost (no process and no exit code: the pod restarted)
     exit_code: int | None = None
+    started: str = ""  # UTC ISO time with nanoseconds: sorts as it happened
 
 
 def new_id(command: str) -> str:
@@ -34,20 +37,31 @@ def new_id(command: str) -> str:
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + f"-{word}"
 
 
+def valid_id(job_id: str) -> str:
+    """A job id is a directory name in every remote script: nothing else gets that far."""
+    if not _ID.fullmatch(job_id or "") or job_id in (".", ".."):
+        raise PodError(f"job id '{job_id}' may use only letters, digits, '.', '_' and '-'",
+                       "list the jobs with: bin/pod jobs HOST")
+    return job_id
+
+
 def start(conn: PodConnection, command: str, job_id: str | None = None) -> str:
-    job_id = job_id or new_id(command)
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+", job_id):
-        raise PodError(f"job id '{job_id}' may use only letters, digits, '.', '_' and '-'")
+    job_id = valid_id(job_id or new_id(command))
     d = f"{JOBS_DIR}/{job_id}"
-    # The inner shell records the exit code; setsid puts it in its own session, so the SSH
-    # session's hangup never reaches it.
-    inner = f"{command}\nrc=$?; echo $rc > {d}/exit_code.tmp && mv {d}/exit_code.tmp {d}/exit_code"
+    # The inner shell sources the env file itself, after whatever BASH_ENV or rc files did
+    # (pyenv or conda shims), so the project's venv is first on PATH; then it records the exit
+    # code. setsid puts it in its own session, so the SSH session's hangup never reaches it.
+    # PODKIT_JOB_ID tags the job's whole process tree for `stop`; PODKIT_SESSION is dropped so
+    # a Ctrl-C of this client (PodConnection.stop_remote) never stops the job.
+    inner = (f"[ -r .podkit/env ] && . .podkit/env\n{command}\n"
+             f"rc=$?; echo $rc > {d}/exit_code.tmp && mv {d}/exit_code.tmp {d}/exit_code")
     script = (
         f"mkdir -p {d} || exit 2\n"
         f"if [ -e {d}/pid ]; then echo 'job {job_id} exists' >&2; exit 2; fi\n"
         f"printf '%s\\n' {shlex.quote(command)} > {d}/command\n"
-        f"date -u +%Y-%m-%dT%H:%M:%SZ > {d}/started\n"
-        f"setsid nohup bash -c {shlex.quote(inner)} > {d}/output.log 2>&1 < /dev/null &\n"
+        f"date -u +%Y-%m-%dT%H:%M:%S.%NZ > {d}/started\n"
+        f"env -u PODKIT_SESSION PODKIT_JOB_ID={job_id} setsid nohup bash --noprofile --norc -c {shlex.quote(inner)} "
+        f"> {d}/output.log 2>&1 < /dev/null &\n"
         f"echo $! > {d}/pid\n"
     )
     result = conn.run(script)
@@ -58,7 +72,7 @@ def start(conn: PodConnection, command: str, job_id: str | None = None) -> str:
 
 def attach(conn: PodConnection, job_id: str, out: Callable[[str], None]) -> int:
     """Stream the job's output until it ends; return its exit code."""
-    d = f"{JOBS_DIR}/{job_id}"
+    d = f"{JOBS_DIR}/{valid_id(job_id)}"
     script = (
         f"[ -r {d}/pid ] || {{ echo 'podkit: no job {job_id} on this pod' >&2; exit 3; }}\n"
         f"pid=$(cat {d}/pid)\n"
@@ -73,18 +87,41 @@ def attach(conn: PodConnection, job_id: str, out: Callable[[str], None]) -> int:
     return result.exit_code
 
 
+def stop(conn: PodConnection, job_id: str, grace: float = 30.0) -> str:
+    """Stop the job's whole process tree (SIGTERM, SIGKILL after `grace` s); its wrapper shell is
+    spared so it still records the exit code. Returns what happened, in words."""
+    d = f"{JOBS_DIR}/{valid_id(job_id)}"
+    script = (
+        f"[ -r {d}/pid ] || {{ echo 'podkit: no job {job_id} on this pod' >&2; exit 3; }}\n"
+        f"[ -r {d}/exit_code ] && {{ echo \"already exited $(cat {d}/exit_code)\"; exit 0; }}\n"
+        f"wrapper=$(cat {d}/pid); touch {d}/stopped\n"
+        f"({stop_script(f'PODKIT_JOB_ID={job_id}', grace, spare_var='wrapper')})"
+    )
+    result = conn.run(script + f"\nfor i in 1 2 3 4 5 6 7 8 9 10; do [ -r {d}/exit_code ] && break; sleep 0.2; done\n"
+                      f"kill -KILL $wrapper 2>/dev/null; true\n", timeout=grace + 60)
+    if result.exit_code == 3:
+        raise PodError(f"no job '{job_id}' on this pod", "list them with: bin/pod jobs HOST")
+    return (result.stdout.strip().splitlines() or ["stopped"])[0]
+
+
+def newest(conn: PodConnection) -> Job | None:
+    """The job started last (by its start time, not its name)."""
+    jobs = list_jobs(conn)
+    return max(jobs, key=lambda j: j.started) if jobs else None
+
+
 def list_jobs(conn: PodConnection) -> list[Job]:
     script = (
         f"[ -d {JOBS_DIR} ] || exit 0\n"
         f"for d in {JOBS_DIR}/*/; do id=$(basename $d); pid=$(cat $d/pid 2>/dev/null)\n"
-        f"  if [ -r $d/exit_code ]; then st=\"exited $(cat $d/exit_code)\"; elif [ -n \"$pid\" ] && kill -0 $pid 2>/dev/null; then st=running; else st=lost; fi\n"
-        f"  printf '%s\\t%s\\t%s\\n' \"$id\" \"$st\" \"$(head -c 200 $d/command | head -n 1)\"; done\n"
+        f"  if [ -r $d/exit_code ] && [ -e $d/stopped ]; then st=\"stopped $(cat $d/exit_code)\"; elif [ -r $d/exit_code ]; then st=\"exited $(cat $d/exit_code)\"; elif [ -n \"$pid\" ] && kill -0 $pid 2>/dev/null; then st=running; else st=lost; fi\n"
+        f"  printf '%s\\t%s\\t%s\\t%s\\n' \"$id\" \"$st\" \"$(cat $d/started 2>/dev/null)\" \"$(head -c 200 $d/command | head -n 1)\"; done\n"
     )
     jobs = []
     for line in conn.run(script).stdout.splitlines():
-        parts = line.split("\t")
-        if len(parts) != 3:
+        parts = line.split("\t", 3)
+        if len(parts) != 4 or not _ID.fullmatch(parts[0]):
             continue
         state, _, code = parts[1].partition(" ")
-        jobs.append(Job(parts[0], parts[2], state, int(code) if code.strip().lstrip("-").isdigit() else None))
+        jobs.append(Job(parts[0], parts[3], state, int(code) if code.strip().lstrip("-").isdigit() else None, parts[2]))
     return jobs

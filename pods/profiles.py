@@ -11,7 +11,7 @@ import shlex
 from dataclasses import dataclass
 
 from pods.errors import PodError
-from pods.probe import Fingerprint
+from envsetup.fingerprint import Fingerprint
 
 # RunPod passes the pod's variables (RUNPOD_*, the user's HF_TOKEN, ...) to PID 1 only; SSH
 # sessions start without them. Import each one that the session does not already set.

@@ -81,6 +81,7 @@ def _run(conn: PodConnection, server: RshServer, args: list[str], *, what: str, 
     except KeyboardInterrupt:
         proc.terminate()
         proc.wait()
+        conn.stop_remote()  # rsync's other end on the pod
         raise
     stats = _parse_stats(out.decode(errors="replace"))
     stats.seconds = time.monotonic() - start
@@ -99,12 +100,18 @@ def _parse_stats(text: str) -> TransferStats:
 
 def _describe(code: int, err: str, conn: PodConnection, what: str) -> PodError:
     ep = conn.endpoint
+    if conn.frozen is not None:
+        return PodError(f"{what}: {conn.frozen.problem}", conn.frozen.fix)
     lines = [line for line in err.strip().splitlines() if line.strip()]
     if "No space left on device" in err or "Disk quota exceeded" in err:
         return _disk_full(what)
     if "rsync: command not found" in err or "rsync: not found" in err or code == 127:
         return PodError(f"{what}: rsync is missing on the pod", "re-run deploy; it installs rsync or falls back to SFTP")
     told = [line[len("podkit: "):] for line in lines if line.startswith("podkit: ") and "dropped" not in line]
+    own = [line for line in lines if line.startswith(("rsync: ", "rsync error: ")) and "connection unexpectedly" not in line
+           and "error in rsync protocol data stream" not in line]
+    if own and conn.alive:  # rsync's own complaint (a bad option, a missing directory), not the link
+        return PodError(f"{what}: {own[0]}", "see rsync's message")
     if told:  # the relay's own diagnosis (pods/rsh.py), e.g. a login shell that never started
         return PodError(f"{what}: {told[0]}")
     if code in (12, 30, 35, 255, 20) or "connection unexpectedly closed" in err or "Broken pipe" in err:

@@ -87,7 +87,7 @@ class _Stream:
 
 
 class RemoteShell:
-    def __init__(self, transport: paramiko.Transport, timeout: float):
+    def __init__(self, transport: paramiko.Transport, timeout: float, tag: str = ""):
         self.login_timeout = LOGIN_TIMEOUT_FACTOR * timeout
         self.marker = "\x1epodkit-" + secrets.token_hex(8)
         self.chan = transport.open_session(timeout=timeout)
@@ -96,7 +96,8 @@ class RemoteShell:
         self._hello_pending = True
         # The greeting's marker separates whatever the login shell's rc files printed from the
         # first command's output.
-        self._send(f"__podkit_done() {{ printf '\\n{self.marker} %d\\n' \"$1\"; "
+        tagged = f"export PODKIT_SESSION={tag}\n" if tag else ""  # see PodConnection.stop_remote
+        self._send(f"{tagged}__podkit_done() {{ printf '\\n{self.marker} %d\\n' \"$1\"; "
                    f"printf '\\n{self.marker} %d\\n' \"$1\" >&2; }}\n__podkit_done 0\n")
 
     # -- use

@@ -9,8 +9,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from envsetup import envfile
-from pods.probe import parse_probe, probe_local
+from envsetup.fingerprint import parse_probe, probe_local
 
 from sshd_harness import project_copy
 
@@ -61,3 +63,52 @@ def test_local_envsetup_interrupted_then_rerun_then_skipped(tmp_path):
     report = (project / "logs" / "envsetup" / "report.json").read_text()
     assert '"attention": "sdpa"' in report
     shutil.rmtree(project)
+
+
+def test_a_rerun_waits_for_an_install_still_holding_the_lock(tmp_path):
+    """A client killed mid-install leaves pip running on the pod; the next envsetup must wait for it."""
+    import fcntl
+
+    project = project_copy(tmp_path / "proj")
+    (project / ".venv").unlink()
+    (project / ".podkit" / "envsetup").mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    with open(project / ".podkit" / "envsetup" / "lock", "a+") as held:  # the leftover install's lock
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        proc = subprocess.Popen([str(project / "bin" / "envsetup"), "--python", sys.executable], cwd=project, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        first = proc.stdout.readline()
+        while first and "waiting" not in first:
+            first = proc.stdout.readline()
+        assert "still running" in first, first
+        time.sleep(1.0)
+        assert proc.poll() is None and not (project / ".venv").exists()  # nothing touched meanwhile
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0 and "envsetup: ready" in out, out
+    shutil.rmtree(project)
+
+
+def test_the_probe_and_the_plan_see_the_torch_in_the_project_venv(tmp_path):
+    """An image without torch: envsetup put torch into .venv, and the plan must see it there."""
+    from envsetup.resolve import resolve
+
+    image_python = shutil.which("python3", path="/usr/bin:/usr/local/bin")
+    if subprocess.run([image_python, "-c", "import torch"], capture_output=True).returncode == 0:
+        pytest.skip(f"{image_python} has torch: no torch-less image python to test with")
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / ".venv").symlink_to(Path(sys.prefix))  # the suite's venv: has torch
+    fp = probe_local(str(project), image_python)
+    assert fp.python == image_python and fp.torch and fp.torch_in_venv
+    plan = resolve(fp, [])
+    assert plan.dep("torch").action == "reuse" and "venv" in plan.dep("torch").reason
+    assert plan.dep("bitsandbytes").action == "pip", plan.dep("bitsandbytes")
+
+
+def test_envsetup_knows_the_machine_without_pods():
+    """Machine facts live in envsetup; pods only moves things (envsetup importing pods was a cycle)."""
+    code = ("import sys, envsetup.cli, envsetup.resolve, envsetup.envfile, envsetup.fingerprint; "
+            "print(sorted(m for m in sys.modules if m == 'pods' or m.startswith('pods.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.stdout.strip() == "[]"

@@ -1,5 +1,7 @@
 """Host specs as users type them: user@host:port, ssh config aliases, pasted RunPod lines, inventories."""
 
+import subprocess
+
 import pytest
 
 from pods.errors import PodError
@@ -39,9 +41,13 @@ def test_malformed_hosts_give_one_line(text, needle):
     assert needle in str(err.value) and "\n" not in str(err.value)
 
 
+def _key(path, passphrase=""):
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", passphrase, "-f", str(path)], check=True)
+    return path
+
+
 def test_ssh_config_alias_is_resolved_like_openssh(tmp_path):
-    key = tmp_path / "k"
-    key.write_text("x")
+    key = _key(tmp_path / "k")
     config = tmp_path / "config"
     config.write_text(f"Host my-a100\n  HostName 10.1.2.3\n  User ubuntu\n  Port 2200\n  IdentityFile {key}\n")
     ep = resolve(parse_host("my-a100"), ssh_config=config)
@@ -50,6 +56,39 @@ def test_ssh_config_alias_is_resolved_like_openssh(tmp_path):
     # an explicit user/port beats the config, like ssh's command line does
     ep = resolve(parse_host("root@my-a100:22"), ssh_config=config)
     assert (ep.user, ep.port) == ("root", 22) and ep.known_hosts_name == "10.1.2.3"
+
+
+def test_include_match_and_bad_values_are_read_as_openssh_reads_them(tmp_path):
+    key = _key(tmp_path / "k")
+    (tmp_path / "conf.d").mkdir()
+    (tmp_path / "conf.d" / "pods.conf").write_text(f"Host inc-pod\n  HostName 10.9.9.9\n  Port 2201\n  IdentityFile {key}\n")
+    config = tmp_path / "config"
+    config.write_text(f"Include {tmp_path}/conf.d/*.conf\n"
+                      "Match originalhost matched-pod\n  HostName 10.8.8.8\n  User trainer\n"
+                      "Host *\n  Port 2222\n")
+    ep = resolve(parse_host("inc-pod"), ssh_config=config)
+    assert (ep.hostname, ep.port, ep.key_files) == ("10.9.9.9", 2201, (str(key),))
+    ep = resolve(parse_host("matched-pod"), ssh_config=config)
+    assert (ep.hostname, ep.user, ep.port) == ("10.8.8.8", "trainer", 2222)
+    config.write_text("Host bad\n  Port abc\n")
+    with pytest.raises(PodError, match="Bad port 'abc'"):
+        resolve(parse_host("bad"), ssh_config=config)
+
+
+def test_openssh_key_checks_give_the_fix(tmp_path, monkeypatch):
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    loose = _key(tmp_path / "loose")
+    loose.chmod(0o644)
+    with pytest.raises(PodError, match="chmod 600"):
+        resolve(parse_host("root@h", key=str(loose)), ssh_config=tmp_path / "none")
+    locked = _key(tmp_path / "locked", passphrase="correct horse")
+    with pytest.raises(PodError, match="needs a passphrase.*ssh-add"):
+        resolve(parse_host("root@h", key=str(locked)), ssh_config=tmp_path / "none")
+    binary = tmp_path / "binary"
+    binary.write_bytes(bytes(range(256)) * 4)
+    binary.chmod(0o600)
+    with pytest.raises(PodError, match="not a private key"):
+        resolve(parse_host("root@h", key=str(binary)), ssh_config=tmp_path / "none")
 
 
 def test_missing_key_file_is_bad_input(tmp_path):

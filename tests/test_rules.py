@@ -140,6 +140,9 @@ def test_gpu_arch():
     assert trap.status == "fail" and "cu128" in trap.fix  # the RTX 5090 sm_120 trap
     assert rules.gpu_arch(facts(gpus=[RTX5090], torch_archs=cu124 + ["sm_100", "sm_120"])).status == "pass"
     assert rules.gpu_arch(facts(gpus=[RTX5090], torch_archs=cu124 + ["compute_90"])).status == "warn"
+    # Arch-specific entries as torch's CUDA 12 builds list them: read, never a crash (ValueError before).
+    assert rules.gpu_arch(facts(gpus=[H100], torch_archs=["sm_80", "sm_90a", "compute_90a"])).status == "pass"
+    assert rules.gpu_arch(facts(gpus=[RTX5090], torch_archs=["sm_80", "sm_90a", "compute_90a"])).status == "fail"
 
 
 def test_gpu_driver():

@@ -57,9 +57,9 @@ def test_a_signal_stops_torchrun_and_every_worker(tmp_path, sig):
     finally:
         if proc.poll() is None:
             proc.kill()
-    left = tagged(tag)
-    for pid in left:  # never leave them running, even when the test fails
-        os.kill(pid, signal.SIGKILL)
+        left = tagged(tag)
+        for pid in left:  # never leave them running, even when the test fails
+            os.kill(pid, signal.SIGKILL)
     assert not left, f"still running after {sig.name}: {left}"
     assert proc.returncode == 130, err[-2000:]
     summary = json.loads((out / "s" / "summary.json").read_text())

@@ -1,0 +1,32 @@
+"""Stopping a tree of processes on the pod by the tag in their environment.
+
+A process tree cannot be found by parentage alone: torchrun puts each worker in a session of its
+own and a killed parent leaves its children to PID 1. The environment is inherited through all of
+that, so podkit tags what it starts (PODKIT_SESSION for an invocation's commands, PODKIT_JOB_ID
+for a detached job) and stops whatever carries the tag: SIGTERM first, so training writes its
+summary, SIGKILL for what is left after the grace period.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+# grep -z reads /proc/PID/environ's NUL-separated entries as lines; zombies have an empty environ.
+_SCRIPT = r'''
+tagged() {{ grep -lzxF {tag} /proc/[0-9]*/environ 2>/dev/null | sed 's|/proc/\([0-9]*\)/environ|\1|' | grep -vx -e "$$" {spare}; }}
+pids=$(tagged); [ -z "$pids" ] && {{ echo "stopped 0"; exit 0; }}
+n=$(echo $pids | wc -w)
+kill -TERM $pids 2>/dev/null
+i=0
+while [ $i -lt {ticks} ]; do sleep 0.5; pids=$(tagged); [ -z "$pids" ] && {{ echo "stopped $n"; exit 0; }}; i=$((i+1)); done
+kill -KILL $pids 2>/dev/null; sleep 0.5
+pids=$(tagged); [ -z "$pids" ] && {{ echo "killed $n"; exit 0; }}
+echo "left $pids"; exit 1
+'''
+
+
+def stop_script(tag: str, grace: float, spare_var: str = "") -> str:
+    """Shell that stops every process whose environment holds `tag` (NAME=value), except the pid
+    in shell variable `spare_var` (set by the caller's script)."""
+    return _SCRIPT.format(tag=shlex.quote(tag), ticks=max(1, int(grace * 2)),
+                          spare=f'-e "${{{spare_var}:-0}}"' if spare_var else "")

@@ -1,0 +1,201 @@
+"""Detached jobs, stopping and deadlines against a real sshd on loopback (issue 12, items 2, 3, 4, 9).
+
+The pod's login environment puts a pyenv-like shim first on PATH (BASH_ENV set by sshd's
+SetEnv, read by every non-interactive bash), and every test checks what is left running by
+listing this machine's processes, which are the pod's.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from sshd_harness import LoopbackPod, pod_cli, project_copy, sshd_available
+from smoke_helpers import tiny_job
+
+pytestmark = pytest.mark.skipif(sshd_available() is not None, reason=str(sshd_available()))
+
+
+def with_env(entry: str) -> list[int]:
+    """Live processes whose environment holds `entry` (NAME=value), found as the pod would."""
+    needle, found = entry.encode(), []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    base = tmp_path_factory.mktemp("jobs")
+    shims = base / "pyenv" / "shims"
+    shims.mkdir(parents=True)
+    (shims / "python").write_text("#!/bin/sh\necho 'pyenv: python: command not found' >&2\nexit 127\n")
+    (shims / "python").chmod(0o755)
+    rc = base / "bashrc"
+    rc.write_text(f'export PATH="{shims}:$PATH"\n')  # what `eval "$(pyenv init -)"` does
+    pod = LoopbackPod(base, "jobs", extra_config=f"SetEnv BASH_ENV={rc}\n").start()
+    project = project_copy(base / "laptop" / "podkit")
+    known_hosts = base / "known_hosts"
+    known_hosts.write_text(pod.known_hosts_line())
+    w = SimpleNamespace(base=base, pod=pod, project=project, known_hosts=known_hosts)
+    deployed = cli(w, "deploy", pod.spec, *args(w))
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    yield w
+    pod.stop()
+
+
+def args(world) -> list[str]:
+    return ["--key", str(world.pod.client_key), "--remote-dir", world.pod.remote_dir, "--python", sys.executable]
+
+
+def cli(world, *a, **kw):
+    return pod_cli(world.project, *a, known_hosts=world.known_hosts, **kw)
+
+
+def one_line_error(out) -> str:
+    assert out.returncode == 2, out.stdout + out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in out.stderr, out.stderr
+    return lines[0]
+
+
+def _wait_for(predicate, timeout=60.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_detached_job_runs_the_venvs_python_whatever_the_rc_files_put_first(world):
+    out = cli(world, "run", *args(world), world.pod.spec, "--", "python", "-c", "import sys; print(sys.prefix)")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.strip().splitlines()[-1] == str(Path(world.pod.remote_dir) / ".venv")
+
+
+def test_job_ids_are_checked_everywhere_and_attach_picks_the_newest(world):
+    canary = world.base / "injected"
+    evil = f"x; touch {canary}; #"
+    for command in (["attach", world.pod.spec, *args(world), evil], ["stop", world.pod.spec, *args(world), evil],
+                    ["run", *args(world), "--id", evil, world.pod.spec, "--", "true"]):
+        assert "job id" in one_line_error(cli(world, *command))
+    assert not canary.exists()
+    # Alphabetically last is not newest: attach without an id follows the start time.
+    for jid in ("zzz-first", "aaa-second"):
+        started = cli(world, "run", *args(world), "--id", jid, "--detach", world.pod.spec, "--", "echo", f"hello {jid}")
+        assert started.returncode == 0, started.stderr
+    attached = cli(world, "attach", world.pod.spec, *args(world))
+    assert attached.returncode == 0 and "hello aaa-second" in attached.stdout, attached.stdout + attached.stderr
+
+
+def test_stop_ends_a_two_process_smoke_and_everything_it_started(world):
+    remote = Path(world.pod.remote_dir)
+    job = tiny_job(remote / "jobs", cluster={"gpus_per_node": 2}, smoke={"steps": 100000})  # made on the pod
+    jid = f"stop-{uuid.uuid4().hex[:8]}"
+    started = cli(world, "run", *args(world), "--id", jid, "--detach", world.pod.spec, "--",
+                  "bin/smoke", "--config", str(job.relative_to(remote)), "--run-id", jid)
+    assert started.returncode == 0, started.stderr
+    metrics = Path(world.pod.remote_dir) / "runs" / jid / "metrics.jsonl"
+    try:
+        log = remote / "logs" / "jobs" / jid
+        assert _wait_for(lambda: (log / "exit_code").exists() or (metrics.exists() and len(metrics.read_text().splitlines()) > 3),
+                         180) and not (log / "exit_code").exists(), (log / "output.log").read_text()
+        assert len(with_env(f"PODKIT_JOB_ID={jid}")) >= 4  # wrapper, launcher, torchrun, 2 workers
+        stopped = cli(world, "stop", world.pod.spec, *args(world), jid, "--grace", "30")
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    finally:
+        left = with_env(f"PODKIT_JOB_ID={jid}")
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+    assert not left, f"still running on the pod: {left}"
+    listed = cli(world, "jobs", world.pod.spec, *args(world))
+    assert f"{jid}  stopped 130" in listed.stdout, listed.stdout
+    summary = (Path(world.pod.remote_dir) / "runs" / jid / "summary.json").read_text()
+    assert '"status": "interrupted"' in summary
+
+
+def test_ctrl_c_on_the_laptop_stops_the_remote_step(world):
+    """A long remote step (an install) interrupted by Ctrl-C is stopped on the pod, not left running."""
+    suffix = uuid.uuid4().hex[:8]
+    marker = f"podkit-step-{suffix}"  # split below, so the client's own argv does not hold it
+    script = textwrap.dedent(f"""
+        import sys
+        from pods.connection import PodConnection
+        from pods.hosts import parse_host, resolve
+        conn = PodConnection(resolve(parse_host({world.pod.spec!r}, key={str(world.pod.client_key)!r})),
+                             known_hosts={str(world.known_hosts)!r})
+        print("running", flush=True)
+        marker = "podkit-step-" + {suffix!r}
+        try:
+            conn.run(f"bash -c 'exec -a {{marker}} sleep 600'")
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+            sys.exit(130)
+    """)
+    env = dict(os.environ, PYTHONPATH=str(world.project))
+    client = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env)
+    def remote_step() -> bool:
+        return subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode == 0
+
+    try:
+        assert _wait_for(remote_step, 30), client.stderr.read() if client.poll() is not None else "no remote step"
+        client.send_signal(signal.SIGINT)
+        out, err = client.communicate(timeout=30)
+    finally:
+        if client.poll() is None:
+            client.kill()
+    assert client.returncode == 130 and "interrupted" in out, out + err
+    assert _wait_for(lambda: not remote_step(), 5), "the remote step is still running after Ctrl-C"
+
+
+def test_a_frozen_sshd_session_gives_one_line_within_the_deadline(world):
+    """TCP stays up (the kernel still ACKs) but the pod's sshd session answers nothing: SIGSTOP."""
+    run = Path(world.pod.remote_dir) / "runs" / "frozen"
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "big.bin").write_bytes(os.urandom(8 * 2**20))
+    argv = [str(world.project / "bin" / "pod"), "fetch-logs", "--known-hosts", str(world.known_hosts),
+            "--timeout", "2", "--bwlimit", "1000", world.pod.spec, *args(world)]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.Popen(argv, cwd=world.project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    local = world.project / "pod-logs" / f"127.0.0.1-{world.pod.port}" / "runs" / "frozen"
+    sessions: list[int] = []
+    try:
+        assert _wait_for(lambda: local.exists() and any(local.rglob("*big.bin*")), 60), "the fetch never started"
+        sessions = [int(p) for p in subprocess.run(["pgrep", "-P", str(world.pod.proc.pid)], capture_output=True,
+                                                    text=True).stdout.split()]
+        for pid in sessions:
+            os.kill(pid, signal.SIGSTOP)
+        frozen_at = time.monotonic()
+        out, err = proc.communicate(timeout=60)
+        took = time.monotonic() - frozen_at
+    finally:
+        for pid in sessions:
+            try:
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if proc.poll() is None:
+            proc.kill()
+    lines = [line for line in (out + err).splitlines() if "error" in line]
+    assert proc.returncode == 2 and len(lines) == 1, out + err
+    assert "stopped answering" in lines[0] and f"127.0.0.1:{world.pod.port}" in lines[0] and "Traceback" not in err
+    assert took < 20, f"took {took:.0f} s; the deadline is 3 x --timeout = 6 s"
+    import shutil
+    shutil.rmtree(run)
