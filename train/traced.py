@@ -327,7 +327,7 @@ def trace(job: JobConfig, steps: int = 2, device_kind: str = "cuda",
         # The flash-attn package runs the same mha_fwd/mha_bwd kernels as torch's flash backend.
         opts = _replace(opts, attention="sdpa", sdpa_kernel="flash")
         sdpa = {"flash": "attention = flash-attn"}
-    elif cuda and opts.attention == "sdpa":
+    elif cuda and opts.attention == "sdpa" and opts.sdpa_kernel == "auto":
         shape = job.shape
         route = sdpa_backend(job.gpu.compute_capability, model_mod.compute_dtype(t.precision), shape.d_head,
                              shape.kv_heads != shape.heads)
