@@ -13,13 +13,15 @@ import torch
 
 from checks import memory
 from checks.config import load_job, parse_job
+from checks.gpus import lookup
+from checks.kernels import sdpa_backend
 from checks.models import preset as shape_of
 from train import losses
 from train import model as model_mod
 from train.memprobe import TensorCounter, cuda_block_bytes
 from train.parallel import World
 from train.smoke import SmokeRun
-from train.traced import sdpa_backend, trace
+from train.traced import trace
 from tests.smoke_helpers import ROOT, tiny_job
 
 GIB = 1 << 30
@@ -68,18 +70,24 @@ def test_terms_at_the_boundaries_are_the_job_s_tensors():
 
 
 def test_sdpa_routing_follows_torch_rules():
-    fp32, bf16, fp16 = torch.float32, torch.bfloat16, torch.float16
-    assert sdpa_backend((9, 0), fp32, 128, gqa=True).backend == "math"  # H100, fp32, GQA
-    assert sdpa_backend((9, 0), fp32, 128, gqa=False).backend == "efficient"
-    assert sdpa_backend((8, 0), bf16, 128, gqa=False).backend == "flash"  # A100, bf16
-    assert sdpa_backend((8, 0), bf16, 128, gqa=True).backend == "flash"
-    assert sdpa_backend((9, 0), bf16, 320, gqa=False).backend == "efficient"  # head_dim > 256
-    assert sdpa_backend((8, 6), bf16, 256, gqa=False).backend == "efficient"  # sm86 training, d > 192
-    for dtype in (fp32, fp16, bf16):  # T4 (sm75): never flash
+    h100, a100, t4, a10g = lookup("H100-SXM"), lookup("A100-80GB"), lookup("T4"), lookup("A10G")
+    assert sdpa_backend(h100, 4, 128, gqa=True) == "math"  # fp32 + GQA on an H100
+    assert sdpa_backend(h100, 4, 128, gqa=False) == "efficient"
+    assert sdpa_backend(a100, 2, 128, gqa=False, bf16=True) == "flash"  # bf16 on an A100
+    assert sdpa_backend(a100, 2, 128, gqa=True, bf16=True) == "flash"
+    assert sdpa_backend(h100, 2, 320, gqa=False, bf16=True) == "efficient"  # head_dim > 256
+    assert sdpa_backend(a10g, 2, 256, gqa=False, bf16=True) == "efficient"  # sm86 training, d > 192
+    for dtype_bytes, bf16 in ((4, False), (2, False), (2, True)):  # T4 (sm75): never flash
         for gqa in (False, True):
-            assert sdpa_backend((7, 5), dtype, 128, gqa=gqa).backend != "flash"
-    assert sdpa_backend((7, 5), fp16, 128, gqa=False).backend == "efficient"
-    assert sdpa_backend((7, 5), bf16, 128, gqa=False).backend == "math"
+            assert sdpa_backend(t4, dtype_bytes, 128, gqa=gqa, bf16=bf16) != "flash"
+    assert sdpa_backend(t4, 2, 128, gqa=False) == "efficient"
+    assert sdpa_backend(t4, 2, 128, gqa=False, bf16=True) == "math"
+
+
+def test_traced_jobs_take_the_routed_kernel():
+    assert set(trace(_job("tiny", 'precision = "fp32"\nseq_len = 64', 'gpu = "H100-SXM"')).sdpa) == {"math"}
+    assert set(trace(_job("tiny", 'precision = "bf16-mixed"\nseq_len = 64', 'gpu = "A100-80GB"')).sdpa) == {"flash"}
+    assert set(trace(_job("tiny", 'precision = "fp16-mixed"\nseq_len = 64', 'gpu = "T4"')).sdpa) == {"math"}
 
 
 def test_math_route_keeps_the_attention_weights():
@@ -94,8 +102,6 @@ def test_math_route_keeps_the_attention_weights():
     weights = shape.layers * b * shape.heads * s * s * 4
     extra = routed.marks["forward_end"]["activations"] - fused.marks["forward_end"]["activations"]
     assert weights <= extra < 3 * weights
-    flash = trace(_job("tiny", f'precision = "bf16-mixed"\nseq_len = {s}', 'gpu = "A100-80GB"'))
-    assert set(flash.sdpa) == {"flash"}
 
 
 # ---------------------------------------------------------------- losses
@@ -156,6 +162,23 @@ def test_every_ac_policy_gives_the_same_gradients_and_saves_less():
         for g, ref in zip(grads[policy], grads["none"]):
             assert torch.allclose(g, ref, atol=1e-5, rtol=1e-4), policy
     assert saved["none"] > saved["matmuls"] > saved["op-sac"] > saved["block"], saved
+
+
+def test_repeated_kv_and_reentrant_checkpointing():
+    """HF's repeat_kv keeps full-width k and v; a reentrant block checkpoint gives the same gradients."""
+    x, y = torch.randint(512, (2, 128)), torch.randint(512, (2, 128))
+    shape = shape_of("tiny")
+    native, g_native = _saved_bytes(_tiny_model(128), x, y)
+    repeated, g_repeated = _saved_bytes(_tiny_model(128, repeat_kv=True), x, y)
+    # SDPA saves k and v at every head instead of at the kv heads: (q_dim - kv_dim) more each, fp32.
+    assert repeated - native == shape.layers * 2 * 2 * 128 * (shape.q_dim - shape.kv_dim) * 4
+    reentrant, g_reentrant = _saved_bytes(_tiny_model(128, ac_policy="block", reentrant=True), x, y)
+    for a, b, c in zip(g_native, g_repeated, g_reentrant):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4) and torch.allclose(a, c, atol=1e-5, rtol=1e-4)
+    block, _ = _saved_bytes(_tiny_model(128, ac_policy="block"), x, y)
+    assert reentrant == pytest.approx(block, rel=0.05) and reentrant < native / 2
+    with pytest.raises(ValueError, match="reentrant"):
+        model_mod.ModelOptions(ac_policy="op-sac", reentrant=True)
 
 
 def test_chunked_and_fused_losses_save_less_than_kept_logits():
