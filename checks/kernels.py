@@ -5,13 +5,16 @@ logsumexp, the math kernel saves the full s x s attention weights. The rules are
 (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, torch 2.5 - 2.13), for dense causal inputs
 without a mask, tried in torch's priority order flash -> memory-efficient -> math:
 
-  flash      fp16/bf16 only (check_tensor_dtype with flash_dtypes); sm80 and newer
+  flash      fp16/bf16 only (check_tensor_dtype with flash_dtypes); sm80 to sm121
              (check_flash_attention_hardware_support); head dim <= 256 and a multiple of 8
-             (check_head_dim_size_flash); grouped-query attention supported
-             (check_batch_size_and_num_heads_dense<true>).
-  efficient  fp32/fp16/bf16 (fp32 included); sm50 and newer; head dim a multiple of 4 (fp32) or
-             8 (16-bit); *no* grouped-query attention (check_batch_size_and_num_heads_dense<false>):
-             with enable_gqa and fewer kv heads it is skipped.
+             (check_head_dim_size_flash); on sm86/sm89/sm120 no training with head dim > 192
+             (check_requires_grad_and_head_dim_gt192_constraints_on_sm86_89_or_120); grouped-query
+             attention supported (check_batch_size_and_num_heads_dense<true>).
+  efficient  fp32/fp16 from sm50, bf16 from sm80 (less_than_sm80_mem_efficient_dtypes); head dim a
+             multiple of 4 (fp32) or 8 (16-bit); *no* grouped-query attention
+             (check_batch_size_and_num_heads_dense<false>; torch 2.13's SDPA docs: GQA "works only
+             for Flash_attention and math kernel on CUDA"): with enable_gqa and fewer kv heads it is
+             skipped.
   math       everything else: repeats k/v to every head and materialises softmax(q k^T).
 """
 
@@ -20,12 +23,15 @@ from __future__ import annotations
 from checks.gpus import GpuSpec
 
 
-def sdpa_backend(gpu: GpuSpec, dtype_bytes: int, head_dim: int, gqa: bool) -> str:
-    """'flash' | 'efficient' | 'math' for a causal SDPA call of this dtype and head layout."""
-    half = dtype_bytes == 2
-    if half and gpu.compute_capability >= (8, 0) and head_dim <= 256 and head_dim % 8 == 0:
+def sdpa_backend(gpu: GpuSpec, dtype_bytes: int, head_dim: int, gqa: bool, bf16: bool = False) -> str:
+    """'flash' | 'efficient' | 'math' for a causal training SDPA call of this dtype and head layout."""
+    half, cc = dtype_bytes == 2, gpu.compute_capability
+    if bf16 and cc < (8, 0):
+        return "math"  # no fused kernel takes bf16 before Ampere
+    training_d_ok = not (cc in ((8, 6), (8, 9), (12, 0)) and head_dim > 192)
+    if half and (8, 0) <= cc <= (12, 1) and head_dim <= 256 and head_dim % 8 == 0 and training_d_ok:
         return "flash"
-    if gpu.compute_capability >= (5, 0) and not gqa and head_dim % (8 if half else 4) == 0:
+    if cc >= (5, 0) and not gqa and head_dim % (8 if half else 4) == 0:
         return "efficient"
     return "math"
 
@@ -47,4 +53,4 @@ def attention_kernel(job, device: str = "cuda") -> str:
     shape = job.shape
     compute = 4 if t.precision == "fp32" else 2
     gqa = shape.kv_heads != shape.heads and not job.facts.stack.repeat_kv  # repeated k/v: plain MHA
-    return sdpa_backend(job.gpu, compute, shape.d_head, gqa)
+    return sdpa_backend(job.gpu, compute, shape.d_head, gqa, bf16=t.precision.startswith("bf16"))

@@ -55,11 +55,12 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
     def forward(ctx, x, weight, targets, chunks: int, dtype: torch.dtype):
         n = x.shape[0]
         size = -(-n // chunks)
+        acc = torch.promote_types(dtype, torch.float32)  # fp32 logits, as the plain path's upcast
         with torch.autocast(x.device.type, enabled=False):
             w = weight.to(dtype)
-            total = torch.zeros((), dtype=torch.float32, device=x.device)
+            total = torch.zeros((), dtype=acc, device=x.device)
             for xs, ts in zip(x.split(size), targets.split(size)):
-                logits = (xs.to(dtype) @ w.t()).float()
+                logits = (xs.to(dtype) @ w.t()).to(acc)
                 total += (torch.logsumexp(logits, -1) - logits.gather(1, ts[:, None]).squeeze(1)).sum()
         ctx.save_for_backward(x, weight, targets)
         ctx.size, ctx.dtype = size, dtype
@@ -69,19 +70,20 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad):
         x, weight, targets = ctx.saved_tensors
         size, dtype, n = ctx.size, ctx.dtype, x.shape[0]
+        acc = torch.promote_types(dtype, torch.float32)
         with torch.autocast(x.device.type, enabled=False):
             w = weight.to(dtype)
             grad_x = torch.empty_like(x)
-            grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+            grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device)
             for i, (xs, ts) in enumerate(zip(x.split(size), targets.split(size))):
                 xc = xs.to(dtype)
-                probs = torch.softmax((xc @ w.t()).float(), dim=-1)
+                probs = torch.softmax((xc @ w.t()).to(acc), dim=-1)
                 probs[torch.arange(len(ts), device=ts.device), ts] -= 1.0  # d loss / d logits
                 probs.mul_(grad / n)
                 g = probs.to(dtype)
                 del probs
                 grad_x[i * size:i * size + len(ts)] = (g @ w).to(x.dtype)
-                grad_w.add_((g.t() @ xc).float())  # accumulated in fp32 across chunks
+                grad_w.add_((g.t() @ xc).to(acc))  # accumulated in fp32 across chunks
         return grad_x, grad_w.to(weight.dtype), None, None, None
 
 

@@ -48,6 +48,9 @@ def ac_policy_for(checkpointing: str) -> str:
 class ModelOptions:
     attention: str = "sdpa"
     """sdpa | flash-attn | eager."""
+    repeat_kv: bool = False
+    """Copy k and v out to every query head before attention (transformers <= 4.53 repeat_kv,
+    torchtune, litgpt) instead of SDPA's native grouped-query attention."""
     sdpa_kernel: str = "auto"
     """auto (torch's dispatch on this device) or the aten kernel to call: flash | efficient | math.
     The traced estimate sets the one the target GPU would pick (train/traced.py sdpa_backend)."""
@@ -75,6 +78,9 @@ class ModelOptions:
     """Adapter weights: param (podkit: the trainable dtype of the precision), fp32, or compute."""
     base_quant: str = "none"  # none | int8 | nf4
     max_seq_len: int = 2048
+    reentrant: bool = False
+    """Block checkpointing with use_reentrant=True (HF gradient_checkpointing's default): the forward
+    runs under no_grad; op-level policies need the non-reentrant implementation."""
 
     def __post_init__(self):
         for name, value, choices in (("attention", self.attention, ATTENTION), ("loss", self.loss, LOSSES),
@@ -92,6 +98,8 @@ class ModelOptions:
             raise ValueError(f"ModelOptions.lora_dropout: must be in [0, 1), got {self.lora_dropout}")
         if self.loss_chunks < 1:
             raise ValueError(f"ModelOptions.loss_chunks: must be at least 1, got {self.loss_chunks}")
+        if self.reentrant and self.ac_policy in ("matmuls", "op-sac"):
+            raise ValueError("ModelOptions.reentrant: op-level checkpoint policies need the non-reentrant checkpoint")
         if self.loss == "fused" and self.lora_rank and "lm_head" in self.lora_targets:
             raise ValueError("ModelOptions.loss: the fused loss needs a plain head weight, not a LoRA lm_head")
 
@@ -149,7 +157,7 @@ class Attention(nn.Module):
     def __init__(self, shape: ModelShape, opts: ModelOptions, linear):
         super().__init__()
         self.heads, self.kv_heads, self.d_head = shape.heads, shape.kv_heads, shape.d_head
-        self.attention, self.kernel = opts.attention, opts.sdpa_kernel
+        self.attention, self.kernel, self.repeat_kv = opts.attention, opts.sdpa_kernel, opts.repeat_kv
         h = shape.hidden
         self.q_proj = linear("q_proj", h, shape.q_dim, bias=shape.qkv_bias)
         self.k_proj = linear("k_proj", h, shape.kv_dim, bias=shape.qkv_bias)
@@ -172,6 +180,12 @@ class Attention(nn.Module):
         else:
             if self.attention == "eager":
                 out = _eager_attention(q, k, v, self.heads // self.kv_heads)
+            elif self.repeat_kv and self.heads != self.kv_heads:
+                # transformers' repeat_kv: expand then reshape, a full-width copy of k and of v.
+                groups = self.heads // self.kv_heads
+                k, v = (t[:, :, None].expand(b, self.kv_heads, groups, s, self.d_head).reshape(b, self.heads, s, -1)
+                        for t in (k, v))
+                out = _sdpa(q, k, v, self.kernel, False)
             else:
                 # The flash backend on CUDA (fp16/bf16), memory-efficient or math otherwise; no
                 # s x s matrix is kept, and GQA needs no repeated k/v.
@@ -295,6 +309,10 @@ class Decoder(nn.Module):
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The mean next-token loss, computed as opts.loss says (train/losses.py)."""
         x = self.embed_tokens(tokens)
+        if self.opts.reentrant and self.opts.ac_policy != "none" and not x.requires_grad:
+            # A reentrant checkpoint only backpropagates into inputs that require grad: with a frozen
+            # embedding (LoRA), HF's enable_input_require_grads marks the embedding output.
+            x.requires_grad_(True)
         for block in self.layers:
             x = self._run_block(block, x)
         x = self.norm(x)
@@ -328,6 +346,8 @@ class Decoder(nn.Module):
             return block(x, self.rope_cos, self.rope_sin)
         from torch.utils.checkpoint import checkpoint
 
+        if self.opts.reentrant:
+            return checkpoint(block, x, self.rope_cos, self.rope_sin, use_reentrant=True)
         kwargs = {}
         if policy == "matmuls":
             kwargs["context_fn"] = _selective_context(_matmuls_policy)

@@ -23,8 +23,9 @@ What the CPU run changes and how it is put back to what the target GPU does:
   Both cache casts of leaf fp32 weights that require grad (aten/src/ATen/autocast_mode.cpp
   cached_cast), so the weight cache is traced as CUDA keeps it.
 - SDPA: the model calls the aten kernel the target GPU would pick (ModelOptions.sdpa_kernel from
-  `sdpa_backend`, after aten/src/ATen/native/transformers/cuda/sdp_utils.cpp); their meta
-  kernels give the saved tensors' shapes, and flash attention's backward workspace
+  checks/kernels.py attention_kernel, the choice the analytic model makes, after
+  aten/src/ATen/native/transformers/cuda/sdp_utils.cpp); their meta kernels give the saved
+  tensors' shapes, and flash attention's backward workspace
   (flash_api.cpp mha_bwd: dq_accum, softmax_d, expanded dk/dv under GQA) is added to the peak.
 - FSDP2 (zero2/zero3): a fake process group (torch.testing._internal.distributed.fake_pg.FakeStore,
   backend "fake", rank 0) of the job's world size, fully_shard exactly as train/parallel.py does.
@@ -46,6 +47,7 @@ import torch.nn.functional as F
 
 from checks.config import JobConfig
 from checks.errors import ConfigError
+from checks.kernels import attention_kernel
 from train import model as model_mod
 from train import optim as optim_mod
 from train import parallel
@@ -56,46 +58,6 @@ PHASES = ("forward", "backward", "step")
 MARKS = ("step_start", "forward_end", "grads_ready", "step_end")
 CATEGORIES = ("params", "grads", "optimizer", "activations", "temporaries")
 aten = torch.ops.aten
-
-
-# ---------------------------------------------------------------- SDPA kernel choice
-
-
-@dataclass(frozen=True)
-class SdpaRoute:
-    backend: str  # flash | efficient | math
-    reason: str
-
-
-def sdpa_backend(sm: tuple[int, int], dtype: torch.dtype, head_dim: int, gqa: bool) -> SdpaRoute:
-    """The kernel torch's CUDA SDPA dispatch picks for training, after select_sdp_backend in
-    aten/src/ATen/native/transformers/cuda/sdp_utils.cpp (torch 2.5 to 2.13): flash, then
-    memory-efficient, then math (cuDNN, first on sm90/sm100 only with cuDNN > 9.15, keeps the same
-    out + softmax stats as flash and is counted as flash).
-
-    - flash: fp16/bf16 on sm80..sm121 (check_flash_attention_hardware_support), head_dim <= 256
-      (check_head_dim_size_flash), and on sm86/sm89/sm120 no training with head_dim > 192
-      (check_requires_grad_and_head_dim_gt192_constraints_on_sm86_89_or_120); native GQA.
-    - memory-efficient: sm50+, fp16/fp32 (+bf16 from sm80), head_dim a multiple of the GEMM
-      alignment; no GQA (torch 2.13's F.scaled_dot_product_attention docs: GQA "works only for
-      Flash_attention and math kernel on CUDA"; pytorch PR #191085 adds it to a later release).
-    - math otherwise: s x s attention weights, saved for backward.
-    """
-    half = dtype in (torch.float16, torch.bfloat16)
-    if dtype == torch.bfloat16 and sm < (8, 0):
-        return SdpaRoute("math", f"bf16 needs sm80+ for every fused kernel; sm{sm[0]}{sm[1]} falls back to math")
-    flash_arch = (8, 0) <= sm <= (12, 1)
-    if half and flash_arch and head_dim <= 256 and not (sm in ((8, 6), (8, 9), (12, 0)) and head_dim > 192):
-        return SdpaRoute("flash", f"{_dtype_name(dtype)} on sm{sm[0]}{sm[1]}, head_dim {head_dim}")
-    alignment = 8 if half else 4
-    if sm >= (5, 0) and head_dim % alignment == 0 and not gqa:
-        return SdpaRoute("efficient", f"{_dtype_name(dtype)} on sm{sm[0]}{sm[1]}: flash unavailable, no GQA")
-    why = "GQA, which only flash and math support" if gqa else f"head_dim {head_dim} unaligned"
-    return SdpaRoute("math", f"{_dtype_name(dtype)} on sm{sm[0]}{sm[1]} with {why}")
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}.get(dtype, str(dtype))
 
 
 def _round_up(n: int, m: int) -> int:
@@ -123,17 +85,17 @@ def flash_backward_workspace(func, args) -> int:
 # ---------------------------------------------------------------- optimizers fake tensors can step
 
 
-class EmulatedAdamW8bit(torch.optim.Optimizer):
-    """bitsandbytes AdamW8bit's state, allocated as Optimizer2State.init_state does
-    (bitsandbytes/optim/optimizer.py, 0.4x): tensors under min_8bit_size = 4096 elements keep two
-    fp32 states; larger ones two uint8 states, an fp32 absmax per block of 256 and the shared
-    256-entry quantization maps. Paged (paged_adamw8bit): states of 1e5+ elements live in CUDA
-    managed memory, outside the allocator's statistics (get_state_buffer), so they are not counted.
-    The update kernel works in place: no step temporaries."""
+class EmulatedBnbAdamW(torch.optim.Optimizer):
+    """bitsandbytes AdamW's state, allocated as Optimizer2State.init_state does
+    (bitsandbytes/optim/optimizer.py, 0.4x): 32-bit (paged_adamw) two fp32 states; 8-bit tensors
+    under min_8bit_size = 4096 elements keep two fp32 states, larger ones two uint8 states, an fp32
+    absmax per block of 256 and the shared 256-entry quantization maps. Paged: states of 1e5+
+    elements live in CUDA managed memory, outside the allocator's statistics (get_state_buffer),
+    so they are not counted. The update kernel works in place: no step temporaries."""
 
-    def __init__(self, params, lr: float = 1e-3, weight_decay: float = 0.0, paged: bool = False, **_):
+    def __init__(self, params, lr: float = 1e-3, weight_decay: float = 0.0, paged: bool = False, bits: int = 8):
         super().__init__(params, dict(lr=lr, weight_decay=weight_decay))
-        self.paged = paged
+        self.paged, self.bits = paged, bits
         self.qmaps: dict[str, torch.Tensor] = {}
 
     @torch.no_grad()
@@ -151,13 +113,15 @@ class EmulatedAdamW8bit(torch.optim.Optimizer):
     def _init_state(self, p: torch.Tensor, state: dict) -> None:
         n = p.numel()
         state["step"] = 0
-        if n < 4096:
-            state["state1"] = torch.zeros_like(p, dtype=torch.float32)
-            state["state2"] = torch.zeros_like(p, dtype=torch.float32)
+        paged_out = self.paged and n >= 1e5
+        if n < 4096 or self.bits == 32:
+            if not paged_out:
+                state["state1"] = torch.zeros_like(p, dtype=torch.float32)
+                state["state2"] = torch.zeros_like(p, dtype=torch.float32)
             return
         if not self.qmaps:
             self.qmaps = {name: torch.zeros(256, dtype=torch.float32, device=p.device) for name in ("dynamic", "udynamic")}
-        if not (self.paged and n >= 1e5):
+        if not paged_out:
             state["state1"] = torch.zeros_like(p, dtype=torch.uint8)
             state["state2"] = torch.zeros_like(p, dtype=torch.uint8)
         blocks = -(-n // 256)
@@ -311,7 +275,7 @@ def _ddp_buckets(model: torch.nn.Module, counter: TensorCounter) -> list:
 
 
 def trace(job: JobConfig, steps: int = 2, device_kind: str = "cuda",
-          options: model_mod.ModelOptions | None = None, optimizer_impl: str = "fused") -> TracedEstimate:
+          options: model_mod.ModelOptions | None = None, optimizer_impl: str | None = None) -> TracedEstimate:
     """Run `steps` optimizer steps of the job at full size on fake tensors and measure the last.
 
     The steps before the last only create the optimizer states (from zero gradients: their forward
@@ -331,12 +295,13 @@ def trace(job: JobConfig, steps: int = 2, device_kind: str = "cuda",
         # The flash-attn package runs the same mha_fwd/mha_bwd kernels as torch's flash backend.
         opts = _replace(opts, attention="sdpa", sdpa_kernel="flash")
         sdpa = {"flash": "attention = flash-attn"}
-    elif cuda and opts.attention == "sdpa":
-        shape = job.shape
-        route = sdpa_backend(job.gpu.compute_capability, model_mod.compute_dtype(t.precision), shape.d_head,
-                             shape.kv_heads != shape.heads)
-        opts = _replace(opts, sdpa_kernel=route.backend)
-        sdpa = {route.backend: route.reason}
+    elif cuda and opts.attention == "sdpa" and opts.sdpa_kernel == "auto":
+        # The kernel the prediction assumes, decided once (checks/kernels.py, after sdp_utils.cpp).
+        kernel = attention_kernel(job)
+        opts = _replace(opts, sdpa_kernel=kernel)
+        sdpa = {kernel: f"{t.precision} on {job.gpu.name} (sm{job.gpu.sm}), head_dim {job.shape.d_head}"
+                + (", k/v repeated" if opts.repeat_kv and job.shape.kv_heads != job.shape.heads else
+                   ", grouped-query" if job.shape.kv_heads != job.shape.heads else "")}
     fsdp, world = job.facts.fsdp, c.world_size
     ddp = world > 1 and not fsdp
     counter = TensorCounter(trace_limit=0, block_bytes=cuda_block_bytes if cuda else None,
@@ -371,7 +336,7 @@ def trace(job: JobConfig, steps: int = 2, device_kind: str = "cuda",
         params = [p for p in model.parameters() if p.requires_grad]
         for p in params:
             p.register_post_accumulate_grad_hook(lambda q: counter.reclassify(q.grad, "grads") if counter.active else None)
-        optimizer = _optimizer(model, job, optimizer_impl, zero1=ddp and c.sharding == "zero1")
+        optimizer = _optimizer(model, job, optimizer_impl or job.facts.optimizer_impl, zero1=ddp and c.sharding == "zero1")
         scaler = TracedGradScaler("cpu") if job.facts.grad_scaler else None
         autocast = job.facts.autocast
 
@@ -414,8 +379,8 @@ def trace(job: JobConfig, steps: int = 2, device_kind: str = "cuda",
             _release_world()
     if ddp:
         notes.append(f"DDP over {world} ranks emulated: gradients are views into buckets allocated at construction")
-    if t.optimizer == "paged_adamw8bit":
-        notes.append("paged 8-bit states (tensors of 1e5+ elements) live in CUDA managed memory, outside these counts")
+    if job.facts.paged_optimizer:
+        notes.append("paged optimizer states (tensors of 1e5+ elements) live in CUDA managed memory, outside these counts")
     phases_out = {name: PhaseTrace(phases.peaks.get(name, 0), phases.splits.get(name, {})) for name in PHASES}
     return TracedEstimate(job=job.shape.name, gpu=job.gpu.name, device_kind=device_kind, phases=phases_out,
                           marks={name: phases.mark_splits[name] for name in MARKS if name in phases.mark_splits},
@@ -464,9 +429,10 @@ def _fsdp_aware(func, args, counter: TensorCounter) -> str | None:
 
 def _optimizer(model, job: JobConfig, impl: str, zero1: bool):
     t = job.train
-    if t.optimizer in ("adamw8bit", "paged_adamw8bit"):
+    if job.facts.bnb_optimizer:
         groups = optim_mod.param_groups(model, t.weight_decay)
-        return EmulatedAdamW8bit(groups, lr=t.lr, paged=t.optimizer == "paged_adamw8bit")
+        return EmulatedBnbAdamW(groups, lr=t.lr, paged=job.facts.paged_optimizer,
+                                bits=32 if t.optimizer == "paged_adamw" else 8)
     return optim_mod.build_optimizer(model, t.optimizer, t.lr, t.weight_decay, torch.device("cpu"),
                                      zero1=zero1, impl=impl)
 

@@ -1,0 +1,281 @@
+"""The traced estimate (train/traced.py) and the stack emulation of the smoke model, on real torch (CPU)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import time
+
+import pytest
+import torch
+
+from checks import memory
+from checks.config import load_job, parse_job
+from checks.gpus import lookup
+from checks.kernels import sdpa_backend
+from checks.models import preset as shape_of
+from train import losses
+from train import model as model_mod
+from train.memprobe import TensorCounter, cuda_block_bytes
+from train.parallel import World
+from train.smoke import SmokeRun
+from train.traced import trace
+from tests.smoke_helpers import ROOT, tiny_job
+
+GIB = 1 << 30
+
+
+def _job(preset: str, train: str = "", cluster: str = ""):
+    return parse_job(f'[model]\npreset = "{preset}"\n[train]\n{train}\n[cluster]\n{cluster}\n')
+
+
+# ---------------------------------------------------------------- the trace agrees with a real run
+
+
+@pytest.mark.parametrize("train", [{}, {"checkpointing": '"selective"'},
+                                   {"precision": '"bf16-mixed"', "grad_accum": "3"},
+                                   {"lora_rank": "4"}, {"optimizer": '"sgd"'}],
+                         ids=["fp32", "selective", "bf16-mixed-accum", "lora", "sgd"])
+def test_trace_matches_the_real_cpu_step(tmp_path, train):
+    """Fake tensors, counted per storage, against bin/smoke's own step on real CPU tensors."""
+    job = load_job(tiny_job(tmp_path, train=train))
+    run = SmokeRun(job, torch.device("cpu"), World(), None)
+    run.run(4)  # step 3 is measured
+    traced = trace(job, device_kind="cpu")
+    for phase in ("forward", "backward", "step"):
+        real, fake = run.phases.peaks[phase], traced.phases[phase].peak
+        assert abs(fake - real) / real < 0.02, (phase, real, fake)
+    # What is live between phases agrees too (params + states at the start, + grads when ready).
+    for mark in ("step_start", "grads_ready"):
+        real, fake = run.phases.marks[mark], sum(traced.marks[mark].values())
+        assert abs(fake - real) / real < 0.02, (mark, real, fake)
+
+
+def test_terms_at_the_boundaries_are_the_job_s_tensors():
+    """fp32 AdamW at step start: weights and two states; when gradients are ready, one more copy."""
+    job = _job("tiny", 'precision = "fp32"\nseq_len = 64\nmicro_batch = 2')
+    traced = trace(job)
+    params = sum(cuda_block_bytes(p.numel() * 4) for p in model_mod.build(job.shape, model_mod.ModelOptions(
+        max_seq_len=64), "fp32").parameters())
+    start = traced.marks["step_start"]
+    assert start["params"] >= params  # + the two RoPE tables
+    assert start["optimizer"] >= 2 * params
+    assert traced.marks["grads_ready"]["grads"] == pytest.approx(params, rel=0.01)
+    assert "grads" not in traced.marks["step_end"]  # zero_grad(set_to_none=True)
+
+
+# ---------------------------------------------------------------- SDPA kernel routing
+
+
+def test_sdpa_routing_follows_torch_rules():
+    h100, a100, t4, a10g = lookup("H100-SXM"), lookup("A100-80GB"), lookup("T4"), lookup("A10G")
+    assert sdpa_backend(h100, 4, 128, gqa=True) == "math"  # fp32 + GQA on an H100
+    assert sdpa_backend(h100, 4, 128, gqa=False) == "efficient"
+    assert sdpa_backend(a100, 2, 128, gqa=False, bf16=True) == "flash"  # bf16 on an A100
+    assert sdpa_backend(a100, 2, 128, gqa=True, bf16=True) == "flash"
+    assert sdpa_backend(h100, 2, 320, gqa=False, bf16=True) == "efficient"  # head_dim > 256
+    assert sdpa_backend(a10g, 2, 256, gqa=False, bf16=True) == "efficient"  # sm86 training, d > 192
+    for dtype_bytes, bf16 in ((4, False), (2, False), (2, True)):  # T4 (sm75): never flash
+        for gqa in (False, True):
+            assert sdpa_backend(t4, dtype_bytes, 128, gqa=gqa, bf16=bf16) != "flash"
+    assert sdpa_backend(t4, 2, 128, gqa=False) == "efficient"
+    assert sdpa_backend(t4, 2, 128, gqa=False, bf16=True) == "math"
+
+
+def test_traced_jobs_take_the_routed_kernel():
+    assert set(trace(_job("tiny", 'precision = "fp32"\nseq_len = 64', 'gpu = "H100-SXM"')).sdpa) == {"math"}
+    assert set(trace(_job("tiny", 'precision = "bf16-mixed"\nseq_len = 64', 'gpu = "A100-80GB"')).sdpa) == {"flash"}
+    assert set(trace(_job("tiny", 'precision = "fp16-mixed"\nseq_len = 64', 'gpu = "T4"')).sdpa) == {"math"}
+
+
+def test_math_route_keeps_the_attention_weights():
+    """fp32 + GQA on an H100 goes to math, which saves s x s fp32 weights per head; the same job
+    through a fused kernel does not; bf16 on an A100 goes to flash."""
+    s, b = 512, 1
+    shape = shape_of("tiny")  # 4 heads, 2 kv heads: GQA
+    job = _job("tiny", f'precision = "fp32"\nseq_len = {s}\nmicro_batch = {b}', 'gpu = "H100-SXM"')
+    routed = trace(job)
+    fused = trace(job, options=model_mod.ModelOptions(max_seq_len=s, sdpa_kernel="flash"))  # out + logsumexp
+    assert set(routed.sdpa) == {"math"} and fused.sdpa == {}
+    weights = shape.layers * b * shape.heads * s * s * 4
+    extra = routed.marks["forward_end"]["activations"] - fused.marks["forward_end"]["activations"]
+    assert weights <= extra < 3 * weights
+
+
+# ---------------------------------------------------------------- losses
+
+
+def _tiny_model(seq: int = 32, **opts):
+    torch.manual_seed(0)
+    model = model_mod.build(shape_of("tiny"), model_mod.ModelOptions(max_seq_len=seq, **opts), "fp32")
+    return model_mod.materialize(model, torch.device("cpu"), 0)
+
+
+@pytest.mark.parametrize("loss", ["fp32-logits-kept", "chunked", "fused"])
+def test_losses_match_the_plain_loss_and_its_gradients(loss):
+    x, y = torch.randint(512, (2, 32)), torch.randint(512, (2, 32))
+    ref, other = _tiny_model(), _tiny_model(loss=loss, loss_chunks=3)
+    a, b = ref(x, y), other(x, y)
+    assert torch.allclose(a, b, atol=1e-5)
+    a.backward()
+    b.backward()
+    for (name, p), q in zip(ref.named_parameters(), other.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-5, rtol=1e-4), name
+    if loss == "fp32-logits-kept":
+        assert other.kept_logits is not None and other.kept_logits.dtype == torch.float32
+        other.release_outputs()
+        assert other.kept_logits is None
+
+
+def test_fused_loss_gradient_by_autograd_check():
+    torch.manual_seed(1)
+    x = torch.randn(10, 6, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(7, 6, dtype=torch.float64, requires_grad=True)
+    t = torch.randint(7, (10,))
+    f = lambda x, w: losses.FusedLinearCrossEntropy.apply(x, w, t, 3, torch.float64)  # noqa: E731
+    assert torch.autograd.gradcheck(f, (x, w))
+    assert torch.allclose(f(x, w), torch.nn.functional.cross_entropy(x @ w.t(), t))
+
+
+def _saved_bytes(model, x, y) -> tuple[int, list[torch.Tensor]]:
+    """Bytes live after forward (what autograd saved), and the gradients after backward."""
+    counter = TensorCounter()
+    counter.switch_on()
+    try:
+        before = counter.allocated()
+        loss = model(x, y)
+        saved = counter.allocated() - before
+        loss.backward()
+    finally:
+        counter.switch_off()
+    return saved, [p.grad.clone() for p in model.parameters() if p.requires_grad]
+
+
+def test_every_ac_policy_gives_the_same_gradients_and_saves_less():
+    x, y = torch.randint(512, (4, 128)), torch.randint(512, (4, 128))
+    saved, grads = {}, {}
+    for policy in model_mod.AC_POLICIES:
+        saved[policy], grads[policy] = _saved_bytes(_tiny_model(128, ac_policy=policy), x, y)
+    for policy in model_mod.AC_POLICIES[1:]:
+        for g, ref in zip(grads[policy], grads["none"]):
+            assert torch.allclose(g, ref, atol=1e-5, rtol=1e-4), policy
+    assert saved["none"] > saved["matmuls"] > saved["op-sac"] > saved["block"], saved
+
+
+def test_repeated_kv_and_reentrant_checkpointing():
+    """HF's repeat_kv keeps full-width k and v; a reentrant block checkpoint gives the same gradients."""
+    x, y = torch.randint(512, (2, 128)), torch.randint(512, (2, 128))
+    shape = shape_of("tiny")
+    native, g_native = _saved_bytes(_tiny_model(128), x, y)
+    repeated, g_repeated = _saved_bytes(_tiny_model(128, repeat_kv=True), x, y)
+    # SDPA saves k and v at every head instead of at the kv heads: (q_dim - kv_dim) more each, fp32.
+    assert repeated - native == shape.layers * 2 * 2 * 128 * (shape.q_dim - shape.kv_dim) * 4
+    reentrant, g_reentrant = _saved_bytes(_tiny_model(128, ac_policy="block", reentrant=True), x, y)
+    for a, b, c in zip(g_native, g_repeated, g_reentrant):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4) and torch.allclose(a, c, atol=1e-5, rtol=1e-4)
+    block, _ = _saved_bytes(_tiny_model(128, ac_policy="block"), x, y)
+    assert reentrant == pytest.approx(block, rel=0.05) and reentrant < native / 2
+    with pytest.raises(ValueError, match="reentrant"):
+        model_mod.ModelOptions(ac_policy="op-sac", reentrant=True)
+
+
+def test_chunked_and_fused_losses_save_less_than_kept_logits():
+    x, y = torch.randint(512, (4, 128)), torch.randint(512, (4, 128))
+    saved = {loss: _saved_bytes(_tiny_model(128, loss=loss), x, y)[0] for loss in model_mod.LOSSES}
+    logits = 4 * 128 * 512 * 4
+    assert saved["fp32-logits-kept"] - saved["fp32-upcast"] == pytest.approx(logits, rel=0.01)
+    assert saved["fused"] < saved["fp32-upcast"] - logits // 2  # no log-softmax output kept
+
+
+def test_lora_targets_dropout_and_dtype():
+    shape = shape_of("tiny")
+    qv = model_mod.build(shape, model_mod.ModelOptions(lora_rank=4, lora_targets=("q_proj", "v_proj")), "bf16-mixed")
+    _, trainable = model_mod.count_params(qv)
+    per_layer = 4 * (shape.hidden + shape.q_dim) + 4 * (shape.hidden + shape.kv_dim)
+    assert trainable == shape.layers * per_layer
+    compute = model_mod.build(shape, model_mod.ModelOptions(lora_rank=4, lora_dtype="compute"), "bf16-mixed")
+    assert {p.dtype for p in compute.parameters() if p.requires_grad} == {torch.bfloat16}
+    with pytest.raises(ValueError, match="lora_targets"):
+        model_mod.ModelOptions(lora_rank=4, lora_targets=("qkv",))
+    # Dropout before A keeps a mask and the dropped input per adapter: more saved than without.
+    x, y = torch.randint(512, (2, 64)), torch.randint(512, (2, 64))
+    plain = _saved_bytes(_tiny_model(64, lora_rank=4), x, y)[0]
+    dropped = _saved_bytes(_tiny_model(64, lora_rank=4, lora_dropout=0.1), x, y)[0]
+    tokens, h = 2 * 64, shape.hidden
+    # At least q, k, v and gate/up's inputs: an fp32 dropped copy and a bool mask each.
+    assert dropped - plain >= shape.layers * 4 * tokens * h * (4 + 1)
+
+
+# ---------------------------------------------------------------- full size
+
+
+def test_7b_trace_completes_near_the_analytic_model():
+    job = _job("mistral-7b", 'precision = "bf16-mixed"\nseq_len = 4096', 'gpu = "H100-SXM"')
+    started = time.perf_counter()
+    traced = trace(job)
+    seconds = time.perf_counter() - started
+    est = memory.estimate(job)
+    assert traced.peak == pytest.approx(est.allocated, rel=0.10)
+    assert traced.marks["step_start"]["params"] == pytest.approx(job.shape.params * 4, rel=0.01)
+    assert seconds < 60, f"7B trace took {seconds:.1f} s"
+
+
+def test_fsdp_zero3_over_8_fake_ranks_shards_params_and_states():
+    job = _job("llama-3.2-1b", 'precision = "bf16-mixed"\nseq_len = 1024',
+               'gpu = "H100-SXM"\ngpus_per_node = 8\nsharding = "zero3"')
+    traced = trace(job)
+    start = traced.marks["step_start"]
+    assert start["params"] == pytest.approx(job.shape.params * 4 / 8, rel=0.02)
+    assert start["optimizer"] == pytest.approx(job.shape.params * 8 / 8, rel=0.02)
+    # Gathered bf16 blocks and the root are parameter memory during forward.
+    assert traced.phases["forward"].terms["params"] > start["params"]
+
+
+def test_ddp_keeps_gradient_buckets_from_the_start():
+    job = _job("tiny", 'precision = "fp32"\nseq_len = 64', 'gpus_per_node = 2')
+    traced = trace(job)
+    assert traced.marks["step_start"]["grads"] == pytest.approx(traced.marks["grads_ready"]["grads"], rel=0.01)
+
+
+# ---------------------------------------------------------------- bin/preflight --traced
+
+
+def _preflight(*args, env=None):
+    return subprocess.run([str(ROOT / "bin" / "preflight"), *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=300)
+
+
+def test_preflight_traced_json_and_table():
+    example = str(ROOT / "checks" / "examples" / "tiny-cpu.toml")
+    out = _preflight("--config", example, "--traced", "--json", "--no-probe")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    traced = data["traced"]
+    assert set(traced["phases"]) == {"forward", "backward", "step"}
+    assert traced["peak"] == max(p["peak"] for p in traced["phases"].values())
+    assert traced["seconds"] > 0 and traced["comparison"]["peak"]["traced"] == traced["peak"]
+    table = _preflight("--config", example, "--traced", "--no-probe")
+    assert "Analytic vs traced" in table.stdout and "backward" in table.stdout
+
+
+def test_preflight_traced_bad_combos_are_one_line(tmp_path):
+    no_torch = tmp_path / "shadow" / "torch"
+    no_torch.mkdir(parents=True)
+    (no_torch / "__init__.py").write_text("raise ImportError('torch is not installed in this environment')\n")
+    out = _preflight("--traced", "--no-probe", env={"PYTHONPATH": str(no_torch.parent)})
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "torch" in out.stderr, out.stderr
+    job = tmp_path / "offload.toml"
+    job.write_text('[model]\npreset = "llama-3.2-1b"\n[cluster]\ngpus_per_node = 2\nsharding = "zero3"\n'
+                   'offload = "optimizer"\n')
+    out = _preflight("--config", str(job), "--traced", "--no-probe")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "offload" in out.stderr, out.stderr
+
+
+def test_model_options_reject_bad_values():
+    with pytest.raises(ValueError, match="ac_policy"):
+        model_mod.ModelOptions(ac_policy="selective")
+    with pytest.raises(ValueError, match="fused"):
+        model_mod.ModelOptions(loss="fused", lora_rank=4, lora_targets=("lm_head",))
+    assert dataclasses.replace(model_mod.ModelOptions(), loss="chunked").loss == "chunked"
