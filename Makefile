@@ -40,6 +40,8 @@ smoke: setup
 	bin/smoke $(ARGS)
 
 bench: setup
+	$(PY) benchmarks/accuracy.py
+	$(PY) benchmarks/traced_vs_analytic.py
 	$(PY) benchmarks/memory_estimators.py
 	$(PY) benchmarks/smoke_overhead.py
 	$(PY) benchmarks/deploy_sync.py

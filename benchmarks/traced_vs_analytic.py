@@ -148,7 +148,8 @@ def main(argv: list[str]) -> None:
     (out / "traced_vs_analytic.md").write_text(
         f"# Analytic vs traced, allocated bytes (GiB)\n\n{stamp}; traced on fake tensors on {machine}.\n"
         "err = (analytic - traced) / traced; negative: the analytic model predicts too little.\n"
-        "Phases: forward (its peak, at the loss) vs the analytic forward-end, backward, optimizer step.\n\n"
+        "Phases: forward (its peak, at the loss) vs the analytic forward-end; backward vs the larger of backward\n"
+        "and backward-end; optimizer step vs step.\n\n"
         f"{table(rows)}\n\n{summary(rows)}\n")
 
 

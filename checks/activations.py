@@ -79,7 +79,9 @@ def block_facts(job, device: str = "cuda") -> BlockFacts:
         seq_len=t.seq_len, e=e, stream=stream,
         weights_trainable=not lora, quantized=t.base_quant != "none",
         quant_saves_input=f.quant_saves_input, autocast=f.autocast,
-        norm_weight_bytes=4 if (not lora and t.precision != "bf16") or t.precision == "fp32" else e,
+        # The dtype the norm weight is used in: fp32 masters only where autocast runs on fp32 weights;
+        # FSDP's MixedPrecisionPolicy gathers it in bf16, a LoRA base and pure bf16 store it so.
+        norm_weight_bytes=4 if t.precision == "fp32" or (f.autocast and not lora) else e,
         targets=frozenset(f.lora_targets), lora_rank=t.lora_rank, lora_dropout=f.lora_dropout > 0,
         adapter_bytes=adapter, adapter_input_cast=f.stack.name in ("hf", "deepspeed"),
         kernel=attention_kernel(job, device), gqa=shape.kv_heads != shape.heads and not f.stack.repeat_kv,
@@ -179,7 +181,10 @@ class Trace:
             if f.e != 4:
                 self.save(self.new("attention weights cast back (s x s)", f.heads * f.seq_len, f.e))
             out = self.new("attention output", qd, f.e)
-        o_in = self.new("attention output made contiguous", qd, f.e)
+        # flash and memory-efficient kernels allocate their output as (b, s, heads, d) and return a
+        # transposed view, so out.transpose(1, 2).reshape(b, s, -1) (HF: .contiguous()) is a view;
+        # the math and eager outputs are (b, heads, s, d) and get copied.
+        o_in = out if f.kernel in ("flash", "efficient") else self.new("attention output made contiguous", qd, f.e)
         return self.linear(o_in, qd, h, "o_proj")
 
     def mlp(self, y: Tensor) -> Tensor:

@@ -346,6 +346,12 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
         root = _root_stored_bytes(job, e)
         fwd_params.append(Part("params", "unsharded weights being used", int(n * per_layer + root),
                                f"{why}, plus the root module, as gathered", transient=True))
+        if c.sharding == "zero3":
+            # At the loss the last block has resharded and nothing is prefetched yet: root + one block.
+            at_loss = Part("params", "unsharded weights being used", int(min(1, L) * per_layer + root),
+                           "the block gathered for backward, plus the root module", transient=True)
+        else:
+            at_loss = fwd_params[0]
     cache_fwd = cache_bwd = cache_end = 0
     if f.autocast:
         cast_block = sum(g.total for g in trainable if g.linear and g.per_layer)
@@ -500,7 +506,8 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
     static = [params_resident, optimizer] + paged_part + master
     fwd_grads = [full_grads] if grads_persist else []
     phases = {
-        "forward-end": phase("forward-end", static + fwd_params + cache(cache_fwd) + fwd_grads + [activations, loss]),
+        "forward-end": phase("forward-end", static + ([at_loss] + fwd_params[1:] if f.fsdp else fwd_params)
+                             + cache(cache_fwd) + fwd_grads + [activations, loss]),
         "backward": phase("backward", static + fwd_params + cache(cache_bwd) + start_grads + kept_logits
                           + [activations, in_backward]),
         "backward-end": phase("backward-end", static + fwd_params[:1] + cache(cache_end) + end_grads + kept_logits

@@ -227,7 +227,10 @@ def resolve(train, cluster, arch: str) -> JobFacts:
     chunks = (stack.loss_chunks or (0 if chunk_tokens else 8)) if loss == "chunked" else 0
     upcast = stack.loss_upcast if native else loss in ("fp32-upcast", "fp32-logits-kept", "chunked")
     kept = stack.logits_kept if native else loss == "fp32-logits-kept"
-    impl = stack.adamw_impl if train.optimizer_impl == "stack" else train.optimizer_impl
+    # The stack's AdamW kernel; torch SGD defaults to foreach on CUDA (torch/optim/optimizer.py
+    # _default_to_fused_or_foreach: fused only when asked for), as podkit's train/optim.py also asks.
+    default_impl = stack.adamw_impl if train.optimizer == "adamw" else "foreach"
+    impl = default_impl if train.optimizer_impl == "stack" else train.optimizer_impl
     lora_dtype = stack.lora_dtype if train.lora_dtype == "stack" else train.lora_dtype
     return JobFacts(
         stack=stack,

@@ -33,12 +33,14 @@ def test_offload_all_keeps_a_qlora_base_on_the_host_and_gathers_it_packed(job):
     est = estimate(j)
     # Nothing of the model stays resident on the GPU.
     assert part(est, "weights", "step") == 0
-    # Two gathered blocks as stored: nf4 linears, bf16 norms and bf16 adapters (pure bf16), plus the
-    # root module (embeddings + head + final norm in bf16) - not 2 B per quantized weight.
+    # Gathered blocks as stored: nf4 linears, bf16 norms and bf16 adapters (pure bf16), plus the root
+    # module (embeddings + head + final norm in bf16) - not 2 B per quantized weight. At the loss
+    # one block is gathered (the last, for its backward); in backward two (current + prefetched).
     adapters_per_block = trainable_params(j) // L
     block = BLOCK_LINEAR * NF4_BYTES + 2 * H * 2 + adapters_per_block * 2
     root = (2 * V * H + H) * 2
-    assert part(est, "unsharded weights", "forward-end") == int(2 * block + root)
+    assert part(est, "unsharded weights", "forward-end") == int(block + root)
+    assert part(est, "unsharded weights", "backward") == int(2 * block + root)
     # The frozen base is counted once, on the host: half of it per rank's share, two ranks per node.
     frozen = BLOCK_LINEAR * L * NF4_BYTES + (2 * V * H + (2 * L + 1) * H) * 2
     assert est.host_needed >= frozen
@@ -86,11 +88,13 @@ def test_old_bitsandbytes_keeps_quantized_inputs_even_under_checkpointing(job):
                                       f"stack = '{stack}'\ncheckpointing = '{ckpt}'\nbitsandbytes = '{bnb}'")
         return part(estimate(j), "saved activations", "forward-end")
 
-    # Inputs of q/k/v (one shared normed tensor, h), o_proj (q_dim), gate/up (h), down (ffn), bf16.
-    extra = L * 512 * (2 * H + QD + F) * 2
+    # Inputs of q/k/v (one shared normed tensor, h), gate/up (h), down (ffn), bf16; o_proj's input is
+    # a view of the flash kernel's output, which SDPA keeps anyway.
+    extra = L * 512 * (2 * H + F) * 2
     assert acts("0.42.0", "hf", "none") - acts("0.45.5", "hf", "none") == extra
-    # ctx.tensors is out of reach of non-reentrant checkpointing's hooks: kept under 'full' too...
-    assert acts("0.42.0", "podkit", "full") - acts("0.45.5", "podkit", "full") == pytest.approx(extra, rel=0.02)
+    # ctx.tensors is out of reach of non-reentrant checkpointing's hooks: kept under 'full' too, and
+    # there o_proj's input (the attention output, q_dim) is held by nothing else.
+    assert acts("0.42.0", "podkit", "full") - acts("0.45.5", "podkit", "full") == L * 512 * (2 * H + QD + F) * 2
     # ...but a reentrant checkpoint (transformers' default) runs forward in no_grad: nothing kept.
     assert acts("0.42.0", "hf", "full") == acts("0.45.5", "hf", "full")
 
