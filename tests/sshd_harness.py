@@ -78,7 +78,7 @@ class LoopbackPod:
         prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
         self.proc = subprocess.Popen([*prefix, SSHD, "-D", "-e", "-f", str(config)], stdout=subprocess.DEVNULL,
                                      stderr=open(self.base / "sshd.log", "w"), start_new_session=True)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30  # a loaded 2-core CI machine can take seconds
         while time.monotonic() < deadline:
             with socket.socket() as s:
                 if s.connect_ex((self.address, self.port)) == 0:
@@ -113,7 +113,12 @@ class NamespacePod(LoopbackPod):
         super().__init__(base, name)
         self.netns = f"podkit-{os.getpid()}-{subnet}"
         self.host_if, self.pod_if = f"pkh{os.getpid() % 10000}x{subnet}", f"pkp{os.getpid() % 10000}x{subnet}"
-        self.address = f"10.231.{subnet}.2"
+        # A /30 of its own per test process and pod (10.231.<pid % 250>.<4 x subnet>): two suites on one
+        # machine (or a namespace a killed run left behind) never share an address.
+        if not 0 <= subnet < 63:
+            raise ValueError(f"subnet {subnet} out of 0..62")
+        self.prefix, self.net = f"10.231.{os.getpid() % 250}", 4 * subnet
+        self.address = f"{self.prefix}.{self.net + 2}"
 
     @staticmethod
     def available() -> str | None:
@@ -126,11 +131,10 @@ class NamespacePod(LoopbackPod):
         return None
 
     def start(self) -> "NamespacePod":
-        subnet = self.address.split(".")[2]
         for cmd in (f"ip netns add {self.netns}",
                     f"ip link add {self.host_if} type veth peer name {self.pod_if}",
                     f"ip link set {self.pod_if} netns {self.netns}",
-                    f"ip addr add 10.231.{subnet}.1/30 dev {self.host_if}",
+                    f"ip addr add {self.prefix}.{self.net + 1}/30 dev {self.host_if}",
                     f"ip link set {self.host_if} up",
                     f"ip netns exec {self.netns} ip addr add {self.address}/30 dev {self.pod_if}",
                     f"ip netns exec {self.netns} ip link set {self.pod_if} up",

@@ -141,6 +141,10 @@ def _run(job, path, device, root: Path, run_id: str, fault, as_json: bool) -> in
         parallel.shutdown()
         _fail(str(exc))
     parallel.shutdown()
+    # The verdict is decided and summary.json written: another Ctrl-C (a user pressing again) must not
+    # turn the run's exit code into a death by signal halfway through the report.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     if os.environ.get("PODKIT_LAUNCHER"):
         return 0  # our own torchrun parent reads summary.json and exits with the verdict's code
     if world.main:
