@@ -8,6 +8,13 @@ The deploy numbers include everything `bin/deploy` does: connect, probe, sync, e
 first one creates the pod's venv), and preflight on the pod. Also measured: one OpenSSH login
 running `true` (what each command costs a tool that logs in per command), and one new 64 MiB
 file, through podkit's connection and through plain rsync.
+
+Transport comparison: the same no-change deploy done the other way, over OpenSSH multiplexing
+(ControlMaster) with deploy's remote steps batched: one ssh for probe + ownership check, rsync of
+the same file list over the master, one ssh for envsetup + preflight. Timed with the master
+opened in the run ("cold", as a first invocation) and kept from an earlier one ("warm",
+ControlPersist). podkit's own transport (pods/shell.py, pods/rsh.py, pods/rsh_client.py) is
+worth its code only if it beats these.
 """
 
 from __future__ import annotations
@@ -29,6 +36,35 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from sshd_harness import LoopbackPod, pod_cli, project_copy, sshd_available  # noqa: E402
+
+TRANSPORT_FILES = ("pods/shell.py", "pods/rsh.py", "pods/rsh_client.py")
+
+
+def openssh_mux_deploy(ssh: list[str], target: str, project: Path, remote_dir: str, control: Path, *,
+                       warm: bool) -> float:
+    """A no-change deploy over OpenSSH ControlMaster, remote steps batched; returns wall seconds."""
+    from envsetup.fingerprint import PROBE_SCRIPT
+    from pods.ownership import CLAIM_SCRIPT
+    from pods.selection import chosen_files
+
+    mux = [*ssh, "-o", f"ControlPath={control}"]
+    q = shlex.quote(remote_dir)
+    start = time.perf_counter()
+    if not warm:
+        subprocess.run([*mux, "-o", "ControlMaster=yes", "-o", "ControlPersist=120", "-fN", target], check=True)
+    probe = (f"export PODKIT_PROBE_DIR={q} PODKIT_PYTHON={shlex.quote(sys.executable)}\n"
+             + CLAIM_SCRIPT.format(d=q, force=0).replace("exit 0", ":") + "\nbash -s <<'PODKIT_PROBE'\n"
+             + PROBE_SCRIPT + "\nPODKIT_PROBE\n")
+    subprocess.run([*mux, target, "bash -s"], input=probe, text=True, check=True, capture_output=True)
+    with tempfile.NamedTemporaryFile("w", suffix=".files") as listing:
+        listing.write("\0".join(chosen_files(project)))
+        listing.flush()
+        subprocess.run(["rsync", "-lptz", "--files-from", listing.name, "--from0", "-e", shlex.join(mux),
+                        f"{project}/", f"{target}:{remote_dir}/"], check=True, capture_output=True)
+    steps = (f"cd {q} && . .podkit/env && PODKIT_PYTHON={shlex.quote(sys.executable)} bin/envsetup --project . "
+             "--fingerprint logs/probe.json && bin/preflight")
+    subprocess.run([*mux, target, steps], check=True, capture_output=True)
+    return time.perf_counter() - start
 
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -96,6 +132,23 @@ def main() -> None:
             login = [timed(lambda: subprocess.run([*ssh, f"{pod.user}@127.0.0.1", "true"], check=True))[0]
                      for _ in range(args.repeats)]
 
+            # The same no-change deploy over OpenSSH multiplexing, steps batched (see the docstring).
+            control = base / "mux.sock"
+            target = f"{pod.user}@127.0.0.1"
+            sys.path.insert(0, str(project))
+            mux_cold = []
+            for _ in range(args.repeats):
+                mux_cold.append(openssh_mux_deploy(ssh, target, project, pod.remote_dir, control, warm=False))
+                subprocess.run([*ssh, "-o", f"ControlPath={control}", "-O", "exit", target], capture_output=True)
+            subprocess.run([*ssh, "-o", f"ControlPath={control}", "-o", "ControlMaster=yes", "-o", "ControlPersist=120",
+                            "-fN", target], check=True)
+            mux_warm = [openssh_mux_deploy(ssh, target, project, pod.remote_dir, control, warm=True)
+                        for _ in range(args.repeats)]
+            subprocess.run([*ssh, "-o", f"ControlPath={control}", "-O", "exit", target], capture_output=True)
+            # What a Python client pays before its first byte (both designs would be one).
+            client_start = statistics.median(timed(lambda: subprocess.run(
+                [sys.executable, "-c", "import pods.cli"], cwd=project, check=True))[0] for _ in range(args.repeats))
+
             # Throughput: one incompressible 64 MiB file, through podkit's connection and plain rsync.
             (project / "blob.bin").write_bytes(os.urandom(64 * 2**20))
             big_deploy = phases(deploy().stdout)
@@ -110,6 +163,9 @@ def main() -> None:
         ("plain rsync, first", plain_first, {}),
         ("plain rsync, no change (median)", statistics.median(plain_again), {}),
         ("ssh login + `true` (median)", statistics.median(login), {}),
+        ("OpenSSH ControlMaster, batched, no change, master opened (median)", statistics.median(mux_cold), {}),
+        ("OpenSSH ControlMaster, batched, no change, master kept (median)", statistics.median(mux_warm), {}),
+        ("python client start (`import pods.cli`, median)", client_start, {}),
         ("bin/deploy, one new 64 MiB file", None, big_deploy),
         ("plain rsync, one new 64 MiB file", big_plain, {}),
     ]
@@ -117,12 +173,31 @@ def main() -> None:
     env = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, no GPU",
            "python": platform.python_version(), "files": files, "repeats": args.repeats,
            "transport": "OpenSSH sshd on 127.0.0.1 (loopback)",
+           "load_average_1m_at_end": round(os.getloadavg()[0], 2),  # other work on the machine skews every row
            "no_change_min_max_s": [round(spread[0], 3), round(spread[-1], 3)]}
-    lines = [f"# Deploy on loopback: {files} files ({env['date']}, {env['machine']})", "",
+    lines = [f"# Deploy on loopback: {files} files ({env['date']}, {env['machine']}, "
+             f"load average {env['load_average_1m_at_end']} at the end)", "",
              "| what | wall s | probe | sync | envsetup | preflight |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for name, secs, ph in rows:
         cells = [f"{ph[k]:.2f}" if k in ph else "" for k in ("probe", "sync", "envsetup", "preflight")]
         lines.append(f"| {name} | {'' if secs is None else f'{secs:.2f}'} | " + " | ".join(cells) + " |")
+    transport_lines = sum(len((ROOT / f).read_text().splitlines()) for f in TRANSPORT_FILES)
+    podkit_s = statistics.median(t for t, _ in again)
+    cold_s = statistics.median(mux_cold) + client_start
+    warm_s = statistics.median(mux_warm) + client_start
+    verdict = ("keep podkit's transport" if podkit_s < cold_s else "OpenSSH multiplexing is as fast: drop podkit's transport")
+    env["transport_comparison"] = {"podkit_no_change_s": round(podkit_s, 3), "mux_cold_plus_client_s": round(cold_s, 3),
+                                   "mux_warm_plus_client_s": round(warm_s, 3), "transport_lines": transport_lines,
+                                   "verdict": verdict}
+    lines += ["", f"Transport comparison, no-change deploy: podkit's own transport ({transport_lines} lines in "
+              f"{', '.join(TRANSPORT_FILES)}) {podkit_s:.2f} s; OpenSSH ControlMaster with the steps batched "
+              f"{cold_s:.2f} s with the master opened in the run, {warm_s:.2f} s with a master kept from an earlier "
+              f"run (each plus {client_start:.2f} s for a Python client's start). Verdict: {verdict}"
+              + ("" if podkit_s < warm_s else "; a persisted master is faster still, at the cost of a background "
+                 "ssh process per pod left running between invocations") + "."]
+    if env["load_average_1m_at_end"] > (os.cpu_count() or 1):
+        lines += ["", f"Measured while other work loaded the machine (load {env['load_average_1m_at_end']} on "
+                  f"{os.cpu_count()} CPUs): medians of {args.repeats}, and differences under ~0.5 s are within noise."]
     lines += ["", f"No-change re-deploys over {len(spread)} runs: {spread[0]:.2f} to {spread[-1]:.2f} s.",
               "", "Wall time includes the client's own start (Python, imports) and connecting. "
               "Phases are bin/deploy's own timings of each step; the probe phase includes the pod's login "

@@ -142,6 +142,7 @@ class PodConnection:
         # Every process this invocation starts on the pod carries PODKIT_SESSION=<tag> in its
         # environment, so an interrupted step can be found and stopped there (`stop_remote`).
         self.tag = secrets.token_hex(8)
+        self.cancelled = False  # set from another thread by cancel(): every later command raises
 
     # -- lifecycle
     def __enter__(self) -> "PodConnection":
@@ -251,6 +252,8 @@ class PodConnection:
         with check).
         """
         script = f"{self.prelude}\n{command}" if prelude and self.prelude else command
+        if self.cancelled:
+            raise KeyboardInterrupt
         with self._lock, self._faults(timeout):
             try:
                 result = self._shell_for_commands().run(script, stdin=stdin, out=out, timeout=timeout)
@@ -258,10 +261,18 @@ class PodConnection:
                 self._shell = None  # mid-command: that shell is abandoned
                 self.stop_remote()
                 raise
+        if self.cancelled:  # the command ended because cancel() stopped it
+            raise KeyboardInterrupt
         if check and not result.ok:
             detail = (result.stderr or result.stdout).strip().splitlines()
             raise PodError(f"remote command failed ({result.exit_code}): {detail[-1] if detail else command[:60]}")
         return result
+
+    def cancel(self) -> None:
+        """Ctrl-C while another thread works on this pod (parallel deploy): stop its remote step
+        now and make that thread's next command raise KeyboardInterrupt."""
+        self.cancelled = True
+        self.stop_remote()
 
     def stop_remote(self, grace: float = 10.0) -> None:
         """Stop every process this connection started on the pod (Ctrl-C on the laptop): SIGTERM,

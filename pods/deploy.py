@@ -90,12 +90,17 @@ def locate(conn: PodConnection, spec: HostSpec, project: Path) -> tuple[Fingerpr
 
 
 def deploy_one(spec: HostSpec, opts: PodOptions, say: Callable[[str], None], config: str | None,
-               single: bool) -> Outcome:
+               single: bool, live: list[PodConnection] | None = None) -> Outcome:
     outcome = Outcome(pod=spec.name)
     start = time.monotonic()
+    live = live if live is not None else []
     try:
         with connect(spec, opts, say, for_rsync=True) as conn:
-            _deploy(conn, spec, opts, say, config, single, outcome)
+            live.append(conn)
+            try:
+                _deploy(conn, spec, opts, say, config, single, outcome)
+            finally:
+                live.remove(conn)
     except PodError as exc:
         outcome.exit_code, outcome.error = 2, str(exc)
     outcome.seconds = time.monotonic() - start
@@ -177,9 +182,19 @@ def _secret_names() -> tuple[str, ...]:
 def deploy(specs: list[HostSpec], opts: PodOptions, config: str | None = None) -> list[Outcome]:
     printer = Printer(prefix=len(specs) > 1)
     single = len(specs) == 1
+    live: list[PodConnection] = []  # open connections, so Ctrl-C can stop their remote steps
     with ThreadPoolExecutor(max_workers=min(16, len(specs))) as pool:
-        futures = [pool.submit(deploy_one, s, opts, printer.for_pod(s.name), config, single) for s in specs]
-        return [f.result() for f in futures]
+        futures = [pool.submit(deploy_one, s, opts, printer.for_pod(s.name), config, single, live) for s in specs]
+        try:
+            return [f.result() for f in futures]
+        except KeyboardInterrupt:
+            # Ctrl-C reaches this thread only: stop every pod's remote step (envsetup, pip,
+            # preflight) now, instead of waiting for the workers to finish them.
+            for conn in list(live):
+                conn.cancel()
+            for f in futures:
+                f.cancel()
+            raise
 
 
 def summary(outcomes: list[Outcome]) -> str:

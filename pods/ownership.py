@@ -8,6 +8,7 @@ and is refused unless the user says --force. Either way a sync only ever deletes
 
 from __future__ import annotations
 
+import base64
 import posixpath
 import shlex
 
@@ -88,7 +89,6 @@ def read_manifest(conn: PodConnection, remote_dir: str) -> set[str] | None:
     result = conn.run(f"[ -r {q} ] || exit 3; base64 < {q}", prelude=False)
     if result.exit_code == 3:
         return None
-    import base64
     raw = base64.b64decode("".join(result.stdout.split()))
     return {p for p in raw.decode(errors="surrogateescape").split("\0") if _safe_relative(p)}
 

@@ -199,3 +199,36 @@ def test_a_frozen_sshd_session_gives_one_line_within_the_deadline(world):
     assert took < 20, f"took {took:.0f} s; the deadline is 3 x --timeout = 6 s"
     import shutil
     shutil.rmtree(run)
+
+
+def test_ctrl_c_during_deploy_stops_envsetup_on_the_pod_at_once(world):
+    """Deploy's steps run in worker threads; Ctrl-C reaches the main thread, which must stop them."""
+    suffix = uuid.uuid4().hex[:8]
+    slow = world.base / "slow-python"  # the image's python, except that envsetup hangs like a long pip install
+    slow.write_text(f'#!/bin/bash\ncase "$*" in *envsetup.cli*) exec -a podkit-slow-envsetup-{suffix} sleep 600;; esac\n'
+                    f'exec {sys.executable} "$@"\n')
+    slow.chmod(0o755)
+    remote = world.base / "pod-side" / "ctrl-c"
+    argv = [str(world.project / "bin" / "pod"), "deploy", "--known-hosts", str(world.known_hosts), world.pod.spec,
+            "--key", str(world.pod.client_key), "--remote-dir", str(remote), "--python", str(slow)]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.Popen(argv, cwd=world.project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+    def envsetup_running() -> bool:
+        return subprocess.run(["pgrep", "-f", f"podkit-slow-envsetup-{suffix}"], capture_output=True).returncode == 0
+
+    try:
+        assert _wait_for(envsetup_running, 120), "envsetup never started"
+        proc.send_signal(signal.SIGINT)
+        pressed = time.monotonic()
+        out, err = proc.communicate(timeout=60)
+        took = time.monotonic() - pressed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        found = subprocess.run(["pgrep", "-f", f"podkit-slow-envsetup-{suffix}"], capture_output=True, text=True)
+        for pid in found.stdout.split():  # this test's own sleep, by pid, if the fix failed
+            os.kill(int(pid), signal.SIGKILL)
+    assert proc.returncode == 130 and "interrupted" in err, out + err
+    assert took < 20, f"deploy took {took:.0f} s to stop after Ctrl-C"
+    assert _wait_for(lambda: not envsetup_running(), 5), "envsetup is still running on the pod"

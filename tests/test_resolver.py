@@ -37,12 +37,36 @@ def wheels(tmp_path_factory):
                 for py in ("cp310", "cp311", "cp312"):
                     name = flash_attn_wheel_name(version, "12.4", f"2.{minor}.0", abi, py)
                     (root / "releases" / f"v{version}" / name).write_bytes(b"wheel")
+    # torch and bitsandbytes as an index serves them: two torch builds, and two bitsandbytes
+    # releases whose Requires-Dist differ as the real ones do (0.50.2: torch>=2.4, 0.45.5: torch).
+    for project, version, requires in (("torch", "2.1.0+cu118", None), ("torch", "2.4.1+cu124", None),
+                                       ("bitsandbytes", "0.45.5", "torch"), ("bitsandbytes", "0.50.2", "torch>=2.4")):
+        _wheel(root / "files", project, version, requires)
+    for project in ("torch", "bitsandbytes"):
+        (root / "simple" / project).mkdir(parents=True)
+        links = "".join(f'<a href="../../files/{w.name}">{w.name}</a>\n' for w in sorted((root / "files").glob(f"{project}-*")))
+        (root / "simple" / project / "index.html").write_text(links)
     handler = functools.partial(_Quiet, directory=str(root))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{server.server_address[1]}"
     yield WheelSource(index_url=f"{base}/simple", releases_url=f"{base}/releases", timeout=5)
     server.shutdown()
+
+
+def _wheel(where: Path, project: str, version: str, requires: str | None) -> Path:
+    """A minimal valid wheel (PEP 427): metadata only, enough for pip's resolver."""
+    import zipfile
+
+    where.mkdir(parents=True, exist_ok=True)
+    info = f"{project}-{version}.dist-info"
+    path = where / f"{project}-{version}-py3-none-any.whl"
+    meta = f"Metadata-Version: 2.1\nName: {project}\nVersion: {version}\n" + (f"Requires-Dist: {requires}\n" if requires else "")
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(f"{info}/METADATA", meta)
+        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{info}/RECORD", "")
+    return path
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
@@ -162,3 +186,24 @@ def test_step_keys_change_exactly_when_their_inputs_do(wheels, name):
     assert resolve(fp, requirements(), wheels).dep("bitsandbytes").key(fp) == key
     fp.torch = type(fp.torch)("2.6.0+cu124", fp.torch.cuda, fp.torch.path, fp.torch.arch_list, fp.torch.cxx11_abi)
     assert resolve(fp, requirements(), wheels).dep("bitsandbytes").key(fp) != key
+
+
+@pytest.mark.parametrize("name, expected", [("runpod-rtx4090", "0.45.5"), ("runpod-a100", "0.50.2")])
+def test_pip_picks_the_bitsandbytes_release_the_pods_torch_admits(wheels, tmp_path, name, expected):
+    """The plan's requirement and constraints, given to pip itself (dry run) against the local index."""
+    import json
+    import subprocess
+    import sys
+
+    plan = resolve(load(name), requirements(), wheels)
+    dep = plan.dep("bitsandbytes")
+    constraints = tmp_path / "constraints.txt"
+    constraints.write_text("\n".join(plan.constraints) + "\n")
+    report = tmp_path / "report.json"
+    out = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+                          "--disable-pip-version-check", "--report", str(report), "--index-url", wheels.index_url,
+                          "-c", str(constraints), dep.requirement], capture_output=True, text=True, timeout=120,
+                         env={"PATH": "/usr/bin:/bin", "PIP_NO_INPUT": "1", "PIP_CONFIG_FILE": "/dev/null"})
+    assert out.returncode == 0, out.stderr
+    chosen = {i["metadata"]["name"]: i["metadata"]["version"] for i in json.loads(report.read_text())["install"]}
+    assert chosen["bitsandbytes"] == expected and chosen["torch"] == plan.constraints[0].split("==")[1]
