@@ -2,22 +2,23 @@
 
 Reads the JSON form of train.traced.TracedEstimate, so checks/ never imports torch. The analytic
 model's moments map onto the traced phases' peaks: forward-end <-> forward (its peak is at the
-loss), backward <-> backward, step <-> step; both without the device-only overhead, i.e. what
-torch.cuda.max_memory_allocated would show.
+loss), the larger of backward and backward-end <-> backward, step <-> step; both without the
+device-only overhead, i.e. what torch.cuda.max_memory_allocated would show.
 """
 
 from __future__ import annotations
 
 from checks.memory import GIB, MemoryEstimate
 
-PHASE_PAIRS = (("forward", "forward-end"), ("backward", "backward"), ("step", "step"))
+PHASE_PAIRS = (("forward", ("forward-end",)), ("backward", ("backward", "backward-end")), ("step", ("step",)))
 TRACED_TERMS = ("params", "grads", "optimizer", "activations", "temporaries")
 
 
 def analytic_allocated(est: MemoryEstimate) -> dict[str, int]:
     """The analytic model's allocated bytes per traced phase name."""
-    return {traced: sum(p.bytes for p in est.phase_parts[analytic] if p.term != "overhead")
-            for traced, analytic in PHASE_PAIRS}
+    return {traced: max(sum(p.bytes for p in est.phase_parts[moment] if p.term != "overhead")
+                         for moment in moments if moment in est.phase_parts)
+            for traced, moments in PHASE_PAIRS}
 
 
 def error(predicted: int, traced: int) -> float | None:

@@ -43,7 +43,6 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from checks.config import JobConfig
 from checks.errors import ConfigError
@@ -238,7 +237,10 @@ def _fake_world(size: int) -> None:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     if dist.is_initialized():
-        if dist.get_world_size() == size and dist.get_backend() == "fake":
+        if dist.get_backend() != "fake":
+            raise ConfigError("--traced", "a real process group is already initialised in this process",
+                              "run the trace in a process of its own (bin/preflight --traced)")
+        if dist.get_world_size() == size:
             return
         dist.destroy_process_group()
     dist.init_process_group("fake", rank=0, world_size=size, store=FakeStore())
@@ -284,6 +286,8 @@ def trace(job: JobConfig, steps: int = 2, device_kind: str = "cuda",
 
     if steps < 1:
         raise ConfigError("--steps", f"must be at least 1, got {steps}")
+    if device_kind not in ("cuda", "cpu"):
+        raise ValueError(f"device_kind must be 'cuda' or 'cpu', got {device_kind!r}")
     check_traceable(job)
     started = time.perf_counter()
     t, c = job.train, job.cluster
