@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from checks.kernels import attention_kernel
+from checks.stacks import targeted
 
 
 @dataclass(eq=False)
@@ -60,6 +61,7 @@ class BlockFacts:
     lora_dropout: bool
     adapter_bytes: int  # dtype of the adapter weights
     adapter_input_cast: bool  # peft casts x to the adapter dtype before lora_A
+    moe: object  # checks.models.MoeSpec or None
     kernel: str  # flash | efficient | math | eager
     gqa: bool  # SDPA sees fewer kv heads than q heads (native GQA)
     repeat_kv: bool  # k/v copied out to every head before attention
@@ -75,7 +77,8 @@ def block_facts(job, device: str = "cuda") -> BlockFacts:
     stream = 4 if t.precision == "fp32" or (f.autocast and not lora) else e
     adapter = f.adapter_bytes or e
     return BlockFacts(
-        hidden=shape.hidden, q_dim=shape.q_dim, kv_dim=shape.kv_dim, ffn=shape.ffn, heads=shape.heads,
+        hidden=shape.hidden, q_dim=shape.q_dim, kv_dim=shape.kv_dim, ffn=shape.dense_ffn, heads=shape.heads,
+        moe=shape.moe,
         seq_len=t.seq_len, e=e, stream=stream,
         weights_trainable=not lora, quantized=t.base_quant != "none",
         quant_saves_input=f.quant_saves_input, autocast=f.autocast,
@@ -131,7 +134,7 @@ class Trace:
             self.ctx_kept[id(inp)] = inp
         out = self.new(f"{name}: output", fan_out, f.e)
         self.matmuls.append(out)
-        if name not in f.targets:
+        if not targeted(name, f.targets):
             return out
         a_in = x
         if f.adapter_input_cast and x.bytes != f.adapter_bytes * fan_in:
@@ -187,28 +190,49 @@ class Trace:
         o_in = out if f.kernel in ("flash", "efficient") else self.new("attention output made contiguous", qd, f.e)
         return self.linear(o_in, qd, h, "o_proj")
 
-    def mlp(self, y: Tensor) -> Tensor:
+    def mlp(self, y: Tensor, ffn: int = 0, prefix: str = "", per_token: float = 1.0) -> Tensor:
+        """A gated MLP over `per_token` copies of each token (top_k for routed experts)."""
         f = self.facts
-        gate = self.linear(y, f.hidden, f.ffn, "gate_proj")
-        up = self.linear(y, f.hidden, f.ffn, "up_proj")
-        act = self.new("silu(gate)", f.ffn, f.e)
+        ffn = ffn or f.ffn
+        gate = self.linear(y, f.hidden, ffn * per_token, prefix + "gate_proj")
+        up = self.linear(y, f.hidden, ffn * per_token, prefix + "up_proj")
+        act = self.new(prefix + "silu(gate)", ffn * per_token, f.e)
         self.save(gate, act, up)  # SiluBackward keeps its input; the product keeps both factors
-        prod = self.new("silu(gate) * up", f.ffn, f.e)
-        return self.linear(prod, f.ffn, f.hidden, "down_proj")
+        prod = self.new(prefix + "silu(gate) * up", ffn * per_token, f.e)
+        return self.linear(prod, ffn * per_token, f.hidden * per_token, prefix + "down_proj")
+
+    def moe_mlp(self, y: Tensor) -> Tensor:
+        """transformers' sparse MoE block (MixtralSparseMoeBlock, Qwen2/3MoeSparseMoeBlock, DeepSeek
+        MoE): router logits, softmax in fp32 (kept), top-k; each token's hidden state gathered once
+        per routed expert (hidden_states[top_x], kept by the expert's matmuls), the expert's gated MLP
+        over its tokens, its output scaled by the routing weight (kept for that weight's gradient
+        when the router trains); shared experts run on every token."""
+        f, m = self.facts, self.facts.moe
+        logits = self.linear(y, f.hidden, m.experts, "router")
+        self.save(self.new("router softmax (fp32)", m.experts, 4))
+        routed = self.new("tokens gathered per expert", f.hidden * m.top_k, f.e)
+        out = self.mlp(routed, m.expert_ffn, "experts.", per_token=m.top_k)
+        if f.weights_trainable:
+            self.save(out)  # expert output x routing weight: the weight's gradient needs it
+        del logits
+        if m.shared_experts or m.shared_ffn:
+            self.mlp(y, m.shared_ffn, "shared_expert.")
+        return self.new("MoE output", f.hidden, f.e)
 
 
-def _walk_block(facts: BlockFacts) -> tuple[Trace, Tensor]:
+def _walk_block(facts: BlockFacts, moe_layer: bool = False) -> tuple[Trace, Tensor]:
     tr = Trace(facts)
     x = tr.new("block input (residual stream)", facts.hidden, facts.stream)
     tr.attention(tr.rmsnorm(x, "input_layernorm"))
     x2 = tr.new("residual stream after attention", facts.hidden, facts.stream)
-    tr.mlp(tr.rmsnorm(x2, "post_attention_layernorm"))
+    y2 = tr.rmsnorm(x2, "post_attention_layernorm")
+    tr.moe_mlp(y2) if moe_layer else tr.mlp(y2)
     return tr, x
 
 
-def saved_per_token(facts: BlockFacts, policy: str) -> dict[str, float]:
+def saved_per_token(facts: BlockFacts, policy: str, moe_layer: bool = False) -> dict[str, float]:
     """Bytes per token one block keeps from its forward to its backward, by tensor, under a policy."""
-    tr, block_input = _walk_block(facts)
+    tr, block_input = _walk_block(facts, moe_layer)
     if policy == "none":
         kept = list(tr.saved.values())
     elif policy == "block":
@@ -231,13 +255,14 @@ def saved_per_token(facts: BlockFacts, policy: str) -> dict[str, float]:
     return out
 
 
-def backward_intermediates_per_token(facts: BlockFacts) -> float:
+def backward_intermediates_per_token(facts: BlockFacts, moe_layer: bool = False) -> float:
     """Gradient tensors alive while one block is backpropagated: the residual gradient in and out,
     and in SwiGLU's backward d(product), d(silu), d(up), d(gate) with three alive at once; the
     eager/math kernels also hold the gradient of the s x s weights."""
     f = facts
     scores = f.heads * f.seq_len * (4 + f.e) if f.kernel in ("eager", "math") else 0
-    return 2 * f.stream * f.hidden + 3 * f.e * f.ffn + scores
+    ffn = f.moe.top_k * f.moe.expert_ffn + f.moe.shared_ffn if moe_layer else f.ffn
+    return 2 * f.stream * f.hidden + 3 * f.e * ffn + scores
 
 
 def head_saved_per_token(facts: BlockFacts, head_trainable: bool, quantized_head: bool = False) -> dict[str, float]:

@@ -278,7 +278,7 @@ class JobConfig:
 
     def __post_init__(self):
         self.shape = self.model.shape(self.base_dir)
-        self.facts = stacks.resolve(self.train, self.cluster, self.shape.arch)
+        self.facts = stacks.resolve(self.train, self.cluster, self.shape)
 
     @property
     def base_dir(self) -> Path:
@@ -305,7 +305,7 @@ class JobConfig:
         job.source = self.source
         # The model section is unchanged by every lever, so its shape carries over unresolved.
         job.shape = self.shape if "model" not in sections else job.model.shape(job.base_dir)
-        job.facts = stacks.resolve(job.train, job.cluster, job.shape.arch)
+        job.facts = stacks.resolve(job.train, job.cluster, job.shape)
         return job
 
 

@@ -29,6 +29,7 @@ from checks import activations as A
 from checks.config import JobConfig
 from checks.gpus import GpuSpec
 from checks.models import ModelShape, ParamGroup
+from checks.stacks import targeted
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -175,12 +176,12 @@ def trainable_groups(job: JobConfig) -> list[ParamGroup]:
     shape, r = job.shape, job.train.lora_rank
     if not r:
         return shape.param_groups()
-    targets = set(job.facts.lora_targets)
+    targets = job.facts.lora_targets
     adapters = []
-    for name, fan_in, fan_out in shape.linear_shapes():
-        if name in targets:
-            adapters.append(ParamGroup(f"{name}.lora_A", fan_in, r, shape.layers, True, True))
-            adapters.append(ParamGroup(f"{name}.lora_B", r, fan_out, shape.layers, True, True))
+    for g in shape.linear_groups():  # exact counts (DeepSeek's dense and MoE blocks differ)
+        if targeted(g.name, targets):
+            adapters.append(ParamGroup(f"{g.name}.lora_A", g.rows, r, g.count, True, True))
+            adapters.append(ParamGroup(f"{g.name}.lora_B", r, g.cols, g.count, True, True))
     if "lm_head" in targets:
         adapters.append(ParamGroup("lm_head.lora_A", shape.hidden, r, 1, True, False))
         adapters.append(ParamGroup("lm_head.lora_B", r, shape.vocab, 1, True, False))
@@ -200,7 +201,9 @@ def frozen_groups(job: JobConfig) -> list[tuple[ParamGroup, float]]:
     out = []
     head_too = job.facts.quantize_head
     for g in job.shape.param_groups():
-        if quant != "none" and g.linear and (g.per_layer or head_too):
+        # Routed experts stay 16-bit: transformers 5.x keeps them as 3-D parameters, which
+        # replace_with_bnb_linear (integrations/bitsandbytes.py) does not swap for 4-bit layers.
+        if quant != "none" and g.linear and not g.expert and (g.per_layer or head_too):
             # LLM.int8 (Dettmers et al. 2022): int8 weights plus an fp32 scale per output row.
             per = nf4_bytes(job) if quant == "nf4" else 1 + 4 / g.rows
         else:
@@ -257,7 +260,9 @@ def _step_transient(job: JobConfig, groups: list[ParamGroup], state_bytes: int, 
       alpha=weight_decay), a copy of every decayed gradient;
     Lion (train/optim.py) and Adafactor: temporaries of the tensor being updated."""
     opt, impl = job.train.optimizer, job.facts.optimizer_impl
-    largest = max(g.numel for g in groups)
+    # A layer's routed experts are one 3-D parameter in transformers 5.x: the largest tensor is the bank.
+    experts = job.shape.moe.experts if job.shape.moe else 1
+    largest = max(g.numel * (experts if g.expert else 1) for g in groups)
     decayed = sum(g.total for g in groups if g.cols > 1) // shards
     everything = sum(g.total for g in groups) // shards
     if opt == "adamw" and impl == "foreach":
@@ -445,9 +450,15 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
                      "torch.cuda.max_memory_allocated does not; under pressure they page out to host RAM.")
 
     # ---- activations and loss ------------------------------------------------------------------
-    stored = A.saved_per_token(bf, f.ac_policy)
+    # Per block, averaged over the model's dense and MoE blocks (DeepSeek keeps its first blocks dense).
+    n_moe = shape.moe_layers
+    kinds = [(False, L - n_moe)] + ([(True, n_moe)] if n_moe else [])
+    stored = {}
+    for moe_layer, count in kinds:
+        for label, b in A.saved_per_token(bf, f.ac_policy, moe_layer).items():
+            stored[label] = stored.get(label, 0) + b * count / L
     stored_pt = sum(stored.values())
-    none_pt = sum(A.saved_per_token(bf, "none").values())
+    none_pt = sum(sum(A.saved_per_token(bf, "none", m).values()) * n for m, n in kinds) / L
     head = A.head_saved_per_token(bf, not lora, f.quantize_head)
     head_pt = sum(head.values())
     activations = Part(
@@ -461,7 +472,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
     first_block = Part("activations", "first block's saved activations", int(stored_pt * T),
                        f"{stored_pt:,.0f} B per token x {T:,}", transient=True)
     recompute = int((none_pt - stored_pt) * T) if f.ac_policy != "none" else 0
-    grad_inter = int(A.backward_intermediates_per_token(bf) * T)
+    grad_inter = int(max(A.backward_intermediates_per_token(bf, m) for m, _ in kinds) * T)
     in_backward = Part("activations", "one block in backward", recompute + grad_inter,
                        (f"recomputed block {none_pt - stored_pt:,.0f} B + " if recompute else "")
                        + f"gradient intermediates, per token x {T:,}", transient=True)

@@ -165,12 +165,23 @@ class JobFacts:
     offloaded: bool = False
 
 
+def targeted(module: str, targets) -> bool:
+    """peft's rule for a target_modules list: a module is adapted when its name is a target or ends
+    with "." + a target (peft tuners_utils check_target_module_exists)."""
+    return any(module == t or module.endswith("." + t) for t in targets)
+
+
 def resolve_targets(value: str | list, linears: tuple[str, ...], default: tuple[str, ...]) -> tuple[str, ...]:
-    """The LoRA target list: "stack" (its default), "all-linear" (peft: every block linear), or names."""
+    """The LoRA target list: "stack" (its default), "all-linear" (peft: every block linear but the
+    head, routed experts excluded), or names matched as peft matches them."""
     from checks.errors import ConfigError, closest
 
+    known = linears + ("lm_head",)
     if value == "stack":
-        names = linears if default == ("all",) else default
+        names = linears if default == ("all",) else tuple(t for t in default if any(targeted(m, [t]) for m in linears))
+        if not names:
+            raise ConfigError("train.lora_targets", f"this model has none of the stack's default targets "
+                              f"({', '.join(default)})", "list them, e.g. lora_targets = 'all-linear'")
     elif value == "all-linear":
         names = linears
     elif isinstance(value, list):
@@ -178,16 +189,14 @@ def resolve_targets(value: str | list, linears: tuple[str, ...], default: tuple[
     else:
         raise ConfigError("train.lora_targets", f"unknown value {value!r}",
                           "'stack', 'all-linear' or a list such as [\"q_proj\", \"v_proj\"]")
-    known = linears + ("lm_head",)
+    if not names:
+        raise ConfigError("train.lora_targets", "is empty", "name at least one linear, e.g. [\"q_proj\", \"v_proj\"]")
     for name in names:
-        if name not in known:
+        if not any(targeted(m, [name]) for m in known):
             hint = closest(name, known)
             raise ConfigError("train.lora_targets", f"{name!r} is not a linear of this model",
                               hint or "known: " + ", ".join(known))
-    if not names:
-        raise ConfigError("train.lora_targets", "is empty", "name at least one linear, e.g. [\"q_proj\", \"v_proj\"]")
-    # Keep the model's order, whatever order the user wrote.
-    return tuple(n for n in known if n in names)
+    return tuple(dict.fromkeys(names))
 
 
 def parse_version(text: str) -> tuple[int, ...]:
@@ -199,10 +208,14 @@ def parse_version(text: str) -> tuple[int, ...]:
         return ()
 
 
-def resolve(train, cluster, arch: str) -> JobFacts:
-    """Derive the job's facts from its train and cluster sections (already validated)."""
+def resolve(train, cluster, shape) -> JobFacts:
+    """Derive the job's facts from its train and cluster sections (already validated) and the model."""
     stack = STACK_FACTS[train.stack]
-    linears = GPT2_LINEARS if arch == "gpt2" else LLAMA_LINEARS
+    arch = shape.arch
+    # The block linears LoRA can adapt, as named in the model (routed experts are 3-D parameters in
+    # transformers 5.x, not nn.Linear modules, so peft never adapts them).
+    linears = tuple(dict.fromkeys(g.name for g in shape.linear_groups())) or (
+        GPT2_LINEARS if arch == "gpt2" else LLAMA_LINEARS)
     default_targets = stack.lora_targets
     if arch == "gpt2" and default_targets != ("all",):
         default_targets = ("c_attn",)  # peft's mapping for gpt2

@@ -243,3 +243,33 @@ def test_qwen_7b_lora_batch_2_does_not_fit_a_24_gb_card(job):
                                                         "seq_len = 2048\nprecision = 'bf16'",
                        cluster="gpu = 'RTX4090'"))
     assert not est.fits
+
+
+# ---- Mixture of Experts (issue 13): all experts stored, activations follow the routed tokens ------
+
+
+def test_moe_keeps_every_expert_and_routes_activations(job):
+    j = job(model='preset = "mixtral-8x7b"', train="precision = 'bf16'\nseq_len = 1024", cluster="gpu = 'H100'")
+    shape = j.shape
+    est = estimate(j)
+    # Every expert's weights (and gradients and AdamW states) live on the GPU without sharding.
+    assert part(est, "weights", "step") == shape.params * 2
+    assert shape.active_params < shape.params / 3
+    h, qd, kvd, heads, experts, k, ffn = 4096, 4096, 1024, 32, 8, 2, 14336
+    per_token = (2 * (6 * h + 4)             # two RMSNorms on a bf16 stream: fp32 upcast, rsqrt, normed
+                 + 2 * h                     # the normed input shared by q, k, v
+                 + 2 * (qd + 2 * kvd)        # q, k, v after RoPE
+                 + 2 * qd + 4 * heads        # flash output (o_proj reads a view) and logsumexp
+                 + 2 * h                     # the normed input the router keeps
+                 + 4 * experts               # the router's fp32 softmax
+                 + 2 * h * k                 # each token gathered once per routed expert
+                 + 4 * 2 * ffn * k           # each expert's gate, silu, up and product
+                 + 2 * h * k)                # expert outputs, kept for the routing weights' gradient
+    assert sum(A.saved_per_token(A.block_facts(j), "none", moe_layer=True).values()) == per_token
+
+
+def test_moe_lora_targets_skip_routed_experts(job):
+    j = job(model='preset = "mixtral-8x7b"', train="stack = 'hf'\nlora_rank = 8\nlora_targets = 'all-linear'\n"
+                                               "base_quant = 'nf4'")
+    names = {g.name for g in trainable_groups(j)}
+    assert "q_proj.lora_A" in names and not any(n.startswith("experts.") for n in names)
