@@ -34,6 +34,9 @@ class Preflight:
                       "approximate": job.shape.approximate},
             "gpu": {"name": est.gpu.name, "count": job.cluster.world_size,
                     "compute_capability": ".".join(map(str, est.gpu.compute_capability))},
+            "stack": {"name": job.facts.stack.name, "loss": job.facts.loss, "ac_policy": job.facts.ac_policy,
+                      "lora_targets": list(job.facts.lora_targets), "optimizer_impl": job.facts.optimizer_impl,
+                      "autocast": job.facts.autocast, "fsdp": job.facts.fsdp},
             "checks": [{"id": c.id, "status": c.status, "message": c.message, "fix": c.fix} for c in self.checks],
             "memory": {
                 "per_gpu": est.per_gpu,
