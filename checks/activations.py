@@ -65,6 +65,7 @@ class BlockFacts:
     kernel: str  # flash | efficient | math | eager
     gqa: bool  # SDPA sees fewer kv heads than q heads (native GQA)
     repeat_kv: bool  # k/v copied out to every head before attention
+    fused_qkv: bool  # q, k, v are views of one fused linear's output
 
 
 def block_facts(job, device: str = "cuda") -> BlockFacts:
@@ -89,6 +90,7 @@ def block_facts(job, device: str = "cuda") -> BlockFacts:
         adapter_bytes=adapter, adapter_input_cast=f.stack.name in ("hf", "deepspeed"),
         kernel=attention_kernel(job, device), gqa=shape.kv_heads != shape.heads and not f.stack.repeat_kv,
         repeat_kv=shape.kv_heads != shape.heads and f.stack.repeat_kv,
+        fused_qkv=f.stack.fused_qkv,
     )
 
 
@@ -164,6 +166,9 @@ class Trace:
         if f.repeat_kv:  # hidden_states[:, :, None].expand(...).reshape(...): a full-width copy each
             k = self.new("k repeated to every head", qd, f.e)
             v = self.new("v repeated to every head", qd, f.e)
+        elif f.fused_qkv:
+            # v is still a view of the fused qkv output: saving it keeps the q and k parts alive too.
+            v = self.new("fused qkv output (v is a view of it)", qd + 2 * kvd, f.e)
         if f.kernel in ("flash", "efficient"):
             out = self.new("attention output", qd, f.e)
             lse = self.new("attention logsumexp", f.heads, 4)
@@ -253,6 +258,12 @@ def saved_per_token(facts: BlockFacts, policy: str, moe_layer: bool = False) -> 
             seen.add(id(t))
             out[t.label] = out.get(t.label, 0) + t.bytes
     return out
+
+
+def ctx_kept_per_token(facts: BlockFacts, moe_layer: bool = False) -> float:
+    """Bytes per token one block's graph holds outside autograd's saved tensors (bitsandbytes < 0.43.2)."""
+    tr, _ = _walk_block(facts, moe_layer)
+    return sum(t.bytes for t in tr.ctx_kept.values())
 
 
 def backward_intermediates_per_token(facts: BlockFacts, moe_layer: bool = False) -> float:

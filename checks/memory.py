@@ -377,10 +377,13 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
     if t.base_quant != "none":
         biggest = max([i * o for _, i, o in shape.linear_shapes()]
                       + ([shape.vocab * shape.hidden] if f.quantize_head else []))
+        # dequantize_4bit returns the dtype the weight was quantized from; .to(compute dtype) copies
+        # again when they differ (fp16 under lightning's plugin, bf16 compute): both alive at once.
+        per = e + (2 if f.stack.quant_from_fp16 and e == 2 and t.precision.startswith("bf16") else 0)
         fwd_params.append(
-            Part("params", "dequantized weight (QLoRA)", biggest * e,
-                 "bitsandbytes dequantizes each quantized weight for its matmul, forward and backward",
-                 transient=True)
+            Part("params", "dequantized weight (QLoRA)", biggest * per,
+                 f"bitsandbytes dequantizes each quantized weight for its matmul, forward and backward, "
+                 f"{per} B per weight", transient=True)
         )
 
     # ---- grads ------------------------------------------------------------------------------
@@ -482,6 +485,16 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
                 f"{lb.peak:g} B x vocab {shape.vocab:,} x {T:,} tokens", transient=True)
     kept_logits = [Part("loss", "logits kept through backward", int(lb.kept * logits),
                         f"{lb.kept:g} B x {logits:,}", transient=True)] if lb.kept else []
+    # The previous step's outputs, still bound during this forward, keep its graph: its logits and
+    # whatever its nodes hold outside saved tensors (bitsandbytes < 0.43.2's ctx.tensors inputs).
+    previous = []
+    if f.stack.previous_outputs_kept:
+        ctx_held = sum(A.ctx_kept_per_token(bf, m) * n for m, n in kinds)
+        if f.quantize_head:
+            ctx_held += shape.hidden * e  # the 4-bit LM head's input (its chunks are views of it)
+        held = lb.kept * logits + (ctx_held * T if f.quant_saves_input else 0)
+        previous.append(Part("loss", "previous step's logits and graph, still bound", int(held),
+                             "the loop rebinds its outputs only after this forward", transient=True))
 
     # ---- overhead and allocator pools -----------------------------------------------------------
     device_only = [Part("overhead", "CUDA context", CUDA_CONTEXT, "driver context and kernels, lazy loading",
@@ -491,24 +504,33 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
     if world > 1:
         device_only.append(Part("overhead", "NCCL buffers", NCCL_BUFFERS, "communicator buffers per GPU",
                                 where="device"))
-    pools: list[Part] = []
+    # FSDP2 allocates all-gather outputs on its all-gather stream and the reduce-scatter output, which
+    # becomes the sharded .grad, on its reduce-scatter stream (torch/distributed/fsdp/_fully_shard/
+    # _fsdp_collectives.py: only the reduce-scatter *input* moved to the default stream, PR #129721).
+    # The caching allocator keeps a pool per stream, so each stream's peak stays reserved all step
+    # and the default stream cannot reuse it: at any moment, reserved holds the pool's peak minus
+    # what that stream's tensors use then.
+    ag_pool = rs_pool = 0
     if f.fsdp:
-        # FSDP2 allocates all-gather outputs on its all-gather stream and reduce-scatter buffers on
-        # its reduce-scatter stream (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py); the
-        # caching allocator keeps a pool per stream, so these blocks stay reserved all step even
-        # when no tensor holds them, and the default stream cannot reuse them.
-        gathered = min(2, L) * _layer_stored_bytes(job, e)
-        pools.append(Part("overhead", "FSDP all-gather stream pool", int(gathered),
-                          "two blocks' gathered parameters, cached on the all-gather stream", where="pool"))
-        pools.append(Part("overhead", "FSDP reduce-scatter stream pool", 2 * block_grad * e,
-                          "one block's gradient reduce-scatter buffers, cached on its stream", where="pool"))
+        ag_pool = int(_root_stored_bytes(job, e) + min(2, L) * _layer_stored_bytes(job, e))
+        rs_pool = max(2 * block_grad * e, full_grads.bytes)
 
     def phase(name: str, parts: list[Part]) -> list[Part]:
         tensors = [p for p in parts if p.bytes or p.term == "params"]
         sizes = _allocation_sizes(job, name, tensors, stored, head, T, trainable)
         rounding = Part("overhead", "allocator rounding", _rounding(sizes),
                         "each block rounded to 512 B, allocations over 10 MiB to 2 MiB segments", where="pool")
-        held = [p for p in pools if p.bytes]
+        held = []
+        if f.fsdp:
+            sharded_grads = sum(p.bytes for p in tensors if p.term == "grads" and not p.label.startswith("unsharded"))
+            # The all-gather lands in flat output buffers that copy-out then splits into the unsharded
+            # parameters (foreach_all_gather_copy_out): the cached flat buffers come on top of them.
+            held = [Part("overhead", "FSDP all-gather stream pool (cached)", ag_pool,
+                         "flat all-gather outputs of the root module and two blocks, cached on that stream",
+                         where="pool"),
+                    Part("overhead", "FSDP reduce-scatter stream pool (cached)", max(0, rs_pool - sharded_grads),
+                         "every sharded gradient is a reduce-scatter output, held by that stream", where="pool")]
+            held = [p for p in held if p.bytes]
         return tensors + held + ([rounding] if rounding.bytes else []) + device_only
 
     def cache(label_bytes: int) -> list[Part]:
@@ -518,7 +540,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
     fwd_grads = [full_grads] if grads_persist else []
     phases = {
         "forward-end": phase("forward-end", static + ([at_loss] + fwd_params[1:] if f.fsdp else fwd_params)
-                             + cache(cache_fwd) + fwd_grads + [activations, loss]),
+                             + cache(cache_fwd) + fwd_grads + [activations, loss] + previous),
         "backward": phase("backward", static + fwd_params + cache(cache_bwd) + start_grads + kept_logits
                           + [activations, in_backward]),
         "backward-end": phase("backward-end", static + fwd_params[:1] + cache(cache_end) + end_grads + kept_logits

@@ -73,6 +73,16 @@ class Stack:
     no_grad) rather than the non-reentrant saved-tensor hooks."""
     source: str
     """Where these facts come from."""
+    previous_outputs_kept: bool = False
+    """The training loop keeps the previous step's logits bound until the next forward returns, and
+    with them that step's autograd graph and anything its nodes hold (litgpt finetune/lora.py fit:
+    `logits = model(...)` rebinds only after the forward)."""
+    fused_qkv: bool = False
+    """q, k and v come out of one fused linear as views (litgpt CausalSelfAttention.attn): a v that is
+    still a view (no k/v repeat) keeps the whole qkv output alive once SDPA saves it."""
+    quant_from_fp16: bool = False
+    """The 4-bit base was quantized from fp16 (lightning BitsandbytesPrecision quantizes from fp16),
+    so dequantize_4bit returns fp16 and .to(bf16) makes a second copy of each weight."""
 
 
 STACK_FACTS: dict[str, Stack] = {
@@ -112,7 +122,8 @@ STACK_FACTS: dict[str, Stack] = {
         # BitsandbytesPrecision.convert_module, no ignore list); single-GPU fine-tuning does not
         # checkpoint, multi-GPU FSDP wraps each Block non-reentrantly.
         Stack("litgpt", "chunked", 128, 0, False, True, "block", ("q_proj", "v_proj"), "compute", "foreach", True, True, False,
-              "litgpt finetune/lora.py, utils.py chunked_cross_entropy, lora.py Config"),
+              "litgpt finetune/lora.py, utils.py chunked_cross_entropy, lora.py Config",
+              previous_outputs_kept=True, fused_qkv=True, quant_from_fp16=True),
         # torchtune: CEWithChunkedOutputLoss(num_output_chunks=8), upcast per chunk
         # (torchtune/modules/loss/ce_chunked_output_loss.py), and the recipes `del logits` before
         # backward (recipes/lora_finetune_single_device.py _loss_step); LoRA recipes target q, v, output_proj

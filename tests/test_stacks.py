@@ -53,10 +53,18 @@ def test_fsdp_stream_pools_are_reserved_not_allocated(job):
     est = estimate(job(model=LLAMA8B, train="checkpointing = 'full'",
                        cluster="gpu = 'H100'\ngpus_per_node = 8\nsharding = 'zero3'"))
     block = BLOCK_LINEAR + 2 * H
-    pools = {p.label: p.bytes for p in est.parts if p.where == "pool"}
-    assert pools["FSDP all-gather stream pool"] == 2 * block * 2  # two blocks in bf16
-    assert pools["FSDP reduce-scatter stream pool"] == 2 * block * 2
-    assert est.reserved >= est.allocated + 4 * block * 2
+    root = 2 * V * H + H
+
+    def pools(phase):
+        return {p.label: p.bytes for p in est.phase_parts[phase] if p.where == "pool"}
+
+    # Flat all-gather outputs of the root and two blocks in bf16, cached on the all-gather stream.
+    assert pools("forward-end")["FSDP all-gather stream pool (cached)"] == (root + 2 * block) * 2
+    # Every sharded fp32 gradient is a reduce-scatter output: the pool is cached while no gradient
+    # exists (forward) and in use, so not extra, at the step.
+    assert pools("forward-end")["FSDP reduce-scatter stream pool (cached)"] == P_8B * 4 // 8
+    assert "FSDP reduce-scatter stream pool (cached)" not in pools("step")
+    assert est.reserved >= est.allocated + (root + 2 * block) * 2
     # The fit is judged on the device total: reserved plus the CUDA context, workspaces and NCCL.
     assert est.total > est.reserved > est.allocated
 
@@ -273,3 +281,31 @@ def test_moe_lora_targets_skip_routed_experts(job):
                                                "base_quant = 'nf4'")
     names = {g.name for g in trainable_groups(j)}
     assert "q_proj.lora_A" in names and not any(n.startswith("experts.") for n in names)
+
+
+# ---- litgpt's loop, from its source (finetune/lora.py, lightning's bitsandbytes plugin) -----------
+
+
+def test_litgpt_fused_qkv_view_keeps_the_whole_output(job):
+    def per_token(stack):
+        j = job(model='preset = "llama-2-7b"', train=f"stack = '{stack}'\nprecision = 'bf16'\nlora_rank = 8\n"
+                                                    "lora_targets = ['q_proj', 'v_proj']")
+        return sum(A.saved_per_token(A.block_facts(j), "none").values())
+
+    # Llama-2 has as many kv heads as heads: no repeat, so litgpt's v stays a view of the fused
+    # qkv output (4096 + 2 x 4096 wide), and SDPA saving v keeps q and k's parts alive too.
+    assert per_token("litgpt") - per_token("podkit") == 2 * (4096 + 4096)
+
+
+def test_litgpt_qlora_previous_step_and_fp16_dequantization(job):
+    j = job(model=LLAMA8B, train="stack = 'litgpt'\nprecision = 'bf16'\nlora_rank = 32\nbase_quant = 'nf4'\n"
+                                 "double_quant = false\nbitsandbytes = '0.42.0'\nseq_len = 512\nmicro_batch = 2")
+    est = estimate(j)
+    T = 1024
+    # The previous step's 128-token logit chunks (bf16, 4 per sequence) and every quantized
+    # matmul's input its graph still holds: q/k/v's normed input (h), o_proj's (q_dim; a view of
+    # the attention output), gate/up's normed input (h), down's (ffn), bf16; and the LM head's input.
+    held = 2 * V * T + (L * (2 * H + QD + F) * 2 + H * 2) * T
+    assert part(est, "previous step's logits and graph", "forward-end") == held
+    # Quantized from fp16 by lightning: the head's weight dequantized to fp16, then cast to bf16.
+    assert part(est, "dequantized weight", "forward-end") == V * H * 4
