@@ -145,6 +145,10 @@ class TrainConfig:
     bitsandbytes: str = ""
     """The bitsandbytes release the job runs, when it matters: before 0.43.2 its 4-bit matmul kept every
     input alive until backward (bitsandbytes commit 9e753741, #1270); "" = a current release."""
+    previous_outputs: str = "stack"
+    """Whether the previous step's outputs (and so its graph) are still bound during a forward:
+    "stack" | "kept" (litgpt's fit) | "freed" (also when the peak is a first step, as lit-gpt 2023
+    ran its longest batch first)."""
     optimizer_impl: str = "stack"
     """torch optimizer kernel: "stack" | fused | foreach | for-loop (foreach keeps full-size temporaries)."""
     base_quant: str = "none"
@@ -182,6 +186,7 @@ class TrainConfig:
         _choice("train", "loss", self.loss, ("stack",) + stacks.LOSSES)
         _choice("train", "optimizer_impl", self.optimizer_impl, ("stack",) + stacks.OPTIMIZER_IMPLS)
         _choice("train", "lora_dtype", self.lora_dtype, ("stack",) + stacks.LORA_DTYPES)
+        _choice("train", "previous_outputs", self.previous_outputs, ("stack", "kept", "freed"))
         if not 0 <= self.lora_dropout < 1:
             raise ConfigError("train.lora_dropout", f"must be in [0, 1), got {self.lora_dropout}", "e.g. 0.05")
         if self.bitsandbytes and not stacks.parse_version(self.bitsandbytes):

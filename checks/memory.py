@@ -488,7 +488,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
     # The previous step's outputs, still bound during this forward, keep its graph: its logits and
     # whatever its nodes hold outside saved tensors (bitsandbytes < 0.43.2's ctx.tensors inputs).
     previous = []
-    if f.stack.previous_outputs_kept:
+    if f.previous_outputs_kept:
         ctx_held = sum(A.ctx_kept_per_token(bf, m) * n for m, n in kinds)
         if f.quantize_head:
             ctx_held += shape.hidden * e  # the 4-bit LM head's input (its chunks are views of it)

@@ -163,6 +163,7 @@ class JobFacts:
     bnb_optimizer: bool
     paged_optimizer: bool
     quantize_head: bool
+    previous_outputs_kept: bool
     quant_saves_input: bool
     """bitsandbytes < 0.43.2: MatMul4Bit keeps its input A as a plain ctx attribute until backward,
     which checkpointing's saved-tensor hooks cannot drop (only a reentrant checkpoint's no_grad
@@ -277,6 +278,8 @@ def resolve(train, cluster, shape) -> JobFacts:
         bnb_optimizer=train.optimizer in ("adamw8bit", "paged_adamw8bit", "paged_adamw"),
         paged_optimizer=train.optimizer.startswith("paged_"),
         quantize_head=stack.quantize_head and train.base_quant != "none",
+        previous_outputs_kept=(stack.previous_outputs_kept if train.previous_outputs == "stack"
+                               else train.previous_outputs == "kept"),
         # bitsandbytes commit 9e753741 "fix QLoRA mem bug: delete useless buffered activation" (#1270),
         # first in 0.43.2; under a reentrant checkpoint the forward runs in no_grad and keeps nothing.
         quant_saves_input=(train.base_quant != "none" and bool(train.bitsandbytes)
