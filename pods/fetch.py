@@ -67,6 +67,8 @@ def fetch_sftp(conn: PodConnection, remote_dir: str, local: Path) -> TransferSta
         for top in ("runs", "logs"):
             walk(top)
     except (EOFError, OSError) as exc:
+        if conn.frozen is not None:
+            raise PodError(f"fetch: {conn.frozen.problem}", conn.frozen.fix) from None
         raise PodError(f"fetch over SFTP failed: {exc}", "re-run; finished files are kept") from None
     stats.seconds = time.monotonic() - start
     return stats

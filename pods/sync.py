@@ -87,12 +87,14 @@ def push_sftp(conn: PodConnection, local: Path, remote_dir: str, files: list[str
             sftp.posix_rename(tmp, dst)
             stats.files += 1
             stats.bytes += st.st_size
-    except OSError as exc:
+    except (OSError, EOFError) as exc:
+        if conn.frozen is not None:
+            raise PodError(f"sync: {conn.frozen.problem}", conn.frozen.fix) from None
+        if isinstance(exc, EOFError):
+            raise PodError("sync: connection dropped", "re-run the same command; it continues where it stopped") from None
         if "No space" in str(exc) or getattr(exc, "errno", None) == 28:
             raise PodError("sync: the disk is full", "free space on the pod, then re-run") from None
         raise PodError(f"sync over SFTP failed: {exc}", "re-run; finished files are kept") from None
-    except EOFError:
-        raise PodError("sync: connection dropped", "re-run the same command; it continues where it stopped") from None
     stats.seconds = time.monotonic() - start
     return stats
 

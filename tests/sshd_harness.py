@@ -131,6 +131,13 @@ class NamespacePod(LoopbackPod):
         return None
 
     def start(self) -> "NamespacePod":
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()  # never leave a namespace or veth pair behind a failed start
+            raise
+
+    def _start(self) -> "NamespacePod":
         for cmd in (f"ip netns add {self.netns}",
                     f"ip link add {self.host_if} type veth peer name {self.pod_if}",
                     f"ip link set {self.pod_if} netns {self.netns}",
