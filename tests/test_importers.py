@@ -107,11 +107,19 @@ def test_deepspeed_offload_and_auto_values_left_to_training_arguments(tmp_path):
     t, c = imp.job.train, imp.job.cluster
     assert (t.stack, t.precision, t.micro_batch, t.grad_accum) == ("deepspeed", "fp16-mixed", 2, 4)
     assert (c.sharding, c.offload) == ("zero3", "all")
-    assert [f.kind for f in imp.files] == ["TrainingArguments", "DeepSpeed"] and imp.unresolved == []
+    assert [f.kind for f in imp.files] == ["TrainingArguments", "DeepSpeed"]
+    # Every "auto" is filled from TrainingArguments; only the GPU count is left to the launcher.
+    assert len(imp.unresolved) == 1 and "gpus_per_node" in imp.unresolved[0]
     # Alone, the DeepSpeed file's "auto" micro-batch is reported, not guessed.
     alone = build_job(None, [ds], model_preset="llama-3.1-8b")
     assert any("train_micro_batch_size_per_gpu" in u for u in alone.unresolved)
+    assert any("cluster.gpus_per_node keeps podkit's default" in u for u in alone.unresolved)
     assert alone.job.train.micro_batch == 1
+    # A numeric train_batch_size = micro x accum x GPUs gives the GPU count.
+    counted = write(tmp_path, "ds2.json", json.dumps({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2,
+                                                       "gradient_accumulation_steps": 4, "zero_optimization": {"stage": 1}}))
+    job = build_job(None, [counted], model_preset="llama-3.2-1b").job
+    assert (job.cluster.gpus_per_node, job.cluster.sharding, job.train.global_batch) == (8, "zero1", 64)
 
 
 def test_conflicting_files_are_bad_input(tmp_path):

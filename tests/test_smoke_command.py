@@ -50,7 +50,8 @@ def smoke_cmd(tmp_path: Path, *args: str, timeout: int = 300, run_id: str = "r")
 
 
 def test_plain_torch_loop_stops_after_n_steps_and_passes(tmp_path):
-    name = script(tmp_path, "tiny_train.py", LOOP.format(extra=""))
+    # Named train.py, the commonest name: podkit's own `train` package must neither shadow nor be shadowed.
+    name = script(tmp_path, "train.py", LOOP.format(extra=""))
     proc, s = smoke_cmd(tmp_path, "--steps", "20", "--", PY, name)
     assert proc.returncode == 0, proc.stderr
     assert s["status"] == "pass" and s["steps"] == 20 and s["exit_code"] == 0

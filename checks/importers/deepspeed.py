@@ -77,6 +77,16 @@ def read(path: Path, data: dict) -> Imported:
         for key in zero:
             if key not in ("stage", "offload_optimizer", "offload_param"):
                 imp.ignore(f"zero_optimization.{key}", "buckets, prefetch and live-parameter caches are not modelled")
+    # The number of GPUs is the launcher's, not the JSON's; train_batch_size, when it is a number
+    # beside the micro-batch and accumulation, gives it (micro x accum x world).
+    micro, accum, total = (data.get(k) for k in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                                                  "train_batch_size"))
+    if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (micro, accum, total)) \
+            and total % (micro * accum) == 0:
+        imp.set("train_batch_size / (micro x accum)", total, "cluster", "gpus_per_node", total // (micro * accum))
+    else:
+        imp.unresolved["cluster.gpus_per_node"] = "the number of GPUs is the launcher's (give --from accelerate.yaml, " \
+                                                  "or --config with [cluster] gpus_per_node)"
     opt = data.get("optimizer")
     handled.add("optimizer")
     if isinstance(opt, dict):

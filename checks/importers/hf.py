@@ -66,6 +66,8 @@ def _fsdp(imp: Imported, value: Any, fsdp_config: dict | None) -> None:
     else:
         sharding = "none"
     imp.set("fsdp", value, "cluster", "sharding", sharding)
+    imp.unresolved["cluster.gpus_per_node"] = "fsdp: the number of GPUs is the launcher's (give --from " \
+                                              "accelerate.yaml, or --config with [cluster] gpus_per_node)"
     if any(o.startswith("hybrid") for o in options):
         imp.warnings.append("fsdp hybrid sharding: shards within a node only; predicted as if over every GPU of a "
                             "node (set cluster.nodes = 1 for the per-node view)")
