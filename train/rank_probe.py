@@ -54,7 +54,9 @@ class RankProbe:
         self.status, self.error = "running", ""
         self.monitor: MemoryMonitor | None = None
         self.counter: TensorCounter | None = None
-        self._cuda = torch.cuda.is_available()
+        # Not torch.cuda.is_available(): that initialises the CUDA runtime before the script runs, and a
+        # script that sets CUDA_VISIBLE_DEVICES itself would then be ignored. The device is the loss's.
+        self._maybe_cuda = torch.version.cuda is not None and os.path.exists("/dev/nvidiactl")
         self._t0 = time.perf_counter()
         self._last = self._t0
         self._metrics = None
@@ -68,7 +70,7 @@ class RankProbe:
 
         def backward(tensors, *args, **kwargs):
             if self._depth == 0:
-                self._first_backward()
+                self._first_backward(tensors)
                 if isinstance(tensors, torch.Tensor) and tensors.numel() == 1:
                     self._micro.append(float(tensors.detach().float().item()))  # note: a CPU-GPU sync point
             self._depth += 1
@@ -90,23 +92,33 @@ class RankProbe:
             previous_hook(kind, value, tb)
 
         sys.excepthook = excepthook
-        if not self._cuda:
+        if not self._maybe_cuda:
             # CPU: the counter must see the model being built, so it starts now (it costs Python
             # time per op, which a CPU smoke run of a small model affords).
             self.counter = TensorCounter()
             self.counter.switch_on()
 
-    def _first_backward(self) -> None:
+    def _first_backward(self, tensors) -> None:
         """The monitor starts at the first backward: only a process that trains is measured (a
-        launcher such as torchrun never creates a CUDA context here)."""
+        launcher such as torchrun never creates a CUDA context here), on the device of its loss."""
         if self.monitor is not None:
             return
         self.dir.mkdir(parents=True, exist_ok=True)
-        device = torch.device("cuda", torch.cuda.current_device()) if self._cuda else torch.device("cpu")
-        probe = CudaProbe(device) if self._cuda else self.counter
+        first = tensors if isinstance(tensors, torch.Tensor) else next(
+            (t for t in (tensors or ()) if isinstance(t, torch.Tensor)), None)
+        device = first.device if first is not None else torch.device("cpu")
+        cuda = device.type == "cuda"
+        if cuda:
+            device = torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
+            probe = CudaProbe(device)
+        else:
+            if self.counter is None:  # a CUDA machine training on CPU: counted from here on
+                self.counter = TensorCounter()
+                self.counter.switch_on()
+            probe = self.counter
         snapshot = str(self.dir.parent / "memory_snapshot.pickle") if self.rank == 0 else None
         self.monitor = MemoryMonitor(every=self.every, device=device, probe=probe, snapshot_path=snapshot,
-                                     snapshot_steps=min(3, self.target), capacity=None if self._cuda else 0)
+                                     snapshot_steps=min(3, self.target), capacity=None if cuda else 0)
         self.monitor.__enter__()
         self._metrics = open(self.dir / f"metrics.rank{self.rank}.jsonl", "a")
 
