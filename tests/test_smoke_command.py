@@ -197,3 +197,14 @@ def test_transformers_trainer_with_peft_lora_on_a_tiny_llama(tmp_path):
     assert s["checks"]["finite_loss"] and s["loss_last"] < s["loss_first"], s
     assert "TRAINER RAN TO ITS END" not in (tmp_path / "runs" / "r" / "smoke.log").read_text()
     assert s["predicted"] is not None and s["memory"][0]["measured"] == s["peak_allocated"]
+
+
+def test_builtin_smoke_runs_the_replica_of_a_job_read_with_from(tmp_path):
+    args = tmp_path / "training_args.json"
+    args.write_text(json.dumps({"per_device_train_batch_size": 2, "gradient_accumulation_steps": 1,
+                                "max_length": 64, "bf16": False}))
+    proc, s = smoke_cmd(tmp_path, "--steps", "3", "--device", "cpu", "--from", str(args), "--model", "tiny")
+    assert proc.returncode in (0, 1), proc.stderr
+    assert s["steps"] == 3
+    config = (tmp_path / "runs" / "r" / "config.toml").read_text()
+    assert "micro_batch = 2" in config and "seq_len = 64" in config and 'stack = "hf"' in config

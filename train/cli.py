@@ -91,7 +91,15 @@ def main(config, steps, device, output_dir, run_id, as_json, inject_fault, from_
                                 run_id, as_json))
     try:
         path = Path(config) if config else default_job(device)
-        job = load_job(path)
+        if timeout is not None:
+            raise ConfigError("--timeout", "goes with -- COMMAND", "e.g. bin/smoke --timeout 900 -- python train.py")
+        if from_files:  # podkit's replica of the job the user's own configs describe
+            from checks.importers import build_job
+
+            job = build_job(config, list(from_files), model_preset).job
+            path = Path(job.source)
+        else:
+            job = load_job(path)
         if steps is not None:
             if steps <= 0:
                 raise ConfigError("--steps", f"must be at least 1, got {steps}")

@@ -105,6 +105,7 @@ def read_trainer(path: Path, data: dict) -> Imported:
     # is what every batch is with packing and the worst case without.
     for key in ("max_length", "max_seq_length"):
         take(key, "train", "seq_len", num(key))
+    handled.add("packing")
     if data.get("max_length") is not None or data.get("max_seq_length") is not None:
         if not truthy(data.get("packing", False)):
             imp.warnings.append("seq_len is the maximum length: without packing, shorter batches use less")
