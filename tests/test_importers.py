@@ -183,6 +183,7 @@ def test_axolotl_qlora_yaml(tmp_path):
     assert imp.job.model.preset == "mistral-7b"
     assert (t.lora_rank, t.base_quant, t.double_quant, t.optimizer) == (32, "nf4", True, "paged_adamw")
     assert (t.seq_len, t.micro_batch, t.grad_accum, t.attention, t.stack) == (4096, 2, 4, "flash-attn", "hf")
+    assert t.precision == "bf16"  # axolotl loads the weights in bf16 (loaders/model.py torch_dtype)
     assert len(f_.lora_targets) == 7
     assert any(i == "datasets" for i in imp.files[0].ignored)
 

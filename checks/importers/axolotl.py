@@ -38,7 +38,12 @@ def read(path: Path, data: dict) -> Imported:
     if data.get("sequence_len") and not truthy(data.get("sample_packing", False)):
         imp.warnings.append("sequence_len is the maximum: without sample_packing, shorter batches use less")
     handled.add("sample_packing")
+    # axolotl loads the model in cfg.torch_dtype (bfloat16 when bf16 is true or auto: src/axolotl/loaders/
+    # model.py _set_device_map_config, model_kwargs["torch_dtype"]): bf16 weights, no fp32 masters, so
+    # podkit's pure "bf16" (peft still keeps adapters in fp32).
     precision_from_flags(imp, data)
+    if imp.sections["train"].get("precision") == "bf16-mixed":
+        imp.set("bf16 (axolotl loads the weights in bf16)", data.get("bf16"), "train", "precision", "bf16")
     handled |= {"bf16", "fp16", "tf32"}
     if data.get("optimizer"):
         map_optimizer(imp, "optimizer", str(data["optimizer"]))
@@ -60,13 +65,16 @@ def read(path: Path, data: dict) -> Imported:
             imp.warnings.append(f"lora_modules_to_save {data['lora_modules_to_save']}: trained in full; not predicted")
     elif adapter:
         imp.ignore(f"adapter = {adapter!r}", "only lora and qlora adapters are modelled")
-    if adapter == "qlora" or truthy(data.get("load_in_4bit", False)):
-        # axolotl's qlora loads nf4 with double quantization (src/axolotl/loaders/model.py: BitsAndBytesConfig
-        # bnb_4bit_use_double_quant=True, bnb_4bit_quant_type="nf4").
+    # src/axolotl/loaders/model.py _set_quantization_config: adapter qlora with load_in_4bit -> nf4 with
+    # double quantization; adapter lora with load_in_8bit -> int8; nothing else quantizes.
+    if adapter == "qlora" and truthy(data.get("load_in_4bit", False)):
         hf._quant(imp, {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True},
                   double_key="adapter qlora (axolotl: double quant)")
-    elif truthy(data.get("load_in_8bit", False)):
+    elif adapter == "lora" and truthy(data.get("load_in_8bit", False)):
         hf._quant(imp, {"load_in_8bit": True})
+    elif truthy(data.get("load_in_4bit", False)) or truthy(data.get("load_in_8bit", False)):
+        imp.warnings.append(f"load_in_4bit/8bit with adapter {adapter!r}: axolotl quantizes only qlora + 4-bit and "
+                            "lora + 8-bit; predicted unquantized")
     ds = data.get("deepspeed")
     handled.add("deepspeed")
     if ds:
