@@ -65,6 +65,8 @@ def test_plain_torch_loop_stops_after_n_steps_and_passes(tmp_path):
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines] == list(range(1, 21)) and all(r["loss"] > 0 for r in lines)
     assert (run / "memory.png").read_bytes()[:4] == b"\x89PNG" and (run / "memory_snapshot.pickle").exists()
+    env = json.loads((run / "env.json").read_text())
+    assert env["device"] == "cpu" and env["versions"]["torch"] and env["command"][-1] == "train.py"
 
 
 def test_predicted_vs_measured_with_config(tmp_path):

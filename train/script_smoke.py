@@ -191,8 +191,28 @@ def summarize(command, code: int | None, how: str, run_dir: RunDir, steps: int, 
             rows += [Row("peak reserved", est.reserved, summary["peak_reserved"], "torch.cuda.max_memory_reserved"),
                      Row("device (nvidia-smi)", est.total, summary["device_peak"], "incl. CUDA context, NCCL")]
         summary["memory"] = [r.to_json() for r in rows]
+        if summary["step_time"]:
+            # Tokens per optimizer step per rank by the job's shapes (the script's own batches may differ).
+            tokens = job.train.micro_batch * job.train.grad_accum * job.train.seq_len
+            summary["tokens_per_s"] = tokens / summary["step_time"]
         summary["warnings"] += prediction_warnings(rows)
     return summary
+
+
+def _write_env(run_dir: RunDir, summary: dict) -> None:
+    """env.json as the built-in run writes it, for the device rank 0 trained on (read after the run:
+    this process never touched the GPU while the command held it)."""
+    import torch
+
+    from train.outputs import env_record
+
+    ranks = summary["ranks"]
+    device = torch.device(ranks[0]["device"]) if ranks and ranks[0].get("device") else torch.device("cpu")
+    try:
+        record = env_record(device, max(1, len(ranks)), None)
+    except Exception as exc:  # e.g. the GPU is gone after a crash: still the versions and the env
+        record = env_record(torch.device("cpu"), max(1, len(ranks)), None) | {"device_error": str(exc)}
+    run_dir.write_json("env", record | {"command": summary["command"]})
 
 
 def _plot(run_dir: RunDir, summary: dict) -> None:
@@ -223,6 +243,7 @@ def run(command: tuple[str, ...], root: Path, run_id: str, steps: int, every: in
         run_dir.file("config").write_text(resolved_toml(job))
     code, how = run_command(command, run_dir, steps, every, timeout, echo=echo)
     summary = summarize(command, code, how, run_dir, steps, timeout, job, min_drop)
+    _write_env(run_dir, summary)
     main_metrics = run_dir.path / "ranks" / "metrics.rank0.jsonl"
     if main_metrics.exists():
         shutil.copyfile(main_metrics, run_dir.file("metrics"))
