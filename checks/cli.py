@@ -16,13 +16,14 @@ from checks.errors import ConfigError
 EXIT_FAILED, EXIT_BAD_INPUT = 1, 2
 
 
-def run_preflight(config: str, gpu: str | None, probe: bool):
-    """The library face of the command: returns a Preflight, raises ConfigError on bad input."""
+def run_preflight(config: str, gpu: str | None, probe: bool, job=None):
+    """The library face of the command: returns a Preflight, raises ConfigError on bad input.
+    `job` (an imported JobConfig, see checks.importers) replaces reading `config`."""
     from checks import advisor, gpus, memory, rules
     from checks.host import HostFacts
     from checks.report import Preflight
 
-    job = load_job(config)
+    job = job if job is not None else load_job(config)
     if gpu:
         gpus.lookup(gpu)
         job = job.replace(cluster={"gpu": gpu})
@@ -47,15 +48,27 @@ def run_preflight(config: str, gpu: str | None, probe: bool):
 @click.option("--traced", is_flag=True,
               help="Also run the training step at full size on fake tensors (needs torch; a CPU is enough; "
                    "tens of seconds) and show its phases beside the analytic ones.")
-def main(config: str, gpu: str | None, as_json: bool, no_probe: bool, traced: bool) -> None:
+@click.option("--from", "from_files", multiple=True, metavar="[KIND:]FILE",
+              help="Read the job from your own configs (repeatable): TrainingArguments/SFTConfig, peft, "
+                   "bitsandbytes, DeepSpeed JSON, accelerate or axolotl YAML, torchtitan TOML; over --config if given.")
+@click.option("--model", "model_preset", default=None, help="With --from: the model preset when no file names it.")
+@click.option("--emit-toml", is_flag=True, help="With --from: print the resulting job TOML and exit.")
+def main(config: str, gpu: str | None, as_json: bool, no_probe: bool, traced: bool, from_files=(),
+         model_preset=None, emit_toml=False) -> None:
     """Predict per-GPU training memory term by term and check a job before it runs.
 
     Reads the job config, predicts params, grads, optimizer states, activations, the loss
     spike and overhead at the step's peak, says whether it fits and which changes make it
     fit, and checks precision, kernels, sharding, the allocator env and this machine.
     """
+    imported = None
     try:
-        result = run_preflight(config, gpu, probe=not no_probe)
+        if from_files or model_preset or emit_toml:
+            imported = import_job(config, from_files, model_preset, emit_toml, quiet=as_json)
+            if emit_toml:
+                click.echo(imported.toml, nl=False)
+                sys.exit(0)
+        result = run_preflight(config, gpu, probe=not no_probe, job=imported.job if imported else None)
     except ConfigError as exc:
         click.echo(f"preflight: {exc}", err=True)
         sys.exit(EXIT_BAD_INPUT)
@@ -68,6 +81,8 @@ def main(config: str, gpu: str | None, as_json: bool, no_probe: bool, traced: bo
             sys.exit(EXIT_BAD_INPUT)
     if as_json:
         data = result.to_json()
+        if imported is not None:
+            data["imported"] = imported.to_json()
         if trace is not None:
             from checks.traced_report import comparison
 
@@ -83,6 +98,28 @@ def main(config: str, gpu: str | None, as_json: bool, no_probe: bool, traced: bo
 
             render(console, result.estimate, trace)
     sys.exit(0 if result.ok else EXIT_FAILED)
+
+
+def import_job(config: str, from_files, model_preset, emit_toml: bool, quiet: bool):
+    """--from / --model / --emit-toml: the job read from the user's own configs; says what it mapped."""
+    from checks.importers import build_job
+
+    if not from_files:
+        raise ConfigError("--from", "--model and --emit-toml go with --from FILE", "add --from your config file")
+    explicit = click.get_current_context().get_parameter_source("config").name != "DEFAULT"
+    imported = build_job(config if explicit else None, list(from_files), model_preset)
+    if not quiet:
+        for f in imported.files:
+            click.echo(f"preflight: from {f.path} ({f.kind}):", err=True)
+            for line in f.mapped:
+                click.echo(f"  mapped  {line}", err=True)
+            if f.ignored:
+                click.echo(f"  warning: ignored (not modelled): {', '.join(f.ignored)}", err=True)
+            for w in f.warnings:
+                click.echo(f"  warning: {w}", err=True)
+        for u in imported.unresolved:
+            click.echo(f"preflight: warning: {u}", err=True)
+    return imported
 
 
 def run_traced(job) -> dict:

@@ -3,6 +3,6 @@
 The library face is MemoryMonitor: `from train import MemoryMonitor`.
 """
 
-from train.monitor import MemoryMonitor
+from .monitor import MemoryMonitor  # relative: also loads as podkit._train (podkit/__init__.py)
 
 __all__ = ["MemoryMonitor"]

@@ -71,7 +71,13 @@ def _fail(message: str) -> None:
 @click.option("--run-id", default=None, help="Name of the run directory (default: time-job-random).")
 @click.option("--json", "as_json", is_flag=True, help="Print summary.json to stdout at the end.")
 @click.option("--inject-fault", default="", hidden=True, help="Test hook: nan:STEP or oom:STEP.")
-def main(config, steps, device, output_dir, run_id, as_json, inject_fault) -> None:
+@click.option("--from", "from_files", multiple=True, metavar="[KIND:]FILE",
+              help="With -- COMMAND: your own configs (as bin/preflight --from), to print predicted vs measured.")
+@click.option("--model", "model_preset", default=None, help="With --from: the model preset when no file names it.")
+@click.option("--timeout", type=float, default=None, help="With -- COMMAND: stop it after this many seconds.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def main(config, steps, device, output_dir, run_id, as_json, inject_fault, from_files=(), model_preset=None,
+         timeout=None, command=()) -> None:
     """Train the job for 100 profiled steps and compare measured memory with the prediction.
 
     Ends with a verdict: pass when there was no OOM and no NaN, the loss fell clearly and the
@@ -80,9 +86,20 @@ def main(config, steps, device, output_dir, run_id, as_json, inject_fault) -> No
     """
     from train import parallel
 
+    if command or "--" in sys.argv[1:]:
+        sys.exit(_smoke_command(tuple(command), config, from_files, model_preset, steps, timeout, output_dir,
+                                run_id, as_json))
     try:
         path = Path(config) if config else default_job(device)
-        job = load_job(path)
+        if timeout is not None:
+            raise ConfigError("--timeout", "goes with -- COMMAND", "e.g. bin/smoke --timeout 900 -- python train.py")
+        if from_files:  # podkit's replica of the job the user's own configs describe
+            from checks.importers import build_job
+
+            job = build_job(config, list(from_files), model_preset).job
+            path = Path(job.source)
+        else:
+            job = load_job(path)
         if steps is not None:
             if steps <= 0:
                 raise ConfigError("--steps", f"must be at least 1, got {steps}")
@@ -102,6 +119,42 @@ def main(config, steps, device, output_dir, run_id, as_json, inject_fault) -> No
     if distributed and not parallel.under_torchrun():
         sys.exit(_launch_torchrun(job, root, run_id, as_json))
     sys.exit(_run(job, path, target, root, run_id, fault, as_json))
+
+
+def _smoke_command(command, config, from_files, model_preset, steps, timeout, output_dir, run_id, as_json) -> int:
+    """bin/smoke -- COMMAND...: the user's own script, measured (train/script_smoke.py)."""
+    from train import script_smoke
+    from train.outputs import new_run_id
+
+    job = None
+    try:
+        script_smoke.check_command(command, "--" in sys.argv[1:])
+        if "--" not in sys.argv[1:]:
+            raise ConfigError("COMMAND", f"unexpected argument {command[0]!r}", "put your command after --")
+        if steps is not None and steps <= 0:
+            raise ConfigError("--steps", f"must be at least 1, got {steps}")
+        if timeout is not None and timeout <= 0:
+            raise ConfigError("--timeout", f"must be positive, got {timeout:g}")
+        if from_files:
+            from checks.importers import build_job
+
+            job = build_job(config, list(from_files), model_preset).job
+        elif config:
+            job = load_job(config)
+    except ConfigError as exc:
+        _fail(str(exc))
+    steps = steps or (job.smoke.steps if job else 100)
+    every = job.smoke.profile_every if job else 10
+    root = Path(output_dir or (job.train.output_dir if job else "runs")).absolute()
+    run_id = run_id or new_run_id(Path(command[0]).name if len(command) < 2 else Path(command[-1]).name)
+    click.echo(f"smoke: running {' '.join(command)} for {steps} optimizer steps -> {root / run_id}", err=True)
+    try:
+        summary, run_path, code = script_smoke.run(command, root, run_id, steps, every, timeout, job,
+                                                   min_drop=job.smoke.min_loss_drop if job else 0.05)
+    except OSError as exc:
+        _fail(f"--output-dir: cannot write {root / run_id}: {exc}")
+    _report(summary, run_path, as_json)
+    return code
 
 
 def _run(job, path, device, root: Path, run_id: str, fault, as_json: bool) -> int:
@@ -245,7 +298,8 @@ def _report(summary: dict, run_path: Path, as_json: bool) -> None:
         colour = "green" if e is not None and abs(e) <= 0.1 else "yellow" if e is not None and abs(e) <= 0.25 else "red"
         table.add_row(row["name"], "-" if p is None else f"{p / mib:,.1f}", "-" if m is None else f"{m / mib:,.1f}",
                       "-" if e is None else f"[{colour}]{e:+.1%}[/]", row["note"])
-    console.print(table)
+    if summary.get("memory"):
+        console.print(table)
     speed = []
     if summary.get("step_time"):
         speed.append(f"{summary['step_time'] * 1e3:,.1f} ms/step")

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from train.memprobe import CudaProbe
+from .memprobe import CudaProbe
 
 log = logging.getLogger("podkit.monitor")
 GIB = 1 << 30

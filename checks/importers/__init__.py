@@ -1,0 +1,193 @@
+"""`bin/preflight --from FILE`: the configs users already have, read into podkit's job.
+
+Each file's kind is recognised by its keys (or named: `--from deepspeed:ds.json`); its importer maps
+what podkit models onto the job keys of checks/config.py and lists the rest. The files are merged
+in order over the `--config` base (or podkit's defaults); two files that set one key to different
+values are an error, as the HF Trainer refuses a DeepSpeed JSON that contradicts TrainingArguments
+(transformers integrations/deepspeed.py fill_match). The merged job is emitted as TOML and parsed by
+checks.config like any job file, so `--emit-toml` prints exactly what is predicted.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
+
+from checks.config import JobConfig, load_job, parse_job
+from checks.errors import ConfigError
+from checks.importers import accelerate, axolotl, deepspeed, hf, torchtitan
+from checks.importers.imported import Imported
+
+# kind -> (recognises the data, reads it); the order decides ambiguous files.
+KINDS: dict[str, tuple[Callable[[dict], bool], Callable[[Path, dict], Imported]]] = {
+    "deepspeed": (deepspeed.looks_like, deepspeed.read),
+    "accelerate": (accelerate.looks_like, accelerate.read),
+    "torchtitan": (torchtitan.looks_like, torchtitan.read),
+    "axolotl": (axolotl.looks_like, axolotl.read),
+    "trainer": (hf.looks_like_trainer, hf.read_trainer),
+    "peft": (hf.looks_like_peft, hf.read_peft),
+    "bnb": (hf.looks_like_bnb, hf.read_bnb),
+}
+KNOWN = ("TrainingArguments/SFTConfig (trainer), peft LoraConfig (peft), BitsAndBytesConfig (bnb), DeepSpeed JSON "
+         "(deepspeed), accelerate YAML (accelerate), axolotl YAML (axolotl), torchtitan TOML (torchtitan)")
+SECTION_ORDER = ("model", "train", "cluster", "smoke")
+
+
+def read_data(path: Path) -> dict:
+    """JSON, YAML or TOML by suffix (YAML also for unknown suffixes: JSON is YAML)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError("--from", f"{path} does not exist", "give the path to a config file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError("--from", f"cannot read {path}: {exc}") from None
+    try:
+        if path.suffix == ".json":
+            data = json.loads(text)
+        elif path.suffix == ".toml":
+            data = tomllib.loads(text)
+        else:
+            try:
+                import yaml
+            except ImportError:
+                raise ConfigError("--from", f"{path.name} is YAML, which needs PyYAML",
+                                  "pip install PyYAML==6.0.3 (make setup installs it)") from None
+            data = yaml.safe_load(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError("--from", f"{path} is not valid {path.suffix[1:].upper()}: {exc}") from None
+    except Exception as exc:  # yaml.YAMLError: PyYAML is imported lazily
+        if type(exc).__module__.startswith("yaml"):
+            raise ConfigError("--from", f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        raise
+    if not isinstance(data, dict):
+        raise ConfigError("--from", f"{path} holds no key-value mapping", "give a config file of a known kind: " + KNOWN)
+    return data
+
+
+def import_file(spec: str) -> list[Imported]:
+    """One --from value ("FILE" or "KIND:FILE"), and the DeepSpeed files it names."""
+    kind = ""
+    if ":" in spec and spec.split(":", 1)[0] in KINDS:
+        kind, spec = spec.split(":", 1)
+    path = Path(spec).expanduser()
+    data = read_data(path)
+    if kind:
+        looks, read = KINDS[kind]
+        if not looks(data):
+            raise ConfigError("--from", f"{path.name} does not look like a {kind} config (none of the keys that kind "
+                              "documents)", "check the file, or drop the 'KIND:' prefix to detect it")
+    else:
+        matches = [k for k, (looks, _) in KINDS.items() if looks(data)]
+        if not matches:
+            raise ConfigError("--from", f"{path.name} is not a config podkit can read", "known kinds: " + KNOWN)
+        kind = matches[0]
+    imp = KINDS[kind][1](path, data)
+    out = [imp]
+    for linked, inline in imp.linked:
+        if inline is not None:
+            out.append(deepspeed.read(linked, inline))
+        elif linked.exists():
+            out.append(deepspeed.read(linked, read_data(linked)))
+        else:
+            imp.warnings.append(f"{linked} (named by {path.name}) does not exist here: give it with --from")
+    return out
+
+
+@dataclass
+class ImportedJob:
+    """The merged job and the account of every file that went into it."""
+
+    job: JobConfig
+    toml: str
+    files: list[Imported] = field(default_factory=list)
+    unresolved: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"files": [f.to_json() for f in self.files], "unresolved": self.unresolved}
+
+
+def _base_sections(config: str | None) -> tuple[dict[str, dict[str, Any]], str]:
+    if not config:
+        return {name: {} for name in SECTION_ORDER}, ""
+    job = load_job(config)  # validates the base the usual way first
+    raw = tomllib.loads(Path(config).read_text())
+    sections = {name: dict(raw.get(name, {})) for name in SECTION_ORDER}
+    hf_config = sections["model"].get("hf_config")
+    if hf_config:
+        sections["model"]["hf_config"] = str(job.path(hf_config).resolve())
+    return sections, config
+
+
+def build_job(config: str | None, specs: list[str], model_preset: str | None = None) -> ImportedJob:
+    sections, source = _base_sections(config)
+    files: list[Imported] = []
+    seen: set[Path] = set()
+    for spec in specs:
+        for imp in import_file(spec):
+            key = imp.path.resolve()
+            if key in seen and imp.kind == "DeepSpeed":
+                continue  # the same DeepSpeed JSON given with --from and named by TrainingArguments
+            seen.add(key)
+            files.append(imp)
+    setters: dict[str, tuple[Any, str]] = {}
+    for imp in files:
+        if imp.sections["model"]:
+            if "model" in setters and setters["model"][0] != imp.sections["model"]:
+                raise ConfigError("--from", f"{imp.path.name} names the model {imp.sections['model']} but "
+                                  f"{setters['model'][1]} names {setters['model'][0]}", "give one model, or --model")
+            setters["model"] = (imp.sections["model"], imp.path.name)
+            sections["model"] = dict(imp.sections["model"])
+        for name in ("train", "cluster", "smoke"):
+            for key, value in imp.sections[name].items():
+                dotted = f"{name}.{key}"
+                if dotted in setters and setters[dotted][0] != value and dotted != "train.stack":
+                    raise ConfigError("--from", f"{imp.path.name} sets {dotted} = {value!r} but {setters[dotted][1]} "
+                                      f"set {setters[dotted][0]!r}", "make the files agree (the HF Trainer refuses "
+                                      "a DeepSpeed config that contradicts TrainingArguments too)")
+                if dotted == "train.stack" and setters.get(dotted, ("",))[0] == "deepspeed":
+                    continue  # TrainingArguments with a DeepSpeed JSON: the DeepSpeed engine runs the step
+                setters[dotted] = (value, imp.path.name)
+                sections[name][key] = value
+    if model_preset:
+        sections["model"] = {"preset": model_preset}
+    if not sections["model"]:
+        raise ConfigError("model", "none of the --from files names the model",
+                          "add --model PRESET, or --config JOB.toml with a [model] section")
+    unresolved = []
+    for imp in files:
+        for dotted, why in imp.unresolved.items():
+            if dotted not in setters:
+                section, key = dotted.split(".")
+                now = sections[section].get(key)
+                kept = f"{now!r} from --config" if now is not None else "podkit's default"
+                unresolved.append(f"{imp.path.name}: {why}; no --from file sets it: {dotted} keeps {kept}")
+    toml = emit_toml(sections, [source] + [str(f.path) for f in files] if source else [str(f.path) for f in files])
+    job = parse_job(toml, source or str(files[0].path) if files else "<from>")
+    return ImportedJob(job, toml, files, unresolved)
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_value(x) for x in v) + "]"
+    return json.dumps(str(v))
+
+
+def emit_toml(sections: dict[str, dict[str, Any]], sources: list[str]) -> str:
+    lines = ["# podkit job imported by bin/preflight --from", *(f"#   {s}" for s in sources)]
+    for name in SECTION_ORDER:
+        if not sections.get(name) and name != "model":
+            continue
+        lines.append(f"\n[{name}]")
+        lines += [f"{k} = {_value(v)}" for k, v in sections[name].items()]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,133 @@
+"""What one importer read from one file, and the vocabulary the Hugging Face family shares.
+
+Each importer maps a user's own config file onto podkit's job keys (checks/config.py) and says,
+line by line, what it mapped and what it left out: a key podkit does not model is never dropped
+silently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from checks.errors import ConfigError
+
+
+@dataclass
+class Imported:
+    """One file's contribution to the job: job keys by section, and the account of how."""
+
+    path: Path
+    kind: str
+    sections: dict[str, dict[str, Any]] = field(default_factory=lambda: {"model": {}, "train": {}, "cluster": {}, "smoke": {}})
+    mapped: list[str] = field(default_factory=list)
+    """'their_key = value -> section.key = value' lines."""
+    ignored: list[str] = field(default_factory=list)
+    """Keys present in the file that podkit does not model."""
+    warnings: list[str] = field(default_factory=list)
+    """Approximations and unresolved values worth a look."""
+    linked: list[tuple[Path, dict | None]] = field(default_factory=list)
+    """Other DeepSpeed configs this one names (TrainingArguments.deepspeed: a path, or the dict inline),
+    imported after it."""
+    unresolved: dict[str, str] = field(default_factory=dict)
+    """section.key -> why: values the file leaves to another ("auto" in a DeepSpeed JSON)."""
+
+    def set(self, their_key: str, their_value: Any, section: str, key: str, value: Any) -> None:
+        self.sections[section][key] = value
+        self.mapped.append(f"{their_key} = {their_value!r} -> {section}.{key} = {value!r}")
+
+    def set_model(self, their_key: str, ref: str, model: dict[str, Any]) -> None:
+        self.sections["model"] = dict(model)
+        (key, value), = model.items()
+        self.mapped.append(f"{their_key} = {ref!r} -> model.{key} = {value!r}")
+
+    def ignore(self, key: str, why: str = "") -> None:
+        self.ignored.append(f"{key}" + (f" ({why})" if why else ""))
+
+    def to_json(self) -> dict:
+        return {"file": str(self.path), "kind": self.kind, "mapped": self.mapped, "ignored": self.ignored,
+                "warnings": self.warnings, "unresolved": self.unresolved}
+
+
+def truthy(value: Any) -> bool:
+    """YAML/JSON booleans as the libraries read them (transformers and axolotl accept "true" strings)."""
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "1", "yes", "auto")
+    return bool(value)
+
+
+def integer(path: Path, key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+        raise ConfigError(f"{path.name}: {key}", f"must be a whole number, got {value!r}")
+    return int(value)
+
+
+# transformers training_args.py OptimizerNames (v4.57) -> (podkit train.optimizer, train.optimizer_impl or "").
+# "adamw_torch" is torch.optim.AdamW with torch's default kernel (foreach on CUDA), "adamw_torch_fused"
+# passes fused=True (trainer.py get_optimizer_cls_and_kwargs); the bnb names build bitsandbytes' AdamW
+# with optim_bits 8 or 32 and is_paged (same function); axolotl reuses these names.
+HF_OPTIMIZERS: dict[str, tuple[str, str]] = {
+    "adamw_torch": ("adamw", "foreach"),
+    "adamw_torch_fused": ("adamw", "fused"),
+    "adamw_hf": ("adamw", "for-loop"),  # transformers' own AdamW: a Python loop over parameters
+    "adamw_bnb_8bit": ("adamw8bit", ""),
+    "adamw_8bit": ("adamw8bit", ""),
+    "paged_adamw_8bit": ("paged_adamw8bit", ""),
+    "paged_adamw_32bit": ("paged_adamw", ""),
+    "paged_adamw": ("paged_adamw", ""),
+    "adafactor": ("adafactor", ""),
+    "sgd": ("sgd", ""),
+    "lion_32bit": ("lion", ""),
+}
+
+
+def map_optimizer(imp: Imported, key: str, name: str) -> None:
+    if name not in HF_OPTIMIZERS:
+        imp.ignore(f"{key} = {name!r}", "no podkit optimizer of that name: train.optimizer keeps its value; "
+                   "known: " + ", ".join(HF_OPTIMIZERS))
+        return
+    opt, impl = HF_OPTIMIZERS[name]
+    imp.set(key, name, "train", "optimizer", opt)
+    if impl:
+        imp.sections["train"]["optimizer_impl"] = impl
+        imp.mapped.append(f"{key} = {name!r} -> train.optimizer_impl = {impl!r}")
+
+
+def model_ref(ref: str, base_dir: Path) -> dict[str, str]:
+    """A model named the Hugging Face way (hub id or local directory) as a podkit [model] section:
+    a preset when the id is that preset's Hub repo, a local config.json, or model.hf for the hub."""
+    from checks.presets import CONFIGS
+
+    for name, (repo, _) in CONFIGS.items():
+        if repo.lower() == ref.lower():
+            return {"preset": name}
+    local = Path(ref).expanduser()
+    if not local.is_absolute():
+        local = base_dir / local
+    if local.is_dir() and (local / "config.json").is_file():
+        return {"hf_config": str((local / "config.json").resolve())}
+    if local.is_file() and local.suffix == ".json":
+        return {"hf_config": str(local.resolve())}
+    if ref.count("/") == 1 and not ref.startswith((".", "/", "~")):
+        return {"hf": ref}
+    raise ConfigError(f"model {ref!r}", "is neither a Hub id (owner/name) nor a local directory with a config.json",
+                      "give --model PRESET, or fix the path")
+
+
+def precision_from_flags(imp: Imported, data: dict, bf16_key: str = "bf16", fp16_key: str = "fp16") -> None:
+    """HF-style bf16/fp16 switches: both drive torch.autocast over fp32 weights (transformers trainer.py
+    sets up autocast for either; fp16 adds a GradScaler), i.e. podkit's *-mixed precisions."""
+    if bf16_key not in data and fp16_key not in data:
+        return
+    bf16, fp16 = data.get(bf16_key), data.get(fp16_key)
+    if truthy(bf16):
+        imp.set(bf16_key, bf16, "train", "precision", "bf16-mixed")
+        if bf16 == "auto":
+            imp.warnings.append(f"{bf16_key}: 'auto' read as true (the GPU is assumed to support bf16)")
+    elif truthy(fp16):
+        imp.set(fp16_key, fp16, "train", "precision", "fp16-mixed")
+    else:
+        imp.set(f"{bf16_key}/{fp16_key}", False, "train", "precision", "fp32")
+        imp.warnings.append("neither bf16 nor fp16: the Trainer keeps fp32 unless your script loads the model in "
+                            "16 bits (then set train.precision = \"bf16\")")

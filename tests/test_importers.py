@@ -1,0 +1,314 @@
+"""bin/preflight --from: users' own config files read into the job, each kind on a realistic file.
+
+Every file below is written with the keys its library documents (cited per test); the assertions
+check the job podkit builds from it, and the seed jobs in checks/examples/ end to end.
+"""
+
+import json
+import os
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from checks import memory
+from checks.config import load_job, parse_job
+from checks.errors import ConfigError
+from checks.importers import build_job
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "checks" / "examples"
+PREFLIGHT = ROOT / "bin" / "preflight"
+
+
+def write(tmp_path: Path, name: str, text: str) -> str:
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(text).lstrip())
+    return str(p)
+
+
+def preflight(*args):
+    env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    return subprocess.run([str(PREFLIGHT), "--no-probe", *args], capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_sft_config_yaml_maps_batch_precision_optimizer_and_checkpointing(tmp_path):
+    # trl/trainer/sft_config.py SFTConfig (max_length, packing) over transformers TrainingArguments
+    # (training_args.py: per_device_train_batch_size, optim, gradient_checkpointing_kwargs, fsdp).
+    f = write(tmp_path, "sft.yaml", """
+        model_name_or_path: meta-llama/Llama-3.1-8B
+        output_dir: out
+        per_device_train_batch_size: 2
+        gradient_accumulation_steps: 8
+        max_length: 4096
+        packing: true
+        bf16: true
+        optim: paged_adamw_8bit
+        gradient_checkpointing: true
+        gradient_checkpointing_kwargs:
+          use_reentrant: false
+        fsdp: "full_shard auto_wrap"
+        fsdp_config:
+          transformer_layer_cls_to_wrap: LlamaDecoderLayer
+        logging_steps: 5
+    """)
+    imp = build_job(None, [f])
+    t, c = imp.job.train, imp.job.cluster
+    assert imp.job.model.preset == "llama-3.1-8b"
+    assert (t.micro_batch, t.grad_accum, t.seq_len) == (2, 8, 4096)
+    assert (t.precision, t.optimizer, t.checkpointing, t.stack) == ("bf16-mixed", "paged_adamw8bit", "full", "hf")
+    assert c.sharding == "zero3"
+    trainer = imp.files[0]
+    assert any("logging_steps" in i for i in trainer.ignored)
+    assert any("fsdp_config.transformer_layer_cls_to_wrap" in i for i in trainer.ignored)
+    assert any("use_reentrant = false" in w for w in trainer.warnings)
+
+
+def test_trainer_defaults_apply_where_the_file_is_silent(tmp_path):
+    # TrainingArguments: per_device_train_batch_size=8, bf16=fp16=False by default (training_args.py).
+    f = write(tmp_path, "args.json", json.dumps({"output_dir": "o", "optim": "adamw_torch_fused"}))
+    imp = build_job(None, [f], model_preset="llama-3.2-1b")
+    t = imp.job.train
+    assert (t.micro_batch, t.grad_accum, t.precision) == (8, 1, "fp32")
+    assert (t.optimizer, imp.job.facts.optimizer_impl) == ("adamw", "fused")
+
+
+def test_peft_adapter_config_and_bnb_quantization(tmp_path):
+    # peft src/peft/tuners/lora/config.py LoraConfig as saved in adapter_config.json;
+    # transformers utils/quantization_config.py BitsAndBytesConfig.to_dict().
+    lora = write(tmp_path, "adapter_config.json", json.dumps({
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": 64, "lora_alpha": 16, "lora_dropout": 0.1,
+        "target_modules": "model.*(q_proj|v_proj)$", "bias": "none", "modules_to_save": ["lm_head"],
+        "base_model_name_or_path": "Qwen/Qwen3-8B", "use_dora": False}))
+    bnb = write(tmp_path, "bnb.json", json.dumps({
+        "quant_method": "bitsandbytes", "load_in_4bit": True, "load_in_8bit": False,
+        "bnb_4bit_quant_type": "nf4", "bnb_4bit_compute_dtype": "bfloat16", "llm_int8_threshold": 6.0}))
+    imp = build_job(None, [lora, bnb])
+    t, f = imp.job.train, imp.job.facts
+    assert imp.job.model.preset == "qwen3-8b"
+    assert (t.lora_rank, t.lora_dropout, f.lora_targets) == (64, 0.1, ("q_proj", "v_proj"))
+    # BitsAndBytesConfig's bnb_4bit_use_double_quant defaults to False, unlike podkit's QLoRA default.
+    assert (t.base_quant, t.double_quant) == ("nf4", False)
+    assert any("modules_to_save" in w for w in imp.files[0].warnings)
+    assert any("bnb_4bit_compute_dtype" in i for i in imp.files[1].ignored)
+
+
+def test_deepspeed_offload_and_auto_values_left_to_training_arguments(tmp_path):
+    # deepspeed.ai/docs/config-json: zero_optimization.stage, offload_optimizer / offload_param.device;
+    # "auto" is filled by transformers integrations/deepspeed.py from TrainingArguments.
+    ds = write(tmp_path, "ds.json", json.dumps({
+        "fp16": {"enabled": "auto"}, "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": 4,
+        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True},
+                              "offload_param": {"device": "cpu"}, "reduce_bucket_size": "auto"}}))
+    args = write(tmp_path, "args.json", json.dumps({"per_device_train_batch_size": 2, "gradient_accumulation_steps": 4,
+                                                    "fp16": True, "deepspeed": ds}))
+    imp = build_job(None, [args], model_preset="llama-3.1-8b")
+    t, c = imp.job.train, imp.job.cluster
+    assert (t.stack, t.precision, t.micro_batch, t.grad_accum) == ("deepspeed", "fp16-mixed", 2, 4)
+    assert (c.sharding, c.offload) == ("zero3", "all")
+    assert [f.kind for f in imp.files] == ["TrainingArguments", "DeepSpeed"]
+    # Every "auto" is filled from TrainingArguments; only the GPU count is left to the launcher.
+    assert len(imp.unresolved) == 1 and "gpus_per_node" in imp.unresolved[0]
+    # Alone, the DeepSpeed file's "auto" micro-batch is reported, not guessed.
+    alone = build_job(None, [ds], model_preset="llama-3.1-8b")
+    assert any("train_micro_batch_size_per_gpu" in u for u in alone.unresolved)
+    assert any("cluster.gpus_per_node keeps podkit's default" in u for u in alone.unresolved)
+    assert alone.job.train.micro_batch == 1
+    # A numeric train_batch_size = micro x accum x GPUs gives the GPU count.
+    counted = write(tmp_path, "ds2.json", json.dumps({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2,
+                                                       "gradient_accumulation_steps": 4, "zero_optimization": {"stage": 1}}))
+    job = build_job(None, [counted], model_preset="llama-3.2-1b").job
+    assert (job.cluster.gpus_per_node, job.cluster.sharding, job.train.global_batch) == (8, "zero1", 64)
+
+
+def test_conflicting_files_are_bad_input(tmp_path):
+    ds = write(tmp_path, "ds.json", json.dumps({"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": 2}}))
+    args = write(tmp_path, "args.json", json.dumps({"per_device_train_batch_size": 2, "deepspeed": ds}))
+    with pytest.raises(ConfigError, match="train.micro_batch"):
+        build_job(None, [args], model_preset="llama-3.2-1b")
+
+
+def test_accelerate_fsdp_yaml(tmp_path):
+    # accelerate/commands/config/config_args.py ClusterConfig, FSDP1 keys as `accelerate config` writes them.
+    f = write(tmp_path, "accelerate.yaml", """
+        compute_environment: LOCAL_MACHINE
+        distributed_type: FSDP
+        mixed_precision: bf16
+        num_machines: 2
+        num_processes: 16
+        fsdp_config:
+          fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
+          fsdp_sharding_strategy: SHARD_GRAD_OP
+          fsdp_offload_params: true
+          fsdp_activation_checkpointing: true
+          fsdp_state_dict_type: SHARDED_STATE_DICT
+        main_training_function: main
+    """)
+    imp = build_job(None, [f], model_preset="llama-3.1-8b")
+    c, t = imp.job.cluster, imp.job.train
+    assert (c.gpus_per_node, c.nodes, c.sharding, c.offload) == (8, 2, "zero2", "optimizer")
+    assert (t.precision, t.checkpointing) == ("bf16-mixed", "full")
+    assert any("fsdp_state_dict_type" in i for i in imp.files[0].ignored)
+
+
+def test_axolotl_qlora_yaml(tmp_path):
+    # axolotl docs/config-reference.qmd: base_model, adapter, lora_r, lora_target_linear, sequence_len,
+    # micro_batch_size, optimizer, flash_attention.
+    f = write(tmp_path, "qlora.yml", """
+        base_model: mistralai/Mistral-7B-v0.1
+        model_type: MistralForCausalLM
+        load_in_4bit: true
+        adapter: qlora
+        lora_r: 32
+        lora_alpha: 16
+        lora_dropout: 0.05
+        lora_target_linear: true
+        sequence_len: 4096
+        sample_packing: true
+        micro_batch_size: 2
+        gradient_accumulation_steps: 4
+        num_epochs: 1
+        optimizer: paged_adamw_32bit
+        learning_rate: 0.0002
+        bf16: auto
+        gradient_checkpointing: true
+        flash_attention: true
+        datasets:
+          - path: mhenrichsen/alpaca_2k_test
+            type: alpaca
+    """)
+    imp = build_job(None, [f])
+    t, f_ = imp.job.train, imp.job.facts
+    assert imp.job.model.preset == "mistral-7b"
+    assert (t.lora_rank, t.base_quant, t.double_quant, t.optimizer) == (32, "nf4", True, "paged_adamw")
+    assert (t.seq_len, t.micro_batch, t.grad_accum, t.attention, t.stack) == (4096, 2, 4, "flash-attn", "hf")
+    assert t.precision == "bf16"  # axolotl loads the weights in bf16 (loaders/model.py torch_dtype)
+    assert len(f_.lora_targets) == 7
+    assert any(i == "datasets" for i in imp.files[0].ignored)
+
+
+def test_torchtitan_toml(tmp_path):
+    # torchtitan/config/job_config.py; torchtitan/models/llama3/train_configs/llama3_8b.toml's shape.
+    f = write(tmp_path, "llama3_8b.toml", """
+        [job]
+        dump_folder = "./outputs"
+        [model]
+        name = "llama3"
+        flavor = "8B"
+        [optimizer]
+        name = "AdamW"
+        lr = 3e-4
+        implementation = "fused"
+        [training]
+        local_batch_size = 1
+        seq_len = 8192
+        max_norm = 1.0
+        steps = 1000
+        [parallelism]
+        data_parallel_replicate_degree = 1
+        data_parallel_shard_degree = 8
+        tensor_parallel_degree = 1
+        [activation_checkpoint]
+        mode = "selective"
+        selective_ac_option = "op"
+    """)
+    imp = build_job(None, [f])
+    t, c = imp.job.train, imp.job.cluster
+    assert imp.job.model.preset == "llama-3.1-8b"
+    assert (t.stack, t.seq_len, t.micro_batch, t.precision) == ("torchtitan", 8192, 1, "bf16-mixed")
+    assert (c.sharding, c.gpus_per_node) == ("zero3", 8)
+    assert imp.job.facts.ac_policy == "op-sac"
+    assert "[job]" in imp.files[0].ignored and "training.steps" in imp.files[0].ignored
+
+
+def test_config_is_the_base_and_files_override(tmp_path):
+    args = write(tmp_path, "args.json", json.dumps({"per_device_train_batch_size": 3, "bf16": True}))
+    imp = build_job(str(EXAMPLES / "llama-3.2-1b-a10g.toml"), [args])
+    base = load_job(EXAMPLES / "llama-3.2-1b-a10g.toml")
+    assert imp.job.model.preset == base.model.preset and imp.job.train.optimizer == base.train.optimizer
+    assert imp.job.train.micro_batch == 3 and imp.job.cluster.host_ram_gb == base.cluster.host_ram_gb
+
+
+SEED_DS = EXAMPLES / "hf-deepspeed-llama-3.2-1b-4xa10g"
+SEED_LORA = EXAMPLES / "qwen2.5-7b-lora-r128-24gb"
+
+
+def test_seed_deepspeed_zero3_job_predicted_through_from():
+    out = preflight("--gpu", "A10G", "--json", "--from", str(SEED_DS / "training_args.json"),
+                    "--from", str(SEED_DS / "accelerate.yaml"))
+    assert out.returncode in (0, 1), out.stderr
+    data = json.loads(out.stdout)
+    assert [f["kind"] for f in data["imported"]["files"]] == ["TrainingArguments", "DeepSpeed", "accelerate config"]
+    same = parse_job(textwrap.dedent("""
+        [model]
+        preset = "llama-3.2-1b"
+        [train]
+        stack = "deepspeed"
+        precision = "bf16-mixed"
+        micro_batch = 4
+        grad_accum = 4
+        seq_len = 2048
+        checkpointing = "full"
+        [cluster]
+        gpu = "A10G"
+        gpus_per_node = 4
+        sharding = "zero3"
+    """))
+    assert data["memory"]["per_gpu"]["total"] == memory.estimate(same).total
+    assert data["memory"]["fits"] is True
+
+
+def test_seed_qwen_lora_job_predicted_through_from():
+    out = preflight("--gpu", "A10G", "--json", "--from", str(SEED_LORA / "training_args.json"),
+                    "--from", str(SEED_LORA / "adapter_config.json"))
+    assert out.returncode in (0, 1), out.stderr
+    data = json.loads(out.stdout)
+    same = parse_job(textwrap.dedent("""
+        [model]
+        preset = "qwen2.5-7b"
+        [train]
+        stack = "hf"
+        precision = "bf16"
+        micro_batch = 1
+        grad_accum = 16
+        seq_len = 2048
+        checkpointing = "full"
+        lora_rank = 128
+        lora_targets = "all-linear"
+        lora_dropout = 0.05
+        [cluster]
+        gpu = "A10G"
+    """))
+    assert data["memory"]["per_gpu"]["total"] == memory.estimate(same).total
+    assert data["model"]["trainable_params"] < data["model"]["params"] / 10
+
+
+def test_emit_toml_round_trips(tmp_path):
+    out = preflight("--emit-toml", "--from", str(SEED_LORA / "training_args.json"),
+                    "--from", str(SEED_LORA / "adapter_config.json"))
+    assert out.returncode == 0, out.stderr
+    assert "mapped  r = 128 -> train.lora_rank = 128" in out.stderr
+    job_file = tmp_path / "job.toml"
+    job_file.write_text(out.stdout)
+    a = json.loads(preflight("--json", "--config", str(job_file)).stdout)
+    b = json.loads(preflight("--json", "--from", str(SEED_LORA / "training_args.json"),
+                             "--from", str(SEED_LORA / "adapter_config.json")).stdout)
+    assert a["memory"]["per_gpu"] == b["memory"]["per_gpu"]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--from", "{tmp}/notes.json"], "not a config podkit can read"),
+    (["--from", "deepspeed:{seed}/training_args.json"], "does not look like a deepspeed config"),
+    (["--from", "{tmp}/missing.json"], "does not exist"),
+    (["--from", "{tmp}/bad.json"], "not valid JSON"),
+    (["--from", "{seed_ds}/ds_config.json"], "none of the --from files names the model"),
+    (["--emit-toml"], "go with --from"),
+])
+def test_bad_input_is_one_line_exit_2(tmp_path, args, needle):
+    (tmp_path / "notes.json").write_text(json.dumps({"title": "my notes"}))
+    (tmp_path / "bad.json").write_text("{not json")
+    args = [a.format(tmp=tmp_path, seed=SEED_LORA, seed_ds=SEED_DS) for a in args]
+    out = preflight(*args)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert needle in out.stderr and len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr

@@ -1,0 +1,89 @@
+"""podkit as a library: importable beside a user's own train.py, and the Trainer / Lightning callbacks
+around MemoryMonitor, run for real on CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_podkit_imports_beside_a_users_train_py_without_shadowing(tmp_path):
+    (tmp_path / "train.py").write_text("WHOSE = 'the user'\n")
+    code = ("import sys; from podkit import MemoryMonitor; import train; "
+            "print(train.WHOSE, MemoryMonitor.__name__, 'train.monitor' in sys.modules)")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    for cmd in ([sys.executable, "-c", code], [sys.executable, "-c", "from podkit import MemoryMonitor"]):
+        out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    # The user's train.py is the user's; podkit's monitor came in under podkit._train, not as `train`.
+    assert out.stdout.split() == ["the", "user", "MemoryMonitor", "False"]
+
+
+def test_hf_trainer_callback_steps_once_per_optimizer_step(tmp_path):
+    pytest.importorskip("transformers", reason="the [test] extra installs transformers")
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+    from podkit.hf import MemoryMonitorCallback
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32))
+    data = [{"input_ids": torch.arange(16) % 5, "labels": torch.arange(16) % 5} for _ in range(64)]
+    mem = MemoryMonitorCallback(every=2, log_path=str(tmp_path / "memory.jsonl"))
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=2,
+                             gradient_accumulation_steps=3, max_steps=6, save_strategy="no", report_to=[],
+                             use_cpu=True, logging_steps=100)
+    Trainer(model=model, args=args, train_dataset=data, callbacks=[mem]).train()
+    assert mem.summary["steps"] == 6  # 18 micro-batches, 6 optimizer steps
+    lines = [json.loads(x) for x in (tmp_path / "memory.jsonl").read_text().splitlines()]
+    assert [r["global_step"] for r in lines] == [2, 4, 6] and all(r["host_rss"] > 0 for r in lines)
+
+
+def test_lightning_callback_steps_once_per_optimizer_step(tmp_path):
+    lightning = pytest.importorskip("lightning", reason="lightning is not installed here (pip install lightning)")
+    import torch
+
+    from podkit.lightning import MemoryMonitorCallback
+
+    class Regression(lightning.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(8, 1)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.layer(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    x = torch.randn(64, 8)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4)
+    mem = MemoryMonitorCallback(every=5)
+    trainer = lightning.Trainer(max_steps=10, accumulate_grad_batches=2, accelerator="cpu", callbacks=[mem],
+                                logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                                enable_model_summary=False, default_root_dir=str(tmp_path))
+    trainer.fit(Regression(), loader)
+    assert mem.summary["steps"] == 10 and [r["global_step"] for r in mem.monitor.records] == [5, 10]
+
+
+def test_bin_commands_run_from_a_directory_with_the_users_own_modules(tmp_path):
+    # A project directory as users have them: train.py and checks.py of their own beside the configs.
+    (tmp_path / "train.py").write_text("raise SystemExit('the user train.py was imported by podkit')\n")
+    (tmp_path / "checks.py").write_text("raise SystemExit('the user checks.py was imported by podkit')\n")
+    for tool in ("preflight", "smoke"):
+        out = subprocess.run([str(ROOT / "bin" / tool), "--help"], cwd=tmp_path, capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 0 and f"Usage: {tool}" in out.stdout, out.stderr
+    out = subprocess.run([str(ROOT / "bin" / "preflight"), "--no-probe", "--json"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode in (0, 1) and json.loads(out.stdout)["model"]["name"], out.stderr

@@ -1,0 +1,212 @@
+"""bin/smoke -- COMMAND: the user's own script, unchanged, measured for N optimizer steps on CPU.
+
+Every script here is a real torch program run for real (a plain loop, DDP under torchrun with gloo,
+a transformers Trainer with a peft LoRA); the probe gets in through train/inject/sitecustomize.py only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.smoke_helpers import ROOT
+
+PY = sys.executable
+SMOKE = ROOT / "bin" / "smoke"
+
+LOOP = """
+import sys, torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+x = torch.randn(256, 16); y = x.sum(1, keepdim=True)
+for step in range(1000):
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    opt.zero_grad(); loss.backward(); opt.step()
+    {extra}
+print("SCRIPT RAN TO ITS END")
+"""
+
+
+def script(tmp_path: Path, name: str, text: str) -> str:
+    (tmp_path / name).write_text(textwrap.dedent(text))
+    return name
+
+
+def smoke_cmd(tmp_path: Path, *args: str, timeout: int = 300, run_id: str = "r"):
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    proc = subprocess.run([str(SMOKE), "--output-dir", str(tmp_path / "runs"), "--run-id", run_id, *args],
+                          capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp_path)
+    path = tmp_path / "runs" / run_id / "summary.json"
+    return proc, (json.loads(path.read_text()) if path.exists() else None)
+
+
+def test_plain_torch_loop_stops_after_n_steps_and_passes(tmp_path):
+    # Named train.py, the commonest name: podkit's own `train` package must neither shadow nor be shadowed.
+    name = script(tmp_path, "train.py", LOOP.format(extra=""))
+    proc, s = smoke_cmd(tmp_path, "--steps", "20", "--", PY, name)
+    assert proc.returncode == 0, proc.stderr
+    assert s["status"] == "pass" and s["steps"] == 20 and s["exit_code"] == 0
+    assert s["loss_last"] < s["loss_first"] and s["checks"] == {"finite_loss": True, "all_steps": True,
+                                                                  "loss_fell": True}
+    # parameters (1,153 fp32 = 4.6 KB) + the input batch and activations (>= 256 x 64 x 4 B) counted on CPU
+    assert 60_000 < s["peak_allocated"] < 5_000_000
+    run = tmp_path / "runs" / "r"
+    log = (run / "smoke.log").read_text()
+    assert "SCRIPT RAN TO ITS END" not in log  # stopped at step 20 of 1000
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == list(range(1, 21)) and all(r["loss"] > 0 for r in lines)
+    assert (run / "memory.png").read_bytes()[:4] == b"\x89PNG" and (run / "memory_snapshot.pickle").exists()
+    env = json.loads((run / "env.json").read_text())
+    assert env["device"] == "cpu" and env["versions"]["torch"] and env["command"][-1] == "train.py"
+
+
+def test_predicted_vs_measured_with_config(tmp_path):
+    name = script(tmp_path, "tiny_train.py", LOOP.format(extra=""))
+    proc, s = smoke_cmd(tmp_path, "--steps", "5", "--json", "--config", str(ROOT / "checks/examples/tiny-cpu.toml"),
+                        "--", PY, name)
+    assert proc.returncode in (0, 1), proc.stderr
+    assert s["predicted"]["allocated"] > 0 and s["memory"][0]["name"] == "peak allocated"
+    assert s["memory"][0]["measured"] == s["peak_allocated"]
+    assert json.loads(proc.stdout)["status"] == s["status"]
+
+
+def test_torchrun_two_ranks_with_gloo(tmp_path):
+    name = script(tmp_path, "ddp_train.py", """
+        import torch, torch.distributed as dist
+        dist.init_process_group("gloo")
+        torch.manual_seed(dist.get_rank())
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(32, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        x = torch.randn(128, 32); y = x[:, :4].sum(1, keepdim=True)
+        for _ in range(500):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            opt.zero_grad(); loss.backward(); opt.step()
+        dist.destroy_process_group()
+    """)
+    proc, s = smoke_cmd(tmp_path, "--steps", "15", "--", PY, "-m", "torch.distributed.run", "--standalone",
+                        "--nproc_per_node", "2", name)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert s["status"] == "pass", s["reasons"]
+    assert [(r["rank"], r["steps"], r["status"]) for r in s["ranks"]] == [(0, 15, "steps"), (1, 15, "steps")]
+    assert all(r["peak_allocated"] > 0 for r in s["ranks"])
+
+
+def test_a_script_that_raises_leaves_a_failed_summary(tmp_path):
+    name = script(tmp_path, "crash.py", LOOP.format(extra="if step == 4: raise RuntimeError('boom at step 5')"))
+    proc, s = smoke_cmd(tmp_path, "--steps", "20", "--", PY, name)
+    assert proc.returncode == 1
+    assert s["status"] == "failed" and s["exit_code"] == 1 and s["steps"] == 5
+    assert "RuntimeError: boom at step 5" in s["reasons"][0]
+    assert "boom at step 5" in (tmp_path / "runs" / "r" / "smoke.log").read_text()
+
+
+def test_an_out_of_memory_error_is_status_oom(tmp_path):
+    # torch.OutOfMemoryError is what the CUDA allocator raises; raised here on CPU by the script itself.
+    name = script(tmp_path, "oom.py", LOOP.format(extra="if step == 2: raise torch.OutOfMemoryError('CUDA out of "
+                                                      "memory. Tried to allocate 2.00 GiB')"))
+    proc, s = smoke_cmd(tmp_path, "--steps", "20", "--", PY, name)
+    assert proc.returncode == 3 and s["status"] == "oom" and s["steps"] == 3
+
+
+def test_a_hang_past_the_timeout(tmp_path):
+    name = script(tmp_path, "hang.py", LOOP.format(extra="if step == 2: import time; time.sleep(600)"))
+    t0 = time.monotonic()
+    proc, s = smoke_cmd(tmp_path, "--steps", "20", "--timeout", "8", "--", PY, name)
+    assert time.monotonic() - t0 < 60
+    assert proc.returncode == 1 and s["status"] == "timeout" and s["steps"] == 3
+    assert "--timeout 8" in s["reasons"][0]
+
+
+def test_ctrl_c_stops_the_command_and_leaves_an_interrupted_summary(tmp_path):
+    name = script(tmp_path, "slow.py", LOOP.format(extra="import time; time.sleep(0.5); print('step', step, flush=True)"))
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([str(SMOKE), "--output-dir", str(tmp_path / "runs"), "--run-id", "r", "--steps", "500",
+                             "--", PY, name], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    log = tmp_path / "runs" / "r" / "smoke.log"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (log.exists() and "step 2" in log.read_text()):
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends: the whole foreground group
+    _, err = proc.communicate(timeout=60)
+    s = json.loads((tmp_path / "runs" / "r" / "summary.json").read_text())
+    assert proc.returncode == 130, err
+    assert s["status"] == "interrupted" and 2 <= s["steps"] < 500
+    script_pids = subprocess.run(["pgrep", "-f", str(tmp_path / name)], capture_output=True, text=True).stdout
+    assert script_pids.strip() == ""
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--"], "no command after --"),
+    (["--", "no-such-command-podkit"], "command not found: no-such-command-podkit"),
+    (["--", "./missing.sh"], "is not an executable file"),
+    (["--timeout", "0", "--", "true"], "--timeout: must be positive"),
+])
+def test_bad_command_is_one_line_exit_2(tmp_path, args, needle):
+    proc, s = smoke_cmd(tmp_path, *args)
+    assert proc.returncode == 2, proc.stderr
+    assert needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert s is None
+
+
+TRAINER = """
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+from peft import LoraConfig, get_peft_model
+
+torch.manual_seed(0)
+config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+model = get_peft_model(LlamaForCausalLM(config), LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"],
+                                                            task_type="CAUSAL_LM"))
+
+class Repeat(torch.utils.data.Dataset):
+    # one fixed pattern, so the adapters can learn it within a few steps
+    def __len__(self):
+        return 10_000
+    def __getitem__(self, i):
+        ids = torch.arange(32) % 7 + 3
+        return {"input_ids": ids, "labels": ids.clone()}
+
+args = TrainingArguments(output_dir="out", per_device_train_batch_size=4, gradient_accumulation_steps=2,
+                         learning_rate=5e-3, max_steps=1000, logging_steps=1000, save_strategy="no",
+                         report_to=[], use_cpu=True, dataloader_num_workers=0)
+Trainer(model=model, args=args, train_dataset=Repeat()).train()
+print("TRAINER RAN TO ITS END")
+"""
+
+
+def test_transformers_trainer_with_peft_lora_on_a_tiny_llama(tmp_path):
+    pytest.importorskip("transformers", reason="the [test] extra installs transformers (pyproject.toml)")
+    pytest.importorskip("peft", reason="the [test] extra installs peft (pyproject.toml)")
+    name = script(tmp_path, "hf_train.py", TRAINER)
+    args = tmp_path / "training_args.json"
+    args.write_text(json.dumps({"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2,
+                                "max_length": 32}))
+    proc, s = smoke_cmd(tmp_path, "--steps", "12", "--json", "--from", str(args), "--model", "tiny", "--", PY, name,
+                        timeout=600)
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    assert s["steps"] == 12 and s["ranks"][0]["status"] == "steps", s["reasons"]
+    assert s["checks"]["finite_loss"] and s["loss_last"] < s["loss_first"], s
+    assert "TRAINER RAN TO ITS END" not in (tmp_path / "runs" / "r" / "smoke.log").read_text()
+    assert s["predicted"] is not None and s["memory"][0]["measured"] == s["peak_allocated"]
+
+
+def test_builtin_smoke_runs_the_replica_of_a_job_read_with_from(tmp_path):
+    args = tmp_path / "training_args.json"
+    args.write_text(json.dumps({"per_device_train_batch_size": 2, "gradient_accumulation_steps": 1,
+                                "max_length": 64, "bf16": False}))
+    proc, s = smoke_cmd(tmp_path, "--steps", "3", "--device", "cpu", "--from", str(args), "--model", "tiny")
+    assert proc.returncode in (0, 1), proc.stderr
+    assert s["steps"] == 3
+    config = (tmp_path / "runs" / "r" / "config.toml").read_text()
+    assert "micro_batch = 2" in config and "seq_len = 64" in config and 'stack = "hf"' in config

@@ -1,0 +1,180 @@
+"""Inside each process of a user's command under `bin/smoke -- COMMAND`: count optimizer steps, read
+the loss, measure memory, stop after N steps, and leave a record that survives a crash.
+
+Loaded by train/inject/sitecustomize.py through podkit._train (relative imports only: the user's
+own `train` module may be on sys.path). No code change in the user's script:
+
+- steps: torch.optim.optimizer.register_optimizer_step_post_hook, a hook on every optimizer's step()
+  (torch/optim/optimizer.py, torch >= 2.0); the HF Trainer, accelerate and DeepSpeed's ZeRO
+  optimizers all end in a torch Optimizer's step.
+- loss: torch.autograd.backward is wrapped (Tensor.backward calls it by attribute, torch/_tensor.py):
+  the scalar a top-level backward starts from, summed over the micro-batches of one step. It is the
+  value the script passes to backward: the Trainer's loss divided by gradient_accumulation_steps,
+  or the GradScaler-scaled loss under fp16; its trend is what the verdict reads.
+- memory: MemoryMonitor with the CUDA allocator's counters (history for memory_viz on rank 0), or
+  on CPU the TensorCounter, switched on before the script builds its model.
+- stop: after the N-th step the hook raises SmokeStepsReached, a SystemExit(0): `except Exception`
+  in the script does not swallow it, every rank stops at the same step (each step synchronises the
+  ranks), and launchers see a clean exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from .memprobe import CudaProbe, TensorCounter
+from .monitor import MemoryMonitor
+
+
+class SmokeStepsReached(SystemExit):
+    """Raised after the last requested optimizer step: ends the process with exit code 0."""
+
+    def __init__(self, steps: int):
+        super().__init__(0)
+        self.steps = steps
+
+
+class RankProbe:
+    def __init__(self, run_dir: Path, steps: int, every: int):
+        self.dir = run_dir / "ranks"
+        self.target, self.every = steps, every
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.steps = 0
+        self.losses: list[float | None] = []
+        self._micro: list[float] = []
+        self._depth = 0
+        self.status, self.error = "running", ""
+        self.monitor: MemoryMonitor | None = None
+        self.counter: TensorCounter | None = None
+        # Not torch.cuda.is_available(): that initialises the CUDA runtime before the script runs, and a
+        # script that sets CUDA_VISIBLE_DEVICES itself would then be ignored. The device is the loss's.
+        self._maybe_cuda = torch.version.cuda is not None and os.path.exists("/dev/nvidiactl")
+        self._t0 = time.perf_counter()
+        self._last = self._t0
+        self._metrics = None
+
+    # -- installing --------------------------------------------------------------------------------
+    def install(self) -> None:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        register_optimizer_step_post_hook(self._after_step)
+        original = torch.autograd.backward
+
+        def backward(tensors, *args, **kwargs):
+            if self._depth == 0:
+                self._first_backward(tensors)
+                if isinstance(tensors, torch.Tensor) and tensors.numel() == 1:
+                    self._micro.append(float(tensors.detach().float().item()))  # note: a CPU-GPU sync point
+            self._depth += 1
+            try:
+                return original(tensors, *args, **kwargs)
+            finally:
+                self._depth -= 1
+
+        torch.autograd.backward = backward
+        atexit.register(self._at_exit)
+        previous_hook = sys.excepthook
+
+        def excepthook(kind, value, tb):
+            self.error = f"{kind.__name__}: {value}"
+            self.status = "oom" if "OutOfMemoryError" in kind.__name__ or "out of memory" in str(value) else "error"
+            if self.monitor is not None and self.status == "oom":
+                self.monitor.dump_snapshot()  # what was live when it ran out
+            self._write()
+            previous_hook(kind, value, tb)
+
+        sys.excepthook = excepthook
+        if not self._maybe_cuda:
+            # CPU: the counter must see the model being built, so it starts now (it costs Python
+            # time per op, which a CPU smoke run of a small model affords).
+            self.counter = TensorCounter()
+            self.counter.switch_on()
+
+    def _first_backward(self, tensors) -> None:
+        """The monitor starts at the first backward: only a process that trains is measured (a
+        launcher such as torchrun never creates a CUDA context here), on the device of its loss."""
+        if self.monitor is not None:
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        first = tensors if isinstance(tensors, torch.Tensor) else next(
+            (t for t in (tensors or ()) if isinstance(t, torch.Tensor)), None)
+        device = first.device if first is not None else torch.device("cpu")
+        cuda = device.type == "cuda"
+        if cuda:
+            device = torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
+            probe = CudaProbe(device)
+        else:
+            if self.counter is None:  # a CUDA machine training on CPU: counted from here on
+                self.counter = TensorCounter()
+                self.counter.switch_on()
+            probe = self.counter
+        snapshot = str(self.dir.parent / "memory_snapshot.pickle") if self.rank == 0 else None
+        self.monitor = MemoryMonitor(every=self.every, device=device, probe=probe, snapshot_path=snapshot,
+                                     snapshot_steps=min(3, self.target), capacity=None if cuda else 0)
+        self.monitor.__enter__()
+        self._metrics = open(self.dir / f"metrics.rank{self.rank}.jsonl", "a")
+
+    # -- per optimizer step ------------------------------------------------------------------------
+    def _after_step(self, optimizer, args, kwargs) -> None:
+        if self.monitor is None:
+            return  # a step without a backward before it (e.g. a scheduler warm-up call): not a training step
+        self.steps += 1
+        loss = sum(self._micro) if self._micro else None
+        self._micro = []
+        self.losses.append(loss)
+        now = time.perf_counter()
+        rec = {"step": self.steps, "loss": loss, "time": round(now - self._t0, 4), "step_time": round(now - self._last, 6)}
+        self._last = now
+        sample = self.monitor.step()
+        if sample is not None:
+            rec.update(sample)
+        self._metrics.write(json.dumps(rec, default=str) + "\n")
+        self._metrics.flush()
+        if self.steps >= self.target:
+            self.status = "steps"
+            self._write()
+            raise SmokeStepsReached(self.steps)
+        self._write()
+
+    # -- records -----------------------------------------------------------------------------------
+    def _write(self) -> None:
+        if self.monitor is None:
+            return
+        summary = self.monitor.summary()
+        record = {"rank": self.rank, "local_rank": self.local_rank, "pid": os.getpid(), "device": str(self.monitor.device),
+                  "capacity": self.monitor.capacity or None, "status": self.status, "error": self.error,
+                  "steps": self.steps, "losses": self.losses, **{k: v for k, v in summary.items() if k != "steps"}}
+        path = self.dir / f"rank{self.rank}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record, default=str))
+        os.replace(tmp, path)  # a process killed mid-write leaves the previous step's record
+
+    def _at_exit(self) -> None:
+        if self.monitor is None:
+            return
+        if self.status == "running":
+            self.status = "exited"
+        try:
+            self.monitor.close()
+        finally:
+            self._write()
+            if self._metrics:
+                self._metrics.close()
+
+
+def install_from_env() -> RankProbe | None:
+    run_dir = os.environ.get("PODKIT_SMOKE_DIR")
+    if not run_dir:
+        return None
+    probe = RankProbe(Path(run_dir), int(os.environ.get("PODKIT_SMOKE_STEPS", "100")),
+                      int(os.environ.get("PODKIT_SMOKE_EVERY", "10")))
+    probe.install()
+    return probe

@@ -1,0 +1,257 @@
+"""`bin/smoke -- COMMAND...`: the user's own training command, unchanged, for N optimizer steps.
+
+The command runs with train/inject/ first on its PYTHONPATH, so every Python process it starts
+(torchrun's or accelerate's workers included) loads train/rank_probe.py before the user's code:
+each rank counts its optimizer steps, reads its loss from backward, measures memory and writes
+runs/<id>/ranks/. This side runs the command in its own session, keeps its output in smoke.log,
+stops it on --timeout or Ctrl-C, and then writes the same files as the built-in smoke run:
+summary.json (status, verdict, per-rank peaks, predicted vs measured), metrics.jsonl (rank 0),
+memory.png, and memory_snapshot.pickle where rank 0 got that far. A crash, an OOM or a hang
+still leaves summary.json and smoke.log, with the command's exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from checks.errors import ConfigError
+from train.outputs import RunDir, resolved_toml
+from train.verdict import EXIT_CODES, Row, judge, prediction_warnings
+
+ROOT = Path(__file__).resolve().parent.parent
+INJECT_DIR = Path(__file__).resolve().parent / "inject"
+STOP_GRACE_S = 15.0  # SIGTERM -> SIGKILL for the command's process group (torchrun itself waits 30 s per worker)
+EXIT_TIMEOUT = 1  # a hang is a failed run (DESIGN.md: 0 ok, 1 failed, 3 OOM, 130 interrupted)
+
+
+def check_command(command: tuple[str, ...], dashdash: bool) -> None:
+    if not command:
+        raise ConfigError("--", "no command after --" if dashdash else "no command",
+                          "e.g. bin/smoke -- python train.py, or bin/smoke -- torchrun --nproc_per_node 2 train.py")
+    exe = command[0]
+    if os.sep in exe:
+        if not (os.path.isfile(exe) and os.access(exe, os.X_OK)):
+            raise ConfigError("--", f"{exe} is not an executable file", "check the path, or run it with python")
+    elif shutil.which(exe) is None:
+        raise ConfigError("--", f"command not found: {exe}", "check the name, or give its full path")
+
+
+def _child_env(run_path: Path, steps: int, every: int) -> dict:
+    env = dict(os.environ)
+    # bin/smoke put podkit's root on PYTHONPATH for itself; the command must not see podkit's
+    # `train`/`checks` packages in place of its own modules, only the injection folder.
+    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != ROOT]
+    env["PYTHONPATH"] = os.pathsep.join([str(INJECT_DIR), *parts])
+    env.update(PODKIT_ROOT=str(ROOT), PODKIT_SMOKE_DIR=str(run_path), PODKIT_SMOKE_STEPS=str(steps),
+               PODKIT_SMOKE_EVERY=str(every), PYTHONUNBUFFERED="1")
+    return env
+
+
+def _tee(stream, log_file, echo) -> None:
+    for line in iter(stream.readline, b""):
+        log_file.write(line)
+        log_file.flush()
+        if echo is not None:
+            echo.write(line)
+            echo.flush()
+
+
+def run_command(command: tuple[str, ...], run_dir: RunDir, steps: int, every: int, timeout: float | None,
+                echo=True) -> tuple[int | None, str]:
+    """Run the command to its end, a timeout or a signal. Returns (exit code or None, how it ended)."""
+    from train import process_tree
+
+    process_tree.become_subreaper()
+    log = open(run_dir.file("log"), "ab")
+    log.write(f"$ {' '.join(command)}\n".encode())
+    log.flush()
+    proc = subprocess.Popen(list(command), env=_child_env(run_dir.path, steps, every), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    reader = threading.Thread(target=_tee, args=(proc.stdout, log, sys.stderr.buffer if echo else None), daemon=True)
+    reader.start()
+    stopped: list[int] = []
+
+    def forward(signum, _frame):
+        stopped.append(signum)
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    how = "exited"
+    try:
+        deadline = time.monotonic() + timeout if timeout else None
+        while True:
+            try:
+                wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+                code = proc.wait(timeout=STOP_GRACE_S if stopped else wait)
+                break
+            except subprocess.TimeoutExpired:
+                if stopped:
+                    os.killpg(proc.pid, signal.SIGKILL)  # past its grace
+                    continue
+                how = "timeout"
+                stopped.append(signal.SIGTERM)
+                os.killpg(proc.pid, signal.SIGTERM)
+        if stopped and how != "timeout":
+            how = "interrupted"
+        process_tree.stop_all_below(os.getpid(), grace=5.0 if stopped else 0.0)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    reader.join(timeout=5)
+    log.close()
+    return code, how
+
+
+def _ranks(run_path: Path) -> list[dict]:
+    out = []
+    for p in sorted((run_path / "ranks").glob("rank*.json")):
+        try:
+            out.append(json.loads(p.read_text()))
+        except (OSError, json.JSONDecodeError):
+            pass
+    return sorted(out, key=lambda r: r.get("rank", 0))
+
+
+def _oom_in_log(path: Path) -> bool:
+    try:
+        text = path.read_bytes()[-200_000:].decode(errors="replace")
+    except OSError:
+        return False
+    return "OutOfMemoryError" in text or "CUDA out of memory" in text
+
+
+def summarize(command, code: int | None, how: str, run_dir: RunDir, steps: int, timeout: float | None,
+              job=None, min_drop: float = 0.05) -> dict:
+    ranks = _ranks(run_dir.path)
+    main = next((r for r in ranks if r.get("rank") == 0), ranks[0] if ranks else None)
+    losses = [x for x in (main or {}).get("losses", []) if x is not None]
+    cuda = bool(main and str(main.get("device", "")).startswith("cuda"))
+    peak_key = "peak_reserved" if cuda else "peak_allocated"
+    peak = max((r.get(peak_key) or 0 for r in ranks), default=None) or None
+    limit = None
+    if job is not None and job.smoke.peak_limit_gb:
+        limit = int(job.smoke.peak_limit_gb * 1e9)
+    elif cuda and main.get("capacity"):
+        limit = main["capacity"]
+    verdict = judge(losses, min_drop, peak, limit, steps)
+    reasons = []
+    if how == "interrupted":
+        status = "interrupted"
+        reasons.append("stopped by a signal (Ctrl-C or SIGTERM) before the run finished")
+    elif how == "timeout":
+        status = "timeout"
+        reasons.append(f"no end within --timeout {timeout:g} s (stopped at step {(main or {}).get('steps', 0)})")
+    elif any(r.get("status") == "oom" for r in ranks) or (code not in (0, None) and _oom_in_log(run_dir.file("log"))):
+        status = "oom"
+        reasons.append(next((r["error"] for r in ranks if r.get("status") == "oom"), "out of memory (see smoke.log)"))
+    elif code != 0:
+        status = "failed"
+        error = next((r["error"] for r in ranks if r.get("error")), "")
+        reasons.append(f"the command exited {code}" + (f": {error}" if error else "; see smoke.log"))
+    elif not ranks:
+        status = "failed"
+        reasons.append("no optimizer step was seen: the command ran no torch.optim step in a Python process podkit "
+                       "could inject into")
+    else:
+        status = verdict.status
+    reasons += verdict.reasons if status in ("pass", "failed") and code == 0 else []
+    summary = {
+        "status": status, "reasons": reasons, "checks": verdict.checks, "exit_code": code, "command": list(command),
+        "steps": (main or {}).get("steps", 0), "planned_steps": steps,
+        "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
+        "loss_note": "the value each step passed to backward (the Trainer divides it by gradient accumulation)",
+        "peak_allocated": max((r.get("peak_allocated") or 0 for r in ranks), default=0) or None,
+        "peak_reserved": max((r.get("peak_reserved") or 0 for r in ranks), default=0) or None,
+        "device_peak": max((r.get("device_peak") or 0 for r in ranks), default=0) or None,
+        "step_time": (main or {}).get("step_time"), "tokens_per_s": None, "mfu": None,
+        "ranks": [{k: r.get(k) for k in ("rank", "device", "status", "error", "steps", "peak_allocated",
+                                        "peak_reserved", "device_peak", "host_rss_peak")} for r in ranks],
+        "warnings": sorted({w for r in ranks for w in r.get("warnings", [])}),
+        "predicted": None, "memory": [],
+    }
+    if job is not None:
+        from checks.memory import estimate
+
+        est = estimate(job)
+        summary["predicted"] = {"allocated": est.allocated, "reserved": est.reserved, "total": est.total}
+        rows = [Row("peak allocated", est.allocated, summary["peak_allocated"],
+                    "max over ranks: " + ("torch.cuda.max_memory_allocated" if cuda else "tensor counter (CPU)"))]
+        if cuda:
+            rows += [Row("peak reserved", est.reserved, summary["peak_reserved"], "torch.cuda.max_memory_reserved"),
+                     Row("device (nvidia-smi)", est.total, summary["device_peak"], "incl. CUDA context, NCCL")]
+        summary["memory"] = [r.to_json() for r in rows]
+        if summary["step_time"]:
+            # Tokens per optimizer step per rank by the job's shapes (the script's own batches may differ).
+            tokens = job.train.micro_batch * job.train.grad_accum * job.train.seq_len
+            summary["tokens_per_s"] = tokens / summary["step_time"]
+        summary["warnings"] += prediction_warnings(rows)
+    return summary
+
+
+def _write_env(run_dir: RunDir, summary: dict) -> None:
+    """env.json as the built-in run writes it, for the device rank 0 trained on (read after the run:
+    this process never touched the GPU while the command held it)."""
+    import torch
+
+    from train.outputs import env_record
+
+    ranks = summary["ranks"]
+    device = torch.device(ranks[0]["device"]) if ranks and ranks[0].get("device") else torch.device("cpu")
+    try:
+        record = env_record(device, max(1, len(ranks)), None)
+    except Exception as exc:  # e.g. the GPU is gone after a crash: still the versions and the env
+        record = env_record(torch.device("cpu"), max(1, len(ranks)), None) | {"device_error": str(exc)}
+    run_dir.write_json("env", record | {"command": summary["command"]})
+
+
+def _plot(run_dir: RunDir, summary: dict) -> None:
+    from train.plot import Series, line_plot
+
+    series = []
+    for path in sorted((run_dir.path / "ranks").glob("metrics.rank*.jsonl")):
+        samples = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        points = [(s["step"], s.get("peak_allocated") or 0) for s in samples if "peak_allocated" in s]
+        if points:
+            series.append(Series(f"{path.stem.split('.')[-1]} peak", points))
+    if not series:
+        return
+    if summary.get("predicted"):
+        last = max(x for s in series for x, _ in s.points)
+        value = summary["predicted"]["allocated"]
+        series.append(Series("predicted peak", [(0, value), (last, value)], dashed=True))
+    big = max(v for s in series for _, v in s.points) > (1 << 30)
+    line_plot(str(run_dir.file("plot")), "your command: memory per rank", series,
+              unit="GIB" if big else "MIB", scale=(1 << 30) if big else (1 << 20))
+
+
+def run(command: tuple[str, ...], root: Path, run_id: str, steps: int, every: int, timeout: float | None,
+        job=None, min_drop: float = 0.05, echo: bool = True) -> tuple[dict, Path, int]:
+    run_dir = RunDir(root, run_id)
+    run_dir.write_json("summary", {"status": "running", "command": list(command), "steps": 0, "planned_steps": steps})
+    if job is not None:
+        run_dir.file("config").write_text(resolved_toml(job))
+    code, how = run_command(command, run_dir, steps, every, timeout, echo=echo)
+    summary = summarize(command, code, how, run_dir, steps, timeout, job, min_drop)
+    _write_env(run_dir, summary)
+    main_metrics = run_dir.path / "ranks" / "metrics.rank0.jsonl"
+    if main_metrics.exists():
+        shutil.copyfile(main_metrics, run_dir.file("metrics"))
+    try:
+        _plot(run_dir, summary)
+    except Exception as exc:  # the plot must never cost the summary
+        summary["warnings"].append(f"memory plot failed: {exc}")
+    summary["files"] = run_dir.present() | {"summary": "summary.json"}
+    run_dir.write_json("summary", summary)
+    exit_code = EXIT_TIMEOUT if summary["status"] == "timeout" else EXIT_CODES.get(summary["status"], 1)
+    return summary, run_dir.path, exit_code
