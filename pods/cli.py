@@ -1,6 +1,6 @@
 """bin/pod (and bin/deploy, bin/fetch-logs): thin click commands over pods.*.
 
-Commands: deploy, run (detached jobs), attach, stop, jobs, probe, fetch-logs.
+Commands: deploy, run (detached jobs), attach, stop, jobs, probe, fetch-logs; up, down, ls, gpus (RunPod's API).
 
 Exit codes: 0 ok, 1 envsetup/preflight or the remote command failed, 2 bad input or a connection
 fault (one line saying what and how to fix it), 130 interrupted.
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
+import re
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -247,6 +249,138 @@ def probe_cmd(host, as_json, pods: PodArgs):
     """Fingerprint HOST in one round trip: OS, Python, GPUs, torch build, disk, CPUs, RAM."""
     with pods.one(host) as (_, spec, fp, prof, rdir):
         click.echo(fp.to_json() if as_json else f"{spec.name}: {fp.summary()}; profile {prof.name}; project {rdir}")
+
+
+# ---------------------------------------------------------------- provisioning (RunPod's API)
+
+def _inventory_path(inventory: str | None) -> Path:
+    return Path(inventory) if inventory else Path("pods.toml")
+
+
+def _client():
+    from pods.runpod import RunPodClient, api_key
+
+    return RunPodClient(api_key())
+
+
+def _default_name(gpu, inventory: Path) -> str:
+    from pods.hosts import load_inventory
+
+    taken = set(load_inventory(inventory).pods) if inventory.exists() else set()
+    base = re.sub(r"[^a-z0-9]+", "-", gpu.display_name.lower()).strip("-") or "pod"
+    name, n = base, 1
+    while name in taken:
+        n += 1
+        name = f"{base}-{n}"
+    return name
+
+
+@main.command("up")
+@click.option("--gpu", required=True, help="GPU type: its id or display name (bin/pod gpus lists them).")
+@click.option("--count", type=int, default=1, show_default=True, help="GPUs in the pod.")
+@click.option("--image", default=None, help="Container image (default: RunPod's PyTorch image).")
+@click.option("--volume-gb", type=int, default=50, show_default=True, help="Pod volume at /workspace (kept by `down`, deleted by `down --terminate`).")
+@click.option("--disk-gb", type=int, default=40, show_default=True, help="Container disk (wiped when the pod stops).")
+@click.option("--name", help="Name in pods.toml (default: from the GPU type).")
+@click.option("--deadline", type=float, default=600.0, show_default=True, help="Seconds to wait for SSH; then the pod is terminated.")
+@click.option("--poll", type=float, default=5.0, show_default=True, help="Seconds between status checks.")
+@click.option("--inventory", type=click.Path(dir_okay=False), help="pods.toml to record the pod in (default ./pods.toml).")
+@click.option("--json", "as_json", is_flag=True, help="Print the pod as JSON.")
+@guarded
+def up_cmd(gpu, count, image, volume_gb, disk_gb, name, deadline, poll, inventory, as_json):
+    """Create a RunPod pod (TCP 22 exposed), wait until SSH is mapped, record it in pods.toml.
+
+    The API key is read from RUNPOD_API_KEY or .podkit/env, never from the command line.
+    Then: make deploy HOST=NAME.
+    """
+    from pods import provision
+    from pods.runpod import PodRequest
+
+    inv = _inventory_path(inventory)
+    wait = provision.Wait(deadline_s=deadline, poll_s=poll)
+    client = _client()
+    gpu_type = provision.resolve_gpu(gpu, client.gpu_types())
+    name = name or _default_name(gpu_type, inv)
+    provision.check_new_name(name, inv)
+    request = PodRequest(name=name, gpu=gpu_type.id, count=count, volume_gb=volume_gb, disk_gb=disk_gb,
+                         **({"image": image} if image else {}))
+    pod = provision.up(client, request, wait, lambda line: click.echo(line, err=True))
+    provision.record(pod, name, inv)
+    if as_json:
+        click.echo(json.dumps({**pod.to_json(), "inventory_name": name, "inventory": str(inv)}))
+    else:
+        click.echo(f"pod up: {name} is running ({pod.id}, {pod.gpu_count}x {gpu_type.id}, ${pod.cost_per_hour:.2f}/h); "
+                   f"ssh root@{pod.ssh_host} -p {pod.ssh_port}; recorded in {inv}")
+        click.echo(f"next: make deploy HOST={name} ACCEPT_NEW=1   (stop billing: bin/pod down {name})")
+
+
+@main.command("down")
+@click.argument("name")
+@click.option("--terminate", is_flag=True, help="Delete the pod and its volume (default: stop it, keeping the volume).")
+@click.option("--inventory", type=click.Path(dir_okay=False), help="pods.toml (default ./pods.toml).")
+@click.option("--json", "as_json", is_flag=True, help="Print what was done as JSON.")
+@guarded
+def down_cmd(name, terminate, inventory, as_json):
+    """Stop the pod NAME that bin/pod up brought up (its volume is kept), or --terminate it."""
+    from pods import provision
+
+    inv = _inventory_path(inventory)
+    pod_id = provision.recorded(name, inv)
+    client = _client()
+    if terminate:
+        client.terminate(pod_id)
+        provision.forget(name, inv)
+        line = f"pod down: terminated {name} ({pod_id}); its volume is deleted, nothing bills; removed from {inv}"
+    else:
+        client.stop(pod_id)
+        line = (f"pod down: stopped {name} ({pod_id}); its volume is kept (storage still bills); "
+                f"delete it with: bin/pod down {name} --terminate")
+    if as_json:
+        click.echo(json.dumps({"name": name, "id": pod_id, "action": "terminated" if terminate else "stopped",
+                               "volume_kept": not terminate}))
+    else:
+        click.echo(line)
+
+
+@main.command("ls")
+@click.option("--inventory", type=click.Path(dir_okay=False), help="pods.toml (default ./pods.toml).")
+@click.option("--json", "as_json", is_flag=True, help="Print the pods as JSON.")
+@guarded
+def ls_cmd(inventory, as_json):
+    """List the account's RunPod pods: podkit's by their pods.toml name, others marked; status and $/h."""
+    from pods import provision
+
+    inv = _inventory_path(inventory)
+    names = provision.inventory_ids(inv)
+    pods = _client().pods()
+    rows = [{**p.to_json(), "inventory_name": names.get(p.id)} for p in pods]
+    listed = {p.id for p in pods}
+    rows += [{"id": i, "inventory_name": n, "status": "GONE", "cost_per_hour": 0.0, "gpu_count": 0, "gpu": "",
+              "ssh_host": None, "ssh_port": None, "name": ""} for i, n in names.items() if i not in listed]
+    if as_json:
+        click.echo(json.dumps(rows))
+        return
+    for r in rows:
+        ssh = f"root@{r['ssh_host']}:{r['ssh_port']}" if r["ssh_host"] else "-"
+        label = r["inventory_name"] or f"{r['name'] or '-'} (not podkit's)"
+        click.echo(f"{label:24} {r['id']:16} {r['status']:10} {r['gpu_count']}x {r['gpu'] or '?':22} "
+                   f"${r['cost_per_hour']:.2f}/h  {ssh}")
+    running = sum(r["cost_per_hour"] for r in rows if r["status"] == "RUNNING")
+    click.echo(f"{len(rows)} pod(s); running now: ${running:.2f}/h")
+
+
+@main.command("gpus")
+@click.option("--json", "as_json", is_flag=True, help="Print the GPU types as JSON (bin/preflight --rank-gpus - reads it).")
+@guarded
+def gpus_cmd(as_json):
+    """GPU types RunPod offers: memory and on-demand price per GPU-hour, cheapest first."""
+    types = sorted(_client().gpu_types(), key=lambda g: (g.price_per_hour is None, g.price_per_hour or 0.0, g.id))
+    if as_json:
+        click.echo(json.dumps([g.to_json() for g in types]))
+        return
+    for g in types:
+        price = f"${g.price_per_hour:.2f}/h" if g.price_per_hour is not None else "none free now"
+        click.echo(f"{g.id:36} {g.memory_gb:4d} GB  {price}")
 
 
 if __name__ == "__main__":

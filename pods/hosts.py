@@ -181,6 +181,8 @@ class Inventory:
         host = "ssh root@1.2.3.4 -p 22022 -i ~/.ssh/id_ed25519"   # any host spec
         profile = "runpod"                                         # optional
         remote_dir = "/workspace/myproj"                           # optional
+        provider = "runpod"                                        # written by bin/pod up,
+        pod_id = "abc123"                                          # with the provider's pod id
         [groups]
         train = ["a100", "h100"]
     """
@@ -188,9 +190,11 @@ class Inventory:
     pods: dict[str, HostSpec] = field(default_factory=dict)
     groups: dict[str, list[str]] = field(default_factory=dict)
     source: str = ""
+    raw_pods: dict[str, dict] = field(default_factory=dict)
+    """Each [pods.NAME] table as written (provider and pod_id are read by pods.provision)."""
 
 
-_POD_KEYS = {"host", "key", "profile", "remote_dir", "python"}
+_POD_KEYS = {"host", "key", "profile", "remote_dir", "python", "provider", "pod_id"}
 
 
 def load_inventory(path: str | Path | None) -> Inventory:
@@ -216,6 +220,7 @@ def load_inventory(path: str | Path | None) -> Inventory:
         if bad:
             raise PodError(f"{path}: pods.{name}.{sorted(bad)[0]}: unknown key", "known: " + ", ".join(sorted(_POD_KEYS)))
         spec = parse_host(entry["host"], entry.get("key"))
+        inv.raw_pods[name] = entry
         inv.pods[name] = replace(
             spec, name=name, profile=entry.get("profile", "auto"),
             remote_dir=entry.get("remote_dir"), python=entry.get("python"),

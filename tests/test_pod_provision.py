@@ -1,0 +1,192 @@
+"""bin/pod up/down/ls/gpus against tests/runpod_fake.py (RunPod's documented GraphQL shapes on
+127.0.0.1), and the recorded pod reached for real through a loopback sshd."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pods.hosts import load_inventory
+from runpod_fake import FakeRunPod
+from sshd_harness import LoopbackPod, sshd_available
+
+ROOT = Path(__file__).resolve().parents[1]
+KEY = "rp_test_key_5f2c9a"
+
+
+@pytest.fixture
+def fake():
+    f = FakeRunPod(key=KEY).start()
+    yield f
+    f.stop()
+
+
+def pod(cwd: Path, fake: FakeRunPod, *args: str, key: str | None = KEY, timeout: float = 60) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("RUNPOD_API_KEY", "PYTHONPATH")}
+    env["RUNPOD_API_BASE_URL"] = fake.url
+    if key is not None:
+        env["RUNPOD_API_KEY"] = key
+    out = subprocess.run([str(ROOT / "bin" / "pod"), *args], cwd=cwd, env=env, capture_output=True, text=True,
+                         timeout=timeout, stdin=subprocess.DEVNULL)
+    assert KEY not in out.stdout + out.stderr, "the API key was printed"
+    return out
+
+
+def one_line_error(out) -> str:
+    assert out.returncode == 2, out.stdout + out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert lines and lines[-1].startswith("error: ") and "Traceback" not in out.stderr, out.stderr
+    assert sum(line.startswith("error: ") for line in lines) == 1, out.stderr
+    return lines[-1]
+
+
+FAST = ("--poll", "0.05")
+
+
+def test_gpus_lists_memory_and_price_cheapest_first(tmp_path, fake):
+    fake.out_of_stock.add("NVIDIA H200")
+    out = pod(tmp_path, fake, "gpus")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("NVIDIA RTX A6000") and "48 GB" in lines[0] and "$0.49/h" in lines[0]
+    assert "NVIDIA H200" in lines[-1] and "none free now" in lines[-1]
+    rows = json.loads(pod(tmp_path, fake, "gpus", "--json").stdout)
+    a100 = next(r for r in rows if r["id"] == "NVIDIA A100 80GB PCIe")
+    assert a100["memory_gb"] == 80 and a100["price_per_hour"] == 1.64
+    assert fake.keys_seen == {KEY}
+
+
+def test_up_waits_for_a_slow_pod_records_it_then_ls_and_down(tmp_path, fake):
+    fake.start_polls = 3  # runtime null for three polls: still pulling the image
+    out = pod(tmp_path, fake, "up", "--gpu", "a100 pcie", "--count", "2", "--name", "trainer", "--volume-gb", "100", *FAST)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.count("pod up: waiting (container starting, no SSH port mapped yet)") == 3, out.stderr
+    assert "trainer is running" in out.stdout and "make deploy HOST=trainer" in out.stdout
+    created = fake.ops("podFindAndDeployOnDemand")[0]["input"]
+    assert created["gpuTypeId"] == "NVIDIA A100 80GB PCIe" and created["gpuCount"] == 2
+    assert created["ports"] == "22/tcp" and created["volumeInGb"] == 100 and created["name"] == "trainer"
+    # the inventory names it, so `make deploy HOST=trainer` resolves to the mapped public port
+    inv = load_inventory(tmp_path / "pods.toml")
+    spec = inv.pods["trainer"]
+    assert (spec.host, spec.port, spec.user, spec.profile) == ("127.0.0.1", 22022, "root", "runpod")
+    pod_id = inv.raw_pods["trainer"]["pod_id"]
+    assert pod_id in fake.pods and inv.raw_pods["trainer"]["provider"] == "runpod"
+
+    ls = pod(tmp_path, fake, "ls")
+    assert ls.returncode == 0, ls.stderr
+    row = next(line for line in ls.stdout.splitlines() if line.startswith("trainer"))
+    assert pod_id in row and "RUNNING" in row and "$3.28/h" in row
+    assert "running now: $3.28/h" in ls.stdout
+
+    stopped = pod(tmp_path, fake, "down", "trainer")
+    assert stopped.returncode == 0 and "stopped trainer" in stopped.stdout and "volume is kept" in stopped.stdout
+    assert fake.pods[pod_id]["desiredStatus"] == "EXITED" and "trainer" in load_inventory(tmp_path / "pods.toml").pods
+
+    gone = pod(tmp_path, fake, "down", "trainer", "--terminate", "--json")
+    assert gone.returncode == 0, gone.stderr
+    assert json.loads(gone.stdout) == {"name": "trainer", "id": pod_id, "action": "terminated", "volume_kept": False}
+    assert fake.ops("podTerminate") == [{"input": {"podId": pod_id}}] and pod_id not in fake.pods
+    assert "trainer" not in load_inventory(tmp_path / "pods.toml").pods
+
+
+def test_ls_shows_pods_podkit_did_not_bring_up(tmp_path, fake):
+    fake.pods["other1"] = {"id": "other1", "name": "console-pod", "desiredStatus": "RUNNING", "costPerHr": 0.69,
+                           "gpuCount": 1, "runtime": None, "machine": {"gpuDisplayName": "RTX 4090"}, "_polls": 0}
+    rows = json.loads(pod(tmp_path, fake, "ls", "--json").stdout)
+    assert rows[0]["id"] == "other1" and rows[0]["inventory_name"] is None
+    assert "console-pod (not podkit's)" in pod(tmp_path, fake, "ls").stdout
+
+
+def test_down_refuses_a_pod_podkit_did_not_bring_up(tmp_path, fake):
+    (tmp_path / "pods.toml").write_text('[pods.mine]\nhost = "root@1.2.3.4:22"\n')
+    assert "not brought up by bin/pod up" in one_line_error(pod(tmp_path, fake, "down", "mine"))
+    assert fake.calls == []
+
+
+def test_a_pod_that_never_gets_ready_is_terminated(tmp_path, fake):
+    fake.never_ready = True
+    out = pod(tmp_path, fake, "up", "--gpu", "NVIDIA RTX A6000", "--deadline", "0.5", *FAST)
+    line = one_line_error(out)
+    assert "not ready within" in line and "terminated" in line
+    created = fake.ops("pod")[0]["input"]["podId"]
+    assert fake.ops("podTerminate") == [{"input": {"podId": created}}] and fake.pods == {}
+    assert not (tmp_path / "pods.toml").exists()
+
+
+@pytest.mark.parametrize("fault, expect", [
+    ("out_of_stock", "free to rent right now"),
+    ("failed", "RunPod refused: Something went wrong"),
+    ("quota", "RunPod refused: You have reached the spend limit"),
+])
+def test_creation_faults_are_one_line(tmp_path, fake, fault, expect):
+    if fault == "out_of_stock":
+        fake.out_of_stock.add("NVIDIA H100 80GB HBM3")
+    elif fault == "failed":
+        fake.create_error = "Something went wrong. Please try again later or contact support."
+    else:  # illustrative wording; the client passes RunPod's message through whatever it says
+        fake.create_error = "You have reached the spend limit for your account. Raise it in Settings > Billing."
+    out = pod(tmp_path, fake, "up", "--gpu", "NVIDIA H100 80GB HBM3", *FAST)
+    assert expect in one_line_error(out)
+    assert fake.pods == {} and not (tmp_path / "pods.toml").exists()
+
+
+def test_unknown_gpu_suggests_the_closest(tmp_path, fake):
+    line = one_line_error(pod(tmp_path, fake, "up", "--gpu", "H100 80GB"))
+    assert "unknown GPU type 'H100 80GB'" in line and "did you mean 'NVIDIA H100 80GB HBM3'" in line
+    assert fake.ops("podFindAndDeployOnDemand") == []
+
+
+def test_bad_key_and_no_key(tmp_path, fake):
+    bad = one_line_error(pod(tmp_path, fake, "gpus", key="rp_wrong"))
+    assert "refused the API key (HTTP 401)" in bad and "rp_wrong" not in bad
+    none = one_line_error(pod(tmp_path, fake, "ls", key=None))
+    assert "no RunPod API key" in none and "RUNPOD_API_KEY" in none
+    assert fake.keys_seen == {"rp_wrong"}  # no request at all without a key
+
+
+def test_key_from_the_env_file(tmp_path, fake):
+    (tmp_path / ".podkit").mkdir()
+    (tmp_path / ".podkit" / "env").write_text(f"# secrets\nexport RUNPOD_API_KEY='{KEY}'\n")
+    out = pod(tmp_path, fake, "gpus", key=None)
+    assert out.returncode == 0, out.stderr
+    assert fake.keys_seen == {KEY}
+
+
+def test_bad_input_is_one_line(tmp_path, fake):
+    assert "--count 0" in one_line_error(pod(tmp_path, fake, "up", "--gpu", "RTX A6000", "--count", "0"))
+    (tmp_path / "pods.toml").write_text('[pods.taken]\nhost = "root@1.2.3.4:22"\n')
+    assert "already has a pod named 'taken'" in one_line_error(pod(tmp_path, fake, "up", "--gpu", "RTX A6000", "--name", "taken"))
+    assert "no pod named 'nope'" in one_line_error(pod(tmp_path, fake, "down", "nope"))
+    assert fake.ops("podFindAndDeployOnDemand") == []
+
+
+def test_unreachable_api_is_one_line(tmp_path, fake):
+    fake.stop()
+    line = one_line_error(pod(tmp_path, fake, "gpus"))
+    assert "cannot reach the RunPod API" in line and "api_key" not in line
+    fake.start()  # the fixture stops it again
+
+
+@pytest.mark.skipif(sshd_available() is not None, reason=str(sshd_available()))
+def test_the_recorded_pod_is_reachable_by_name(tmp_path, fake):
+    """up -> pods.toml -> a pod command by NAME reaches the SSH endpoint the API mapped (a loopback sshd)."""
+    sshd = LoopbackPod(tmp_path, "rp").start()
+    try:
+        fake.ssh_port = sshd.port
+        project = tmp_path / "laptop"
+        project.mkdir()
+        up = pod(project, fake, "up", "--gpu", "RTX 4090", "--json", *FAST)
+        assert up.returncode == 0, up.stderr
+        name = json.loads(up.stdout)["inventory_name"]
+        assert name == "rtx-4090"
+        known = tmp_path / "known_hosts"
+        known.write_text(sshd.known_hosts_line())
+        probe = pod(project, fake, "probe", name, "--key", str(sshd.client_key), "--known-hosts", str(known),
+                    "--python", sys.executable, "--remote-dir", sshd.remote_dir, timeout=120)
+        assert probe.returncode == 0, probe.stderr
+        assert probe.stdout.startswith(f"{name}: ") and "profile runpod" in probe.stdout
+    finally:
+        sshd.stop()
