@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # CPU machines get this pinned CPU build; a pod's image already has its CUDA torch.
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: setup test preflight smoke bench deploy fetch-logs envsetup clean
+.PHONY: setup test preflight smoke bench deploy fetch-logs envsetup clean pod-up pod-down
 
 # Pod options, all optional: make deploy HOST=... KEY=~/.ssh/id_ed25519 PROFILE=runpod REMOTE_DIR=/workspace/x
 # FORCE=1 (deploy into a non-empty REMOTE_DIR podkit did not create; its files are kept), ACCEPT_NEW=1 (record an unknown host key), PODS=pods.toml (inventory), CONFIG=job.toml (preflight on the pod).
@@ -53,6 +53,19 @@ deploy: setup
 fetch-logs: setup
 	@test -n "$(HOST)" || { echo "usage: make fetch-logs HOST=user@host[:port] [KEY=path]" >&2; exit 2; }
 	bin/fetch-logs $(POD_ARGS) "$(HOST)"
+
+# Provision through RunPod's API (key from RUNPOD_API_KEY or .podkit/env): make pod-up GPU="A100 PCIe" [COUNT=2]
+# [NAME=a100] [IMAGE=...] [VOLUME_GB=100] [DISK_GB=40] [PODS=pods.toml]; then make deploy HOST=<name>.
+pod-up: setup
+	@test -n "$(GPU)" || { echo "usage: make pod-up GPU=<type> [COUNT=N] [NAME=...] (bin/pod gpus lists the types)" >&2; exit 2; }
+	bin/pod up --gpu "$(GPU)" $(if $(COUNT),--count "$(COUNT)") $(if $(NAME),--name "$(NAME)") \
+	  $(if $(IMAGE),--image "$(IMAGE)") $(if $(VOLUME_GB),--volume-gb "$(VOLUME_GB)") $(if $(DISK_GB),--disk-gb "$(DISK_GB)") \
+	  $(if $(PODS),--inventory "$(PODS)")
+
+# Stop (volume kept) or, with TERMINATE=1, delete a pod that pod-up brought up: make pod-down NAME=a100
+pod-down: setup
+	@test -n "$(NAME)" || { echo "usage: make pod-down NAME=<name> [TERMINATE=1]" >&2; exit 2; }
+	bin/pod down "$(NAME)" $(if $(TERMINATE),--terminate) $(if $(PODS),--inventory "$(PODS)")
 
 # On the pod itself (deploy runs this there): venv reusing the image's torch, deps, env file.
 envsetup:
