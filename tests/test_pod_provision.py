@@ -190,3 +190,28 @@ def test_the_recorded_pod_is_reachable_by_name(tmp_path, fake):
         assert probe.stdout.startswith(f"{name}: ") and "profile runpod" in probe.stdout
     finally:
         sshd.stop()
+
+
+def test_ctrl_c_while_waiting_terminates_the_pod(tmp_path, fake):
+    import signal
+    import time
+
+    fake.never_ready = True
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env |= {"RUNPOD_API_BASE_URL": fake.url, "RUNPOD_API_KEY": KEY}
+    proc = subprocess.Popen([str(ROOT / "bin" / "pod"), "up", "--gpu", "RTX 4090", *FAST], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while len(fake.ops("pod")) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    created = fake.ops("pod")[0]["input"]["podId"]
+    assert fake.ops("podTerminate") == [{"input": {"podId": created}}] and fake.pods == {}
+    assert f"terminated {created}" in err and "Traceback" not in err
