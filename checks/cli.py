@@ -53,8 +53,10 @@ def run_preflight(config: str, gpu: str | None, probe: bool, job=None):
                    "bitsandbytes, DeepSpeed JSON, accelerate or axolotl YAML, torchtitan TOML; over --config if given.")
 @click.option("--model", "model_preset", default=None, help="With --from: the model preset when no file names it.")
 @click.option("--emit-toml", is_flag=True, help="With --from: print the resulting job TOML and exit.")
+@click.option("--rank-gpus", "rank_gpus", metavar="PRICES",
+              help="Rank the GPU types in PRICES (bin/pod gpus --json; - for stdin) where the job fits, cheapest per hour first.")
 def main(config: str, gpu: str | None, as_json: bool, no_probe: bool, traced: bool, from_files=(),
-         model_preset=None, emit_toml=False) -> None:
+         model_preset=None, emit_toml=False, rank_gpus: str | None = None) -> None:
     """Predict per-GPU training memory term by term and check a job before it runs.
 
     Reads the job config, predicts params, grads, optimizer states, activations, the loss
@@ -68,6 +70,8 @@ def main(config: str, gpu: str | None, as_json: bool, no_probe: bool, traced: bo
             if emit_toml:
                 click.echo(imported.toml, nl=False)
                 sys.exit(0)
+        if rank_gpus:
+            sys.exit(run_ranking(config, rank_gpus, as_json, imported.job if imported else None))
         result = run_preflight(config, gpu, probe=not no_probe, job=imported.job if imported else None)
     except ConfigError as exc:
         click.echo(f"preflight: {exc}", err=True)
@@ -120,6 +124,30 @@ def import_job(config: str, from_files, model_preset, emit_toml: bool, quiet: bo
         for u in imported.unresolved:
             click.echo(f"preflight: warning: {u}", err=True)
     return imported
+
+
+def run_ranking(config: str, prices: str, as_json: bool, job=None) -> int:
+    """--rank-gpus: 0 when some offered type fits the job, 1 when none does, 2 on bad input."""
+    from checks.ranking import load_offers, rank
+
+    try:
+        ranked = rank(job or load_job(config), load_offers(prices))
+    except ConfigError as exc:
+        click.echo(f"preflight: {exc}", err=True)
+        return EXIT_BAD_INPUT
+    if as_json:
+        click.echo(json.dumps([r.to_json() for r in ranked], indent=2))
+    else:
+        i = 0
+        for r in ranked:
+            if r.catalog is None:
+                click.echo(f"   {r.offer.id:32} skipped: {r.note}")
+                continue
+            price = f"${r.job_price_per_hour:.2f}/h for {r.world_size} GPU(s)" if r.job_price_per_hour is not None else r.note
+            verdict = "fits" if r.fits else "does not fit"
+            i += 1
+            click.echo(f"{i:2} {r.offer.id:32} {verdict:12} {r.total_bytes / 2**30:6.1f} of {r.capacity_bytes / 2**30:5.1f} GiB  {price}")
+    return 0 if any(r.fits and r.job_price_per_hour is not None for r in ranked) else EXIT_FAILED
 
 
 def run_traced(job) -> dict:

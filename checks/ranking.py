@@ -1,0 +1,95 @@
+"""`bin/preflight --rank-gpus PRICES`: the offered GPU types where the job fits, cheapest per hour first.
+
+PRICES is `bin/pod gpus --json` (a file, or - for stdin): [{"id", "display_name", "memory_gb",
+"price_per_hour"}]. No network here: the price list is read, never fetched (checks/ stays offline).
+Each type is mapped to the catalog (checks/gpus.py) and the job is predicted on it with the same
+estimate preflight prints; the hourly cost is the price per GPU times the job's world size.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from checks import gpus, memory
+from checks.config import JobConfig
+from checks.errors import ConfigError
+
+GIB = 1 << 30
+# RunPod's memoryInGb is the marketing size (80 for an 80 GB card), the catalog nvidia-smi's total
+# in MiB (81559 for an H100): a 10% gap means the catalog entry is another card.
+_MEMORY_TOLERANCE = 0.10
+
+
+@dataclass(frozen=True)
+class Offer:
+    id: str
+    memory_gb: int
+    price_per_hour: float | None
+
+
+@dataclass(frozen=True)
+class Ranked:
+    offer: Offer
+    catalog: str | None
+    """The catalog card the offer was predicted as; None when the catalog has no such card."""
+    total_bytes: int = 0
+    capacity_bytes: int = 0
+    world_size: int = 1
+    note: str = ""
+
+    @property
+    def fits(self) -> bool:
+        return self.catalog is not None and self.total_bytes <= self.capacity_bytes
+
+    @property
+    def job_price_per_hour(self) -> float | None:
+        p = self.offer.price_per_hour
+        return None if p is None else round(p * self.world_size, 4)
+
+    def to_json(self) -> dict:
+        return {"id": self.offer.id, "catalog": self.catalog, "fits": self.fits, "gpus": self.world_size,
+                "predicted_gib": round(self.total_bytes / GIB, 2), "capacity_gib": round(self.capacity_bytes / GIB, 2),
+                "price_per_gpu_hour": self.offer.price_per_hour, "price_per_hour": self.job_price_per_hour,
+                "note": self.note}
+
+
+def load_offers(source: str) -> list[Offer]:
+    try:
+        text = sys.stdin.read() if source == "-" else Path(source).read_text()
+    except OSError as exc:
+        raise ConfigError("--rank-gpus", f"cannot read {source}: {exc.strerror}", "give the output of bin/pod gpus --json, or -") from None
+    try:
+        rows = json.loads(text)
+        return [Offer(str(r["id"]), int(r["memory_gb"]), None if r.get("price_per_hour") is None else float(r["price_per_hour"]))
+                for r in rows]
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ConfigError("--rank-gpus", f"{source} is not a GPU price list ({exc.__class__.__name__}: {exc})",
+                          "pipe it from: bin/pod gpus --json | bin/preflight --rank-gpus -") from None
+
+
+def rank(job: JobConfig, offers: list[Offer]) -> list[Ranked]:
+    """Every offer, predicted: the ones that fit and are for rent first (cheapest, then most headroom)."""
+    out = []
+    for offer in offers:
+        try:
+            spec = gpus.lookup(offer.id)
+        except ConfigError:
+            out.append(Ranked(offer, None, world_size=job.cluster.world_size, note="not in podkit's GPU catalog"))
+            continue
+        card_gb = spec.memory_mib / 1024
+        if offer.memory_gb and abs(card_gb - offer.memory_gb) > _MEMORY_TOLERANCE * offer.memory_gb:
+            out.append(Ranked(offer, None, world_size=job.cluster.world_size,
+                              note=f"{offer.memory_gb} GB, catalog's {spec.name} has {card_gb:.0f}: not predicted"))
+            continue
+        est = memory.estimate(job, spec)
+        out.append(Ranked(offer, spec.name, est.total, est.capacity, job.cluster.world_size,
+                          "" if offer.price_per_hour is not None else "none free to rent now"))
+
+    def order(r: Ranked):
+        priced = r.job_price_per_hour is not None
+        return (r.catalog is None, not r.fits, not priced, r.job_price_per_hour or 0.0, r.total_bytes / max(1, r.capacity_bytes), r.offer.id)
+
+    return sorted(out, key=order)

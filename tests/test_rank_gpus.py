@@ -1,0 +1,77 @@
+"""bin/preflight --rank-gpus: the price list from bin/pod gpus --json (served by the RunPod fake),
+each type predicted with the same estimate preflight prints, fitting ones cheapest first."""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from checks import gpus, memory
+from checks.config import load_job
+from runpod_fake import FakeRunPod
+
+ROOT = Path(__file__).resolve().parents[1]
+QLORA = ROOT / "checks" / "examples" / "llama-3.1-8b-qlora-a10g.toml"
+
+
+@pytest.fixture
+def fake():
+    f = FakeRunPod(key="rp_rank_key").start()
+    f.out_of_stock.add("NVIDIA H200")
+    yield f
+    f.stop()
+
+
+def job_file(tmp_path: Path, micro_batch: int, gpus_per_node: int = 1) -> Path:
+    text = QLORA.read_text().replace("micro_batch = 1", f"micro_batch = {micro_batch}")
+    text = text.replace('gpu = "A10G"', f'gpu = "A10G"\ngpus_per_node = {gpus_per_node}')
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    return path
+
+
+def ranked(tmp_path, fake, job: Path, *extra: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env |= {"RUNPOD_API_BASE_URL": fake.url, "RUNPOD_API_KEY": fake.key}
+    pipeline = f"'{ROOT}/bin/pod' gpus --json | '{ROOT}/bin/preflight' --config '{job}' --rank-gpus - {' '.join(extra)}"
+    return subprocess.run(["bash", "-o", "pipefail", "-c", pipeline], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_fitting_types_cheapest_first_then_the_rest(tmp_path, fake):
+    job = job_file(tmp_path, micro_batch=4)  # ~34 GiB per GPU: too big for a 24 GB card
+    out = ranked(tmp_path, fake, job, "--json")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    order = [r["id"] for r in rows]
+    assert order == ["NVIDIA RTX A6000", "NVIDIA A100 80GB PCIe", "NVIDIA H100 80GB HBM3", "NVIDIA H200",
+                     "NVIDIA GeForce RTX 4090"]
+    assert [r["fits"] for r in rows] == [True, True, True, True, False]
+    assert rows[3]["price_per_hour"] is None  # out of stock: fits, but not for rent now
+    # the same number preflight predicts for that card
+    expect = memory.estimate(load_job(str(job)), gpus.lookup("A6000")).total / 2**30
+    assert rows[0]["predicted_gib"] == round(expect, 2) and rows[0]["catalog"] == "A6000"
+    text = ranked(tmp_path, fake, job)
+    assert text.stdout.splitlines()[0].split()[:5] == ["1", "NVIDIA", "RTX", "A6000", "fits"]
+
+
+def test_the_hourly_price_is_for_every_gpu_of_the_job(tmp_path, fake):
+    rows = json.loads(ranked(tmp_path, fake, job_file(tmp_path, micro_batch=2, gpus_per_node=2), "--json").stdout)
+    a100 = next(r for r in rows if r["id"] == "NVIDIA A100 80GB PCIe")
+    assert a100["gpus"] == 2 and a100["price_per_hour"] == pytest.approx(2 * a100["price_per_gpu_hour"])
+
+
+def test_an_unknown_card_is_skipped_and_a_bad_list_is_one_line(tmp_path):
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps([{"id": "NVIDIA A40", "display_name": "A40", "memory_gb": 48, "price_per_hour": 0.39},
+                                  {"id": "NVIDIA RTX A6000", "display_name": "RTX A6000", "memory_gb": 48, "price_per_hour": 0.49}]))
+    out = subprocess.run([str(ROOT / "bin" / "preflight"), "--config", str(QLORA), "--rank-gpus", str(prices)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1].split()[:2] == ["NVIDIA", "A40"] and "not in podkit's GPU catalog" in out.stdout
+    prices.write_text("{not json")
+    bad = subprocess.run([str(ROOT / "bin" / "preflight"), "--rank-gpus", str(prices)], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
+    assert "is not a GPU price list" in bad.stderr
