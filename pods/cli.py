@@ -383,5 +383,24 @@ def gpus_cmd(as_json):
         click.echo(f"{g.id:36} {g.memory_gb:4d} GB  {price}")
 
 
+def run() -> None:
+    """main, with click's usage errors (a missing or malformed option) as one line and exit 2."""
+    try:
+        main(prog_name="bin/pod", standalone_mode=False)
+    except click.UsageError as exc:
+        if exc.format_message().startswith("Usage:"):  # `bin/pod` alone: click's help, as it shows it
+            click.echo(exc.format_message(), err=True)
+            sys.exit(2)
+        where = f"bin/pod {exc.ctx.info_name} --help" if exc.ctx and exc.ctx.parent else "bin/pod --help"
+        click.echo(f"error: {exc.format_message()} (see {where})", err=True)
+        sys.exit(2)
+    except click.ClickException as exc:
+        click.echo(f"error: {exc.format_message()}", err=True)
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        click.echo("\ninterrupted", err=True)
+        sys.exit(130)
+
+
 if __name__ == "__main__":
-    main()
+    run()

@@ -156,6 +156,8 @@ def test_key_from_the_env_file(tmp_path, fake):
 
 
 def test_bad_input_is_one_line(tmp_path, fake):
+    assert "Missing option '--gpu'" in one_line_error(pod(tmp_path, fake, "up"))
+    assert "'--count': 'abc' is not a valid integer" in one_line_error(pod(tmp_path, fake, "up", "--gpu", "x", "--count", "abc"))
     assert "--count 0" in one_line_error(pod(tmp_path, fake, "up", "--gpu", "RTX A6000", "--count", "0"))
     (tmp_path / "pods.toml").write_text('[pods.taken]\nhost = "root@1.2.3.4:22"\n')
     assert "already has a pod named 'taken'" in one_line_error(pod(tmp_path, fake, "up", "--gpu", "RTX A6000", "--name", "taken"))
