@@ -304,8 +304,9 @@ def up_cmd(gpu, count, image, volume_gb, disk_gb, name, deadline, poll, inventor
     provision.check_new_name(name, inv)
     request = PodRequest(name=name, gpu=gpu_type.id, count=count, volume_gb=volume_gb, disk_gb=disk_gb,
                          **({"image": image} if image else {}))
-    pod = provision.up(client, request, wait, lambda line: click.echo(line, err=True))
-    provision.record(pod, name, inv)
+    say = lambda line: click.echo(line, err=True)  # noqa: E731
+    pod = provision.up(client, request, wait, say)
+    provision.record(pod, name, inv, client, say)
     if as_json:
         click.echo(json.dumps({**pod.to_json(), "inventory_name": name, "inventory": str(inv)}))
     else:

@@ -86,14 +86,18 @@ def check_new_name(name: str, inventory: Path) -> None:
         raise PodError(f"{inventory} already has a pod named '{name}'", "choose another --name")
 
 
-def record(pod: Pod, name: str, inventory: Path) -> None:
+def record(pod: Pod, name: str, inventory: Path, client: RunPodClient, say: Callable[[str], None]) -> None:
     """Append [pods.NAME] with the SSH line RunPod mapped, the pod id and provider (so `down` finds it).
     Appended, never rewritten: the rest of the file is the user's."""
     block = (f"\n[pods.{name}]  # bin/pod up\n"
              f"host = {json.dumps(f'root@{pod.ssh_host}:{pod.ssh_port}')}\n"
              f'profile = "runpod"\nprovider = "{PROVIDER}"\npod_id = {json.dumps(pod.id)}\n')
-    with inventory.open("a") as f:
-        f.write(block)
+    try:
+        with inventory.open("a") as f:
+            f.write(block)
+    except OSError as exc:  # an unrecorded pod is one `down` cannot find: do not leave it billing
+        _terminate_quietly(client, pod.id, say)
+        raise PodError(f"cannot record the pod in {inventory} ({exc.strerror}); terminated it", "fix the path or --inventory") from None
 
 
 def recorded(name: str, inventory: Path) -> str:

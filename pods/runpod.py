@@ -51,7 +51,10 @@ def api_key(project: Path = Path(".")) -> str:
     env_file = project / ENV_FILE
     if not key and env_file.is_file():
         for line in env_file.read_text().splitlines():
-            words = shlex.split(line, comments=True) if line.strip() else []
+            try:
+                words = shlex.split(line, comments=True)
+            except ValueError:  # an unbalanced quote: not a line this reader can use
+                continue
             if words and words[0] == "export":
                 words = words[1:]
             if words and words[0].startswith(f"{KEY_VAR}="):

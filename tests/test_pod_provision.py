@@ -98,6 +98,9 @@ def test_ls_shows_pods_podkit_did_not_bring_up(tmp_path, fake):
     rows = json.loads(pod(tmp_path, fake, "ls", "--json").stdout)
     assert rows[0]["id"] == "other1" and rows[0]["inventory_name"] is None
     assert "console-pod (not podkit's)" in pod(tmp_path, fake, "ls").stdout
+    # a pod podkit recorded that the account no longer has (terminated in the console) shows as GONE
+    (tmp_path / "pods.toml").write_text('[pods.old]\nhost = "root@1.2.3.4:22"\nprovider = "runpod"\npod_id = "gone9"\n')
+    assert any(line.startswith("old ") and "gone9" in line and "GONE" in line for line in pod(tmp_path, fake, "ls").stdout.splitlines())
 
 
 def test_down_refuses_a_pod_podkit_did_not_bring_up(tmp_path, fake):
@@ -149,7 +152,7 @@ def test_bad_key_and_no_key(tmp_path, fake):
 
 def test_key_from_the_env_file(tmp_path, fake):
     (tmp_path / ".podkit").mkdir()
-    (tmp_path / ".podkit" / "env").write_text(f"# secrets\nexport RUNPOD_API_KEY='{KEY}'\n")
+    (tmp_path / ".podkit" / "env").write_text(f"# secrets\nexport HF_TOKEN='unbalanced\nexport RUNPOD_API_KEY='{KEY}'\n")
     out = pod(tmp_path, fake, "gpus", key=None)
     assert out.returncode == 0, out.stderr
     assert fake.keys_seen == {KEY}
@@ -163,6 +166,12 @@ def test_bad_input_is_one_line(tmp_path, fake):
     assert "already has a pod named 'taken'" in one_line_error(pod(tmp_path, fake, "up", "--gpu", "RTX A6000", "--name", "taken"))
     assert "no pod named 'nope'" in one_line_error(pod(tmp_path, fake, "down", "nope"))
     assert fake.ops("podFindAndDeployOnDemand") == []
+
+
+def test_an_unwritable_inventory_terminates_the_new_pod(tmp_path, fake):
+    out = pod(tmp_path, fake, "up", "--gpu", "RTX 4090", "--inventory", str(tmp_path / "no-such-dir" / "pods.toml"), *FAST)
+    assert "cannot record the pod" in one_line_error(out)
+    assert len(fake.ops("podTerminate")) == 1 and fake.pods == {}
 
 
 def test_unreachable_api_is_one_line(tmp_path, fake):
