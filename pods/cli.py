@@ -282,12 +282,14 @@ def _default_name(gpu, inventory: Path) -> str:
 @click.option("--volume-gb", type=int, default=50, show_default=True, help="Pod volume at /workspace (kept by `down`, deleted by `down --terminate`).")
 @click.option("--disk-gb", type=int, default=40, show_default=True, help="Container disk (wiped when the pod stops).")
 @click.option("--name", help="Name in pods.toml (default: from the GPU type).")
+@click.option("--key", type=click.Path(dir_okay=False, exists=True), help="Private key for the pod, recorded in pods.toml "
+              "(default: ssh's own; RunPod installs the public keys of your account settings).")
 @click.option("--deadline", type=float, default=600.0, show_default=True, help="Seconds to wait for SSH; then the pod is terminated.")
 @click.option("--poll", type=float, default=5.0, show_default=True, help="Seconds between status checks.")
 @click.option("--inventory", type=click.Path(dir_okay=False), help="pods.toml to record the pod in (default ./pods.toml).")
 @click.option("--json", "as_json", is_flag=True, help="Print the pod as JSON.")
 @guarded
-def up_cmd(gpu, count, image, volume_gb, disk_gb, name, deadline, poll, inventory, as_json):
+def up_cmd(gpu, count, image, volume_gb, disk_gb, name, key, deadline, poll, inventory, as_json):
     """Create a RunPod pod (TCP 22 exposed), wait until SSH is mapped, record it in pods.toml.
 
     The API key is read from RUNPOD_API_KEY or .podkit/env, never from the command line.
@@ -306,7 +308,7 @@ def up_cmd(gpu, count, image, volume_gb, disk_gb, name, deadline, poll, inventor
                          **({"image": image} if image else {}))
     say = lambda line: click.echo(line, err=True)  # noqa: E731
     pod = provision.up(client, request, wait, say)
-    provision.record(pod, name, inv, client, say)
+    provision.record(pod, name, inv, client, say, key=str(Path(key).resolve()) if key else None)
     if as_json:
         click.echo(json.dumps({**pod.to_json(), "inventory_name": name, "inventory": str(inv)}))
     else:

@@ -86,12 +86,14 @@ def check_new_name(name: str, inventory: Path) -> None:
         raise PodError(f"{inventory} already has a pod named '{name}'", "choose another --name")
 
 
-def record(pod: Pod, name: str, inventory: Path, client: RunPodClient, say: Callable[[str], None]) -> None:
+def record(pod: Pod, name: str, inventory: Path, client: RunPodClient, say: Callable[[str], None],
+           key: str | None = None) -> None:
     """Append [pods.NAME] with the SSH line RunPod mapped, the pod id and provider (so `down` finds it).
     Appended, never rewritten: the rest of the file is the user's."""
     block = (f"\n[pods.{name}]  # bin/pod up\n"
              f"host = {json.dumps(f'root@{pod.ssh_host}:{pod.ssh_port}')}\n"
-             f'profile = "runpod"\nprovider = "{PROVIDER}"\npod_id = {json.dumps(pod.id)}\n')
+             f'profile = "runpod"\nprovider = "{PROVIDER}"\npod_id = {json.dumps(pod.id)}\n'
+             + (f"key = {json.dumps(key)}\n" if key else ""))
     try:
         with inventory.open("a") as f:
             f.write(block)

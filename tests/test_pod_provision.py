@@ -189,13 +189,14 @@ def test_the_recorded_pod_is_reachable_by_name(tmp_path, fake):
         fake.ssh_port = sshd.port
         project = tmp_path / "laptop"
         project.mkdir()
-        up = pod(project, fake, "up", "--gpu", "RTX 4090", "--json", *FAST)
+        up = pod(project, fake, "up", "--gpu", "RTX 4090", "--json", "--key", str(sshd.client_key), *FAST)
         assert up.returncode == 0, up.stderr
         name = json.loads(up.stdout)["inventory_name"]
         assert name == "rtx-4090"
         known = tmp_path / "known_hosts"
         known.write_text(sshd.known_hosts_line())
-        probe = pod(project, fake, "probe", name, "--key", str(sshd.client_key), "--known-hosts", str(known),
+        assert load_inventory(project / "pods.toml").pods[name].key == str(sshd.client_key)
+        probe = pod(project, fake, "probe", name, "--known-hosts", str(known),  # the key comes from pods.toml
                     "--python", sys.executable, "--remote-dir", sshd.remote_dir, timeout=120)
         assert probe.returncode == 0, probe.stderr
         assert probe.stdout.startswith(f"{name}: ") and "profile runpod" in probe.stdout
