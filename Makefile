@@ -55,12 +55,12 @@ fetch-logs: setup
 	bin/fetch-logs $(POD_ARGS) "$(HOST)"
 
 # Provision through RunPod's API (key from RUNPOD_API_KEY or .podkit/env): make pod-up GPU="A100 PCIe" [COUNT=2]
-# [NAME=a100] [IMAGE=...] [VOLUME_GB=100] [DISK_GB=40] [PODS=pods.toml]; then make deploy HOST=<name>.
+# [NAME=a100] [IMAGE=...] [VOLUME_GB=100] [DISK_GB=40] [KEY=~/.ssh/id_ed25519] [PODS=pods.toml]; then make deploy HOST=<name>.
 pod-up: setup
 	@test -n "$(GPU)" || { echo "usage: make pod-up GPU=<type> [COUNT=N] [NAME=...] (bin/pod gpus lists the types)" >&2; exit 2; }
 	bin/pod up --gpu "$(GPU)" $(if $(COUNT),--count "$(COUNT)") $(if $(NAME),--name "$(NAME)") \
 	  $(if $(IMAGE),--image "$(IMAGE)") $(if $(VOLUME_GB),--volume-gb "$(VOLUME_GB)") $(if $(DISK_GB),--disk-gb "$(DISK_GB)") \
-	  $(if $(PODS),--inventory "$(PODS)")
+	  $(if $(KEY),--key "$(KEY)") $(if $(PODS),--inventory "$(PODS)")
 
 # Stop (volume kept) or, with TERMINATE=1, delete a pod that pod-up brought up: make pod-down NAME=a100
 pod-down: setup
