@@ -51,30 +51,36 @@ def up(client: RunPodClient, request: PodRequest, wait: Wait, say: Callable[[str
     start = time.monotonic()
     try:
         while True:
-            pod = client.pod(pod_id)
+            try:
+                pod = client.pod(pod_id)
+                state = "not listed yet" if pod is None else (
+                    "container starting, no SSH port mapped yet" if pod.status == "RUNNING" else pod.status)
+            except PodError as exc:  # a blip in the API is no reason to kill a pod that is starting
+                pod, state = None, f"API: {exc}"
             if pod is not None and pod.ready:
                 return pod
             elapsed = time.monotonic() - start
             if elapsed >= wait.deadline_s:
                 break
-            state = "not listed yet" if pod is None else (
-                "container starting, no SSH port mapped yet" if pod.status == "RUNNING" else pod.status)
             say(f"pod up: waiting ({state}), {elapsed:.0f}s")
             time.sleep(min(wait.poll_s, max(0.0, wait.deadline_s - elapsed)))
-    except BaseException:  # Ctrl-C or an API fault mid-wait: do not leave it billing
+    except BaseException:  # Ctrl-C mid-wait: do not leave it billing
         _terminate_quietly(client, pod_id, say)
         raise
-    _terminate_quietly(client, pod_id, say)
-    raise PodError(f"pod {pod_id} was not ready within {wait.deadline_s:.0f}s; terminated it (nothing left billing)",
-                   "try again, another GPU type, or a longer --deadline")
+    gone = _terminate_quietly(client, pod_id, say)
+    raise PodError(f"pod {pod_id} was not ready within {wait.deadline_s:.0f}s; "
+                   + ("terminated it (nothing left billing)" if gone else "terminating it FAILED: it may still bill"),
+                   "try again, another GPU type, or a longer --deadline" if gone else "terminate it at runpod.io/console/pods")
 
 
-def _terminate_quietly(client: RunPodClient, pod_id: str, say: Callable[[str], None]) -> None:
+def _terminate_quietly(client: RunPodClient, pod_id: str, say: Callable[[str], None]) -> bool:
     try:
         client.terminate(pod_id)
         say(f"pod up: terminated {pod_id}")
+        return True
     except PodError as exc:
         say(f"pod up: could not terminate {pod_id} ({exc}); terminate it at runpod.io/console/pods")
+        return False
 
 
 # ---------------------------------------------------------------- the inventory (pods.toml)

@@ -45,6 +45,8 @@ class FakeRunPod:
     start_polls: int = 0
     """pod() queries answered with runtime null before the pod runs (a pod that takes time to start)."""
     never_ready: bool = False
+    flaky_polls: int = 0
+    """pod() queries answered with an error before the real answers (a blip in the API)."""
     create_error: str | None = None
     """Message for podFindAndDeployOnDemand to fail with (a quota, a failed creation)."""
     out_of_stock: set = field(default_factory=set)
@@ -129,6 +131,9 @@ class FakeRunPod:
         return {k: v for k, v in pod.items() if not k.startswith("_")}
 
     def _pod(self, variables):
+        if self.flaky_polls > 0:
+            self.flaky_polls -= 1
+            return {"errors": [{"message": "Something went wrong. Please try again later or contact support."}]}
         pod = self.pods.get((variables.get("input") or {}).get("podId"))
         if pod is None:
             return {"data": {"pod": None}}

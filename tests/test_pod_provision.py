@@ -61,9 +61,12 @@ def test_gpus_lists_memory_and_price_cheapest_first(tmp_path, fake):
 
 def test_up_waits_for_a_slow_pod_records_it_then_ls_and_down(tmp_path, fake):
     fake.start_polls = 3  # runtime null for three polls: still pulling the image
+    fake.flaky_polls = 2  # and two answers that are API errors: waited through, not a reason to terminate
     out = pod(tmp_path, fake, "up", "--gpu", "a100 pcie", "--count", "2", "--name", "trainer", "--volume-gb", "100", *FAST)
     assert out.returncode == 0, out.stderr
     assert out.stderr.count("pod up: waiting (container starting, no SSH port mapped yet)") == 3, out.stderr
+    assert out.stderr.count("pod up: waiting (API: RunPod refused: Something went wrong") == 2, out.stderr
+    assert fake.ops("podTerminate") == []
     assert "trainer is running" in out.stdout and "make deploy HOST=trainer" in out.stdout
     created = fake.ops("podFindAndDeployOnDemand")[0]["input"]
     assert created["gpuTypeId"] == "NVIDIA A100 80GB PCIe" and created["gpuCount"] == 2
