@@ -146,7 +146,9 @@ def run_ranking(config: str, prices: str, as_json: bool, job=None) -> int:
             price = f"${r.job_price_per_hour:.2f}/h for {r.world_size} GPU(s)" if r.job_price_per_hour is not None else r.note
             verdict = "fits" if r.fits else "does not fit"
             i += 1
-            click.echo(f"{i:2} {r.offer.id:32} {verdict:12} {r.total_bytes / 2**30:6.1f} of {r.capacity_bytes / 2**30:5.1f} GiB  {price}")
+            free = 1 - r.total_bytes / max(1, r.capacity_bytes)
+            click.echo(f"{i:2} {r.offer.id:32} {verdict:12} {r.total_bytes / 2**30:6.1f} of {r.capacity_bytes / 2**30:5.1f} GiB "
+                       f"({free:4.0%} free)  {price}")
     return 0 if any(r.fits and r.job_price_per_hour is not None for r in ranked) else EXIT_FAILED
 
 

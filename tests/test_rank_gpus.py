@@ -75,3 +75,17 @@ def test_an_unknown_card_is_skipped_and_a_bad_list_is_one_line(tmp_path):
     bad = subprocess.run([str(ROOT / "bin" / "preflight"), "--rank-gpus", str(prices)], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
     assert "is not a GPU price list" in bad.stderr
+
+
+def test_a_job_read_with_from_is_the_one_ranked(tmp_path):
+    from checks.importers import build_job
+
+    d = ROOT / "checks" / "examples" / "qwen2.5-7b-lora-r128-24gb"
+    files = [str(d / "training_args.json"), str(d / "adapter_config.json")]
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps([{"id": "NVIDIA RTX A6000", "display_name": "RTX A6000", "memory_gb": 48, "price_per_hour": 0.49}]))
+    out = subprocess.run([str(ROOT / "bin" / "preflight"), "--from", files[0], "--from", files[1], "--rank-gpus", str(prices),
+                          "--json"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    expect = memory.estimate(build_job(None, files, None).job, gpus.lookup("A6000")).total / 2**30
+    assert json.loads(out.stdout)[0]["predicted_gib"] == round(expect, 2)
