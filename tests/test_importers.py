@@ -66,12 +66,16 @@ def test_sft_config_yaml_maps_batch_precision_optimizer_and_checkpointing(tmp_pa
 
 
 def test_trainer_defaults_apply_where_the_file_is_silent(tmp_path):
-    # TrainingArguments: per_device_train_batch_size=8, bf16=fp16=False by default (training_args.py).
-    f = write(tmp_path, "args.json", json.dumps({"output_dir": "o", "optim": "adamw_torch_fused"}))
+    # TrainingArguments: per_device_train_batch_size=8, bf16=fp16=False, optim adamw_torch_fused with
+    # torch >= 2.8 by default (transformers 5.23 training_args.py).
+    f = write(tmp_path, "args.json", json.dumps({"output_dir": "o"}))
     imp = build_job(None, [f], model_preset="llama-3.2-1b")
     t = imp.job.train
     assert (t.micro_batch, t.grad_accum, t.precision) == (8, 1, "fp32")
     assert (t.optimizer, imp.job.facts.optimizer_impl) == ("adamw", "fused")
+    assert any("adamw_torch_fused" in w for w in imp.files[0].warnings)
+    explicit = write(tmp_path, "args2.json", json.dumps({"output_dir": "o", "optim": "adamw_torch"}))
+    assert build_job(None, [explicit], model_preset="llama-3.2-1b").job.facts.optimizer_impl == "foreach"
 
 
 def test_peft_adapter_config_and_bnb_quantization(tmp_path):
@@ -115,6 +119,10 @@ def test_deepspeed_offload_and_auto_values_left_to_training_arguments(tmp_path):
     assert any("train_micro_batch_size_per_gpu" in u for u in alone.unresolved)
     assert any("cluster.gpus_per_node keeps podkit's default" in u for u in alone.unresolved)
     assert alone.job.train.micro_batch == 1
+    # A silent TrainingArguments still fills "auto": with its defaults (per_device_train_batch_size 8).
+    silent = write(tmp_path, "args_silent.json", json.dumps({"output_dir": "o", "bf16": True, "deepspeed": ds}))
+    filled = build_job(None, [silent], model_preset="llama-3.1-8b")
+    assert filled.job.train.micro_batch == 8 and not any("micro_batch" in u for u in filled.unresolved)
     # A numeric train_batch_size = micro x accum x GPUs gives the GPU count.
     counted = write(tmp_path, "ds2.json", json.dumps({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2,
                                                        "gradient_accumulation_steps": 4, "zero_optimization": {"stage": 1}}))

@@ -65,6 +65,8 @@ def test_resolved_config_reruns(tmp_path):
 def test_two_process_gloo(tmp_path, sharding):
     job = tiny_job(tmp_path, train={"precision": '"bf16-mixed"'},
                    cluster={"gpus_per_node": 2, "sharding": f'"{sharding}"'}, smoke={"steps": 30})
+    # Run from a directory with the user's own train.py: no worker may import it in place of podkit's.
+    (tmp_path / "train.py").write_text("raise SystemExit('the user train.py was imported by a podkit worker')\n")
     proc, s = smoke(tmp_path, "--config", str(job))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert s["status"] == "pass" and s["world_size"] == 2

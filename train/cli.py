@@ -208,8 +208,11 @@ def _run(job, path, device, root: Path, run_id: str, fault, as_json: bool) -> in
 def _launch_torchrun(job, root: Path, run_id: str, as_json: bool) -> int:
     """Run this same command as `torchrun --standalone --nproc-per-node N`, then report rank 0's summary."""
     nproc = job.cluster.gpus_per_node
+    # Workers start as bin/smoke does (`python -c`, the cwd dropped from sys.path), not `-m train.cli`:
+    # a user's own train.py in the current directory would shadow podkit's package in every worker.
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "train.cli", *sys.argv[1:], "--run-id", run_id, "--output-dir", str(root)]
+           "--no-python", sys.executable, "-c", WORKER_BOOT, *sys.argv[1:], "--run-id", run_id,
+           "--output-dir", str(root)]
     env = dict(os.environ, PODKIT_RUN_ID=run_id, PODKIT_LAUNCHER="1", OMP_NUM_THREADS=os.environ.get(
         "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc))))
     click.echo(f"smoke: launching {nproc} processes under torchrun (run {run_id})", err=True)
@@ -240,6 +243,9 @@ def _launch_torchrun(job, root: Path, run_id: str, as_json: bool) -> int:
 
     return EXIT_CODES.get(summary.get("status"), 1)
 
+
+WORKER_BOOT = ('import sys; sys.path[:1] = [] if sys.path[:1] == [""] else sys.path[:1]; '
+               'from train.cli import main; main(prog_name="smoke")')
 
 # torchrun gives its workers 30 s after SIGTERM before SIGKILL (torch/distributed/elastic/
 # multiprocessing/api.py, PContext.close timeout=30, torch 2.13); a little more for itself.

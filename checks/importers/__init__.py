@@ -155,6 +155,11 @@ def build_job(config: str | None, specs: list[str], model_preset: str | None = N
                     continue  # TrainingArguments with a DeepSpeed JSON: the DeepSpeed engine runs the step
                 setters[dotted] = (value, imp.path.name)
                 sections[name][key] = value
+    for imp in files:  # library defaults fill only what neither the base nor any file set
+        for dotted, value in imp.defaults.items():
+            section, key = dotted.split(".")
+            if dotted not in setters and key not in sections[section]:
+                sections[section][key] = value
     if model_preset:
         sections["model"] = {"preset": model_preset}
     if not sections["model"]:
@@ -163,7 +168,8 @@ def build_job(config: str | None, specs: list[str], model_preset: str | None = N
     unresolved = []
     for imp in files:
         for dotted, why in imp.unresolved.items():
-            if dotted not in setters:
+            # The HF Trainer fills "auto" from its arguments, defaults included.
+            if dotted not in setters and not any(dotted in f.defaults for f in files):
                 section, key = dotted.split(".")
                 now = sections[section].get(key)
                 kept = f"{now!r} from --config" if now is not None else "podkit's default"

@@ -96,9 +96,9 @@ def read_trainer(path: Path, data: dict) -> Imported:
                                   ("gradient_accumulation_steps", "grad_accum", 1),
                                   ("max_grad_norm", "grad_clip", 1.0)):
         if key not in data:
-            imp.set(f"{key} (TrainingArguments default)", default, "train", job_key, default)
-    if "bf16" not in data and "fp16" not in data:
-        data = {**data, "bf16": False, "fp16": False}
+            imp.default(key, default, "train", job_key, default)
+    if "bf16" not in data and "fp16" not in data and not data.get("torch_dtype") and not data.get("dtype"):
+        imp.default("bf16/fp16", False, "train", "precision", "fp32")
     take("per_device_train_batch_size", "train", "micro_batch", num("per_device_train_batch_size"))
     take("gradient_accumulation_steps", "train", "grad_accum", num("gradient_accumulation_steps"))
     # SFTConfig.max_length (trl >= 0.16; max_seq_length before): the longest a sequence gets, which
@@ -119,6 +119,13 @@ def read_trainer(path: Path, data: dict) -> Imported:
     handled |= {"bf16", "fp16"}
     if "optim" in data:
         map_optimizer(imp, "optim", str(data["optim"]))
+    else:
+        # transformers 5.23 training_args.py: default_optim = "adamw_torch_fused" when torch >= 2.8, else
+        # "adamw_torch" (foreach); the current pair is assumed.
+        imp.default("optim", "adamw_torch_fused", "train", "optimizer", "adamw")
+        imp.default("optim", "adamw_torch_fused", "train", "optimizer_impl", "fused")
+        imp.warnings.append("optim not set: the Trainer's default adamw_torch_fused (transformers 5 with torch >= 2.8) "
+                            "is assumed; older releases default to adamw_torch (set optim to say which)")
     handled.add("optim")
     _checkpointing(imp, data)
     handled |= {"gradient_checkpointing", "gradient_checkpointing_kwargs"}

@@ -30,12 +30,20 @@ class Imported:
     linked: list[tuple[Path, dict | None]] = field(default_factory=list)
     """Other DeepSpeed configs this one names (TrainingArguments.deepspeed: a path, or the dict inline),
     imported after it."""
+    defaults: dict[str, Any] = field(default_factory=dict)
+    """section.key -> the library's default where the file is silent: used only when neither --config
+    nor another file sets that key."""
     unresolved: dict[str, str] = field(default_factory=dict)
     """section.key -> why: values the file leaves to another ("auto" in a DeepSpeed JSON)."""
 
     def set(self, their_key: str, their_value: Any, section: str, key: str, value: Any) -> None:
         self.sections[section][key] = value
         self.mapped.append(f"{their_key} = {their_value!r} -> {section}.{key} = {value!r}")
+
+    def default(self, their_key: str, value: Any, section: str, key: str, job_value: Any) -> None:
+        self.defaults[f"{section}.{key}"] = job_value
+        self.mapped.append(f"{their_key} unset: the default {value!r} -> {section}.{key} = {job_value!r} "
+                           "(unless --config or another file sets it)")
 
     def set_model(self, their_key: str, ref: str, model: dict[str, Any]) -> None:
         self.sections["model"] = dict(model)
