@@ -5,12 +5,13 @@ Exit codes: 0 every check passed (warnings allowed), 1 a check failed, 2 bad inp
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
 
+from checks import strict_json
 from checks.config import EXAMPLE_JOB, load_job
+from checks.command import OneLineCommand
 from checks.errors import ConfigError
 
 EXIT_FAILED, EXIT_BAD_INPUT = 1, 2
@@ -24,8 +25,8 @@ def run_preflight(config: str, gpu: str | None, probe: bool, job=None):
     from checks.report import Preflight
 
     job = job if job is not None else load_job(config)
-    if gpu:
-        gpus.lookup(gpu)
+    if gpu is not None:
+        gpus.lookup(gpu)  # '' included: an empty --gpu is an error, not "the config's GPU"
         job = job.replace(cluster={"gpu": gpu})
     facts = HostFacts.probe(job.train.output_dir, gpu_probe=probe) if probe else HostFacts(env={}, packages={})
     if probe and not gpu and facts.gpus:
@@ -39,7 +40,7 @@ def run_preflight(config: str, gpu: str | None, probe: bool, job=None):
     return Preflight(job, est, rules.run_checks(job, est, facts, suggestions), suggestions)
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--config", "-c", "config", default=str(EXAMPLE_JOB), show_default="the bundled example job",
               help="Job TOML file (see checks/examples/).")
 @click.option("--gpu", help="GPU catalog name to predict for, overriding [cluster].gpu (e.g. H100, A10G, RTX4090).")
@@ -91,7 +92,7 @@ def main(config: str, gpu: str | None, as_json: bool, no_probe: bool, traced: bo
             from checks.traced_report import comparison
 
             data["traced"] = {**trace, "comparison": comparison(result.estimate, trace)}
-        click.echo(json.dumps(data, indent=2))
+        click.echo(strict_json.dumps(data, indent=2))
     else:
         from rich.console import Console
 
@@ -163,4 +164,4 @@ def run_traced(job) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    main(prog_name="bin/preflight")

@@ -7,6 +7,8 @@ not silently fall back to a default), and every error names the field and the fi
 from __future__ import annotations
 
 import dataclasses
+import math
+import stat
 try:
     import tomllib
 except ImportError:  # Python 3.10 (SageMaker's conda envs): the same parser, as a package
@@ -36,6 +38,15 @@ def _choice(section: str, key: str, value: str, choices: tuple[str, ...]) -> Non
     if value not in choices:
         hint = closest(str(value), choices)
         raise ConfigError(f"{section}.{key}", f"unknown value {value!r}", hint or "one of " + " | ".join(choices))
+
+
+def _finite(section: str, obj) -> None:
+    """TOML has nan and inf; no field of a job means either (a nan lr trains minutes, then fails)."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name, None)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{section}.{f.name}", f"must be a finite number, got {value}",
+                              f"give a number, or drop the key for its default ({f.default})")
 
 
 def _positive(section: str, key: str, value: int) -> None:
@@ -74,6 +85,16 @@ class ModelConfig:
     """Display name for explicit dimensions."""
 
     def __post_init__(self):
+        _finite("model", self)
+        dims = [k for k in ("layers", "heads", "kv_heads", "ffn", "vocab", "head_dim") if getattr(self, k)]
+        for key in dims + ["hidden"] * bool(self.hidden):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"model.{key}", f"must be a positive integer, got {getattr(self, key)}")
+        if self.params < 0:
+            raise ConfigError("model.params", f"must be a parameter count, got {self.params}", "e.g. 8.03e9")
+        if dims and not self.hidden:
+            raise ConfigError("model.hidden", f"explicit dimensions ({', '.join(dims)}) given without hidden",
+                              "add model.hidden, or use a preset / hf_config instead")
         sources = [bool(self.preset), bool(self.hf_config), bool(self.hf), bool(self.params), bool(self.hidden)]
         if sum(sources) == 0:
             raise ConfigError(
@@ -176,6 +197,7 @@ class TrainConfig:
     """Decoupled weight decay (AdamW, Lion) on matrices; norms and biases are not decayed."""
 
     def __post_init__(self):
+        _finite("train", self)
         _choice("train", "precision", self.precision, PRECISIONS)
         _choice("train", "optimizer", self.optimizer, OPTIMIZERS)
         _choice("train", "checkpointing", self.checkpointing, CHECKPOINTING)
@@ -226,6 +248,7 @@ class ClusterConfig:
     """CPU RAM per node in GB; 0: unknown (the offload check is then skipped)."""
 
     def __post_init__(self):
+        _finite("cluster", self)
         _positive("cluster", "gpus_per_node", self.gpus_per_node)
         _positive("cluster", "nodes", self.nodes)
         _choice("cluster", "sharding", self.sharding, SHARDING)
@@ -260,6 +283,7 @@ class SmokeConfig:
     seed: int = 0
 
     def __post_init__(self):
+        _finite("smoke", self)
         _positive("smoke", "steps", self.steps)
         _positive("smoke", "profile_every", self.profile_every)
         if self.peak_limit_gb < 0:
@@ -354,10 +378,30 @@ def parse_job(text: str, source: str = "<string>") -> JobConfig:
     return JobConfig(**parts, source=source)
 
 
+# A job file is a few KiB; reading more would be a device or the wrong file (--config /dev/zero).
+MAX_JOB_BYTES = 1 << 20
+
+
 def load_job(path: str | Path) -> JobConfig:
     path = Path(path)
+    fix = "give the path to a job TOML file"
+    if not str(path).strip():
+        raise ConfigError("--config", "is empty", fix)
     try:
-        text = path.read_text()
+        mode = path.stat().st_mode
+        if stat.S_ISDIR(mode):
+            raise ConfigError("--config", f"{path} is a directory", fix)
+        if not stat.S_ISREG(mode) and not stat.S_ISFIFO(mode):
+            raise ConfigError("--config", f"{path} is not a regular file", fix)
+        with open(path, "rb") as f:
+            data = f.read(MAX_JOB_BYTES + 1)
+        if len(data) > MAX_JOB_BYTES:
+            raise ConfigError("--config", f"{path} is over {MAX_JOB_BYTES >> 20} MiB, not a job file", fix)
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError("--config", f"{path} is not UTF-8 text", fix) from None
+    except PermissionError:
+        raise ConfigError("--config", f"{path} is not readable (permission denied)", "chmod u+r it, or copy it") from None
     except FileNotFoundError:
         raise ConfigError("--config", f"{path} does not exist", "give the path to a job TOML file") from None
     except IsADirectoryError:

@@ -99,16 +99,28 @@ _RULES: list[tuple[tuple[str, ...], str]] = [
 ]
 
 
+FAMILIES = ("H100", "A100", "RTX3090", "RTX4090", "RTX5090")
+
+
+def _part_pattern(part: str) -> str:
+    left = r"(?<![a-z])" if part[0].isalpha() else r"(?<!\d)"
+    return left + re.escape(part) + r"(?!\d)"
+
+
 def lookup(name: str) -> GpuSpec:
     """Find a GPU by catalog name, a common spelling, or the name NVML reports."""
     key = name.strip().lower()
+    if not key:
+        raise ConfigError("cluster.gpu", "is empty", "give a catalog name: " + ", ".join(g.name for g in CATALOG.values()))
     if key in CATALOG:
         return CATALOG[key]
     words = re.sub(r"[^a-z0-9]+", " ", key)
     for parts, target in _RULES:
-        # 'a10' must not match 'a1000': a part ending in a digit may not run on into more digits.
-        if all(re.search(re.escape(part) + r"(?!\d)", words) for part in parts):
+        # 'a10' must not match 'a1000': a part ending in a digit may not run on into more digits; nor
+        # may one starting with a letter be the tail of a longer word ('h200' is not 'gh200').
+        if all(re.search(_part_pattern(part), words) for part in parts):
             return CATALOG[target]
     names = [g.name for g in CATALOG.values()]
-    hint = closest(name, names) or "known: " + ", ".join(names)
+    # Family names too, so 'H1000' is close to 'H100' rather than to 'V100'.
+    hint = closest(name, names + list(FAMILIES)) or "known: " + ", ".join(names)
     raise ConfigError("cluster.gpu", f"unknown GPU {name!r}", hint)

@@ -41,6 +41,7 @@ class HostFacts:
     torch_cuda: tuple[int, int] | None = None  # CUDA version torch was built with
     torch_archs: list[str] = field(default_factory=list)  # e.g. ["sm_80", "sm_90"]
     disk_free: int | None = None  # bytes free where runs are written
+    disk_blocked: str = ""  # why runs cannot be written there at all (an ancestor is a file, read-only)
     cpu_count: int = 1
 
     @classmethod
@@ -48,6 +49,7 @@ class HostFacts:
         facts = cls(env=dict(os.environ), packages=_package_versions(), cpu_count=os.cpu_count() or 1)
         facts.torch_cuda = _torch_cuda_version()
         facts.disk_free = _free_disk(Path(output_dir))
+        facts.disk_blocked = _blocked(Path(output_dir))
         if gpu_probe:
             _probe_nvml(facts)
             if facts.gpus and facts.packages.get("torch"):
@@ -86,6 +88,19 @@ def _major_minor(text: str | None) -> tuple[int, int] | None:
         return int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
     except ValueError:
         return None
+
+
+def _blocked(path: Path) -> str:
+    """Why no run directory can be made under path ('' when one can): the nearest existing ancestor
+    is a file (output_dir = "/etc/passwd/runs") or not writable."""
+    path = path.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    if not path.is_dir():
+        return f"{path} is a file"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return f"{path} is not writable"
+    return ""
 
 
 def _free_disk(path: Path) -> int | None:

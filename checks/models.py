@@ -211,6 +211,8 @@ class ModelShape:
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"model.{key}", f"must be a positive integer, got {value!r}")
+        if not isinstance(self.head_dim, int) or self.head_dim < 0:
+            raise ConfigError("model.head_dim", f"must be a positive integer (0: hidden // heads), got {self.head_dim!r}")
         if self.arch not in ("llama", "gpt2"):
             raise ConfigError("model.arch", f"unknown architecture {self.arch!r}", "use 'llama' or 'gpt2'")
         if self.heads % self.kv_heads:

@@ -103,7 +103,8 @@ class Preflight:
 
         checks = Table(title="Checks", title_justify="left")
         for col in ("status", "check", "finding (→ fix)"):
-            checks.add_column(col)
+            # fold, not ellipsis: a fix is a command to copy, and must never lose its tail to the width.
+            checks.add_column(col, overflow="fold")
         style = {"pass": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
         for r in self.checks:
             finding = r.message + (f"\n[cyan]→ {r.fix}[/]" if r.fix else "")

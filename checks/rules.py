@@ -302,6 +302,9 @@ def checkpoint_bytes(job: JobConfig) -> int:
 
 
 def disk_space(job: JobConfig, facts: HostFacts) -> CheckResult:
+    if facts.disk_blocked:
+        return CheckResult("disk.free", FAIL, f"train.output_dir {job.train.output_dir}: {facts.disk_blocked}",
+                           "point train.output_dir at a writable directory")
     if facts.disk_free is None:
         return CheckResult("disk.free", SKIP, f"cannot stat {job.train.output_dir}")
     need = checkpoint_bytes(job)
@@ -318,6 +321,9 @@ def dataset(job: JobConfig) -> CheckResult:
     if not path:
         return CheckResult("data.path", SKIP, "synthetic data (no train.dataset)")
     p = job.path(path)
+    if p.is_dir():
+        return CheckResult("data.path", FAIL, f"{p} is a directory, not a file of token ids",
+                           "point train.dataset at the .bin file inside it")
     if not p.is_file():
         return CheckResult("data.path", FAIL, f"{p} does not exist or is not a file",
                            "point train.dataset at a file of token ids")

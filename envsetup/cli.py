@@ -33,8 +33,11 @@ class SetupError(Exception):
     pass
 
 
+_STDOUT_IS_JSON = False  # --json: stdout carries the one JSON object, progress goes to stderr
+
+
 def echo(text: str, err: bool = False) -> None:
-    print(text, file=sys.stderr if err else sys.stdout, flush=True)
+    print(text, file=sys.stderr if err or _STDOUT_IS_JSON else sys.stdout, flush=True)
 
 
 class Setup:
@@ -181,8 +184,18 @@ def requirements() -> list[str]:
     return [line.strip() for line in REQUIREMENTS.read_text().splitlines() if line.strip() and not line.startswith("#")]
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A usage error is one line naming the command, exit 2 (argparse's default is usage plus error)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+MAX_FINGERPRINT_BYTES = 4 << 20  # a probe result is a few KiB; more is the wrong file (/dev/zero)
+
+
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="bin/envsetup",
         description="Install what this machine needs for podkit, reusing the image's torch, and write the env file. "
                     "Runs with the standard library only, before any venv exists.")
@@ -193,13 +206,19 @@ def parse_args(argv=None):
     parser.add_argument("--cache-dir", help="persistent directory for HF_HOME, pip, torch and triton caches")
     parser.add_argument("--secrets-stdin", action="store_true", help="read NAME=value secret lines from stdin (HF_TOKEN, WANDB_API_KEY)")
     parser.add_argument("--dry-run", action="store_true", help="print the resolved plan and exit")
+    parser.add_argument("--json", dest="as_json", action="store_true",
+                        help="print one JSON object (the plan with --dry-run, else report.json) on stdout; "
+                             "progress goes to stderr")
     return parser.parse_args(argv)
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    global _STDOUT_IS_JSON
+    _STDOUT_IS_JSON = args.as_json
     try:
-        run(args.project, args.fingerprint_file, args.python, args.cache_dir, args.secrets_stdin, args.dry_run)
+        run(args.project, args.fingerprint_file, args.python, args.cache_dir, args.secrets_stdin, args.dry_run,
+            args.as_json)
     except SetupError as exc:
         print(f"envsetup: FAILED: {exc}", file=sys.stderr)
         sys.exit(1)
@@ -208,13 +227,43 @@ def main(argv=None) -> None:
         sys.exit(130)
 
 
-def run(project: Path, fingerprint_file, python, cache_dir, secrets_stdin: bool, dry_run: bool) -> None:
+def _check_project(project: Path) -> Path:
+    """--project: an existing, writable directory (.venv, .podkit/ and logs/ go in it)."""
+    if not str(project).strip():
+        _bad("--project is empty", "give the project directory, or leave it out")
+    project = Path(os.path.normpath(project.absolute()))
+    if not project.exists():
+        _bad(f"--project {project} does not exist", "give the directory podkit was synced to")
+    if not project.is_dir():
+        _bad(f"--project {project} is not a directory", "give the directory podkit was synced to")
+    if not os.access(project, os.W_OK | os.X_OK):
+        _bad(f"--project {project} is not writable (read-only mount or permission denied)",
+             "sync podkit to a writable directory and run envsetup there")
+    return project.resolve()
+
+
+def _read_fingerprint(path: Path) -> Fingerprint:
+    fix = "re-run deploy, or drop the option to probe here"
+    try:
+        if not path.is_file():
+            _bad(f"--fingerprint {path}: {'does not exist' if not path.exists() else 'is not a regular file'}", fix)
+        with open(path, "rb") as f:
+            data = f.read(MAX_FINGERPRINT_BYTES + 1)
+        if len(data) > MAX_FINGERPRINT_BYTES:
+            _bad(f"--fingerprint {path}: over {MAX_FINGERPRINT_BYTES >> 20} MiB, not a probe result", fix)
+        return Fingerprint.from_json(data.decode("utf-8"))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        _bad(f"--fingerprint {path}: cannot read it ({' '.join(str(exc).split())})", fix)
+
+
+def run(project: Path, fingerprint_file, python, cache_dir, secrets_stdin: bool, dry_run: bool,
+        as_json: bool = False) -> None:
     """Install what this machine needs for podkit, reusing the image's torch, and write the env file."""
     started = time.monotonic()
-    project = project.resolve()
+    project = _check_project(project)
     if fingerprint_file:
         try:
-            fp = Fingerprint.from_json(fingerprint_file.read_text())
+            fp = _read_fingerprint(fingerprint_file)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             _bad(f"--fingerprint {fingerprint_file}: cannot read it ({exc})", "re-run deploy, or drop the option to probe here")
     else:
@@ -225,6 +274,12 @@ def run(project: Path, fingerprint_file, python, cache_dir, secrets_stdin: bool,
         _bad("no python3 on this machine", "install python3 with venv (e.g. apt-get install python3-venv), then re-run")
     plan = resolve(fp, requirements())
     names = envfile.SECRET_NAMES + tuple(n for n in os.environ.get("PODKIT_SECRET_NAMES", "").split(",") if n)
+    if dry_run and as_json:
+        print(json.dumps({"ok": True, "dry_run": True, "fingerprint": json.loads(fp.to_json()),
+                          "plan": [dict(d.__dict__) for d in plan.deps], "warnings": plan.warnings,
+                          "attention": plan.attention, "attention_reason": plan.attention_reason},
+                         indent=2, default=list))
+        return
     if dry_run:
         for dep in plan.deps:
             echo(f"{dep.name:13} {dep.action:6} {dep.requirement[:90]}  ({dep.reason})")
@@ -280,6 +335,9 @@ def run(project: Path, fingerprint_file, python, cache_dir, secrets_stdin: bool,
     echo(f"  env file {'written' if changed else 'unchanged'}: .podkit/env (0600)"
                + (f", secrets: {', '.join(sorted(secrets))}" if secrets else ""))
     bad = [n for n, v in verify.items() if not v.startswith("ok") and n != "flash-attn"]
+    if as_json:
+        print(json.dumps({"ok": not ("requirements" in failed or bad), "failed": failed + bad, **report},
+                         indent=2, default=list))
     if "requirements" in failed or bad:
         echo(f"envsetup: FAILED ({', '.join(failed + bad)}); logs in logs/envsetup/", err=True)
         sys.exit(1)
@@ -287,7 +345,7 @@ def run(project: Path, fingerprint_file, python, cache_dir, secrets_stdin: bool,
 
 
 def _bad(problem: str, fix: str) -> None:
-    echo(f"error: {problem} ({fix})", err=True)
+    echo(f"envsetup: {problem} ({fix})", err=True)
     sys.exit(2)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from dataclasses import asdict, dataclass, field
 
@@ -198,7 +199,21 @@ class Fingerprint:
 
     @classmethod
     def from_json(cls, text: str) -> "Fingerprint":
+        """A fingerprint written by to_json; ValueError naming what is wrong for anything else."""
         raw = json.loads(text)
+        if not isinstance(raw, dict):
+            raise ValueError(f"a fingerprint is a JSON object, this is a JSON {type(raw).__name__}")
+        for key in ("gpus", "python_site"):
+            if not isinstance(raw.get(key, []), list):
+                raise ValueError(f"{key} must be a list")
+        torch = raw.get("torch")
+        if torch is not None and not (isinstance(torch, dict) and isinstance(torch.get("version"), str)
+                                      and re.match(r"^\d+\.\d+", torch["version"])):
+            raise ValueError(f"torch.version must be a version such as \"2.5.1+cu124\", got "
+                             f"{torch.get('version') if isinstance(torch, dict) else torch!r}")
+        for key in ("python_version", "nvcc_version"):
+            if raw.get(key) is not None and not (isinstance(raw[key], str) and re.match(r"^\d+\.\d+", raw[key])):
+                raise ValueError(f"{key} must be a version such as \"3.11.7\", got {raw[key]!r}")
         raw["gpus"] = [Gpu(g["name"], g.get("memory_bytes", g.get("memory_mib", 0) * 2**20),
                            tuple(g["compute_capability"]) if g["compute_capability"] else None, g.get("driver", ""))
                        for g in raw.get("gpus", [])]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import pickle
@@ -76,6 +77,12 @@ def test_two_process_gloo(tmp_path, sharding):
     # Rank 0 alone writes the run's files: one line per step, not one per rank.
     steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in steps if "loss" in x] == list(range(1, 31))
+    # ...and every other rank its own records, for one memory plot per rank.
+    rank1 = [json.loads(x) for x in (run / "metrics.rank1.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in rank1 if "loss" in x] == list(range(1, 31))
+    if importlib.util.find_spec("matplotlib"):
+        assert (run / "memory.png").exists() and (run / "memory.rank1.png").exists()
+    assert s["tokens_per_s_scope"] == "total of all 2 ranks" and "(total of all 2 ranks)" in proc.stderr
     log = (run / "smoke.log").read_text()
     assert ("FSDP2 zero3" if sharding == "zero3" else "DDP") in log
     params = rows(s)["params"]

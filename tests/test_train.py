@@ -17,7 +17,7 @@ from train.memprobe import TensorCounter
 from train.optim import Lion, warmup_cosine
 from train.outputs import RunDir
 from train.parallel import World
-from train.plot import Series, line_plot
+from train.plot import curves, draw
 from train.smoke import SmokeRun
 from train.verdict import judge
 from tests.smoke_helpers import tiny_job
@@ -227,13 +227,20 @@ def test_memory_monitor_rejects_bad_every():
         MemoryMonitor(every=0, device="cpu")
 
 
-def test_plot_is_a_png(tmp_path):
+def test_plot_is_a_png_with_units_and_the_rss_on_its_own_axis(tmp_path):
+    pytest.importorskip("matplotlib", reason="the plot is matplotlib's; `make setup` installs it ([plot] extra)")
     path = tmp_path / "p.png"
-    line_plot(str(path), "TEST", [Series("a", [(0, 1 << 30), (10, 2 << 30)]), Series("b", [(0, 1), (10, 1)], True)])
-    data = path.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    width, height = struct.unpack(">II", data[16:24])
-    assert (width, height) == (720, 400)
+    records = [{"step": 1, "loss": 6.0}, {"step": 2, "loss": float("nan")},
+               {"profile": {"step": 2, "peak_allocated": 30 << 20, "host_rss": 400 << 20}}]
+    run = curves(records, {"device": "cpu", "predicted": 32 << 20, "status": "failed", "steps_planned": 3}, "r")
+    assert run.loss == [(1, 6.0), (2, None)] and run.series == {"peak tensors": [(2, 30 << 20)]}
+    labels = draw([run], path, "TEST")
+    assert labels == ["tensor memory (MiB)", "process RSS (MiB)", "loss (nats/token)"]
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    gpu = curves([{"profile": {"step": 10, "allocated": 5 << 30, "peak_reserved": 6 << 30}}],
+                 {"device": "cuda:0 (H100-SXM)", "predicted": 7 << 30, "capacity": 80 << 30}, "g")
+    assert draw([gpu], tmp_path / "g.png", "GPU") == ["GPU memory (GiB)", "loss (nats/token)"]
+    assert gpu.capacity == 80 << 30
 
 
 def test_report_prints_raw_error_text(capsys, tmp_path):

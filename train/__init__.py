@@ -1,8 +1,16 @@
 """The smoke run: model, data, optimizer, step loop, memory/speed profiler, run outputs.
 
-The library face is MemoryMonitor: `from train import MemoryMonitor`.
+The library face is MemoryMonitor: `from train import MemoryMonitor`, imported on first use (so
+`train.plot`, which bin/plot runs on a laptop, does not pay for torch); relative, so this package
+also loads as podkit._train (podkit/__init__.py).
 """
 
-from .monitor import MemoryMonitor  # relative: also loads as podkit._train (podkit/__init__.py)
-
 __all__ = ["MemoryMonitor"]
+
+
+def __getattr__(name: str):
+    if name == "MemoryMonitor":
+        from .monitor import MemoryMonitor
+
+        return MemoryMonitor
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import click
 
+from checks import strict_json
 from checks.config import EXAMPLE_JOB, load_job
+from checks.command import OneLineCommand
 from checks.errors import ConfigError
 
 TINY_CPU_JOB = Path(__file__).resolve().parent.parent / "checks" / "examples" / "tiny-cpu.toml"
@@ -61,7 +63,7 @@ def _fail(message: str) -> None:
     sys.exit(EXIT_BAD_INPUT)
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--config", "-c", "config", default=None,
               help="Job TOML. Default: the bundled Llama 3.2 1B example on a GPU, a tiny model on CPU.")
 @click.option("--steps", type=int, default=None, help="Override smoke.steps (default 100).")
@@ -109,11 +111,17 @@ def main(config, steps, device, output_dir, run_id, as_json, inject_fault, from_
         fault = Fault.parse(inject_fault)
         target = pick_device(device)
         check_runnable(job, target)  # once, before any process is launched
+        from train.outputs import check_output_root, check_run_id, new_run_id
+
+        if output_dir is not None and not output_dir.strip():
+            raise ConfigError("--output-dir", "is empty", "give a directory, or leave it out for train.output_dir")
+        field = "--output-dir" if output_dir else "train.output_dir"
+        root = check_output_root(Path(output_dir or job.train.output_dir), field)
+        if run_id is not None:
+            check_run_id(run_id)
     except ConfigError as exc:
         _fail(str(exc))
-    from train.outputs import new_run_id
 
-    root = Path(output_dir or job.train.output_dir).absolute()
     run_id = run_id or os.environ.get("PODKIT_RUN_ID") or new_run_id(job.source)
     distributed = job.cluster.gpus_per_node > 1 or job.cluster.sharding != "none"
     if distributed and not parallel.under_torchrun():
@@ -188,7 +196,8 @@ def _run(job, path, device, root: Path, run_id: str, fault, as_json: bool) -> in
                      world.size, job.cluster.world_size)
     try:
         # Only rank 0 writes the run's files; other ranks keep just their smoke.rank<N>.log.
-        smoke = SmokeRun(job, device, world, run_dir if world.main else None, fault)
+        smoke = SmokeRun(job, device, world, run_dir if world.main else None, fault,
+                         rank_metrics=None if world.main else run_dir.path / f"metrics.rank{world.rank}.jsonl")
         verdict = smoke.run(job.smoke.steps)
     except ConfigError as exc:
         parallel.shutdown()
@@ -227,7 +236,7 @@ def _launch_torchrun(job, root: Path, run_id: str, as_json: bool) -> int:
         if summary is not None and summary.get("status") != "interrupted":
             summary = dict(summary, status="interrupted",
                            reasons=[f"stopped by {signal.Signals(stopped).name} before rank 0 finished"])
-            summary_path.write_text(json.dumps(summary, indent=2))
+            summary_path.write_text(strict_json.dumps(summary, indent=2))
         click.echo(f"smoke: interrupted ({signal.Signals(stopped).name}); every process of the run stopped", err=True)
         if summary is not None and "steps" in summary:
             _report(summary, root / run_id, as_json)
@@ -287,7 +296,7 @@ def _supervise(cmd: list[str], env: dict, as_json: bool) -> tuple[int, int]:
 
 def _report(summary: dict, run_path: Path, as_json: bool) -> None:
     if as_json:
-        click.echo(json.dumps(summary, indent=2))
+        click.echo(strict_json.dumps(summary, indent=2))
         return
     from rich.console import Console
     from rich.markup import escape
@@ -310,7 +319,8 @@ def _report(summary: dict, run_path: Path, as_json: bool) -> None:
     if summary.get("step_time"):
         speed.append(f"{summary['step_time'] * 1e3:,.1f} ms/step")
     if summary.get("tokens_per_s"):
-        speed.append(f"{summary['tokens_per_s']:,.0f} tokens/s")
+        ranks = summary.get("world_size") or 1
+        speed.append(f"{summary['tokens_per_s']:,.0f} tokens/s" + (f" (total of all {ranks} ranks)" if ranks > 1 else ""))
     if summary.get("mfu") is not None:
         speed.append(f"MFU {summary['mfu']:.1%}")
     lf, ll = summary.get("loss_first"), summary.get("loss_last")
@@ -333,4 +343,4 @@ def _report(summary: dict, run_path: Path, as_json: bool) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(prog_name="bin/smoke")

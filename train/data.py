@@ -9,6 +9,7 @@ the loss falls clearly within 100 steps for any model size, and the floor is kno
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import torch
@@ -76,28 +77,72 @@ class TokenFile:
     """
 
     def __init__(self, path: str, vocab: int, seq_len: int, batch: int, seed: int = 0, rank: int = 0):
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError("train.dataset", f"{path} does not exist", "give a .bin file of token ids, or leave it empty")
-        self.dtype = torch.uint16 if vocab <= 65536 else torch.uint32
-        itemsize = 2 if self.dtype == torch.uint16 else 4
-        n = p.stat().st_size // itemsize
-        if n < seq_len + 2:
-            raise ConfigError("train.dataset", f"{path} holds {n} tokens, fewer than one sequence of {seq_len + 1}",
-                              "use a bigger file or a shorter train.seq_len")
-        self.tokens = torch.from_file(str(p), shared=False, size=n, dtype=self.dtype)
+        n, itemsize = check_dataset(path, vocab, seq_len)
+        self.dtype = torch.uint16 if itemsize == 2 else torch.uint32
+        self.tokens = torch.from_file(str(path), shared=False, size=n, dtype=self.dtype)
         self.vocab, self.seq_len, self.batch = vocab, seq_len, batch
         self.gen = torch.Generator().manual_seed(seed * 1000 + rank + 1)
-        top = int(self.tokens[: min(n, 1 << 20)].long().max())  # uint16 has no max kernel
-        if top >= vocab:
-            raise ConfigError("train.dataset", f"token id {top} in {path} is outside the model's vocab of {vocab}",
-                              "tokenize for this model, or fix model.vocab")
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         s = self.seq_len + 1
         starts = torch.randint(len(self.tokens) - s, (self.batch,), generator=self.gen)
         seq = torch.stack([self.tokens[i: i + s].long() for i in starts.tolist()])
         return seq[:, :-1], seq[:, 1:]
+
+
+def token_itemsize(vocab: int) -> int:
+    """nanoGPT's prepare.py writes uint16 ids; a vocabulary past 65536 needs uint32."""
+    return 2 if vocab <= 65536 else 4
+
+
+def check_dataset(path: str, vocab: int, seq_len: int, scan: bool = True) -> tuple[int, int]:
+    """(tokens, bytes per token) of a token file, refused with one line when it cannot train this model:
+    not a file, a size that is not a whole number of ids, fewer tokens than one sequence, or (scan) any id
+    at or past the vocabulary, looked for over the WHOLE file (a bad id at the end otherwise surfaces as an
+    IndexError mid-run). numpy's memmap max reads a GB in about a second and keeps nothing resident."""
+    import numpy as np
+
+    field = "train.dataset"
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigError(field, f"{path} is a directory, not a file of token ids", "point it at the .bin file inside")
+    if not p.is_file():
+        raise ConfigError(field, f"{path} does not exist", "give a .bin file of token ids, or leave it empty")
+    if not os.access(p, os.R_OK):
+        raise ConfigError(field, f"{path} is not readable (permission denied)", "chmod u+r it")
+    itemsize = token_itemsize(vocab)
+    size = p.stat().st_size
+    if size % itemsize:
+        raise ConfigError(field, f"{path} is {size:,} bytes, not a whole number of {itemsize}-byte token ids",
+                          f"write it as uint{itemsize * 8} (nanoGPT's format), or check it was fully copied")
+    n = size // itemsize
+    if n < seq_len + 2:
+        raise ConfigError(field, f"{path} holds {n} tokens, fewer than one sequence of {seq_len + 1}",
+                          "use a bigger file or a shorter train.seq_len")
+    if scan:
+        ids = np.memmap(p, dtype=np.uint16 if itemsize == 2 else np.uint32, mode="r")
+        top = 0
+        for start in range(0, n, CHUNK_TOKENS):  # chunks: the page cache can drop what was read
+            top = max(top, int(ids[start:start + CHUNK_TOKENS].max()))
+        if top >= vocab:
+            where = _first_at_least(ids, vocab)
+            raise ConfigError(field, f"token id {top} in {path} (first bad one at token {where:,}) is outside "
+                              f"the model's vocab of {vocab}", "tokenize for this model, or fix model.vocab")
+        del ids
+    return n, itemsize
+
+
+CHUNK_TOKENS = 1 << 26  # 128 MiB of uint16 per numpy reduction
+
+
+def _first_at_least(ids, vocab: int) -> int:
+    import numpy as np
+
+    for start in range(0, len(ids), CHUNK_TOKENS):
+        hit = np.flatnonzero(ids[start:start + CHUNK_TOKENS] >= vocab)
+        if hit.size:
+            return start + int(hit[0])
+    return -1
 
 
 def make_stream(dataset: str, vocab: int, seq_len: int, batch: int, seed: int, rank: int):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from dataclasses import asdict
@@ -33,6 +34,12 @@ import torch
 from .memprobe import CudaProbe
 
 log = logging.getLogger("podkit.monitor")
+
+
+def _finite(rec: dict) -> dict:
+    """Strict JSON for the log file (no bare NaN): a non-finite number is written as null. Local, not
+    checks.strict_json: this module also loads as podkit._train in the user's directory."""
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in rec.items()}
 GIB = 1 << 30
 NEAR_CAPACITY = 0.90  # peak reserved above this share of the card: one longer batch from an OOM
 FOREIGN_MEMORY = 2 * GIB  # device memory beyond PyTorch's reserved (context included) worth a warning
@@ -206,7 +213,7 @@ class MemoryMonitor:
         self._check(rec)
         self.records.append(rec)
         if self._log_file:
-            self._log_file.write(json.dumps(rec) + "\n")
+            self._log_file.write(json.dumps(_finite(rec), allow_nan=False) + "\n")
             self._log_file.flush()
         return rec
 

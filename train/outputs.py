@@ -23,6 +23,9 @@ from pathlib import Path
 
 import torch
 
+from checks import strict_json
+from checks.errors import ConfigError
+
 # Variables recorded in env.json: what changes memory, speed or threading. Secrets never match.
 ENV_PREFIXES = ("PYTORCH_", "CUDA_", "NCCL_", "TORCH_", "OMP_", "MKL_", "TOKENIZERS_", "HF_HOME", "HF_HUB_OFFLINE",
                 "NVIDIA_", "LOCAL_RANK", "WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -37,9 +40,33 @@ def new_run_id(job_source: str) -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{stem}-{secrets.token_hex(2)}"
 
 
+def check_run_id(run_id: str) -> str:
+    """A run id names one directory under --output-dir: '../../x' or 'a/b' would write elsewhere."""
+    if not run_id or run_id in (".", "..") or "/" in run_id or "\\" in run_id or "\0" in run_id \
+            or run_id.startswith("-"):
+        raise ConfigError("--run-id", f"{run_id!r} is not a plain directory name",
+                          "use letters, digits, '-', '_' and '.', e.g. 20260101-lr3e4")
+    return run_id
+
+
+def check_output_root(root: Path, field: str) -> Path:
+    """The directory runs go under, absolute and normalised; refused when it cannot be made: an
+    existing ancestor that is a file (output_dir = "/etc/passwd/runs") or not writable."""
+    root = Path(os.path.normpath(root.absolute()))
+    ancestor = root
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ConfigError(field, f"{root} lies under {ancestor}, which is a file", "point it at a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ConfigError(field, f"{ancestor} is not writable (read-only or permission denied)",
+                          "point it at a writable directory")
+    return root
+
+
 class RunDir:
     def __init__(self, root: str | Path, run_id: str):
-        self.run_id = run_id
+        self.run_id = check_run_id(run_id)
         self.path = Path(root) / run_id
         self.path.mkdir(parents=True, exist_ok=True)
         self._metrics = None
@@ -48,14 +75,25 @@ class RunDir:
         return self.path / FILES[key]
 
     def write_json(self, key: str, obj) -> None:
+        text = strict_json.dumps(obj, indent=2, default=str) + "\n"
         tmp = self.file(key).with_suffix(".tmp")
-        tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
-        os.replace(tmp, self.file(key))  # never a half-written summary, even when killed mid-write
+        try:
+            tmp.write_text(text)
+            os.replace(tmp, self.file(key))  # never a half-written summary, even when killed mid-write
+        except OSError:
+            # A full disk (ENOSPC) has no room for a second copy: overwrite in place, which first frees the
+            # old file's blocks. Raises only when even that fails.
+            tmp.unlink(missing_ok=True)
+            try:
+                self.file(key).write_text(text)
+            except OSError:
+                self.file(key).unlink(missing_ok=True)  # an empty env.json would only mislead
+                raise
 
     def metric(self, record: dict) -> None:
         if self._metrics is None:
             self._metrics = open(self.file("metrics"), "a")
-        self._metrics.write(json.dumps(record) + "\n")
+        self._metrics.write(strict_json.dumps(record) + "\n")
         self._metrics.flush()
 
     def close(self) -> None:

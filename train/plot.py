@@ -1,156 +1,177 @@
-"""The memory-over-steps plot, as a PNG, with no plotting library.
+"""The memory plot of a smoke run, drawn by matplotlib from the run's own files.
 
-A pod image should not need matplotlib for a smoke run, so this draws lines and a 5x7 bitmap
-font into an RGB buffer and writes it with zlib. Enough for "where did memory go, and how does
-it compare with the prediction and the limit", which is all the plot has to say.
+One figure per run directory, read from metrics.jsonl (the profiler's samples and every step's loss)
+and summary.json (prediction, capacity, limit): the smoke run draws it at its end, and `bin/plot
+RUN_DIR...` redraws it on the laptop after fetch-logs, or overlays several runs in one figure.
+matplotlib is optional (pyproject's [plot] extra, envsetup's pod requirements): without it
+`draw` raises PlotUnavailable and the run writes everything else. No torch here: bin/plot runs
+where only the fetched files are.
 """
 
 from __future__ import annotations
 
+import json
 import math
-import struct
-import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
-# 5x7 glyphs, one row per string, '#' set. Upper case only: labels are upper-cased.
-_FONT = {
-    "0": ".###.#...##..###.#.###..##...#.###.", "1": "..#...##....#....#....#....#...###.",
-    "2": ".###.#...#....#...#...#...#...#####", "3": "#####...#...#.....#.....##...#.###.",
-    "4": "...#...##..#.#.#..#.#####...#....#.", "5": "#####.....####.....#....##...#.###.",
-    "6": "..##..#...#....####.#...##...#.###.", "7": "#####....#...#...#...#....#....#...",
-    "8": ".###.#...##...#.###.#...##...#.###.", "9": ".###.#...##...#.####....#...#..##..",
-    "A": ".###.#...##...#######...##...##...#", "B": "####.#...##...#####.#...##...#####.",
-    "C": ".###.#...##....#....#....#...#.###.", "D": "####.#...##...##...##...##...#####.",
-    "E": "######....#....####.#....#....#####", "F": "######....#....####.#....#....#....",
-    "G": ".###.#...##....#.####...##...#.####", "H": "#...##...##...#######...##...##...#",
-    "I": ".###...#....#....#....#....#...###.", "K": "#...##..#.#.#..##...#.#..#..#.#...#",
-    "L": "#....#....#....#....#....#....#####", "M": "#...###.###.#.##...##...##...##...#",
-    "N": "#...###..##.#.##..###...##...##...#", "O": ".###.#...##...##...##...##...#.###.",
-    "P": "####.#...##...#####.#....#....#....", "R": "####.#...##...#####.#.#..#..#.#...#",
-    "S": ".####.....#.....###.....#....#####.", "T": "#####..#....#....#....#....#....#..",
-    "U": "#...##...##...##...##...##...#.###.", "V": "#...##...##...##...##...#.#.#...#..",
-    "W": "#...##...##...##.#.##.#.##.#.#.#.#.", "X": "#...##...#.#.#...#...#.#.#...##...#",
-    "Y": "#...##...#.#.#...#....#....#....#..", "Z": "#####....#...#...#...#...#....#####",
-    ".": "..............................##...", "-": "................###................",
-    "/": "....#....#...#...#...#...#....#....", "%": "##..###..#...#...#...#...#..###..##",
-    "(": "...#...#...#....#....#.....#.....#.", ")": ".#.....#.....#....#....#...#...#...",
-    ":": ".......#...................#.......", " ": "." * 35, "=": "..........#####.....#####..........",
-    "J": "..###...#....#....#....#.#..#..##..", "Q": ".###.#...##...##...##.#.##..#..##.#",
-}
+MIB, GIB = 1 << 20, 1 << 30
 
-WHITE, BLACK, GREY = (255, 255, 255), (40, 40, 40), (215, 215, 215)
-COLOURS = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189)]
+
+class PlotUnavailable(RuntimeError):
+    """matplotlib cannot be imported here."""
 
 
 @dataclass
-class Series:
+class RunCurves:
+    """What one run (one rank of it) says about memory and loss over its steps, in bytes."""
+
     label: str
-    points: list[tuple[float, float]]  # (step, value)
-    dashed: bool = False
+    device: str = "cpu"
+    loss: list[tuple[int, float | None]] = field(default_factory=list)
+    series: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+    """Measured memory per profiled step: 'allocated', 'peak reserved', 'nvidia-smi used' (CUDA),
+    'peak tensors' (CPU)."""
+    host_rss: list[tuple[int, int]] = field(default_factory=list)
+    predicted: int | None = None
+    predicted_reserved: int | None = None
+    capacity: int | None = None
+    """The card's memory (CUDA) as the summary reports it; None on CPU."""
+    limit: int | None = None
+    status: str = ""
+    steps_planned: int = 0
 
 
-class Canvas:
-    def __init__(self, width: int, height: int):
-        self.w, self.h = width, height
-        self.px = bytearray(WHITE * (width * height))
-
-    def set(self, x: int, y: int, rgb) -> None:
-        if 0 <= x < self.w and 0 <= y < self.h:
-            i = 3 * (y * self.w + x)
-            self.px[i: i + 3] = bytes(rgb)
-
-    def line(self, x0, y0, x1, y1, rgb, thick: int = 1, dashed: bool = False) -> None:
-        x0, y0, x1, y1 = int(round(x0)), int(round(y0)), int(round(x1)), int(round(y1))
-        dx, dy = abs(x1 - x0), -abs(y1 - y0)
-        sx, sy = (1 if x0 < x1 else -1), (1 if y0 < y1 else -1)
-        err, n = dx + dy, 0
-        while True:
-            if not dashed or (n // 6) % 2 == 0:
-                for t in range(thick):
-                    self.set(x0, y0 + t, rgb)
-                    self.set(x0 + t, y0, rgb)
-            if x0 == x1 and y0 == y1:
-                break
-            e2, n = 2 * err, n + 1
-            if e2 >= dy:
-                err, x0 = err + dy, x0 + sx
-            if e2 <= dx:
-                err, y0 = err + dx, y0 + sy
-
-    def text(self, x: int, y: int, s: str, rgb=BLACK, scale: int = 1) -> None:
-        for ch in s.upper():
-            glyph = _FONT.get(ch, _FONT[" "])
-            for i, c in enumerate(glyph):
-                if c == "#":
-                    for a in range(scale):
-                        for b in range(scale):
-                            self.set(x + (i % 5) * scale + a, y + (i // 5) * scale + b, rgb)
-            x += 6 * scale
-
-    def png(self) -> bytes:
-        raw = b"".join(b"\x00" + bytes(self.px[3 * self.w * y: 3 * self.w * (y + 1)]) for y in range(self.h))
-
-        def chunk(kind: bytes, data: bytes) -> bytes:
-            return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-        header = struct.pack(">IIBBBBB", self.w, self.h, 8, 2, 0, 0, 0)
-        return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 6)) + chunk(b"IEND", b"")
+def curves(records: list[dict], summary: dict, label: str) -> RunCurves:
+    """RunCurves from metrics.jsonl's records (step lines and {"profile": sample} lines) and a summary."""
+    device = str(summary.get("device") or "cpu")
+    cuda = device.startswith("cuda")
+    run = RunCurves(label=label, device=device, predicted=summary.get("predicted"),
+                    predicted_reserved=summary.get("predicted_reserved"), limit=summary.get("limit"),
+                    capacity=summary.get("capacity") if cuda else None, status=summary.get("status", ""),
+                    steps_planned=summary.get("steps_planned") or 0)
+    names = {"allocated": "allocated", "peak_reserved": "peak reserved", "device_used": "nvidia-smi used"} if cuda \
+        else {"peak_allocated": "peak tensors"}
+    for rec in records:
+        if "profile" in rec:
+            sample = rec["profile"]
+            for key, name in names.items():
+                if sample.get(key) is not None:
+                    run.series.setdefault(name, []).append((sample["step"], sample[key]))
+            if sample.get("host_rss") is not None:
+                run.host_rss.append((sample["step"], sample["host_rss"]))
+        elif "step" in rec and "loss" in rec:
+            loss = rec["loss"]
+            run.loss.append((rec["step"], loss if isinstance(loss, (int, float)) and math.isfinite(loss) else None))
+    return run
 
 
-def _nice_step(span: float, ticks: int = 5) -> float:
-    raw = span / ticks
-    mag = 10 ** math.floor(math.log10(raw))
-    for m in (1, 2, 2.5, 5, 10):
-        if m * mag >= raw:
-            return m * mag
-    return 10 * mag
+def read_run(path: Path) -> list[RunCurves]:
+    """Every rank's curves in a run directory: metrics.jsonl (rank 0) and metrics.rank<N>.jsonl."""
+    summary_path = path / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    out = []
+    files = [path / "metrics.jsonl"] + sorted(path.glob("metrics.rank*.jsonl"), key=lambda p: _rank(p))
+    for f in files:
+        if not f.is_file():
+            continue
+        records = []
+        for line in f.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line cut by a killed run
+        rank = _rank(f)
+        label = path.name + (f" rank {rank}" if len(files) > 1 else "")
+        out.append(curves(records, summary, label))
+    return out
 
 
-def line_plot(path: str, title: str, series: list[Series], unit: str = "GIB", scale: float = 1 << 30,
-              width: int = 720, height: int = 400) -> None:
-    """Write a line plot of the series (values divided by `scale`) to `path`."""
-    c = Canvas(width, height)
-    left, right, top, bottom = 70, width - 20, 40, height - 70
-    pts = [(x, y / scale) for s in series for x, y in s.points]
-    xs = [p[0] for p in pts] or [0, 1]
-    ys = [p[1] for p in pts] or [0, 1]
-    x_lo, x_hi = min(xs), max(max(xs), min(xs) + 1)
-    y_hi = max(ys) * 1.1 or 1.0
-    ystep = _nice_step(y_hi)
-    y_hi = ystep * (int(y_hi / ystep) + 1)
+def _rank(path: Path) -> int:
+    stem = path.name.split(".")
+    return int(stem[1][4:]) if len(stem) == 3 and stem[1].startswith("rank") and stem[1][4:].isdigit() else 0
 
-    def X(v):
-        return left + (v - x_lo) / (x_hi - x_lo) * (right - left)
 
-    def Y(v):
-        return bottom - v / y_hi * (bottom - top)
+def _pyplot():
+    try:
+        import matplotlib
 
-    c.text(left, 12, title, scale=2)
-    k = 0
-    while k * ystep <= y_hi + 1e-9:
-        y = Y(k * ystep)
-        c.line(left, y, right, y, GREY)
-        c.text(5, int(y) - 3, f"{k * ystep:g}")
-        k += 1
-    c.line(left, top, left, bottom, BLACK)
-    c.line(left, bottom, right, bottom, BLACK)
-    for i in range(6):
-        v = x_lo + (x_hi - x_lo) * i / 5
-        c.text(int(X(v)) - 6, bottom + 6, f"{v:.0f}")
-    c.text((left + right) // 2 - 12, bottom + 18, "STEP")
-    c.text(5, top - 12, unit)
-    for i, s in enumerate(series):
-        rgb = COLOURS[i % len(COLOURS)]
-        p = sorted(s.points)
-        scaled = [(X(x), Y(y / scale)) for x, y in p]
-        for (x0, y0), (x1, y1) in zip(scaled, scaled[1:]):
-            c.line(x0, y0, x1, y1, rgb, thick=2, dashed=s.dashed)
-        for x0, y0 in scaled if len(scaled) < 30 else []:
-            for d in range(-2, 3):
-                c.set(int(x0) + d, int(y0), rgb)
-                c.set(int(x0), int(y0) + d, rgb)
-        lx, ly = left + (i % 3) * 210, height - 32 + (i // 3) * 14
-        c.line(lx, ly + 3, lx + 18, ly + 3, rgb, thick=2, dashed=s.dashed)
-        c.text(lx + 24, ly, s.label)
-    with open(path, "wb") as f:
-        f.write(c.png())
+        matplotlib.use("Agg")  # files only: no display on a pod, none needed on a laptop
+        import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
+    except ImportError as exc:
+        raise PlotUnavailable(f"matplotlib is not installed ({exc}); pip install 'podkit[plot]' or make setup") from None
+    return plt, MaxNLocator
+
+
+def draw(runs: list[RunCurves], path: str | Path, title: str) -> list[str]:
+    """One PNG: memory (with the prediction and the card's capacity), the CPU process's RSS on its own
+    axis (it dwarfs the tensors), and the loss. Several runs overlay, one colour each."""
+    plt, MaxNLocator = _pyplot()
+    cuda = any(r.device.startswith("cuda") for r in runs)
+    rss = any(r.host_rss for r in runs) and not cuda
+    panels = 3 if rss else 2
+    fig, axes = plt.subplots(panels, 1, figsize=(10, 3.2 * panels), sharex=True, squeeze=False)
+    axes = [a[0] for a in axes]
+    top = max([v for r in runs for pts in r.series.values() for _, v in pts]
+              + [v for r in runs for v in (r.predicted, r.capacity, r.limit) if v] + [1])
+    scale, unit = (GIB, "GiB") if top >= GIB else (MIB, "MiB")
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    styles = {"allocated": "-", "peak reserved": "--", "nvidia-smi used": ":", "peak tensors": "-"}
+    last = max([s for r in runs for pts in r.series.values() for s, _ in pts] + [s for r in runs for s, _ in r.loss]
+               + [r.steps_planned for r in runs] + [1])
+    mem = axes[0]
+    for i, run in enumerate(runs):
+        colour = colours[i % len(colours)]
+        prefix = f"{run.label}: " if len(runs) > 1 else ""
+        for name, pts in run.series.items():
+            if pts:
+                mem.plot([s for s, _ in pts], [v / scale for _, v in pts], styles.get(name, "-"), color=colour,
+                         marker="o", markersize=3, label=prefix + name)
+        if run.predicted:
+            mem.axhline(run.predicted / scale, color=colour, linestyle="-.", linewidth=1,
+                        label=f"{prefix}predicted peak {run.predicted / scale:,.2f} {unit}")
+        if run.capacity:
+            mem.axhline(run.capacity / scale, color="black", linewidth=1.5,
+                        label=f"{prefix}card capacity {run.capacity / scale:,.1f} {unit}")
+        if run.limit and run.limit != run.capacity:
+            mem.axhline(run.limit / scale, color="red", linestyle=":", linewidth=1,
+                        label=f"{prefix}peak limit {run.limit / scale:,.2f} {unit}")
+    mem.set_ylabel(f"{'GPU' if cuda else 'tensor'} memory ({unit})")
+    mem.set_ylim(bottom=0)
+    if not any(pts for r in runs for pts in r.series.values()):
+        mem.text(0.5, 0.5, "no memory sample: the run ended before its first profiled step", ha="center",
+                 va="center", transform=mem.transAxes, color="gray")
+    if rss:
+        ax = axes[1]
+        for i, run in enumerate(runs):
+            if run.host_rss:
+                ax.plot([s for s, _ in run.host_rss], [v / MIB for _, v in run.host_rss], color=colours[i % len(colours)],
+                        marker="o", markersize=3, label=(f"{run.label}: " if len(runs) > 1 else "") + "process RSS")
+        ax.set_ylabel("process RSS (MiB)")
+        ax.set_ylim(bottom=0)
+    ax = axes[-1]
+    for i, run in enumerate(runs):
+        pts = [(s, v) for s, v in run.loss]
+        if pts:
+            ax.plot([s for s, _ in pts], [math.nan if v is None else v for _, v in pts], color=colours[i % len(colours)],
+                    label=run.label if len(runs) > 1 else "loss")
+            bad = [s for s, v in pts if v is None]
+            if bad:
+                ax.axvline(bad[0], color="red", linestyle=":", label=f"non-finite loss at step {bad[0]}")
+    ax.set_ylabel("loss (nats/token)")
+    ax.set_xlabel("optimizer step")
+    ax.set_xlim(0, last)
+    for a in axes:
+        a.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole: never ticks 0 0 0 1 1 1
+        a.grid(True, alpha=0.3)
+        handles, _ = a.get_legend_handles_labels()
+        if handles:
+            a.legend(fontsize=8, loc="best")
+    status = ", ".join(f"{r.label}: {r.status}" for r in runs if r.status) if len(runs) > 1 else (runs[0].status if runs else "")
+    fig.suptitle(title + (f" ({status})" if status else ""))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    labels = [a.get_ylabel() for a in axes]
+    plt.close(fig)
+    return labels

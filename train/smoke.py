@@ -8,6 +8,7 @@ only the monitor's cheap samples run, every profile_every steps.
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import logging
 import math
@@ -16,10 +17,12 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 
 import torch
 
 from checks import advisor, gpus, memory, rules
+from checks import strict_json
 from checks.config import JobConfig
 from checks.errors import ConfigError
 from train import data as data_mod
@@ -30,7 +33,7 @@ from train import step as step_mod
 from train.memprobe import PhasePeaks, TensorCounter, make_probe
 from train.monitor import MemoryMonitor, flops_per_token
 from train.outputs import RunDir, env_record, resolved_toml
-from train.plot import Series, line_plot
+from train import plot
 from train.verdict import Verdict, comparison, judge, prediction_warnings
 
 log = logging.getLogger("podkit.smoke")
@@ -39,6 +42,14 @@ FLASH_ATTN_INSTALL = "make deploy installs flash-attn where the GPU supports it 
 
 
 OOM_ERROR = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+# What torch's CPU allocator raises when malloc fails (c10/core/impl/alloc_cpu.cpp, torch 2.13:
+# "DefaultCPUAllocator: can't allocate memory: you tried to allocate N bytes"), a RuntimeError.
+CPU_OOM_TEXT = "can't allocate memory"
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """CUDA OOM, Python's MemoryError, or the CPU allocator's failure: all are oom/3, not a crash."""
+    return isinstance(exc, (OOM_ERROR, MemoryError)) or (isinstance(exc, RuntimeError) and CPU_OOM_TEXT in str(exc))
 
 
 def _torch_at_least(major: int, minor: int) -> bool:
@@ -80,6 +91,8 @@ def pick_device(preference: str) -> torch.device:
 def check_runnable(job: JobConfig, device: torch.device) -> None:
     """Everything that would fail minutes into a run, as one clear line up front."""
     t, c = job.train, job.cluster
+    if t.dataset:  # the whole file, before a process is launched or a step is paid for
+        data_mod.check_dataset(str(job.path(t.dataset)), job.shape.vocab, t.seq_len)
     if job.shape.arch != "llama":
         raise ConfigError("model", f"bin/smoke trains Llama-style decoders; {job.shape.name} is {job.shape.arch}",
                           "use a llama/mistral/qwen2 preset, hf_config or explicit dimensions")
@@ -122,8 +135,10 @@ class Measured:
 
 class SmokeRun:
     def __init__(self, job: JobConfig, device: torch.device, world: parallel.World, run_dir: RunDir | None,
-                 fault: Fault = Fault()):
+                 fault: Fault = Fault(), rank_metrics: Path | None = None):
         self.job, self.device, self.world, self.run_dir, self.fault = job, device, world, run_dir, fault
+        # Ranks other than 0 write only their own records (metrics.rank<N>.jsonl): one memory plot per rank.
+        self.rank_metrics = open(rank_metrics, "a") if rank_metrics is not None and run_dir is None else None
         self.t, self.c = job.train, job.cluster
         self.measured = Measured()
         self.verdict: Verdict | None = None
@@ -213,13 +228,11 @@ class SmokeRun:
                    "tokens": t.micro_batch * t.seq_len * t.grad_accum * self.world.size}
             if grad_norm is not None:
                 rec["grad_norm"] = float(grad_norm)
-            if self.run_dir:
-                self.run_dir.metric(rec)
+            self._record(rec)
             sample = mon.step(loss=loss_value)
             if sample is not None:
                 self.measured.samples.append(sample)
-                if self.run_dir:
-                    self.run_dir.metric({"profile": sample})
+                self._record({"profile": sample})
                 if self.world.main:
                     log.info("step %d/%d loss %.4f %s", step, steps, loss_value, _brief(sample))
             elif self.world.main and (step == 1 or step == steps):
@@ -228,6 +241,13 @@ class SmokeRun:
                 self.probe.switch_off()  # its per-op cost would distort the speed figures
             if not math.isfinite(loss_value):
                 raise FloatingPointError(f"loss is {loss_value} at step {step}")
+
+    def _record(self, rec: dict) -> None:
+        if self.run_dir:
+            self.run_dir.metric(rec)
+        elif self.rank_metrics is not None:
+            self.rank_metrics.write(strict_json.dumps(rec) + "\n")
+            self.rank_metrics.flush()
 
     def _inject(self, step: int, loss: torch.Tensor) -> torch.Tensor:
         if self.fault.kind == "nan" and step >= self.fault.step:
@@ -239,6 +259,7 @@ class SmokeRun:
     # ------------------------------------------------------------------ run
     def run(self, steps: int) -> Verdict:
         oom = interrupted = False
+        bad_input: ConfigError | None = None
         self._write_start()
         previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
         signal.signal(signal.SIGTERM, _raise_interrupted)
@@ -259,20 +280,26 @@ class SmokeRun:
             )
             with self.monitor:
                 self._train(steps)
-        except OOM_ERROR as exc:
-            oom = True
-            self.error = str(exc).splitlines()[0]
-            self._oom_dump()
         except KeyboardInterrupt:
             interrupted = True
             self.error = "interrupted (Ctrl-C or SIGTERM)"
         except FloatingPointError as exc:
             self.error = str(exc)
-        except ConfigError:
-            raise
-        except Exception as exc:  # a crash still leaves the logs and a summary saying why
-            self.error = f"{type(exc).__name__}: {exc}"
-            log.error("run failed:\n%s", traceback.format_exc(), extra={"file_only": True})
+        except ConfigError as exc:  # bad input found late: the run still ends with a final summary
+            bad_input = exc
+            self.error = str(exc)
+        except (Exception, MemoryError) as exc:  # a crash still leaves the logs and a summary saying why
+            if is_out_of_memory(exc):
+                oom = True
+                self.error = (str(exc).splitlines() or [type(exc).__name__])[0] or "MemoryError: out of host memory"
+                self._oom_dump()
+            elif isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+                where = exc.filename or (self.run_dir.path if self.run_dir else "the output directory")
+                self.error = f"disk full (ENOSPC) writing {where}: free space, or use --output-dir on a larger volume"
+                log.error("run failed:\n%s", traceback.format_exc(), extra={"file_only": True})
+            else:
+                self.error = f"{type(exc).__name__}: {exc}"
+                log.error("run failed:\n%s", traceback.format_exc(), extra={"file_only": True})
         finally:
             # A second Ctrl-C must not cost the summary: ignore both signals while it is written.
             for sig in previous:
@@ -282,10 +309,33 @@ class SmokeRun:
             if self.monitor is not None:
                 self.monitor.dump_snapshot()  # a no-op once written
         try:
-            return self._finish(steps, oom, interrupted)
+            try:
+                verdict = self._finish(steps, oom, interrupted)
+            except Exception as exc:  # never leave summary.json at "running"
+                log.error("writing the results failed:\n%s", traceback.format_exc(), extra={"file_only": True})
+                verdict = self._final_fallback(f"{self.error + '; ' if self.error else ''}"
+                                               f"results not written: {type(exc).__name__}: {exc}", oom)
+            if bad_input is not None:
+                raise bad_input
+            return verdict
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+    def _final_fallback(self, reason: str, oom: bool) -> Verdict:
+        """The smallest final summary, when building the full one failed (a full disk, a bug)."""
+        verdict = Verdict(status="oom" if oom else "failed", reasons=[reason], checks={})
+        self.verdict = verdict
+        self.summary = {"status": verdict.status, "reasons": verdict.reasons,
+                        "run_id": self.run_dir.run_id if self.run_dir else None,
+                        "steps": len(self.measured.losses), "predicted": self.estimate.allocated}
+        if self.run_dir:
+            try:
+                self.run_dir.close()
+                self.run_dir.write_json("summary", self.summary)
+            except OSError as exc:
+                log.error("cannot write %s: %s", self.run_dir.file("summary"), exc)
+        return verdict
 
     def _oom_dump(self) -> None:
         if self.monitor is not None:
@@ -302,6 +352,9 @@ class SmokeRun:
 
     # ------------------------------------------------------------------ results
     def _finish(self, steps: int, oom: bool, interrupted: bool) -> Verdict:
+        if self.rank_metrics is not None:
+            self.rank_metrics.close()
+            self.rank_metrics = None
         mon = self.monitor.summary() if self.monitor else {}
         peak_alloc = mon.get("peak_allocated")
         peak_reserved = mon.get("peak_reserved")
@@ -322,7 +375,8 @@ class SmokeRun:
             verdict.status, verdict.reasons = "interrupted", [self.error]
         elif self.error:
             verdict.status = "failed"
-            verdict.reasons.insert(0, self.error)
+            if self.error not in verdict.reasons:  # judge may have found the same NaN: say it once
+                verdict.reasons.insert(0, self.error)
         self.verdict = verdict
         rows = comparison(self.estimate, self.phases.marks, self.phases.peaks, self.phases.rises, peak_alloc,
                           mon.get("device_peak"), self.device.type, peak_reserved)
@@ -347,7 +401,9 @@ class SmokeRun:
             "predicted_device": self.estimate.total,
             "predicted_phase": self.estimate.peak_phase,
             "limit": limit,
+            "capacity": torch.cuda.get_device_properties(self.device).total_memory if self.device.type == "cuda" else None,
             "tokens_per_s": mon.get("tokens_per_s") and mon["tokens_per_s"] * self.world.size,
+            "tokens_per_s_scope": f"total of all {self.world.size} ranks" if self.world.size > 1 else "one process",
             "mfu": mon.get("mfu"),
             "step_time": mon.get("step_time"),
             "device": str(self.device) + (f" ({self.gpu.name})" if self.device.type == "cuda" else ""),
@@ -383,9 +439,14 @@ class SmokeRun:
     def _write_outputs(self, rows) -> None:
         rd = self.run_dir
         nvml = self.monitor.nvml if self.monitor else None
-        rd.write_json("env", env_record(self.device, self.world.size, nvml.driver() if nvml else None))
+        try:
+            rd.write_json("env", env_record(self.device, self.world.size, nvml.driver() if nvml else None))
+        except OSError as exc:  # a full disk must not cost the summary that follows
+            log.warning("env.json not written: %s", exc)
         try:
             self._plot()
+        except plot.PlotUnavailable as exc:
+            log.warning("memory.png not drawn: %s; every other output is written", exc)
         except Exception as exc:  # the plot must never cost the summary
             log.warning("memory plot failed: %s", exc)
         rd.close()
@@ -393,26 +454,16 @@ class SmokeRun:
         rd.write_json("summary", self.summary)
 
     def _plot(self) -> None:
-        samples = self.measured.samples
-        cuda = self.device.type == "cuda"
-        series = []
-        if cuda:
-            series.append(Series("allocated", [(s["step"], s.get("allocated") or 0) for s in samples]))
-            series.append(Series("peak reserved", [(s["step"], s.get("peak_reserved") or 0) for s in samples]))
-            if any(s.get("device_used") for s in samples):
-                series.append(Series("nvidia-smi used", [(s["step"], s.get("device_used") or 0) for s in samples]))
-        else:
-            series.append(Series("process rss", [(s["step"], s.get("host_rss") or 0) for s in samples]))
-            series.append(Series("peak tensors", [(s["step"], s.get("peak_allocated") or 0) for s in samples]))
-        last = max([s["step"] for s in samples] + [1])
-        series.append(Series("predicted peak", [(0, self.estimate.allocated), (last, self.estimate.allocated)],
-                             dashed=True))
-        limit = self._limit()
-        if limit:
-            series.append(Series("limit", [(0, limit), (last, limit)], dashed=True))
-        scale, unit = (1 << 30, "GIB") if max(v for s in series for _, v in s.points) > (1 << 30) else (1 << 20, "MIB")
-        line_plot(str(self.run_dir.file("plot")), f"{self.job.shape.name} memory on {self.device.type}", series,
-                  unit=unit, scale=scale)
+        """memory.png for rank 0, memory.rank<N>.png for every other rank, from the run's metrics files."""
+        path = self.run_dir.path
+        for run in plot.read_run(path):
+            rank = run.label.rsplit(" rank ", 1)[1] if " rank " in run.label else "0"
+            out = self.run_dir.file("plot") if rank == "0" else path / f"memory.rank{rank}.png"
+            run.status, run.capacity = self.summary["status"], self.summary.get("capacity")
+            run.predicted, run.limit = self.summary.get("predicted"), self.summary.get("limit")
+            run.predicted_reserved, run.steps_planned = self.summary.get("predicted_reserved"), self.summary["steps_planned"]
+            plot.draw([run], out, f"{self.job.shape.name} on {self.summary['device']}"
+                      + (f", rank {rank} of {self.world.size}" if self.world.size > 1 else ""))
 
 
 def _brief(sample: dict) -> str:

@@ -1,0 +1,31 @@
+"""The click command class every podkit CLI uses: a usage error is one line naming the command
+(`bin/preflight: no such option: --bogus (see bin/preflight --help)`), exit 2, like every other bad
+input; click's default is a three-line block (usage, hint, error) that scripts cannot grep."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+EXIT_BAD_INPUT = 2
+
+
+class OneLineCommand(click.Command):
+    def main(self, args=None, prog_name=None, **kwargs):
+        kwargs.pop("standalone_mode", None)
+        try:
+            rv = super().main(args, prog_name, standalone_mode=False, **kwargs)
+        except click.UsageError as exc:
+            name = prog_name or self.name
+            message = " ".join(exc.format_message().split())
+            message = message[:1].lower() + message[1:]
+            click.echo(f"{name}: {message} (see {name} --help)", err=True)
+            sys.exit(EXIT_BAD_INPUT)
+        except click.ClickException as exc:  # click.FileError and friends: one line too
+            click.echo(f"{prog_name or self.name}: {' '.join(exc.format_message().split())}", err=True)
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo(f"{prog_name or self.name}: interrupted", err=True)
+            sys.exit(130)
+        sys.exit(rv if isinstance(rv, int) else 0)

@@ -1,0 +1,31 @@
+"""Strict JSON for every --json and summary.json: no NaN or Infinity (json.dumps writes them bare,
+which jq, JavaScript and most parsers refuse). A non-finite number becomes null, and the top-level
+object says why under "null_reasons" (a JSON-pointer-like path -> "nan" | "inf" | "-inf")."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+
+def clean(obj: Any, path: str = "", reasons: dict[str, str] | None = None) -> Any:
+    """obj with every non-finite float replaced by None; each replacement recorded in reasons."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        if reasons is not None:
+            reasons[path or "/"] = "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+        return None
+    if isinstance(obj, dict):
+        return {k: clean(v, f"{path}/{k}", reasons) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [clean(v, f"{path}/{i}", reasons) for i, v in enumerate(obj)]
+    return obj
+
+
+def dumps(obj: Any, **kwargs) -> str:
+    """json.dumps that never writes NaN/Infinity: nulls, with the reasons beside them."""
+    reasons: dict[str, str] = {}
+    out = clean(obj, "", reasons)
+    if reasons and isinstance(out, dict):
+        out = {**out, "null_reasons": {**out.get("null_reasons", {}), **{p: f"was {r}" for p, r in reasons.items()}}}
+    return json.dumps(out, allow_nan=False, **kwargs)

@@ -1,0 +1,233 @@
+"""Bad input, the table: every command given something wrong answers one line on stderr, exit 2,
+never a traceback. Each case is a real run of the bin/ script a user types, from a fresh temp dir.
+
+The cases include every one that issue 14 found mishandled (nan/inf numbers, /dev/zero as a config,
+a negative head_dim, dimensions without hidden, GH200, an empty --gpu, ../ run ids, output_dir under a
+file, a dataset directory, an odd-sized .bin, a bad token id past the first million, malformed
+fingerprints, --project naming a file).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = ROOT / "bin"
+
+# tiny-cpu.toml's job, written out so a case can change one key.
+BASE = {
+    "model": {"preset": '"tiny"'},
+    "train": {"precision": '"fp32"', "micro_batch": "2", "seq_len": "32"},
+    "cluster": {"gpu": '"A10G"'},
+    "smoke": {"steps": "3"},
+}
+
+
+def job(drop: tuple[str, ...] = (), **sections: dict[str, str]) -> str:
+    """TOML for BASE with some keys changed: job(train={"lr": "nan"}); drop=("model.preset",)."""
+    lines = []
+    for name, keys in BASE.items():
+        merged = {**keys, **sections.get(name, {})}
+        lines.append(f"[{name}]")
+        lines += [f"{k} = {v}" for k, v in merged.items() if f"{name}.{k}" not in drop]
+    return "\n".join(lines) + "\n"
+
+
+DIMS = {"hidden": "64", "layers": "2", "heads": "4", "ffn": "128", "vocab": "256"}
+EXPLICIT = {"model": DIMS}
+NO_PRESET = ("model.preset",)
+FINGERPRINT_OK = '{"python": "/usr/bin/python3", "python_version": "3.11.7"}'
+
+# (id, command, args, files, text the line must contain). In args and files, {tmp} is the case's
+# directory; files map a name to its content (str, bytes, None for a directory).
+CASES = [
+    # -- bin/preflight: numbers that are not numbers
+    ("params-nan", "preflight", ["-c", "j.toml"], {"j.toml": job(NO_PRESET, model={"params": "nan"})}, "model.params"),
+    ("params-inf", "preflight", ["-c", "j.toml"], {"j.toml": job(NO_PRESET, model={"params": "inf"})}, "model.params"),
+    ("params-negative", "preflight", ["-c", "j.toml"], {"j.toml": job(NO_PRESET, model={"params": "-5e9"})}, "model.params"),
+    ("host-ram-nan", "preflight", ["-c", "j.toml"], {"j.toml": job(cluster={"host_ram_gb": "nan"})}, "cluster.host_ram_gb"),
+    ("host-ram-inf", "preflight", ["-c", "j.toml"], {"j.toml": job(cluster={"host_ram_gb": "inf"})}, "cluster.host_ram_gb"),
+    ("host-ram-inf-json", "preflight", ["-c", "j.toml", "--json"], {"j.toml": job(cluster={"host_ram_gb": "inf"})},
+     "cluster.host_ram_gb"),
+    ("host-ram-negative", "preflight", ["-c", "j.toml"], {"j.toml": job(cluster={"host_ram_gb": "-1"})}, "cluster.host_ram_gb"),
+    ("lr-nan", "preflight", ["-c", "j.toml"], {"j.toml": job(train={"lr": "nan"})}, "train.lr"),
+    ("lr-inf", "preflight", ["-c", "j.toml"], {"j.toml": job(train={"lr": "inf"})}, "train.lr"),
+    ("lr-zero", "preflight", ["-c", "j.toml"], {"j.toml": job(train={"lr": "0.0"})}, "train.lr"),
+    ("grad-clip-nan", "preflight", ["-c", "j.toml"], {"j.toml": job(train={"grad_clip": "nan"})}, "train.grad_clip"),
+    ("grad-clip-negative", "preflight", ["-c", "j.toml"], {"j.toml": job(train={"grad_clip": "-1.0"})}, "train.grad_clip"),
+    ("weight-decay-inf", "preflight", ["-c", "j.toml"], {"j.toml": job(train={"weight_decay": "inf"})},
+     "train.weight_decay"),
+    ("weight-decay-minus-inf", "preflight", ["-c", "j.toml"], {"j.toml": job(train={"weight_decay": "-inf"})},
+     "train.weight_decay"),
+    ("lora-dropout-nan", "preflight", ["-c", "j.toml"], {"j.toml": job(train={"lora_dropout": "nan"})},
+     "train.lora_dropout"),
+    ("lora-dropout-range", "preflight", ["-c", "j.toml"], {"j.toml": job(train={"lora_dropout": "1.5"})},
+     "train.lora_dropout"),
+    ("peak-limit-nan", "preflight", ["-c", "j.toml"], {"j.toml": job(smoke={"peak_limit_gb": "nan"})},
+     "smoke.peak_limit_gb"),
+    ("peak-limit-negative", "preflight", ["-c", "j.toml"], {"j.toml": job(smoke={"peak_limit_gb": "-2.0"})},
+     "smoke.peak_limit_gb"),
+    ("min-loss-drop-nan", "preflight", ["-c", "j.toml"], {"j.toml": job(smoke={"min_loss_drop": "nan"})},
+     "smoke.min_loss_drop"),
+    # -- sizes and shapes
+    ("micro-batch-zero", "preflight", ["-c", "j.toml"], {"j.toml": job(train={"micro_batch": "0"})}, "train.micro_batch"),
+    ("seq-len-negative", "preflight", ["-c", "j.toml"], {"j.toml": job(train={"seq_len": "-1"})}, "train.seq_len"),
+    ("grad-accum-zero", "preflight", ["-c", "j.toml"], {"j.toml": job(train={"grad_accum": "0"})}, "train.grad_accum"),
+    ("gpus-per-node-zero", "preflight", ["-c", "j.toml"], {"j.toml": job(cluster={"gpus_per_node": "0"})},
+     "cluster.gpus_per_node"),
+    ("steps-zero", "preflight", ["-c", "j.toml"], {"j.toml": job(smoke={"steps": "0"})}, "smoke.steps"),
+    ("head-dim-negative", "preflight", ["-c", "j.toml"],
+     {"j.toml": job(NO_PRESET, model={**DIMS, "head_dim": "-64"})}, "model.head_dim"),
+    ("hidden-negative", "preflight", ["-c", "j.toml"], {"j.toml": job(NO_PRESET, model={**DIMS, "hidden": "-64"})},
+     "model.hidden"),
+    ("dims-without-hidden", "preflight", ["-c", "j.toml"],
+     {"j.toml": job(NO_PRESET, model={k: v for k, v in DIMS.items() if k != "hidden"})}, "without hidden"),
+    ("dims-missing-vocab", "preflight", ["-c", "j.toml"],
+     {"j.toml": job(NO_PRESET, model={k: v for k, v in DIMS.items() if k != "vocab"})}, "vocab"),
+    ("kv-heads-not-dividing", "preflight", ["-c", "j.toml"],
+     {"j.toml": job(NO_PRESET, model={**DIMS, "kv_heads": "3"})}, "model.kv_heads"),
+    ("no-model", "preflight", ["-c", "j.toml"], {"j.toml": job(NO_PRESET)}, "no model given"),
+    ("two-models", "preflight", ["-c", "j.toml"], {"j.toml": job(model={"params": "1e9"})}, "more than one"),
+    ("model-not-table", "preflight", ["-c", "j.toml"], {"j.toml": "model = 1\n"}, "must be a table"),
+    # -- choices and keys
+    ("unknown-preset", "preflight", ["-c", "j.toml"], {"j.toml": job(model={"preset": '"llama-9"'})}, "llama-9"),
+    ("unknown-optimizer", "preflight", ["-c", "j.toml"], {"j.toml": job(train={"optimizer": '"adamm"'})},
+     "train.optimizer"),
+    ("unknown-key", "preflight", ["-c", "j.toml"], {"j.toml": job(train={"micro_bacth": "2"})}, "micro_batch"),
+    ("unknown-section", "preflight", ["-c", "j.toml"], {"j.toml": job() + "[trian]\nx = 1\n"}, "[trian]"),
+    ("wrong-type", "preflight", ["-c", "j.toml"], {"j.toml": job(train={"seq_len": '"long"'})}, "train.seq_len"),
+    ("bool-for-int", "preflight", ["-c", "j.toml"], {"j.toml": job(train={"micro_batch": "true"})}, "train.micro_batch"),
+    ("offload-all-without-zero3", "preflight", ["-c", "j.toml"], {"j.toml": job(cluster={"offload": '"all"'})},
+     "cluster.offload"),
+    ("invalid-toml", "preflight", ["-c", "j.toml"], {"j.toml": "[model\npreset = 1\n"}, "not valid TOML"),
+    # -- the --config file itself
+    ("config-dev-zero", "preflight", ["-c", "/dev/zero"], {}, "--config"),
+    ("config-directory", "preflight", ["-c", "{tmp}"], {}, "is a directory"),
+    ("config-missing", "preflight", ["-c", "nope.toml"], {}, "does not exist"),
+    ("config-binary", "preflight", ["-c", "j.toml"], {"j.toml": b"\xff\xfe\x00binary"}, "UTF-8"),
+    ("config-huge", "preflight", ["-c", "j.toml"], {"j.toml": "# x\n" * 400_000}, "MiB"),
+    ("config-empty-name", "preflight", ["-c", ""], {}, "--config"),
+    ("hf-config-missing", "preflight", ["-c", "j.toml"],
+     {"j.toml": job(NO_PRESET, model={"hf_config": '"missing/config.json"'})}, "config.json"),
+    ("hf-config-not-json", "preflight", ["-c", "j.toml"],
+     {"j.toml": job(NO_PRESET, model={"hf_config": '"c.json"'}), "c.json": "not json"}, "c.json"),
+    # -- --gpu
+    ("gpu-gh200", "preflight", ["--gpu", "GH200"], {}, "GH200"),
+    ("gpu-empty", "preflight", ["--gpu", ""], {}, "cluster.gpu"),
+    ("gpu-h1000-suggests-h100", "preflight", ["--gpu", "H1000"], {}, "'H100'"),
+    ("gpu-in-config-unknown", "preflight", ["-c", "j.toml"], {"j.toml": job(cluster={"gpu": '"GH200"'})}, "GH200"),
+    # -- usage errors
+    ("preflight-unknown-option", "preflight", ["--bogus"], {}, "bin/preflight"),
+    ("preflight-gpu-without-value", "preflight", ["--gpu"], {}, "bin/preflight"),
+    # -- bin/smoke
+    ("smoke-run-id-escape", "smoke", ["-c", "j.toml", "--run-id", "../../x"], {"j.toml": job()}, "--run-id"),
+    ("smoke-run-id-slash", "smoke", ["-c", "j.toml", "--run-id", "a/b"], {"j.toml": job()}, "--run-id"),
+    ("smoke-run-id-dotdot", "smoke", ["-c", "j.toml", "--run-id", ".."], {"j.toml": job()}, "--run-id"),
+    ("smoke-output-dir-under-file", "smoke", ["-c", "j.toml", "--output-dir", "f/runs"],
+     {"j.toml": job(), "f": "a file"}, "is a file"),
+    ("smoke-config-output-dir-under-file", "smoke", ["-c", "j.toml"],
+     {"j.toml": job(train={"output_dir": '"f/runs"'}), "f": "a file"}, "train.output_dir"),
+    ("smoke-output-dir-empty", "smoke", ["-c", "j.toml", "--output-dir", ""], {"j.toml": job()}, "--output-dir"),
+    ("smoke-steps-zero", "smoke", ["-c", "j.toml", "--steps", "0"], {"j.toml": job()}, "--steps"),
+    ("smoke-steps-not-int", "smoke", ["-c", "j.toml", "--steps", "abc"], {"j.toml": job()}, "bin/smoke"),
+    ("smoke-device-unknown", "smoke", ["--device", "tpu"], {}, "bin/smoke"),
+    ("smoke-config-dev-zero", "smoke", ["-c", "/dev/zero"], {}, "--config"),
+    ("smoke-lr-nan", "smoke", ["-c", "j.toml"], {"j.toml": job(train={"lr": "nan"})}, "train.lr"),
+    ("smoke-peak-limit-nan", "smoke", ["-c", "j.toml"], {"j.toml": job(smoke={"peak_limit_gb": "nan"})},
+     "smoke.peak_limit_gb"),
+    ("smoke-inject-fault-bad", "smoke", ["-c", "j.toml", "--inject-fault", "boom"], {"j.toml": job()},
+     "--inject-fault"),
+    ("smoke-dataset-directory", "smoke", ["-c", "j.toml"],
+     {"j.toml": job(train={"dataset": '"data"'}), "data": None}, "is a directory"),
+    ("smoke-dataset-missing", "smoke", ["-c", "j.toml"], {"j.toml": job(train={"dataset": '"none.bin"'})},
+     "does not exist"),
+    ("smoke-dataset-odd-size", "smoke", ["-c", "j.toml"],
+     {"j.toml": job(train={"dataset": '"d.bin"'}), "d.bin": b"\x01\x00" * 500 + b"\x01"}, "whole number"),
+    ("smoke-dataset-too-small", "smoke", ["-c", "j.toml"],
+     {"j.toml": job(train={"dataset": '"d.bin"'}), "d.bin": b"\x01\x00" * 10}, "fewer than one sequence"),
+    # A bad id after the first million tokens: the old check read only those.
+    ("smoke-dataset-id-past-vocab-late", "smoke", ["-c", "j.toml"],
+     {"j.toml": job(train={"dataset": '"d.bin"'}),
+      "d.bin": np.concatenate([np.ones(3_000_000, np.uint16), np.array([60000], np.uint16)]).tobytes()},
+     "token 3,000,000"),
+    ("smoke-unknown-option", "smoke", ["--bogus"], {}, "bin/smoke"),
+    # -- bin/envsetup
+    ("envsetup-fingerprint-array", "envsetup", ["--fingerprint", "fp.json", "--dry-run"], {"fp.json": "[1, 2]"},
+     "JSON object"),
+    ("envsetup-fingerprint-torch-garbage", "envsetup", ["--fingerprint", "fp.json", "--dry-run"],
+     {"fp.json": '{"python": "/usr/bin/python3", "torch": {"version": "garbage"}}'}, "torch.version"),
+    ("envsetup-fingerprint-python-version-garbage", "envsetup", ["--fingerprint", "fp.json", "--dry-run"],
+     {"fp.json": '{"python": "/usr/bin/python3", "python_version": "three"}'}, "python_version"),
+    ("envsetup-fingerprint-not-json", "envsetup", ["--fingerprint", "fp.json", "--dry-run"], {"fp.json": "{oops"},
+     "--fingerprint"),
+    ("envsetup-fingerprint-gpus-not-list", "envsetup", ["--fingerprint", "fp.json", "--dry-run"],
+     {"fp.json": '{"gpus": {"name": "x"}}'}, "gpus"),
+    ("envsetup-fingerprint-dev-zero", "envsetup", ["--fingerprint", "/dev/zero", "--dry-run"], {},
+     "not a regular file"),
+    ("envsetup-fingerprint-missing", "envsetup", ["--fingerprint", "nope.json", "--dry-run"], {}, "does not exist"),
+    ("envsetup-project-is-file", "envsetup", ["--project", "f", "--fingerprint", "fp.json", "--dry-run"],
+     {"f": "x", "fp.json": FINGERPRINT_OK}, "not a directory"),
+    ("envsetup-project-missing", "envsetup", ["--project", "nope", "--dry-run"], {}, "does not exist"),
+    ("envsetup-unknown-option", "envsetup", ["--bogus"], {}, "bin/envsetup"),
+    # -- bin/plot
+    ("plot-no-run", "plot", [], {}, "bin/plot"),
+    ("plot-run-missing", "plot", ["nope"], {}, "does not exist"),
+    ("plot-run-is-file", "plot", ["f"], {"f": "x"}, "not a run directory"),
+    ("plot-run-without-metrics", "plot", ["run"], {"run": None}, "metrics.jsonl"),
+    ("plot-output-under-file", "plot", ["run", "-o", "f/x.png"],
+     {"run": None, "run/metrics.jsonl": '{"step": 1, "loss": 1.0}\n', "f": "x"}, "-o"),
+]
+
+
+def _materialise(tmp: Path, files: dict) -> None:
+    for name, content in files.items():
+        path = tmp / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if content is None:
+            path.mkdir(exist_ok=True)
+        elif isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_exit_2(case, tmp_path):
+    name, command, args, files, expect = case
+    _materialise(tmp_path, files)
+    argv = [str(BIN / command), *(a.replace("{tmp}", str(tmp_path)) for a in args)]
+    env = {**os.environ, "PODKIT_PYTHON": str(ROOT / ".venv" / "bin" / "python"), "COLUMNS": "80"}
+    out = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+    lines = out.stderr.splitlines()
+    assert out.returncode == 2, f"{name}: exit {out.returncode}\n{out.stderr}\n{out.stdout[-500:]}"
+    assert "Traceback" not in out.stderr + out.stdout, out.stderr
+    assert len(lines) == 1, f"{name}: {len(lines)} lines on stderr:\n{out.stderr}"
+    assert expect in lines[0], f"{name}: {expect!r} not in {lines[0]!r}"
+    if "--json" in args:
+        assert out.stdout == "", "a --json run that failed on input prints no half object"
+    # A refused run makes nothing outside its temp dir, and no run directory inside it.
+    assert not (tmp_path / "runs").exists() and not (tmp_path.parent / "x").exists()
+
+
+def test_table_is_big_enough():
+    assert len(CASES) >= 60
+    commands = {c[1] for c in CASES}
+    assert commands >= {"preflight", "smoke", "envsetup", "plot"}
+
+
+def test_output_dir_under_a_file_fails_preflights_disk_check(tmp_path):
+    (tmp_path / "f").write_text("a file")
+    (tmp_path / "j.toml").write_text(job(train={"output_dir": f'"{tmp_path}/f/runs"'}))
+    out = subprocess.run([str(BIN / "preflight"), "-c", str(tmp_path / "j.toml"), "--json"], capture_output=True,
+                         text=True, timeout=60)
+    import json
+
+    data = json.loads(out.stdout)
+    disk = next(c for c in data["checks"] if c["id"] == "disk.free")
+    assert disk["status"] == "fail" and "is a file" in disk["message"], disk
+    assert out.returncode == 1

@@ -1,0 +1,51 @@
+"""What the commands print, for people and for scripts: usage lines naming bin/..., fixes never cut
+at the terminal's width, strict --json on every command."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = ROOT / "bin"
+
+
+def run(*argv, env=None, cwd=None):
+    return subprocess.run([str(BIN / argv[0]), *argv[1:]], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})}, cwd=cwd)
+
+
+@pytest.mark.parametrize("command", ["preflight", "smoke", "envsetup"])
+def test_help_names_the_command_the_user_typed(command):
+    out = run(command, "--help", env={"PODKIT_PYTHON": str(ROOT / ".venv" / "bin" / "python")})
+    assert out.returncode == 0
+    assert f"bin/{command}" in out.stdout.splitlines()[0], out.stdout[:200]
+    assert "-m " not in out.stdout.splitlines()[0]
+
+
+def test_fix_text_is_not_cut_at_80_columns():
+    out = run("preflight", env={"COLUMNS": "80", "PYTORCH_CUDA_ALLOC_CONF": ""})
+    assert "…" not in out.stdout
+    joined = "".join(line.strip("│ ") for line in out.stdout.splitlines())
+    assert "expandable_segments:True" in joined.replace("│", "").replace(" ", "")
+
+
+def test_envsetup_json_dry_run_is_one_strict_object(tmp_path):
+    fp = tmp_path / "fp.json"
+    fp.write_text('{"python": "/usr/bin/python3", "python_version": "3.11.7", "gpus": []}')
+    out = run("envsetup", "--fingerprint", str(fp), "--dry-run", "--json",
+              env={"PODKIT_PYTHON": str(ROOT / ".venv" / "bin" / "python")})
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout, parse_constant=lambda c: pytest.fail(f"bare {c}"))
+    assert data["ok"] is True and data["dry_run"] is True
+    assert {d["name"] for d in data["plan"]} >= {"bitsandbytes", "flash-attn"}
+    assert data["attention"] == "sdpa"
+
+
+def test_preflight_json_is_strict():
+    out = run("preflight", "--json", "--no-probe")
+    json.loads(out.stdout, parse_constant=lambda c: pytest.fail(f"bare {c}"))

@@ -1,0 +1,73 @@
+"""`bin/plot RUN_DIR...`: redraw a run's memory plot from its files (after fetch-logs, on a laptop),
+or overlay several runs in one figure. Needs matplotlib, not torch.
+
+Exit codes: 0 drawn, 2 bad input (a path that is not a run directory, no matplotlib).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from checks.command import OneLineCommand
+
+EXIT_BAD_INPUT = 2
+
+
+def _fail(message: str) -> None:
+    click.echo(f"plot: {message}", err=True)
+    sys.exit(EXIT_BAD_INPUT)
+
+
+def _check_run(path: Path) -> None:
+    if not path.exists():
+        _fail(f"{path} does not exist (give a run directory, e.g. runs/<run-id>)")
+    if not path.is_dir():
+        _fail(f"{path} is not a run directory (give runs/<run-id>, the directory that holds metrics.jsonl)")
+    if not (path / "metrics.jsonl").is_file():
+        _fail(f"{path} has no metrics.jsonl: not a smoke run directory, or fetched before its first step")
+
+
+def _check_output(out: Path) -> None:
+    parent = Path(os.path.normpath(out.absolute())).parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        _fail(f"-o {out}: {parent} is a file (give a path in a writable directory)")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        _fail(f"-o {out}: {parent} is not writable")
+    if out.is_dir():
+        _fail(f"-o {out} is a directory (give a .png file name)")
+
+
+@click.command(cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("runs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+              help="PNG to write. Default: RUN_DIR/memory.png for one run, memory-overlay.png here for several.")
+@click.option("--per-rank", is_flag=True, help="One figure per rank (memory.rank<N>.png) instead of all ranks overlaid.")
+def main(runs: tuple[Path, ...], output: Path | None, per_rank: bool) -> None:
+    """Redraw the memory plot of smoke runs (runs/<run-id>/, fetched or local); several overlay."""
+    from train import plot
+
+    for run in runs:
+        _check_run(run)
+    out = output or (runs[0] / "memory.png" if len(runs) == 1 else Path("memory-overlay.png"))
+    _check_output(out)
+    curves = [c for run in runs for c in plot.read_run(run)]
+    title = " vs ".join(r.name for r in runs) + " memory"
+    try:
+        if per_rank and len(runs) == 1 and len(curves) > 1:
+            for i, c in enumerate(curves):
+                plot.draw([c], out if i == 0 else out.with_name(f"{out.stem}.rank{i}{out.suffix}"), f"{title}, {c.label}")
+        else:
+            plot.draw(curves, out, title)
+    except plot.PlotUnavailable as exc:
+        _fail(str(exc))
+    click.echo(str(out))
+
+
+if __name__ == "__main__":
+    main(prog_name="bin/plot")
