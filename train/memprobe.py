@@ -91,6 +91,13 @@ def cuda_block_bytes(nbytes: int) -> int:
     return 0 if nbytes == 0 else -(-nbytes // 512) * 512
 
 
+def _address(storage) -> int:
+    try:
+        return storage.data_ptr()
+    except Exception:  # a storage without data (meta, fake): no address to show
+        return 0
+
+
 class TensorCounter(TorchDispatchMode):
     """Live tensor bytes on CPU, with a trace in memory_viz's snapshot format.
 
@@ -142,14 +149,18 @@ class TensorCounter(TorchDispatchMode):
         if key in self._sizes:
             return  # a view or an in-place result: no new memory
         n = self._size(storage)
-        addr = storage.data_ptr() if self._trace is not None else 0
+        addr = _address(storage) if self._block_bytes is None else 0  # fake storages (traced) have none
         category = category or self.category
         self._sizes[key] = (n, addr, category)
         self._add(category, n)
-        if self._trace is not None and len(self._trace) < self._trace_limit:
-            self._trace.append({"action": "alloc", "addr": addr, "size": n, "stream": 0,
-                                "time_us": time.perf_counter_ns() // 1000,
-                                "frames": [{"filename": "aten", "line": 0, "name": str(func)}]})
+        if self._trace is not None and len(self._trace) + 2 <= self._trace_limit:
+            # On CPU every storage is its own malloc: a segment of exactly its size, as memory_viz's
+            # "segment_alloc" (cudaMalloc) then "alloc" (the block in it) spell it.
+            now = time.perf_counter_ns() // 1000
+            frames = [{"filename": "aten", "line": 0, "name": str(func)}]
+            for action in ("segment_alloc", "alloc"):
+                self._trace.append({"action": action, "addr": addr, "size": n, "stream": 0, "device_free": 0,
+                                    "time_us": now, "frames": frames})
         weakref.finalize(storage, self._free, key)
 
     def _add(self, category: str, n: int) -> None:
@@ -164,10 +175,11 @@ class TensorCounter(TorchDispatchMode):
         self.live -= n
         if category:
             self.by_category[category] -= n
-        if self._trace is not None and len(self._trace) < self._trace_limit:
-            for action in ("free_requested", "free_completed"):
-                self._trace.append({"action": action, "addr": addr, "size": n, "stream": 0,
-                                    "time_us": time.perf_counter_ns() // 1000, "frames": []})
+        if self._trace is not None and len(self._trace) + 3 <= self._trace_limit:
+            now = time.perf_counter_ns() // 1000
+            for action in ("free_requested", "free_completed", "segment_free"):
+                self._trace.append({"action": action, "addr": addr, "size": n, "stream": 0, "device_free": 0,
+                                    "time_us": now, "frames": []})
 
     def category_of(self, storage) -> str:
         entry = self._sizes.get(id(storage))
@@ -229,11 +241,20 @@ class TensorCounter(TorchDispatchMode):
         self._trace = None
 
     def dump_history(self, path: str) -> None:
-        blocks = [{"size": n, "state": "active_allocated", "requested_size": n, "frames": []}
-                  for n, _, _ in self._sizes.values()]
-        snapshot = {"device_traces": [list(self._trace or [])],
-                    "segments": [{"device": 0, "address": 0, "total_size": sum(b["size"] for b in blocks),
-                                  "stream": 0, "blocks": blocks}] if blocks else []}
+        """The snapshot in torch.cuda.memory._snapshot()'s format (torch/cuda/memory.py, _snapshot's
+        docstring: Segment, Block, TraceEntry; torch 2.13), so `python -m torch.cuda._memory_viz
+        trace | segments | segment_plot | trace_plot` and pytorch.org/memory_viz read it: one segment
+        per live storage at its real address (CPU storages are separate mallocs), no invented segment."""
+        segments = []
+        for n, addr, _ in sorted(self._sizes.values(), key=lambda v: v[1]):
+            if not n:
+                continue
+            block = {"address": addr, "size": n, "requested_size": n, "state": "active_allocated", "frames": []}
+            segments.append({"device": 0, "address": addr, "total_size": n, "allocated_size": n, "active_size": n,
+                             "requested_size": n, "stream": 0, "segment_type": "large" if n > (1 << 20) else "small",
+                             "segment_pool_id": (0, 0), "is_expandable": False, "frames": [], "blocks": [block]})
+        snapshot = {"segments": segments, "device_traces": [list(self._trace or [])],
+                    "allocator_settings": {"source": "podkit TensorCounter (CPU): one malloc per storage"}}
         with open(path, "wb") as f:
             pickle.dump(snapshot, f)
 
