@@ -21,7 +21,7 @@ from checks import gpus, models, stacks
 from checks.errors import ConfigError, closest
 
 PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "bf16")
-OPTIMIZERS = ("adamw", "adamw8bit", "paged_adamw8bit", "paged_adamw", "lion", "sgd", "adafactor")
+OPTIMIZERS = ("adamw", "adamw8bit", "paged_adamw8bit", "paged_adamw", "lion", "lion8bit", "sgd", "adafactor")
 CHECKPOINTING = ("none", "selective", "full")
 ATTENTION = ("sdpa", "flash-attn", "eager")
 BASE_QUANT = ("none", "int8", "nf4")
@@ -136,8 +136,8 @@ class TrainConfig:
     precision: str = "bf16-mixed"
     """fp32 | fp16-mixed (autocast + loss scaling) | bf16-mixed (autocast, fp32 master weights) | bf16 (pure)."""
     optimizer: str = "adamw"
-    """adamw | adamw8bit | paged_adamw8bit | paged_adamw (bitsandbytes 32-bit, paged) | lion | sgd (with
-    momentum) | adafactor."""
+    """adamw | adamw8bit | paged_adamw8bit | paged_adamw (bitsandbytes 32-bit, paged) | lion | lion8bit
+    (bitsandbytes' Lion, 32-bit or 8-bit blockwise state) | sgd (with momentum) | adafactor."""
     micro_batch: int = 1
     """Sequences per GPU per forward/backward."""
     grad_accum: int = 1

@@ -240,7 +240,15 @@ def optimizer_bytes(job: JobConfig, groups: list[ParamGroup], state_bytes: int) 
                 per_tensor = 2 * 4 * g.numel
         elif opt == "paged_adamw":
             per_tensor = 2 * 4 * g.numel  # bitsandbytes' 32-bit optimizers keep fp32 states for any param dtype
-        elif opt in ("lion", "sgd"):
+        elif opt == "lion":
+            # bitsandbytes Lion (optim/lion.py: Optimizer1State, optim_bits=32): one state, and
+            # Optimizer1State.init_state (optim/optimizer.py, 0.50.2) makes it fp32 for any param dtype.
+            per_tensor = 4 * g.numel
+        elif opt == "lion8bit":
+            # Lion8bit: the same init_state with optim_bits=8: tensors of >= min_8bit_size (4096) values
+            # keep one uint8 state and an fp32 absmax per block of 256; smaller ones one fp32 state.
+            per_tensor = g.numel * (1 + 4 / BNB_BLOCK) if g.numel >= BNB_MIN_8BIT_SIZE else 4 * g.numel
+        elif opt == "sgd":
             per_tensor = state_bytes * g.numel  # one momentum buffer
         else:  # adafactor (Shazeer & Stern 2018): factored second moment, no first moment
             per_tensor = 4 * (g.rows + g.cols) if g.cols > 1 else 4 * g.numel
@@ -258,7 +266,8 @@ def _step_transient(job: JobConfig, groups: list[ParamGroup], state_bytes: int, 
       temporaries of the tensor being updated;
     foreach SGD with weight decay (_multi_tensor_sgd): grads = torch._foreach_add(grads, params,
       alpha=weight_decay), a copy of every decayed gradient;
-    Lion (train/optim.py) and Adafactor: temporaries of the tensor being updated."""
+    bitsandbytes Lion/Lion8bit (optimizer_update_32bit / _8bit_blockwise): in place, none;
+    Adafactor: temporaries of the tensor being updated."""
     opt, impl = job.train.optimizer, job.facts.optimizer_impl
     # A layer's routed experts are one 3-D parameter in transformers 5.x: the largest tensor is the bank.
     experts = job.shape.moe.experts if job.shape.moe else 1
@@ -271,7 +280,7 @@ def _step_transient(job: JobConfig, groups: list[ParamGroup], state_bytes: int, 
         return 2 * largest * state_bytes, f"2 temporaries of the largest tensor ({largest:,})"
     if opt == "sgd" and job.train.weight_decay and impl != "fused":
         return decayed * state_bytes, f"foreach SGD copies every decayed gradient ({decayed:,} x {state_bytes} B)"
-    copies = {"lion": 1, "adafactor": 2}.get(opt, 0)
+    copies = {"adafactor": 2}.get(opt, 0)  # bitsandbytes' Lion kernels update in place, like its AdamW
     return largest * state_bytes * copies, f"{copies} temporaries of the largest trainable tensor ({largest:,})"
 
 

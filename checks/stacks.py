@@ -275,7 +275,7 @@ def resolve(train, cluster, shape) -> JobFacts:
         fsdp=fsdp,
         autocast=autocast,
         grad_scaler=train.grad_scaler == "on" or (train.grad_scaler == "auto" and train.precision == "fp16-mixed"),
-        bnb_optimizer=train.optimizer in ("adamw8bit", "paged_adamw8bit", "paged_adamw"),
+        bnb_optimizer=train.optimizer in ("adamw8bit", "paged_adamw8bit", "paged_adamw", "lion", "lion8bit"),
         paged_optimizer=train.optimizer.startswith("paged_"),
         quantize_head=stack.quantize_head and train.base_quant != "none",
         previous_outputs_kept=(stack.previous_outputs_kept if train.previous_outputs == "stack"

@@ -105,6 +105,19 @@ def test_single_state_optimizers(job, optimizer, per_param):
     assert optimizer_bytes(j, trainable_groups(j), 4) == P_1B * per_param
 
 
+def test_bitsandbytes_lion_keeps_one_fp32_state_even_in_pure_bf16(job):
+    # bitsandbytes Optimizer1State.init_state (optim/optimizer.py, 0.50.2): optim_bits=32 -> fp32 state1.
+    j = job(train="optimizer = 'lion'\nprecision = 'bf16'")
+    assert optimizer_bytes(j, trainable_groups(j), 2) == P_1B * 4
+
+
+def test_lion8bit_is_one_blockwise_state(job):
+    j = job(train="optimizer = 'lion8bit'")
+    # One uint8 state plus an fp32 absmax per 256 values for tensors of >= 4096 values; the norms fp32.
+    expected = (P_1B - NORMS_1B) * (1 + 4 / 256) + NORMS_1B * 4
+    assert optimizer_bytes(j, trainable_groups(j), 4) == int(expected)
+
+
 def test_adafactor_is_factored(job):
     j = job(model='preset = "gpt2-124m"', train="optimizer = 'adafactor'")
     got = optimizer_bytes(j, trainable_groups(j), 4)

@@ -149,7 +149,7 @@ class TensorCounter(TorchDispatchMode):
         if key in self._sizes:
             return  # a view or an in-place result: no new memory
         n = self._size(storage)
-        addr = _address(storage) if self._block_bytes is None else 0  # fake storages (traced) have none
+        addr = _address(storage) if self._trace_limit else 0  # the traced estimate (fake storages) keeps no trace
         category = category or self.category
         self._sizes[key] = (n, addr, category)
         self._add(category, n)

@@ -2,8 +2,8 @@
 
 The state each one keeps is what checks/memory.py's optimizer_bytes counts: AdamW two states in
 the parameter dtype (fused kernel on CUDA: no step temporaries), bitsandbytes 8-bit AdamW two
-uint8 states plus an fp32 absmax per 256 values, Lion and SGD one momentum buffer, Adafactor a
-factored second moment.
+uint8 states plus an fp32 absmax per 256 values, bitsandbytes Lion one fp32 state (Lion8bit one
+uint8 state plus the absmax), SGD one momentum buffer, Adafactor a factored second moment.
 """
 
 from __future__ import annotations
@@ -15,31 +15,6 @@ import torch
 from checks.errors import ConfigError
 
 BNB_INSTALL = "make deploy installs it on a pod (envsetup); here: .venv/bin/pip install bitsandbytes"
-
-
-class Lion(torch.optim.Optimizer):
-    """Lion (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms"): sign of an
-    interpolated momentum; one state per parameter and one temporary of the tensor being updated."""
-
-    def __init__(self, params, lr: float = 1e-4, betas=(0.9, 0.99), weight_decay: float = 0.0):
-        super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay))
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        for group in self.param_groups:
-            b1, b2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if not state:
-                    state["exp_avg"] = torch.zeros_like(p)
-                m = state["exp_avg"]
-                p.mul_(1 - group["lr"] * group["weight_decay"])
-                update = m.mul(b1).add_(p.grad, alpha=1 - b1).sign_()
-                p.add_(update, alpha=-group["lr"])
-                m.mul_(b2).add_(p.grad, alpha=1 - b2)
-        return None
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -68,17 +43,18 @@ def optimizer_class(name: str, device: torch.device, impl: str = "fused"):
             raise ConfigError("optimizer_impl", f"unknown AdamW implementation {impl!r}", " | ".join(ADAMW_IMPLS))
         kind = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for-loop": {"foreach": False}}[impl]
         return torch.optim.AdamW, {"betas": (0.9, 0.95), **kind}
-    if name in ("adamw8bit", "paged_adamw8bit", "paged_adamw"):
+    if name in ("adamw8bit", "paged_adamw8bit", "paged_adamw", "lion", "lion8bit"):
         try:
             import bitsandbytes as bnb
         except ImportError:
             raise ConfigError("train.optimizer", f"{name} needs bitsandbytes, which is not installed",
                               BNB_INSTALL) from None
+        if name.startswith("lion"):
+            # Lion (Chen et al. 2023) at the paper's betas (0.9, 0.99), bitsandbytes' own defaults too.
+            return {"lion": bnb.optim.Lion, "lion8bit": bnb.optim.Lion8bit}[name], {"betas": (0.9, 0.99)}
         cls = {"paged_adamw8bit": bnb.optim.PagedAdamW8bit, "paged_adamw": bnb.optim.PagedAdamW,
                "adamw8bit": bnb.optim.AdamW8bit}[name]
         return cls, {"betas": (0.9, 0.95)}
-    if name == "lion":
-        return Lion, {"betas": (0.9, 0.99)}
     if name == "sgd":
         return torch.optim.SGD, {"momentum": 0.9, "foreach": True}
     if name == "adafactor":

@@ -92,9 +92,11 @@ class EmulatedBnbAdamW(torch.optim.Optimizer):
     elements live in CUDA managed memory, outside the allocator's statistics (get_state_buffer),
     so they are not counted. The update kernel works in place: no step temporaries."""
 
-    def __init__(self, params, lr: float = 1e-3, weight_decay: float = 0.0, paged: bool = False, bits: int = 8):
+    def __init__(self, params, lr: float = 1e-3, weight_decay: float = 0.0, paged: bool = False, bits: int = 8,
+                 states: int = 2):
         super().__init__(params, dict(lr=lr, weight_decay=weight_decay))
         self.paged, self.bits = paged, bits
+        self.states = states  # 2: AdamW (Optimizer2State); 1: Lion (Optimizer1State, same init_state rules)
         self.qmaps: dict[str, torch.Tensor] = {}
 
     @torch.no_grad()
@@ -116,17 +118,21 @@ class EmulatedBnbAdamW(torch.optim.Optimizer):
         if n < 4096 or self.bits == 32:
             if not paged_out:
                 state["state1"] = torch.zeros_like(p, dtype=torch.float32)
-                state["state2"] = torch.zeros_like(p, dtype=torch.float32)
+                if self.states == 2:
+                    state["state2"] = torch.zeros_like(p, dtype=torch.float32)
             return
         if not self.qmaps:
             self.qmaps = {name: torch.zeros(256, dtype=torch.float32, device=p.device) for name in ("dynamic", "udynamic")}
+        blocks = -(-n // 256)
         if not paged_out:
             state["state1"] = torch.zeros_like(p, dtype=torch.uint8)
-            state["state2"] = torch.zeros_like(p, dtype=torch.uint8)
-        blocks = -(-n // 256)
-        state["qmap1"], state["qmap2"] = self.qmaps["dynamic"], self.qmaps["udynamic"]
+        state["qmap1"] = self.qmaps["dynamic"]
         state["absmax1"] = torch.zeros(blocks, dtype=torch.float32, device=p.device)
-        state["absmax2"] = torch.zeros(blocks, dtype=torch.float32, device=p.device)
+        if self.states == 2:
+            if not paged_out:
+                state["state2"] = torch.zeros_like(p, dtype=torch.uint8)
+            state["qmap2"] = self.qmaps["udynamic"]
+            state["absmax2"] = torch.zeros(blocks, dtype=torch.float32, device=p.device)
 
 
 class TracedGradScaler(torch.amp.GradScaler):
@@ -436,7 +442,8 @@ def _optimizer(model, job: JobConfig, impl: str, zero1: bool):
     if job.facts.bnb_optimizer:
         groups = optim_mod.param_groups(model, t.weight_decay)
         return EmulatedBnbAdamW(groups, lr=t.lr, paged=job.facts.paged_optimizer,
-                                bits=32 if t.optimizer == "paged_adamw" else 8)
+                                bits=32 if t.optimizer in ("paged_adamw", "lion") else 8,
+                                states=1 if t.optimizer.startswith("lion") else 2)
     return optim_mod.build_optimizer(model, t.optimizer, t.lr, t.weight_decay, torch.device("cpu"),
                                      zero1=zero1, impl=impl)
 
