@@ -26,7 +26,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	  echo "setup: installing $(TORCH_CPU) (CPU build)"; \
 	  $(PY) -m pip install -q "$(TORCH_CPU)"; \
 	fi
-	$(PY) -m pip install -q -e '.[test,plot]'
+	$(PY) -m pip install -q -e '.[test,plot,sinks]'
 	@touch $@
 	@echo "setup: done. Next: bin/preflight, then bin/smoke"
 

@@ -29,7 +29,8 @@ SHARDING = ("none", "zero1", "zero2", "zero3")
 OFFLOAD = ("none", "optimizer", "all")
 GRAD_SCALER = ("auto", "on", "off")
 # Keys whose value may be a TOML array of strings as well as a string.
-LIST_KEYS = {"lora_targets"}
+LIST_KEYS = {"lora_targets", "sinks"}
+SINKS = ("tensorboard", "wandb")
 
 EXAMPLE_JOB = Path(__file__).parent / "examples" / "llama-3.2-1b-a10g.toml"
 
@@ -281,9 +282,23 @@ class SmokeConfig:
     """Pass only when the mean loss of the last tenth of the steps is this fraction below the first loss
     (a quarter of it for LoRA: adapters on the smoke run's random frozen base learn slowly)."""
     seed: int = 0
+    sinks: str | list = ""
+    """Metric sinks fed the same records as metrics.jsonl: "" (none), "tensorboard", "wandb", or a list
+    of them. W&B's key comes from WANDB_API_KEY in the environment (the pod's env file), never the config."""
+    wandb_project: str = "podkit"
+    """The W&B project runs are logged to."""
 
     def __post_init__(self):
         _finite("smoke", self)
+        names = self.sinks.split(",") if isinstance(self.sinks, str) else self.sinks
+        if not all(isinstance(n, str) for n in names):
+            raise ConfigError("smoke.sinks", "must be a list of sink names", 'e.g. ["tensorboard"]')
+        names = [n.strip() for n in names if n.strip()]
+        for name in names:
+            _choice("smoke", "sinks", name, SINKS)
+        self.sinks = list(dict.fromkeys(names))
+        if not self.wandb_project.strip():
+            raise ConfigError("smoke.wandb_project", "is empty", "e.g. \"podkit\"")
         _positive("smoke", "steps", self.steps)
         _positive("smoke", "profile_every", self.profile_every)
         if self.peak_limit_gb < 0:

@@ -156,6 +156,11 @@ CASES = [
       "d.bin": np.concatenate([np.ones(3_000_000, np.uint16), np.array([60000], np.uint16)]).tobytes()},
      "token 3,000,000"),
     ("smoke-unknown-option", "smoke", ["--bogus"], {}, "bin/smoke"),
+    ("smoke-sink-unknown-in-config", "smoke", ["-c", "j.toml"], {"j.toml": job(smoke={"sinks": '["tensorbord"]'})},
+     "tensorboard"),
+    ("smoke-sink-not-strings", "smoke", ["-c", "j.toml"], {"j.toml": job(smoke={"sinks": "[1]"})}, "smoke.sinks"),
+    ("smoke-sink-flag-unknown", "smoke", ["--sink", "mlflow"], {}, "bin/smoke"),
+    ("smoke-wandb-without-key", "smoke", ["-c", "j.toml", "--sink", "wandb"], {"j.toml": job()}, "WANDB_API_KEY"),
     # -- bin/envsetup
     ("envsetup-fingerprint-array", "envsetup", ["--fingerprint", "fp.json", "--dry-run"], {"fp.json": "[1, 2]"},
      "JSON object"),
@@ -201,7 +206,8 @@ def test_bad_input_is_one_line_exit_2(case, tmp_path):
     name, command, args, files, expect = case
     _materialise(tmp_path, files)
     argv = [str(BIN / command), *(a.replace("{tmp}", str(tmp_path)) for a in args)]
-    env = {**os.environ, "PODKIT_PYTHON": str(ROOT / ".venv" / "bin" / "python"), "COLUMNS": "80"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(PODKIT_PYTHON=str(ROOT / ".venv" / "bin" / "python"), COLUMNS="80")
     out = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
     lines = out.stderr.splitlines()
     assert out.returncode == 2, f"{name}: exit {out.returncode}\n{out.stderr}\n{out.stdout[-500:]}"

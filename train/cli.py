@@ -72,13 +72,16 @@ def _fail(message: str) -> None:
 @click.option("--output-dir", default=None, help="Where run directories go (default: the job's train.output_dir, runs/).")
 @click.option("--run-id", default=None, help="Name of the run directory (default: time-job-random).")
 @click.option("--json", "as_json", is_flag=True, help="Print summary.json to stdout at the end.")
+@click.option("--sink", "sink", multiple=True, type=click.Choice(["tensorboard", "wandb"]),
+              help="Also log metrics to TensorBoard (RUN_DIR/tensorboard) or W&B (key: WANDB_API_KEY from the "
+                   "environment); repeatable; adds to [smoke] sinks.")
 @click.option("--inject-fault", default="", hidden=True, help="Test hook: nan:STEP or oom:STEP.")
 @click.option("--from", "from_files", multiple=True, metavar="[KIND:]FILE",
               help="With -- COMMAND: your own configs (as bin/preflight --from), to print predicted vs measured.")
 @click.option("--model", "model_preset", default=None, help="With --from: the model preset when no file names it.")
 @click.option("--timeout", type=float, default=None, help="With -- COMMAND: stop it after this many seconds.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def main(config, steps, device, output_dir, run_id, as_json, inject_fault, from_files=(), model_preset=None,
+def main(config, steps, device, output_dir, run_id, as_json, sink, inject_fault, from_files=(), model_preset=None,
          timeout=None, command=()) -> None:
     """Train the job for 100 profiled steps and compare measured memory with the prediction.
 
@@ -106,6 +109,8 @@ def main(config, steps, device, output_dir, run_id, as_json, inject_fault, from_
             if steps <= 0:
                 raise ConfigError("--steps", f"must be at least 1, got {steps}")
             job = job.replace(smoke={"steps": steps})
+        if sink:
+            job = job.replace(smoke={"sinks": list(job.smoke.sinks) + list(sink)})
         from train.smoke import Fault, check_runnable, pick_device
 
         fault = Fault.parse(inject_fault)

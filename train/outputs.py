@@ -125,6 +125,8 @@ def _toml_value(v) -> str:
         return "true" if v else "false"
     if isinstance(v, (int, float)):
         return repr(v)
+    if isinstance(v, (list, tuple)):
+        return json.dumps([str(x) for x in v])  # a JSON array of strings is a TOML array
     return json.dumps(str(v))
 
 

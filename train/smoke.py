@@ -91,6 +91,9 @@ def pick_device(preference: str) -> torch.device:
 def check_runnable(job: JobConfig, device: torch.device) -> None:
     """Everything that would fail minutes into a run, as one clear line up front."""
     t, c = job.train, job.cluster
+    from train import sinks
+
+    sinks.check(tuple(job.smoke.sinks))
     if t.dataset:  # the whole file, before a process is launched or a step is paid for
         data_mod.check_dataset(str(job.path(t.dataset)), job.shape.vocab, t.seq_len)
     if job.shape.arch != "llama":
@@ -152,6 +155,7 @@ class SmokeRun:
         self.phases = PhasePeaks(self.probe)
         self.monitor: MemoryMonitor | None = None
         self.summary: dict = {}
+        self.sinks = None  # train.sinks.Sinks on rank 0 when [smoke] sinks are on
 
     def _detect_gpu(self) -> gpus.GpuSpec:
         if self.device.type == "cuda":
@@ -245,6 +249,8 @@ class SmokeRun:
     def _record(self, rec: dict) -> None:
         if self.run_dir:
             self.run_dir.metric(rec)
+            if self.sinks is not None:
+                self.sinks.record(rec)
         elif self.rank_metrics is not None:
             self.rank_metrics.write(strict_json.dumps(rec) + "\n")
             self.rank_metrics.flush()
@@ -329,6 +335,11 @@ class SmokeRun:
         self.summary = {"status": verdict.status, "reasons": verdict.reasons,
                         "run_id": self.run_dir.run_id if self.run_dir else None,
                         "steps": len(self.measured.losses), "predicted": self.estimate.allocated}
+        if self.sinks is not None:
+            try:
+                self.sinks.close(self.summary)
+            except Exception as exc:
+                log.warning("metric sinks not closed: %s", exc)
         if self.run_dir:
             try:
                 self.run_dir.close()
@@ -347,6 +358,14 @@ class SmokeRun:
         if not self.run_dir:
             return
         self.run_dir.file("config").write_text(resolved_toml(self.job))
+        if self.job.smoke.sinks:
+            from train.sinks import Sinks
+
+            job = {s: {f: getattr(getattr(self.job, s), f) for f in getattr(self.job, s).__dataclass_fields__}
+                   for s in ("model", "train", "cluster", "smoke")}
+            self.sinks = Sinks(tuple(self.job.smoke.sinks), self.run_dir.path, self.run_dir.run_id,
+                               {"job": job, "toml": resolved_toml(self.job)}, self.job.smoke.wandb_project,
+                               lambda text: log.warning("%s", text))
         self.run_dir.write_json("summary", {"status": "running", "run_id": self.run_dir.run_id,
                                             "predicted": self.estimate.allocated})
 
@@ -450,6 +469,9 @@ class SmokeRun:
         except Exception as exc:  # the plot must never cost the summary
             log.warning("memory plot failed: %s", exc)
         rd.close()
+        if self.sinks is not None:
+            self.sinks.close(self.summary)
+            self.summary["sinks"] = list(self.job.smoke.sinks)
         self.summary["files"] = rd.present() | {"summary": "summary.json"}
         rd.write_json("summary", self.summary)
 

@@ -1,0 +1,79 @@
+"""Metric sinks on a real CPU smoke run: TensorBoard's own reader loads the event file, W&B offline
+writes its run directory, both hold the same losses as metrics.jsonl; the key never on argv."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def smoke(tmp_path, *args, env=None):
+    full = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    full.update(env or {})
+    return subprocess.run([str(ROOT / "bin" / "smoke"), "--steps", "12", "--device", "cpu", "--output-dir",
+                           str(tmp_path), "--run-id", "r", *args], capture_output=True, text=True, timeout=300,
+                          env=full)
+
+
+def losses(run: Path) -> list[float]:
+    return [r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+
+
+def test_tensorboard_reader_loads_the_event_file(tmp_path):
+    pytest.importorskip("tensorboard", reason="the TensorBoard sink is optional ([sinks] extra)")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = smoke(tmp_path, "--sink", "tensorboard")
+    assert out.returncode == 0, out.stderr[-2000:]
+    run = tmp_path / "r"
+    acc = EventAccumulator(str(run / "tensorboard"))
+    acc.Reload()
+    tags = acc.Tags()["scalars"]
+    assert {"train/loss", "train/lr", "memory/peak_allocated", "speed/tokens_per_s"} <= set(tags)
+    events = acc.Scalars("train/loss")
+    assert [e.step for e in events] == list(range(1, 13))
+    assert [e.value for e in events] == pytest.approx(losses(run), rel=1e-6)
+    assert json.loads((run / "summary.json").read_text())["sinks"] == ["tensorboard"]
+
+
+def test_wandb_offline_writes_its_run_dir_from_the_config_key(tmp_path):
+    pytest.importorskip("wandb", reason="the W&B sink is optional ([sinks] extra)")
+    from wandb.proto import wandb_internal_pb2 as pb
+    from wandb.sdk.internal import datastore
+
+    job = tmp_path / "job.toml"
+    job.write_text((ROOT / "checks" / "examples" / "tiny-cpu.toml").read_text()
+                   + 'sinks = ["wandb"]\nwandb_project = "podkit-test"\n')
+    out = smoke(tmp_path, "-c", str(job), env={"WANDB_MODE": "offline"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    run = tmp_path / "r"
+    files = glob.glob(str(run / "wandb" / "offline-run-*" / "run-*.wandb"))
+    assert len(files) == 1
+    store = datastore.DataStore()
+    store.open_for_scan(files[0])
+    logged, project = [], None
+    while (data := store.scan_data()) is not None:
+        record = pb.Record()
+        record.ParseFromString(data)
+        kind = record.WhichOneof("record_type")
+        if kind == "history":
+            items = {i.key or "/".join(i.nested_key): i.value_json for i in record.history.item}
+            logged.append(float(items["train/loss"]))
+        elif kind == "run":
+            project = record.run.project
+    assert project == "podkit-test"
+    assert logged == pytest.approx(losses(run), rel=1e-6)
+
+
+def test_wandb_without_a_key_is_refused_before_the_run(tmp_path):
+    pytest.importorskip("wandb", reason="the W&B sink is optional ([sinks] extra)")
+    out = smoke(tmp_path, "--sink", "wandb")
+    assert out.returncode == 2 and len(out.stderr.splitlines()) == 1
+    assert "WANDB_API_KEY" in out.stderr and not (tmp_path / "r").exists()
