@@ -14,6 +14,10 @@ EXIT_BAD_INPUT = 2
 class OneLineCommand(click.Command):
     def main(self, args=None, prog_name=None, **kwargs):
         kwargs.pop("standalone_mode", None)
+        if prog_name and "complete_var" not in kwargs:
+            # click derives the completion variable from prog_name; 'bin/preflight' would make an invalid
+            # name, so spell it: eval "$(_PODKIT_PREFLIGHT_COMPLETE=bash_source bin/preflight)".
+            kwargs["complete_var"] = f"_PODKIT_{prog_name.rsplit('/', 1)[-1].upper().replace('-', '_')}_COMPLETE"
         try:
             rv = super().main(args, prog_name, standalone_mode=False, **kwargs)
         except click.UsageError as exc:

@@ -49,3 +49,14 @@ def test_envsetup_json_dry_run_is_one_strict_object(tmp_path):
 def test_preflight_json_is_strict():
     out = run("preflight", "--json", "--no-probe")
     json.loads(out.stdout, parse_constant=lambda c: pytest.fail(f"bare {c}"))
+
+
+@pytest.mark.parametrize("command, typed, expected", [("preflight", "--js", "--json"), ("smoke", "--si", "--sink"),
+                                                     ("plot", "--ou", "--output")])
+def test_bash_completion_completes_options(command, typed, expected):
+    """The README's completion recipe: the script click emits completes this command's options."""
+    var = f"_PODKIT_{command.upper()}_COMPLETE"
+    script = (f'eval "$({var}=bash_source bin/{command})"; COMP_WORDS=(bin/{command} {typed}); COMP_CWORD=1; '
+              f'_bin{command}_completion bin/{command}; echo "${{COMPREPLY[@]}}"')
+    out = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == [expected], out.stderr
