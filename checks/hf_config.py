@@ -194,9 +194,20 @@ def _deepseek(k: _Keys, mt: str) -> tuple[MoeSpec | None, MlaSpec | None]:
     return moe, mla
 
 
+MAX_CONFIG_BYTES = 16 << 20  # a config.json is KiBs; more is a device or the wrong file (/dev/zero)
+
+
 def from_file(path: Path, field: str = "model.hf_config", name: str = "") -> ModelShape:
     try:
-        cfg = json.loads(Path(path).read_text())
+        p = Path(path)
+        if p.exists() and not p.is_dir() and not p.is_file():
+            raise ConfigError(field, f"{path} is not a regular file", "give the path to a config.json")
+        with open(p, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+        if len(data) > MAX_CONFIG_BYTES:
+            raise ConfigError(field, f"{path} is over {MAX_CONFIG_BYTES >> 20} MiB, not a config.json",
+                              "give the path to a config.json")
+        cfg = json.loads(data.decode("utf-8"))
     except FileNotFoundError:
         raise ConfigError(field, f"{path} does not exist", "give the path to a config.json") from None
     except IsADirectoryError:

@@ -325,7 +325,7 @@ def dataset(job: JobConfig) -> CheckResult:
         return CheckResult("data.path", FAIL, f"{p} is a directory, not a file of token ids",
                            "point train.dataset at the .bin file inside it")
     if not p.is_file():
-        return CheckResult("data.path", FAIL, f"{p} does not exist or is not a file",
+        return CheckResult("data.path", FAIL, f"{p} {'is not a regular file' if p.exists() else 'does not exist'}",
                            "point train.dataset at a file of token ids")
     if p.stat().st_size == 0:
         return CheckResult("data.path", FAIL, f"{p} is empty", "point train.dataset at a file of token ids")

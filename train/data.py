@@ -106,8 +106,10 @@ def check_dataset(path: str, vocab: int, seq_len: int, scan: bool = True) -> tup
     p = Path(path)
     if p.is_dir():
         raise ConfigError(field, f"{path} is a directory, not a file of token ids", "point it at the .bin file inside")
-    if not p.is_file():
+    if not p.exists():
         raise ConfigError(field, f"{path} does not exist", "give a .bin file of token ids, or leave it empty")
+    if not p.is_file():
+        raise ConfigError(field, f"{path} is not a regular file", "give a .bin file of token ids, or leave it empty")
     if not os.access(p, os.R_OK):
         raise ConfigError(field, f"{path} is not readable (permission denied)", "chmod u+r it")
     itemsize = token_itemsize(vocab)
