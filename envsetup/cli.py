@@ -227,7 +227,7 @@ def main(argv=None) -> None:
         sys.exit(130)
 
 
-def _check_project(project: Path) -> Path:
+def _check_project(project: Path, writable: bool = True) -> Path:
     """--project: an existing, writable directory (.venv, .podkit/ and logs/ go in it)."""
     if not str(project).strip():
         _bad("--project is empty", "give the project directory, or leave it out")
@@ -236,7 +236,7 @@ def _check_project(project: Path) -> Path:
         _bad(f"--project {project} does not exist", "give the directory podkit was synced to")
     if not project.is_dir():
         _bad(f"--project {project} is not a directory", "give the directory podkit was synced to")
-    if not os.access(project, os.W_OK | os.X_OK):
+    if writable and not os.access(project, os.W_OK | os.X_OK):
         _bad(f"--project {project} is not writable (read-only mount or permission denied)",
              "sync podkit to a writable directory and run envsetup there")
     return project.resolve()
@@ -260,7 +260,7 @@ def run(project: Path, fingerprint_file, python, cache_dir, secrets_stdin: bool,
         as_json: bool = False) -> None:
     """Install what this machine needs for podkit, reusing the image's torch, and write the env file."""
     started = time.monotonic()
-    project = _check_project(project)
+    project = _check_project(project, writable=not dry_run)  # a dry run writes nothing
     if fingerprint_file:
         try:
             fp = _read_fingerprint(fingerprint_file)

@@ -60,3 +60,19 @@ def test_bash_completion_completes_options(command, typed, expected):
               f'_bin{command}_completion bin/{command}; echo "${{COMPREPLY[@]}}"')
     out = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == [expected], out.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/unshare").exists(),
+                    reason="a read-only mount is made with a private mount namespace: needs root and unshare")
+def test_envsetup_refuses_a_read_only_project(tmp_path):
+    project = tmp_path / "ro"
+    project.mkdir()
+    script = (f"mount --bind {project} {project} && mount -o remount,ro,bind {project} || exit 99; "
+              f"PODKIT_PYTHON={ROOT / '.venv' / 'bin' / 'python'} {BIN / 'envsetup'} --project {project}")
+    out = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script], capture_output=True,
+                         text=True, timeout=120)
+    if out.returncode == 99:
+        pytest.skip("this container may not bind-mount")
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.splitlines() == [out.stderr.strip()] and "not writable" in out.stderr
+    assert not (project / ".venv").exists()
