@@ -242,6 +242,19 @@ def _check_project(project: Path, writable: bool = True) -> Path:
     return project.resolve()
 
 
+def _check_cache_dir(cache_dir: str) -> str:
+    """--cache-dir: a directory, or one that can be made (not under a file); HF_HOME and pip's cache go there."""
+    if not cache_dir.strip():
+        _bad("--cache-dir is empty", "give a persistent directory, or leave it out")
+    path = Path(os.path.normpath(Path(cache_dir).expanduser().absolute()))
+    ancestor = path
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        _bad(f"--cache-dir {path}: {ancestor} is a file", "give a directory on the persistent volume")
+    return str(path)
+
+
 def _read_fingerprint(path: Path) -> Fingerprint:
     fix = "re-run deploy, or drop the option to probe here"
     try:
@@ -261,6 +274,8 @@ def run(project: Path, fingerprint_file, python, cache_dir, secrets_stdin: bool,
     """Install what this machine needs for podkit, reusing the image's torch, and write the env file."""
     started = time.monotonic()
     project = _check_project(project, writable=not dry_run)  # a dry run writes nothing
+    if cache_dir is not None:
+        cache_dir = _check_cache_dir(cache_dir)
     if fingerprint_file:
         try:
             fp = _read_fingerprint(fingerprint_file)

@@ -131,6 +131,8 @@ CASES = [
     # -- bin/smoke
     ("smoke-run-id-escape", "smoke", ["-c", "j.toml", "--run-id", "../../x"], {"j.toml": job()}, "--run-id"),
     ("smoke-run-id-slash", "smoke", ["-c", "j.toml", "--run-id", "a/b"], {"j.toml": job()}, "--run-id"),
+    ("smoke-run-id-env-escape", "smoke", ["-c", "j.toml"], {"j.toml": job(), "env:PODKIT_RUN_ID": "../../x"},
+     "PODKIT_RUN_ID"),
     ("smoke-run-id-dotdot", "smoke", ["-c", "j.toml", "--run-id", ".."], {"j.toml": job()}, "--run-id"),
     ("smoke-output-dir-under-file", "smoke", ["-c", "j.toml", "--output-dir", "f/runs"],
      {"j.toml": job(), "f": "a file"}, "is a file"),
@@ -185,6 +187,8 @@ CASES = [
      {"f": "x", "fp.json": FINGERPRINT_OK}, "not a directory"),
     ("envsetup-project-missing", "envsetup", ["--project", "nope", "--dry-run"], {}, "does not exist"),
     ("envsetup-unknown-option", "envsetup", ["--bogus"], {}, "bin/envsetup"),
+    ("envsetup-cache-dir-under-file", "envsetup", ["--fingerprint", "fp.json", "--cache-dir", "f/cache", "--dry-run"],
+     {"fp.json": FINGERPRINT_OK, "f": "x"}, "--cache-dir"),
     # -- bin/plot
     ("plot-no-run", "plot", [], {}, "bin/plot"),
     ("plot-run-missing", "plot", ["nope"], {}, "does not exist"),
@@ -197,6 +201,8 @@ CASES = [
 
 def _materialise(tmp: Path, files: dict) -> None:
     for name, content in files.items():
+        if name.startswith("env:"):
+            continue  # an environment variable, set by the test
         path = tmp / name
         path.parent.mkdir(parents=True, exist_ok=True)
         if content is None:
@@ -214,6 +220,7 @@ def test_bad_input_is_one_line_exit_2(case, tmp_path):
     argv = [str(BIN / command), *(a.replace("{tmp}", str(tmp_path)) for a in args)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env.update(PODKIT_PYTHON=str(ROOT / ".venv" / "bin" / "python"), COLUMNS="80")
+    env.update({k[4:]: v for k, v in files.items() if k.startswith("env:")})
     out = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
     lines = out.stderr.splitlines()
     assert out.returncode == 2, f"{name}: exit {out.returncode}\n{out.stderr}\n{out.stdout[-500:]}"

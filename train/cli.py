@@ -124,10 +124,16 @@ def main(config, steps, device, output_dir, run_id, as_json, sink, inject_fault,
         root = check_output_root(Path(output_dir or job.train.output_dir), field)
         if run_id is not None:
             check_run_id(run_id)
+        elif os.environ.get("PODKIT_RUN_ID"):
+            run_id = os.environ["PODKIT_RUN_ID"]
+            try:
+                check_run_id(run_id)
+            except ConfigError as exc:
+                raise ConfigError("PODKIT_RUN_ID", exc.problem, exc.fix) from None
     except ConfigError as exc:
         _fail(str(exc))
 
-    run_id = run_id or os.environ.get("PODKIT_RUN_ID") or new_run_id(job.source)
+    run_id = run_id or new_run_id(job.source)
     distributed = job.cluster.gpus_per_node > 1 or job.cluster.sharding != "none"
     if distributed and not parallel.under_torchrun():
         sys.exit(_launch_torchrun(job, root, run_id, as_json))
