@@ -75,15 +75,13 @@ def main(config: str, gpu: str | None, as_json: bool, no_probe: bool, traced: bo
             sys.exit(run_ranking(config, rank_gpus, as_json, imported.job if imported else None))
         result = run_preflight(config, gpu, probe=not no_probe, job=imported.job if imported else None)
     except ConfigError as exc:
-        click.echo(f"preflight: {exc}", err=True)
-        sys.exit(EXIT_BAD_INPUT)
+        _bad_input(exc, as_json)
     trace = None
     if traced:
         try:
             trace = run_traced(result.job)
         except ConfigError as exc:
-            click.echo(f"preflight: {exc}", err=True)
-            sys.exit(EXIT_BAD_INPUT)
+            _bad_input(exc, as_json)
     if as_json:
         data = result.to_json()
         if imported is not None:
@@ -137,7 +135,7 @@ def run_ranking(config: str, prices: str, as_json: bool, job=None) -> int:
         click.echo(f"preflight: {exc}", err=True)
         return EXIT_BAD_INPUT
     if as_json:
-        click.echo(json.dumps([r.to_json() for r in ranked], indent=2))
+        click.echo(strict_json.dumps([r.to_json() for r in ranked], indent=2))
     else:
         i = 0
         for r in ranked:
@@ -151,6 +149,14 @@ def run_ranking(config: str, prices: str, as_json: bool, job=None) -> int:
             click.echo(f"{i:2} {r.offer.id:32} {verdict:12} {r.total_bytes / 2**30:6.1f} of {r.capacity_bytes / 2**30:5.1f} GiB "
                        f"({free:4.0%} free)  {price}")
     return 0 if any(r.fits and r.job_price_per_hour is not None for r in ranked) else EXIT_FAILED
+
+
+def _bad_input(exc: ConfigError, as_json: bool) -> None:
+    """One line on stderr; with --json also the error as a JSON object on stdout, for scripts."""
+    if as_json:
+        click.echo(strict_json.dumps(exc.to_json(), indent=2))
+    click.echo(f"preflight: {exc}", err=True)
+    sys.exit(EXIT_BAD_INPUT)
 
 
 def run_traced(job) -> dict:

@@ -10,6 +10,11 @@ class ConfigError(ValueError):
         self.fix = fix
         super().__init__(str(self))
 
+    def to_json(self) -> dict:
+        """What --json prints on stdout for bad input (the one line still goes to stderr)."""
+        return {"ok": False, "status": "bad-input", "exit_code": 2,
+                "error": {"field": self.field, "problem": self.problem, "fix": self.fix}}
+
     def __str__(self) -> str:
         where = f"{self.field}: " if self.field else ""
         fix = f" ({self.fix})" if self.fix else ""

@@ -360,6 +360,9 @@ def run(project: Path, fingerprint_file, python, cache_dir, secrets_stdin: bool,
 
 
 def _bad(problem: str, fix: str) -> None:
+    if _STDOUT_IS_JSON:  # scripts get the error as a JSON object, like preflight's and smoke's --json
+        print(json.dumps({"ok": False, "status": "bad-input", "exit_code": 2,
+                          "error": {"problem": problem, "fix": fix}}, indent=2))
     echo(f"envsetup: {problem} ({fix})", err=True)
     sys.exit(2)
 

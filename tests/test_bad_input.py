@@ -9,6 +9,7 @@ fingerprints, --project naming a file).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -144,6 +145,7 @@ CASES = [
     ("smoke-device-unknown", "smoke", ["--device", "tpu"], {}, "bin/smoke"),
     ("smoke-config-dev-zero", "smoke", ["-c", "/dev/zero"], {}, "--config"),
     ("smoke-lr-nan", "smoke", ["-c", "j.toml"], {"j.toml": job(train={"lr": "nan"})}, "train.lr"),
+    ("smoke-lr-nan-json", "smoke", ["-c", "j.toml", "--json"], {"j.toml": job(train={"lr": "nan"})}, "train.lr"),
     ("smoke-peak-limit-nan", "smoke", ["-c", "j.toml"], {"j.toml": job(smoke={"peak_limit_gb": "nan"})},
      "smoke.peak_limit_gb"),
     ("smoke-inject-fault-bad", "smoke", ["-c", "j.toml", "--inject-fault", "boom"], {"j.toml": job()},
@@ -183,6 +185,8 @@ CASES = [
     ("envsetup-fingerprint-dev-zero", "envsetup", ["--fingerprint", "/dev/zero", "--dry-run"], {},
      "not a regular file"),
     ("envsetup-fingerprint-missing", "envsetup", ["--fingerprint", "nope.json", "--dry-run"], {}, "does not exist"),
+    ("envsetup-fingerprint-array-json", "envsetup", ["--fingerprint", "fp.json", "--json"], {"fp.json": "[1]"},
+     "JSON object"),
     ("envsetup-project-is-file", "envsetup", ["--project", "f", "--fingerprint", "fp.json", "--dry-run"],
      {"f": "x", "fp.json": FINGERPRINT_OK}, "not a directory"),
     ("envsetup-project-missing", "envsetup", ["--project", "nope", "--dry-run"], {}, "does not exist"),
@@ -227,8 +231,9 @@ def test_bad_input_is_one_line_exit_2(case, tmp_path):
     assert "Traceback" not in out.stderr + out.stdout, out.stderr
     assert len(lines) == 1, f"{name}: {len(lines)} lines on stderr:\n{out.stderr}"
     assert expect in lines[0], f"{name}: {expect!r} not in {lines[0]!r}"
-    if "--json" in args:
-        assert out.stdout == "", "a --json run that failed on input prints no half object"
+    if "--json" in args:  # scripts get the error as one strict JSON object on stdout
+        data = json.loads(out.stdout, parse_constant=lambda c: pytest.fail(f"bare {c}"))
+        assert data["ok"] is False and data["exit_code"] == 2 and expect in json.dumps(data["error"])
     # A refused run makes nothing outside its temp dir, and no run directory inside it.
     assert not (tmp_path / "runs").exists() and not (tmp_path.parent / "x").exists()
 

@@ -58,7 +58,11 @@ def _setup_logging(run_path: Path | None, rank: int) -> None:
     root.propagate = False
 
 
-def _fail(message: str) -> None:
+def _fail(message: str | ConfigError, as_json: bool = False) -> None:
+    """One line on stderr, exit 2; with --json also the error as a JSON object on stdout."""
+    if as_json:
+        error = message if isinstance(message, ConfigError) else ConfigError("", str(message))
+        click.echo(strict_json.dumps(error.to_json(), indent=2))
     click.echo(f"smoke: {message}", err=True)
     sys.exit(EXIT_BAD_INPUT)
 
@@ -131,7 +135,7 @@ def main(config, steps, device, output_dir, run_id, as_json, sink, inject_fault,
             except ConfigError as exc:
                 raise ConfigError("PODKIT_RUN_ID", exc.problem, exc.fix) from None
     except ConfigError as exc:
-        _fail(str(exc))
+        _fail(exc, as_json)
 
     run_id = run_id or new_run_id(job.source)
     distributed = job.cluster.gpus_per_node > 1 or job.cluster.sharding != "none"
@@ -186,7 +190,7 @@ def _run(job, path, device, root: Path, run_id: str, fault, as_json: bool) -> in
     try:
         run_dir = RunDir(root, run_id)
     except OSError as exc:
-        _fail(f"--output-dir: cannot create {root / run_id}: {exc}")
+        _fail(ConfigError("--output-dir", f"cannot create {root / run_id}: {exc}"), as_json)
     # Logging first (rank from torchrun's env), so a rank that fails to join the group says why in its log.
     _setup_logging(run_dir.path, int(os.environ.get("RANK", "0")))
     log = logging.getLogger("podkit.smoke")
@@ -212,7 +216,7 @@ def _run(job, path, device, root: Path, run_id: str, fault, as_json: bool) -> in
         verdict = smoke.run(job.smoke.steps)
     except ConfigError as exc:
         parallel.shutdown()
-        _fail(str(exc))
+        _fail(exc, as_json)
     parallel.shutdown()
     # The verdict is decided and summary.json written: another Ctrl-C (a user pressing again) must not
     # turn the run's exit code into a death by signal halfway through the report.
