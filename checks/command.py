@@ -11,7 +11,9 @@ import click
 EXIT_BAD_INPUT = 2
 
 
-class OneLineCommand(click.Command):
+class OneLineMain:
+    """click's main with usage errors as one line, exit 2; mixed into a Command or a Group."""
+
     def main(self, args=None, prog_name=None, **kwargs):
         kwargs.pop("standalone_mode", None)
         if prog_name and "complete_var" not in kwargs:
@@ -33,3 +35,11 @@ class OneLineCommand(click.Command):
             click.echo(f"{prog_name or self.name}: interrupted", err=True)
             sys.exit(130)
         sys.exit(rv if isinstance(rv, int) else 0)
+
+
+class OneLineCommand(OneLineMain, click.Command):
+    pass
+
+
+class OneLineGroup(OneLineMain, click.Group):
+    """A group whose subcommands' usage errors are one line too (they surface in the group's main)."""
