@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import json
 import re
+import os
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -117,15 +118,24 @@ def main() -> None:
 @click.option("--config", help="Job TOML to preflight on the pod (path inside the project).")
 @click.option("--force", is_flag=True,
               help="Deploy into a non-empty REMOTE_DIR that podkit did not create (its files are kept, never deleted).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (every pod's outcome); progress goes to stderr.")
 @pod_options
 @guarded
-def deploy_cmd(host, config, force, pods: PodArgs):
+def deploy_cmd(host, config, force, as_json, pods: PodArgs):
     """Probe, sync, set up the environment and preflight on HOST (several in parallel).
 
     HOST is user@host[:port], an ~/.ssh/config alias, the pasted RunPod line
     'ssh root@IP -p PORT -i KEY', or a pods.toml name or group; several separated by commas.
     """
-    outcomes: list[Outcome] = deploy(pods.specs(host), dataclasses.replace(pods.opts, force=force), config)
+    outcomes: list[Outcome] = deploy(pods.specs(host), dataclasses.replace(pods.opts, force=force), config,
+                                     err=as_json)
+    if as_json:
+        click.echo(json.dumps({"ok": all(o.exit_code == 0 for o in outcomes),
+                               "pods": [o.to_json() for o in outcomes]}, indent=2))
+        for o in outcomes:
+            if o.error:
+                click.echo(f"error: {o.error}", err=True)
+        sys.exit(max(o.exit_code for o in outcomes))
     if len(outcomes) == 1 and outcomes[0].error:
         raise PodError(outcomes[0].error)
     click.echo("\n" + summary(outcomes))
@@ -136,12 +146,15 @@ def deploy_cmd(host, config, force, pods: PodArgs):
 @click.argument("host", metavar="HOST")
 @click.option("--dest", type=click.Path(file_okay=False, path_type=Path), default=Path("pod-logs"), show_default=True,
               help="Local directory; each pod's files go to DEST/<pod>/.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (what came back from each pod).")
 @pod_options
 @guarded
-def fetch_cmd(host, dest, pods: PodArgs):
+def fetch_cmd(host, dest, as_json, pods: PodArgs):
     """Bring every run directory and log from HOST back to pod-logs/<pod>/ (incremental, resumable)."""
+    _check_dest(dest)
     specs, opts = pods.specs(host), pods.opts
-    printer = Printer(prefix=len(specs) > 1)
+    printer = Printer(prefix=len(specs) > 1, err=as_json)
+    results: list[dict] = []
     worst = 0
     for spec in specs:  # sequential: fetches share the local disk and are usually small
         say = printer.for_pod(spec.name)
@@ -152,10 +165,31 @@ def fetch_cmd(host, dest, pods: PodArgs):
                 stats = fetch_logs(conn, rdir, target, rsync_on_pod="rsync" in fp.tools,
                                    progress=terminal_progress("fetch") if len(specs) == 1 else None, bwlimit=opts.bwlimit)
                 say(f"fetch-logs: {stats} -> {target}/")
+                results.append({"pod": spec.name, "ok": True, "dest": str(target), "files": stats.files,
+                                "bytes": stats.bytes, "seconds": round(stats.seconds, 2)})
         except PodError as exc:
-            say(f"error: {exc.on(spec.name) if not exc.host else exc}")
+            # errors on stderr (they were on stdout, mixed into the progress a script reads)
+            message = str(exc.on(spec.name) if not exc.host else exc)
+            click.echo(f"[{spec.name}] error: {message}" if len(specs) > 1 else f"error: {message}", err=True)
+            results.append({"pod": spec.name, "ok": False, "error": message})
             worst = 2
+    if as_json:
+        click.echo(json.dumps({"ok": worst == 0, "pods": results}, indent=2))
     sys.exit(worst)
+
+
+def _check_dest(dest: Path) -> None:
+    """--dest: a directory that exists or can be made, writable; checked before any pod is reached."""
+    if not str(dest).strip():
+        raise PodError("--dest is empty", "give a local directory, e.g. pod-logs")
+    path = Path(os.path.normpath(dest.absolute()))
+    ancestor = path
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise PodError(f"--dest {dest}: {ancestor} is a file", "give a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise PodError(f"--dest {dest}: {ancestor} is not writable", "give a writable directory")
 
 
 @main.command("run", context_settings={"ignore_unknown_options": True})
@@ -230,11 +264,17 @@ def _newest(conn: PodConnection, spec: HostSpec) -> str:
 
 @main.command("jobs")
 @click.argument("host", metavar="HOST")
+@click.option("--json", "as_json", is_flag=True, help="Print the jobs as one JSON object.")
 @pod_options
 @guarded
-def jobs_cmd(host, pods: PodArgs):
+def jobs_cmd(host, as_json, pods: PodArgs):
     """List detached jobs on HOST: id, state, command."""
     with pods.one(host) as (conn, *_):
+        if as_json:
+            click.echo(json.dumps({"ok": True, "jobs": [{"id": j.id, "state": j.state, "exit_code": j.exit_code,
+                                                          "command": j.command} for j in remote_jobs.list_jobs(conn)]},
+                                  indent=2))
+            return
         for job in remote_jobs.list_jobs(conn):
             state = f"{job.state} {job.exit_code}" if job.exit_code is not None else job.state
             click.echo(f"{job.id}  {state:10}  {job.command}")

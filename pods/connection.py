@@ -193,7 +193,7 @@ class PodConnection:
         if self.known_hosts.is_file():
             try:
                 client.load_host_keys(str(self.known_hosts))
-            except (OSError, paramiko.SSHException) as exc:
+            except (OSError, paramiko.SSHException, UnicodeDecodeError, ValueError) as exc:
                 raise PodError(f"cannot read {self.known_hosts}: {exc}", "fix or move that file") from None
         client.set_missing_host_key_policy(_HostKeyPolicy(self.known_hosts, self.accept_new, self.say))
         try:

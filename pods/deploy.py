@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -56,18 +57,23 @@ class Outcome:
     phases: dict[str, float] = field(default_factory=dict)  # probe/sync/envsetup/preflight seconds
     fingerprint: Fingerprint | None = field(default=None, repr=False)
 
+    def to_json(self) -> dict:
+        out = {k: v for k, v in self.__dict__.items() if k != "fingerprint"}
+        out["result"] = {0: "ready", 1: "failed", 2: "error"}.get(self.exit_code, "error")
+        return out
+
 
 class Printer:
     """Thread-safe line output with a [pod] prefix when several pods run at once."""
 
-    def __init__(self, prefix: bool):
-        self.prefix = prefix
+    def __init__(self, prefix: bool, err: bool = False):
+        self.prefix, self.err = prefix, err  # err: stdout carries --json, progress goes to stderr
         self.lock = threading.Lock()
 
     def for_pod(self, name: str) -> Callable[[str], None]:
         def say(line: str) -> None:
             with self.lock:
-                print(f"[{name}] {line}" if self.prefix else line, flush=True)
+                print(f"[{name}] {line}" if self.prefix else line, flush=True, file=sys.stderr if self.err else sys.stdout)
         return say
 
 
@@ -135,7 +141,7 @@ def _deploy(conn: PodConnection, spec: HostSpec, opts: PodOptions, say, config, 
     progress = terminal_progress("sync") if single else None
     stats = push(conn, opts.project, remote_dir, rsync_on_pod=rsync_ok, progress=progress, bwlimit=opts.bwlimit)
     if progress:
-        print(flush=True)  # end the redrawn progress line
+        print(flush=True, file=sys.stderr)  # end the redrawn progress line (drawn on stderr)
     outcome.sync = f"{stats.files} files" + ("" if rsync_ok else " (SFTP)")
     say(f"sync: {stats}" + ("" if rsync_ok else " over SFTP"))
     lap("sync")
@@ -151,7 +157,9 @@ def _deploy(conn: PodConnection, spec: HostSpec, opts: PodOptions, say, config, 
     cache = profile.caches(fp.home)
     cmd = (f"PODKIT_PYTHON={shlex.quote(fp.python)} bin/envsetup --project . --fingerprint logs/probe.json --secrets-stdin"
            + (f" --cache-dir {shlex.quote(cache)}" if cache else ""))
-    result = conn.run(cmd, stdin=secrets, out=lambda line: say(f"envsetup: {line.strip()}"), timeout=4 * 3600)
+    # envsetup's own lines already start with "envsetup: " (its verdict): do not say it twice.
+    result = conn.run(cmd, stdin=secrets, out=lambda line: say(
+        line.strip() if line.strip().startswith("envsetup: ") else f"envsetup: {line.strip()}"), timeout=4 * 3600)
     outcome.envsetup = "ready" if result.ok else f"failed ({result.exit_code})"
     lap("envsetup")
     if not result.ok:
@@ -179,8 +187,8 @@ def _secret_names() -> tuple[str, ...]:
     return SECRET_NAMES + extra
 
 
-def deploy(specs: list[HostSpec], opts: PodOptions, config: str | None = None) -> list[Outcome]:
-    printer = Printer(prefix=len(specs) > 1)
+def deploy(specs: list[HostSpec], opts: PodOptions, config: str | None = None, err: bool = False) -> list[Outcome]:
+    printer = Printer(prefix=len(specs) > 1, err=err)
     single = len(specs) == 1
     live: list[PodConnection] = []  # open connections, so Ctrl-C can stop their remote steps
     with ThreadPoolExecutor(max_workers=min(16, len(specs))) as pool:

@@ -197,6 +197,11 @@ class Inventory:
 _POD_KEYS = {"host", "key", "profile", "remote_dir", "python", "provider", "pod_id"}
 
 
+_MAX_INVENTORY_BYTES = 1 << 20
+_POD_KEY_EXAMPLES = {"host": "root@203.0.113.7:22", "key": "~/.ssh/id_ed25519", "remote_dir": "/workspace/podkit",
+                     "python": "/usr/bin/python3", "profile": "runpod"}
+
+
 def load_inventory(path: str | Path | None) -> Inventory:
     """The inventory at `path` (or ./pods.toml when it exists); empty when there is none."""
     explicit = path is not None
@@ -205,13 +210,25 @@ def load_inventory(path: str | Path | None) -> Inventory:
         if explicit:
             raise PodError(f"inventory {path} does not exist", "give PODS=path/to/pods.toml")
         return Inventory()
+    if not path.is_file():
+        raise PodError(f"inventory {path} is not a regular file", "give PODS=path/to/pods.toml")
     try:
-        raw = tomllib.loads(path.read_text())
+        with open(path, "rb") as f:
+            data = f.read(_MAX_INVENTORY_BYTES + 1)
+        if len(data) > _MAX_INVENTORY_BYTES:
+            raise PodError(f"inventory {path} is over 1 MiB, not a pods.toml", "give PODS=path/to/pods.toml")
+        raw = tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise PodError(f"inventory {path} is not UTF-8 text", "give PODS=path/to/pods.toml") from None
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise PodError(f"{path}: {exc}", "fix the inventory file") from None
     unknown = set(raw) - {"pods", "groups"}
     if unknown:
         raise PodError(f"{path}: unknown section [{sorted(unknown)[0]}]", "use [pods.<name>] and [groups]")
+    for section in ("pods", "groups"):
+        if not isinstance(raw.get(section, {}), dict):
+            raise PodError(f"{path}: {section} must be a table", f"write [{section}.<name>] sections"
+                           if section == "pods" else "write [groups] with name = [\"pod\", ...]")
     inv = Inventory(source=str(path))
     for name, entry in raw.get("pods", {}).items():
         if not isinstance(entry, dict) or "host" not in entry:
@@ -219,6 +236,10 @@ def load_inventory(path: str | Path | None) -> Inventory:
         bad = set(entry) - _POD_KEYS
         if bad:
             raise PodError(f"{path}: pods.{name}.{sorted(bad)[0]}: unknown key", "known: " + ", ".join(sorted(_POD_KEYS)))
+        for key, value in entry.items():
+            if not isinstance(value, str) or not value.strip():
+                raise PodError(f"{path}: pods.{name}.{key} must be a non-empty string, got {value!r}",
+                               f'e.g. {key} = "{_POD_KEY_EXAMPLES.get(key, "...")}"')
         spec = parse_host(entry["host"], entry.get("key"))
         inv.raw_pods[name] = entry
         inv.pods[name] = replace(

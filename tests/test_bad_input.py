@@ -193,6 +193,28 @@ CASES = [
     ("envsetup-unknown-option", "envsetup", ["--bogus"], {}, "bin/envsetup"),
     ("envsetup-cache-dir-under-file", "envsetup", ["--fingerprint", "fp.json", "--cache-dir", "f/cache", "--dry-run"],
      {"fp.json": FINGERPRINT_OK, "f": "x"}, "--cache-dir"),
+    # -- bin/pod, bin/deploy, bin/fetch-logs (nothing here reaches a network: each fails before connecting)
+    ("pod-unknown-option", "pod", ["--bogus"], {}, "bin/pod"),
+    ("pod-probe-missing-host", "pod", ["probe"], {}, "bin/pod"),
+    ("pod-empty-host", "pod", ["probe", ""], {}, "no host given"),
+    ("pod-inventory-host-number", "pod", ["probe", "a", "--inventory", "pods.toml"],
+     {"pods.toml": "[pods.a]\nhost = 5\n"}, "pods.a.host"),
+    ("pod-inventory-remote-dir-number", "pod", ["probe", "a", "--inventory", "pods.toml"],
+     {"pods.toml": '[pods.a]\nhost = "root@h"\nremote_dir = 1\n'}, "pods.a.remote_dir"),
+    ("pod-inventory-key-number", "pod", ["probe", "a", "--inventory", "pods.toml"],
+     {"pods.toml": '[pods.a]\nhost = "root@h"\nkey = 1\n'}, "pods.a.key"),
+    ("pod-inventory-python-number", "pod", ["probe", "a", "--inventory", "pods.toml"],
+     {"pods.toml": '[pods.a]\nhost = "root@h"\npython = 3\n'}, "pods.a.python"),
+    ("pod-inventory-pods-array", "pod", ["probe", "a", "--inventory", "pods.toml"],
+     {"pods.toml": "pods = [1, 2]\n"}, "pods must be a table"),
+    ("pod-inventory-binary", "pod", ["probe", "a", "--inventory", "pods.toml"], {"pods.toml": b"\xff\xfe\x00"},
+     "UTF-8"),
+    ("pod-inventory-dev-zero", "pod", ["probe", "a", "--inventory", "/dev/zero"], {}, "not a regular file"),
+    ("pod-known-hosts-binary", "pod", ["probe", "root@127.0.0.1:1", "--known-hosts", "kh", "--timeout", "1"],
+     {"kh": b"\xff\xfe\x00\x01binary"}, "cannot read"),
+    ("pod-attach-bad-job-id", "pod", ["attach", "root@127.0.0.1:1", "../x"], {}, "../x"),
+    ("fetch-logs-dest-under-file", "fetch-logs", ["root@127.0.0.1:1", "--dest", "f/logs"], {"f": "x"}, "is a file"),
+    ("deploy-unknown-option", "deploy", ["--bogus"], {}, "bin/pod"),
     # -- bin/plot
     ("plot-no-run", "plot", [], {}, "bin/plot"),
     ("plot-run-missing", "plot", ["nope"], {}, "does not exist"),
@@ -241,7 +263,7 @@ def test_bad_input_is_one_line_exit_2(case, tmp_path):
 def test_table_is_big_enough():
     assert len(CASES) >= 60
     commands = {c[1] for c in CASES}
-    assert commands >= {"preflight", "smoke", "envsetup", "plot"}
+    assert commands >= {"preflight", "smoke", "envsetup", "plot", "pod", "deploy", "fetch-logs"}
 
 
 def test_output_dir_under_a_file_fails_preflights_disk_check(tmp_path):

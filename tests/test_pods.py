@@ -6,6 +6,7 @@ Tests in this module share one pod and run in order: first deploy, then re-deplo
 """
 
 import hashlib
+import json
 import os
 import signal
 import socket
@@ -81,10 +82,14 @@ def test_first_deploy_then_no_change_then_a_change(world):
     (remote / "runs" / "r0").mkdir(parents=True)
     (remote / "runs" / "r0" / "summary.json").write_text("{}")
 
-    again = cli(world, "deploy", pod.spec, *pod_args(pod))
+    again = cli(world, "deploy", pod.spec, *pod_args(pod), "--json")
     assert again.returncode == 0, again.stdout + again.stderr
-    assert "sync: 0 files changed" in again.stdout
-    assert "requirements  unchanged" in again.stdout and "bitsandbytes  unchanged" in again.stdout
+    # --json: stdout is one JSON object; the progress lines went to stderr
+    outcome = json.loads(again.stdout)
+    assert outcome["ok"] is True and outcome["pods"][0]["result"] == "ready"
+    assert outcome["pods"][0]["sync"] == "0 files" and outcome["pods"][0]["envsetup"] == "ready"
+    assert "sync: 0 files changed" in again.stderr
+    assert "requirements  unchanged" in again.stderr and "bitsandbytes  unchanged" in again.stderr
     assert "export HF_TOKEN=hf_SECRETvalue123" in env_file.read_text()  # kept without HF_TOKEN set locally
 
     (world.project / "README.md").write_text((world.project / "README.md").read_text() + "\nchanged\n")
@@ -264,8 +269,12 @@ def test_detached_smoke_survives_the_client_being_killed_and_is_fetched(world):
     assert "pass" in attached.stdout
     listed = cli(world, "jobs", pod.spec, *pod_args(pod))
     assert "smoke-1" in listed.stdout and "exited 0" in listed.stdout
-    fetched = cli(world, "fetch-logs", pod.spec, *pod_args(pod))
+    as_json = json.loads(cli(world, "jobs", pod.spec, *pod_args(pod), "--json").stdout)
+    assert any(j["id"] == "smoke-1" and j["exit_code"] == 0 for j in as_json["jobs"]), as_json
+    fetched = cli(world, "fetch-logs", pod.spec, *pod_args(pod), "--json")
     assert fetched.returncode == 0, fetched.stderr
+    report = json.loads(fetched.stdout)
+    assert report["ok"] is True and report["pods"][0]["files"] > 0 and "fetch-logs:" in fetched.stderr
     local = world.project / "pod-logs" / f"127.0.0.1-{pod.port}"
     summary = (local / "runs" / "detached-smoke" / "summary.json").read_text()
     assert '"status": "pass"' in summary
@@ -318,7 +327,7 @@ def test_remote_disk_full_is_one_line_and_a_rerun_after_freeing_space_completes(
         subprocess.run(["mount", "-o", "remount,size=512m", str(mount)], check=True)
         rerun = cli(world, "deploy", pod.spec, *args)
         # set up completely; preflight then rightly says 512 MiB cannot hold a checkpoint
-        assert "envsetup: envsetup: ready in" in rerun.stdout, rerun.stdout + rerun.stderr
+        assert "envsetup: ready in" in rerun.stdout and "envsetup: envsetup:" not in rerun.stdout, rerun.stdout + rerun.stderr
         assert rerun.returncode == 1 and "disk.free" in rerun.stdout, rerun.stdout + rerun.stderr
         assert (mount / "project" / "bin" / "smoke").exists() and (mount / "project" / ".venv" / "bin" / "python").exists()
     finally:

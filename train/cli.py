@@ -164,8 +164,12 @@ def _smoke_command(command, config, from_files, model_preset, steps, timeout, ou
             job = build_job(config, list(from_files), model_preset).job
         elif config:
             job = load_job(config)
+        if run_id is not None:
+            from train.outputs import check_run_id
+
+            check_run_id(run_id)
     except ConfigError as exc:
-        _fail(str(exc))
+        _fail(exc, as_json)
     steps = steps or (job.smoke.steps if job else 100)
     every = job.smoke.profile_every if job else 10
     root = Path(output_dir or (job.train.output_dir if job else "runs")).absolute()
@@ -175,7 +179,7 @@ def _smoke_command(command, config, from_files, model_preset, steps, timeout, ou
         summary, run_path, code = script_smoke.run(command, root, run_id, steps, every, timeout, job,
                                                    min_drop=job.smoke.min_loss_drop if job else 0.05)
     except OSError as exc:
-        _fail(f"--output-dir: cannot write {root / run_id}: {exc}")
+        _fail(ConfigError("--output-dir", f"cannot write {root / run_id}: {exc}"), as_json)
     _report(summary, run_path, as_json)
     return code
 

@@ -216,23 +216,24 @@ def _write_env(run_dir: RunDir, summary: dict) -> None:
 
 
 def _plot(run_dir: RunDir, summary: dict) -> None:
-    from train.plot import Series, line_plot
+    """memory.png for rank 0, memory.rank<N>.png for every other rank (train/plot.py, matplotlib)."""
+    from train import plot
 
-    series = []
+    devices = {r.get("rank"): r.get("device") for r in summary.get("ranks", [])}
+    predicted = (summary.get("predicted") or {}).get("allocated")
     for path in sorted((run_dir.path / "ranks").glob("metrics.rank*.jsonl")):
+        rank = int(path.stem.split(".rank")[-1])
         samples = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        points = [(s["step"], s.get("peak_allocated") or 0) for s in samples if "peak_allocated" in s]
-        if points:
-            series.append(Series(f"{path.stem.split('.')[-1]} peak", points))
-    if not series:
-        return
-    if summary.get("predicted"):
-        last = max(x for s in series for x, _ in s.points)
-        value = summary["predicted"]["allocated"]
-        series.append(Series("predicted peak", [(0, value), (last, value)], dashed=True))
-    big = max(v for s in series for _, v in s.points) > (1 << 30)
-    line_plot(str(run_dir.file("plot")), "your command: memory per rank", series,
-              unit="GIB" if big else "MIB", scale=(1 << 30) if big else (1 << 20))
+        curves = plot.curves([{"profile": s} for s in samples if "peak_allocated" in s]
+                             + [{"step": s["step"], "loss": s["loss"]} for s in samples if "loss" in s],
+                             {"device": devices.get(rank) or "cpu", "predicted": predicted,
+                              "status": summary.get("status", ""), "steps_planned": summary.get("planned_steps", 0)},
+                             f"rank {rank}")
+        if not curves.series.get("peak tensors") and not curves.series.get("allocated"):
+            curves.series["peak allocated"] = [(s["step"], s["peak_allocated"]) for s in samples
+                                               if s.get("peak_allocated") is not None]
+        out = run_dir.file("plot") if rank == 0 else run_dir.path / f"memory.rank{rank}.png"
+        plot.draw([curves], out, f"your command: memory, rank {rank}")
 
 
 def run(command: tuple[str, ...], root: Path, run_id: str, steps: int, every: int, timeout: float | None,
