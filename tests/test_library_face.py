@@ -80,10 +80,10 @@ def test_bin_commands_run_from_a_directory_with_the_users_own_modules(tmp_path):
     # A project directory as users have them: train.py and checks.py of their own beside the configs.
     (tmp_path / "train.py").write_text("raise SystemExit('the user train.py was imported by podkit')\n")
     (tmp_path / "checks.py").write_text("raise SystemExit('the user checks.py was imported by podkit')\n")
-    for tool in ("preflight", "smoke"):
+    for tool in ("preflight", "smoke", "plot"):
         out = subprocess.run([str(ROOT / "bin" / tool), "--help"], cwd=tmp_path, capture_output=True, text=True,
                              timeout=120)
-        assert out.returncode == 0 and f"Usage: {tool}" in out.stdout, out.stderr
+        assert out.returncode == 0 and f"Usage: bin/{tool}" in out.stdout, out.stderr  # the command the user typed
     out = subprocess.run([str(ROOT / "bin" / "preflight"), "--no-probe", "--json"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode in (0, 1) and json.loads(out.stdout)["model"]["name"], out.stderr
