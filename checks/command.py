@@ -39,7 +39,3 @@ class OneLineMain:
 
 class OneLineCommand(OneLineMain, click.Command):
     pass
-
-
-class OneLineGroup(OneLineMain, click.Group):
-    """A group whose subcommands' usage errors are one line too (they surface in the group's main)."""
