@@ -213,13 +213,12 @@ class Trace:
         over its tokens, its output scaled by the routing weight (kept for that weight's gradient
         when the router trains); shared experts run on every token."""
         f, m = self.facts, self.facts.moe
-        logits = self.linear(y, f.hidden, m.experts, "router")
+        self.linear(y, f.hidden, m.experts, "router")
         self.save(self.new("router softmax (fp32)", m.experts, 4))
         routed = self.new("tokens gathered per expert", f.hidden * m.top_k, f.e)
         out = self.mlp(routed, m.expert_ffn, "experts.", per_token=m.top_k)
         if f.weights_trainable:
             self.save(out)  # expert output x routing weight: the weight's gradient needs it
-        del logits
         if m.shared_experts or m.shared_ffn:
             self.mlp(y, m.shared_ffn, "shared_expert.")
         return self.new("MoE output", f.hidden, f.e)

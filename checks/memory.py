@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from checks import activations as A
 from checks.config import JobConfig
 from checks.gpus import GpuSpec
-from checks.models import ModelShape, ParamGroup
+from checks.models import ParamGroup
 from checks.stacks import targeted
 
 GIB = 1 << 30

@@ -168,13 +168,13 @@ class JobFacts:
     """bitsandbytes < 0.43.2: MatMul4Bit keeps its input A as a plain ctx attribute until backward,
     which checkpointing's saved-tensor hooks cannot drop (only a reentrant checkpoint's no_grad
     forward records no ctx at all)."""
+    offloaded: bool
+    """Optimizer states (and with 'all' parameters) live on the host."""
 
     @property
     def bnb_unsupported(self) -> bool:
         """bitsandbytes' blockwise 8-bit states cannot follow FSDP-sharded or CPU-offloaded parameters."""
         return self.bnb_optimizer and (self.fsdp or self.offloaded)
-
-    offloaded: bool = False
 
 
 def targeted(module: str, targets) -> bool:
