@@ -184,3 +184,15 @@ def pod_cli(project: Path, *args: str, known_hosts: Path, timeout: float = 300, 
     argv = [str(project / "bin" / "pod"), args[0], "--known-hosts", str(known_hosts), *args[1:]]
     return subprocess.run(argv,
                           cwd=project, capture_output=True, text=True, timeout=timeout, env=full_env, **popen)
+
+
+def pod_world(base: Path, name: str, **pod_kwargs):
+    """A started loopback pod, a copy of this project as the laptop, and a known_hosts that trusts
+    the pod: what each pods test module's `world` fixture starts from. Stop it with world.pod.stop()."""
+    from types import SimpleNamespace
+
+    pod = LoopbackPod(base, name, **pod_kwargs).start()
+    project = project_copy(base / "laptop" / "podkit")
+    known_hosts = base / "known_hosts"
+    known_hosts.write_text(pod.known_hosts_line())
+    return SimpleNamespace(base=base, pod=pod, project=project, known_hosts=known_hosts)

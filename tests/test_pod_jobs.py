@@ -13,11 +13,10 @@ import textwrap
 import time
 import uuid
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
-from sshd_harness import LoopbackPod, pod_cli, project_copy, sshd_available
+from sshd_harness import pod_cli, sshd_available, pod_world
 from smoke_helpers import tiny_job
 
 pytestmark = pytest.mark.skipif(sshd_available() is not None, reason=str(sshd_available()))
@@ -47,15 +46,11 @@ def world(tmp_path_factory):
     (shims / "python").chmod(0o755)
     rc = base / "bashrc"
     rc.write_text(f'export PATH="{shims}:$PATH"\n')  # what `eval "$(pyenv init -)"` does
-    pod = LoopbackPod(base, "jobs", extra_config=f"SetEnv BASH_ENV={rc}\n").start()
-    project = project_copy(base / "laptop" / "podkit")
-    known_hosts = base / "known_hosts"
-    known_hosts.write_text(pod.known_hosts_line())
-    w = SimpleNamespace(base=base, pod=pod, project=project, known_hosts=known_hosts)
-    deployed = cli(w, "deploy", pod.spec, *args(w))
+    w = pod_world(base, "jobs", extra_config=f"SetEnv BASH_ENV={rc}\n")
+    deployed = cli(w, "deploy", w.pod.spec, *args(w))
     assert deployed.returncode == 0, deployed.stdout + deployed.stderr
     yield w
-    pod.stop()
+    w.pod.stop()
 
 
 def args(world) -> list[str]:

@@ -8,7 +8,6 @@ directory.
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -17,20 +16,16 @@ from pods.hosts import parse_host, resolve
 from pods.ownership import claim
 from pods.selection import chosen_files
 from pods.sync import push
-from sshd_harness import LoopbackPod, pod_cli, project_copy, sshd_available
+from sshd_harness import pod_cli, sshd_available, pod_world
 
 pytestmark = pytest.mark.skipif(sshd_available() is not None, reason=str(sshd_available()))
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    base = tmp_path_factory.mktemp("own")
-    pod = LoopbackPod(base, "own").start()
-    project = project_copy(base / "laptop" / "podkit")
-    known_hosts = base / "known_hosts"
-    known_hosts.write_text(pod.known_hosts_line())
-    yield SimpleNamespace(base=base, pod=pod, project=project, known_hosts=known_hosts)
-    pod.stop()
+    w = pod_world(tmp_path_factory.mktemp("own"), "own")
+    yield w
+    w.pod.stop()
 
 
 def cli(world, *args, **kw):

@@ -16,14 +16,13 @@ import sys
 import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from pods.connection import PodConnection
 from pods.hosts import parse_host, resolve
 from pods.sync import remote_disk_full
-from sshd_harness import LoopbackPod, NamespacePod, keygen, pod_cli, project_copy, sshd_available
+from sshd_harness import LoopbackPod, NamespacePod, keygen, pod_cli, sshd_available, pod_world
 
 pytestmark = pytest.mark.skipif(sshd_available() is not None, reason=str(sshd_available()))
 
@@ -34,13 +33,9 @@ def pod_args(pod: LoopbackPod) -> list[str]:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    base = tmp_path_factory.mktemp("pods")
-    pod = LoopbackPod(base, "a").start()
-    project = project_copy(base / "laptop" / "podkit")
-    known_hosts = base / "known_hosts"
-    known_hosts.write_text(pod.known_hosts_line())
-    yield SimpleNamespace(base=base, pod=pod, project=project, known_hosts=known_hosts)
-    pod.stop()
+    w = pod_world(tmp_path_factory.mktemp("pods"), "a")
+    yield w
+    w.pod.stop()
 
 
 def cli(world, *args, **kw):
