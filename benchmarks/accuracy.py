@@ -29,8 +29,8 @@ try:
 except ImportError:  # Python 3.10
     import tomli as tomllib
 
-from checks.config import JobConfig, parse_job  # noqa: E402
-from checks.memory import GIB, MemoryEstimate, estimate  # noqa: E402
+from podkit.checks.config import JobConfig, parse_job  # noqa: E402
+from podkit.checks.memory import GIB, MemoryEstimate, estimate  # noqa: E402
 
 PUBLISHED = ROOT / "benchmarks" / "published"
 RESULTS = ROOT / "benchmarks" / "results"
@@ -91,7 +91,7 @@ def run(traced: bool = False) -> dict:
                "predicted": pred, "error": round((pred - case.measured) / case.measured, 4),
                "peak_phase": est.peak_phase, "excluded": case.excluded, "source": case.source}
         if traced:
-            from train.traced import trace  # imports torch
+            from podkit.train.traced import trace  # imports torch
 
             tr = trace(case.job)
             row["traced"] = getattr(tr, case.metric if case.metric != "nvidia-smi" else "allocated", None)

@@ -43,9 +43,9 @@ TRANSPORT_FILES = ("pods/shell.py", "pods/rsh.py", "pods/rsh_client.py")
 def openssh_mux_deploy(ssh: list[str], target: str, project: Path, remote_dir: str, control: Path, *,
                        warm: bool) -> float:
     """A no-change deploy over OpenSSH ControlMaster, remote steps batched; returns wall seconds."""
-    from envsetup.fingerprint import PROBE_SCRIPT
-    from pods.ownership import CLAIM_SCRIPT
-    from pods.selection import chosen_files
+    from podkit.envsetup.fingerprint import PROBE_SCRIPT
+    from podkit.pods.ownership import CLAIM_SCRIPT
+    from podkit.pods.selection import chosen_files
 
     mux = [*ssh, "-o", f"ControlPath={control}"]
     q = shlex.quote(remote_dir)
@@ -147,7 +147,7 @@ def main() -> None:
             subprocess.run([*ssh, "-o", f"ControlPath={control}", "-O", "exit", target], capture_output=True)
             # What a Python client pays before its first byte (both designs would be one).
             client_start = statistics.median(timed(lambda: subprocess.run(
-                [sys.executable, "-c", "import pods.cli"], cwd=project, check=True))[0] for _ in range(args.repeats))
+                [sys.executable, "-c", "import podkit.pods.cli"], cwd=project, check=True))[0] for _ in range(args.repeats))
 
             # Throughput: one incompressible 64 MiB file, through podkit's connection and plain rsync.
             (project / "blob.bin").write_bytes(os.urandom(64 * 2**20))
@@ -165,7 +165,7 @@ def main() -> None:
         ("ssh login + `true` (median)", statistics.median(login), {}),
         ("OpenSSH ControlMaster, batched, no change, master opened (median)", statistics.median(mux_cold), {}),
         ("OpenSSH ControlMaster, batched, no change, master kept (median)", statistics.median(mux_warm), {}),
-        ("python client start (`import pods.cli`, median)", client_start, {}),
+        ("python client start (`import podkit.pods.cli`, median)", client_start, {}),
         ("bin/deploy, one new 64 MiB file", None, big_deploy),
         ("plain rsync, one new 64 MiB file", big_plain, {}),
     ]

@@ -24,9 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from checks.advisor import advise  # noqa: E402
-from checks.config import parse_job  # noqa: E402
-from checks.memory import GIB, estimate, trainable_params  # noqa: E402
+from podkit.checks.advisor import advise  # noqa: E402
+from podkit.checks.config import parse_job  # noqa: E402
+from podkit.checks.memory import GIB, estimate, trainable_params  # noqa: E402
 
 JOBS = {
     "1b-bf16-adamw-8k-h100": ('preset="llama-3.2-1b"', "micro_batch=2\nseq_len=4096", 'gpu="H100-SXM"'),

@@ -24,11 +24,11 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from checks.config import EXAMPLE_JOB, load_job  # noqa: E402
-from train import model as model_mod  # noqa: E402
-from train.data import SyntheticTokens  # noqa: E402
-from train.monitor import MemoryMonitor  # noqa: E402
-from train.optim import build_optimizer  # noqa: E402
+from podkit.checks.config import EXAMPLE_JOB, load_job  # noqa: E402
+from podkit.train import model as model_mod  # noqa: E402
+from podkit.train.data import SyntheticTokens  # noqa: E402
+from podkit.train.monitor import MemoryMonitor  # noqa: E402
+from podkit.train.optim import build_optimizer  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 

@@ -24,10 +24,10 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from checks.config import parse_job  # noqa: E402
-from checks.memory import GIB, estimate  # noqa: E402
-from checks.traced_report import PHASE_PAIRS, comparison  # noqa: E402
-from train.traced import trace  # noqa: E402
+from podkit.checks.config import parse_job  # noqa: E402
+from podkit.checks.memory import GIB, estimate  # noqa: E402
+from podkit.checks.traced_report import PHASE_PAIRS, comparison  # noqa: E402
+from podkit.train.traced import trace  # noqa: E402
 
 # name: (model section, train section, cluster section). Precisions x optimizers x checkpointing,
 # LoRA, GQA (llama-3.x, mistral) and MHA (llama-2), fp32 (math SDPA under GQA on Hopper), ZeRO-2/3.

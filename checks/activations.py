@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from checks.kernels import attention_kernel
-from checks.stacks import targeted
+from podkit.checks.kernels import attention_kernel
+from podkit.checks.stacks import targeted
 
 
 @dataclass(eq=False)

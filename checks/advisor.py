@@ -16,8 +16,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from checks.config import JobConfig
-from checks.memory import MemoryEstimate, estimate
+from podkit.checks.config import JobConfig
+from podkit.checks.memory import MemoryEstimate, estimate
 
 HEADROOM = 0.10  # below this a job "fits" but one longer batch away from an OOM
 

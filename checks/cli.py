@@ -9,10 +9,10 @@ import sys
 
 import click
 
-from checks import strict_json
-from checks.config import EXAMPLE_JOB, load_job
-from checks.command import OneLineCommand
-from checks.errors import ConfigError
+from podkit.checks import strict_json
+from podkit.checks.config import EXAMPLE_JOB, load_job
+from podkit.checks.command import OneLineCommand
+from podkit.checks.errors import ConfigError
 
 EXIT_FAILED, EXIT_BAD_INPUT = 1, 2
 
@@ -20,9 +20,9 @@ EXIT_FAILED, EXIT_BAD_INPUT = 1, 2
 def run_preflight(config: str, gpu: str | None, probe: bool, job=None):
     """The library face of the command: returns a Preflight, raises ConfigError on bad input.
     `job` (an imported JobConfig, see checks.importers) replaces reading `config`."""
-    from checks import advisor, gpus, memory, rules
-    from checks.host import HostFacts
-    from checks.report import Preflight
+    from podkit.checks import advisor, gpus, memory, rules
+    from podkit.checks.host import HostFacts
+    from podkit.checks.report import Preflight
 
     job = job if job is not None else load_job(config)
     if gpu is not None:
@@ -87,7 +87,7 @@ def main(config: str, gpu: str | None, as_json: bool, no_probe: bool, traced: bo
         if imported is not None:
             data["imported"] = imported.to_json()
         if trace is not None:
-            from checks.traced_report import comparison
+            from podkit.checks.traced_report import comparison
 
             data["traced"] = {**trace, "comparison": comparison(result.estimate, trace)}
         click.echo(strict_json.dumps(data, indent=2))
@@ -97,7 +97,7 @@ def main(config: str, gpu: str | None, as_json: bool, no_probe: bool, traced: bo
         console = Console()
         result.render(console)
         if trace is not None:
-            from checks.traced_report import render
+            from podkit.checks.traced_report import render
 
             render(console, result.estimate, trace)
     sys.exit(0 if result.ok else EXIT_FAILED)
@@ -105,7 +105,7 @@ def main(config: str, gpu: str | None, as_json: bool, no_probe: bool, traced: bo
 
 def import_job(config: str, from_files, model_preset, emit_toml: bool, quiet: bool):
     """--from / --model / --emit-toml: the job read from the user's own configs; says what it mapped."""
-    from checks.importers import build_job
+    from podkit.checks.importers import build_job
 
     if not from_files:
         raise ConfigError("--from", "--model and --emit-toml go with --from FILE", "add --from your config file")
@@ -127,7 +127,7 @@ def import_job(config: str, from_files, model_preset, emit_toml: bool, quiet: bo
 
 def run_ranking(config: str, prices: str, as_json: bool, job=None) -> int:
     """--rank-gpus: 0 when some offered type fits the job, 1 when none does, 2 on bad input."""
-    from checks.ranking import load_offers, rank
+    from podkit.checks.ranking import load_offers, rank
 
     try:
         ranked = rank(job or load_job(config), load_offers(prices))
@@ -162,7 +162,7 @@ def _bad_input(exc: ConfigError, as_json: bool) -> None:
 def run_traced(job) -> dict:
     """train.traced's estimate as JSON; torch is imported here only, when --traced asks for it."""
     try:
-        from train.traced import trace
+        from podkit.train.traced import trace
     except ImportError as exc:
         raise ConfigError("--traced", f"needs torch, which cannot be imported here ({exc})",
                           "install torch (make setup), or drop --traced for the analytic estimate") from None

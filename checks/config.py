@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from checks import gpus, models, stacks
-from checks.errors import ConfigError, closest
+from podkit.checks import gpus, models, stacks
+from podkit.checks.errors import ConfigError, closest
 
 PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "bf16")
 OPTIMIZERS = ("adamw", "adamw8bit", "paged_adamw8bit", "paged_adamw", "lion", "lion8bit", "sgd", "adafactor")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from checks.errors import ConfigError, closest
+from podkit.checks.errors import ConfigError, closest
 
 MIB = 1 << 20
 

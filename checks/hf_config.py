@@ -14,8 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from checks.errors import ConfigError
-from checks.models import MlaSpec, ModelShape, MoeSpec, VisionSpec
+from podkit.checks.errors import ConfigError
+from podkit.checks.models import MlaSpec, ModelShape, MoeSpec, VisionSpec
 
 DENSE = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "gemma3", "phi3", "gpt2")
 MOE = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3")

@@ -14,7 +14,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from envsetup.fingerprint import Gpu
+from podkit.envsetup.fingerprint import Gpu
 
 # Distribution name -> import name, for the packages a job may need.
 PACKAGES = {

@@ -20,7 +20,7 @@ without a mask, tried in torch's priority order flash -> memory-efficient -> mat
 
 from __future__ import annotations
 
-from checks.gpus import GpuSpec
+from podkit.checks.gpus import GpuSpec
 
 
 def sdpa_backend(gpu: GpuSpec, dtype_bytes: int, head_dim: int, gqa: bool, bf16: bool = False) -> str:

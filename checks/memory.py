@@ -25,11 +25,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from checks import activations as A
-from checks.config import JobConfig
-from checks.gpus import GpuSpec
-from checks.models import ParamGroup
-from checks.stacks import targeted
+from podkit.checks import activations as A
+from podkit.checks.config import JobConfig
+from podkit.checks.gpus import GpuSpec
+from podkit.checks.models import ParamGroup
+from podkit.checks.stacks import targeted
 
 GIB = 1 << 30
 MIB = 1 << 20

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from checks.errors import ConfigError, closest
+from podkit.checks.errors import ConfigError, closest
 
 
 @dataclass(frozen=True)
@@ -452,7 +452,7 @@ class ModelShape:
 
 
 def preset(name: str) -> ModelShape:
-    from checks.presets import PRESETS
+    from podkit.checks.presets import PRESETS
 
     try:
         return PRESETS[name.lower()]
@@ -464,7 +464,7 @@ def preset(name: str) -> ModelShape:
 def __getattr__(name: str):
     # PEP 562: the presets are built by the config.json reader, which imports this module.
     if name == "PRESETS":
-        from checks.presets import PRESETS
+        from podkit.checks.presets import PRESETS
 
         return PRESETS
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -472,14 +472,14 @@ def __getattr__(name: str):
 
 def from_hf_config(path: Path) -> ModelShape:
     """Read the shapes from a Hugging Face config.json (see checks.hf_config.SUPPORTED)."""
-    from checks import hf_config
+    from podkit.checks import hf_config
 
     return hf_config.from_file(Path(path))
 
 
 def from_hf_hub(repo_id: str, revision: str = "") -> ModelShape:
     """Read the shapes from a Hugging Face Hub repo's config.json, through huggingface_hub's cache."""
-    from checks import hf_config
+    from podkit.checks import hf_config
 
     return hf_config.from_hub(repo_id, revision)
 

@@ -8,8 +8,8 @@ the published one.
 
 from __future__ import annotations
 
-from checks.hf_config import shape_from_config
-from checks.models import ModelShape
+from podkit.checks.hf_config import shape_from_config
+from podkit.checks.models import ModelShape
 
 
 def _llama(hidden, layers, heads, kv, ffn, vocab, tie=False, **extra):

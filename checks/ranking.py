@@ -13,9 +13,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from checks import gpus, memory
-from checks.config import JobConfig
-from checks.errors import ConfigError
+from podkit.checks import gpus, memory
+from podkit.checks.config import JobConfig
+from podkit.checks.errors import ConfigError
 
 GIB = 1 << 30
 # RunPod's memoryInGb is the marketing size (80 for an 80 GB card), the catalog nvidia-smi's total

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from checks.advisor import Suggestion
-from checks.config import JobConfig
-from checks.memory import GIB, TERMS, MemoryEstimate, trainable_params
-from checks.rules import FAIL, CheckResult
+from podkit.checks.advisor import Suggestion
+from podkit.checks.config import JobConfig
+from podkit.checks.memory import GIB, TERMS, MemoryEstimate, trainable_params
+from podkit.checks.rules import FAIL, CheckResult
 
 
 @dataclass

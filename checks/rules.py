@@ -9,12 +9,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from checks.advisor import HEADROOM, Suggestion
-from checks.config import JobConfig
-from checks.host import HostFacts
-from checks.kernels import attention_kernel
-from checks.memory import GIB, MemoryEstimate, optimizer_bytes, trainable_groups, trainable_params
-from envsetup import arch
+from podkit.checks.advisor import HEADROOM, Suggestion
+from podkit.checks.config import JobConfig
+from podkit.checks.host import HostFacts
+from podkit.checks.kernels import attention_kernel
+from podkit.checks.memory import GIB, MemoryEstimate, optimizer_bytes, trainable_groups, trainable_params
+from podkit.envsetup import arch
 
 PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
 

@@ -186,7 +186,7 @@ def targeted(module: str, targets) -> bool:
 def resolve_targets(value: str | list, linears: tuple[str, ...], default: tuple[str, ...]) -> tuple[str, ...]:
     """The LoRA target list: "stack" (its default), "all-linear" (peft: every block linear but the
     head, routed experts excluded), or names matched as peft matches them."""
-    from checks.errors import ConfigError, closest
+    from podkit.checks.errors import ConfigError, closest
 
     known = linears + ("lm_head",)
     if value == "stack":

@@ -8,7 +8,7 @@ device-only overhead, i.e. what torch.cuda.max_memory_allocated would show.
 
 from __future__ import annotations
 
-from checks.memory import GIB, MemoryEstimate
+from podkit.checks.memory import GIB, MemoryEstimate
 
 PHASE_PAIRS = (("forward", ("forward-end",)), ("backward", ("backward", "backward-end")), ("step", ("step",)))
 TRACED_TERMS = ("params", "grads", "optimizer", "activations", "temporaries")

@@ -17,11 +17,11 @@ import sys
 import time
 from pathlib import Path
 
-from envsetup import envfile
-from envsetup.resolve import Dependency, Plan, resolve
-from envsetup.state import StepState
-from envsetup.verify import VERIFY_SCRIPT
-from envsetup.fingerprint import Fingerprint, probe_local
+from podkit.envsetup import envfile
+from podkit.envsetup.resolve import Dependency, Plan, resolve
+from podkit.envsetup.state import StepState
+from podkit.envsetup.verify import VERIFY_SCRIPT
+from podkit.envsetup.fingerprint import Fingerprint, probe_local
 
 ROOT = Path(__file__).resolve().parents[1]
 REQUIREMENTS = ROOT / "envsetup" / "requirements.txt"

@@ -11,7 +11,7 @@ import os
 import shlex
 from pathlib import Path
 
-from envsetup.fingerprint import Fingerprint
+from podkit.envsetup.fingerprint import Fingerprint
 
 SECRET_NAMES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY")
 

@@ -16,7 +16,7 @@ import re
 import subprocess
 from dataclasses import asdict, dataclass, field
 
-from envsetup import arch
+from podkit.envsetup import arch
 
 # Candidates for "the image's Python": an explicit PODKIT_PYTHON, SageMaker's pytorch conda envs,
 # then python3. The first one with torch wins, else the first that runs.

@@ -19,9 +19,9 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 
-from envsetup.arch import version_tuple as _version_tuple
-from envsetup.wheels import WheelSource, flash_attn_wheel_name
-from envsetup.fingerprint import Fingerprint
+from podkit.envsetup.arch import version_tuple as _version_tuple
+from podkit.envsetup.wheels import WheelSource, flash_attn_wheel_name
+from podkit.envsetup.fingerprint import Fingerprint
 
 TORCH_CPU = "torch==2.13.0"  # the same pin as the Makefile's TORCH_CPU
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"

@@ -17,7 +17,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from envsetup.arch import version_tuple
+from podkit.envsetup.arch import version_tuple
 
 RELEASES = "https://github.com/Dao-AILab/flash-attention/releases/download"
 INDEX = "https://pypi.org/simple"

@@ -4,37 +4,27 @@
     from podkit.hf import MemoryMonitorCallback  # transformers Trainer
     from podkit.lightning import MemoryMonitorCallback  # Lightning
 
-podkit's internal packages are called train, checks and pods, and the user's directory very often
-holds a train.py of its own. So this package never imports the top-level name `train`: it loads
-podkit's train folder from beside itself under the private name `podkit._train` (train's modules
-import each other relatively), and the user's `import train` still finds the user's file.
+podkit's folders (checks, train, pods, envsetup) import only as podkit.checks, podkit.train, ...:
+never as top-level names, so a user's own train.py (the commonest script name) neither shadows
+podkit's nor is shadowed by it, and an installed podkit adds only `podkit` to the environment.
+In the source tree the folders sit beside this one (the repository's layout); an installed podkit
+has them inside it (pyproject's package-dir).
 """
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _load_train():
-    name = f"{__name__}._train"
-    if name in sys.modules:
-        return sys.modules[name]
-    folder = ROOT / "train"
-    spec = importlib.util.spec_from_file_location(name, folder / "__init__.py", submodule_search_locations=[str(folder)])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    return module
-
-
-MemoryMonitor = _load_train().MemoryMonitor
+_HERE = Path(__file__).resolve().parent
+if not (_HERE / "checks").is_dir() and (_HERE.parent / "checks" / "__init__.py").is_file():
+    __path__.append(str(_HERE.parent))  # noqa: F821 (a package's own __path__)
 
 __all__ = ["MemoryMonitor"]
+
+
+def __getattr__(name: str):
+    # On first use: preflight imports podkit.checks, which must not pay for torch.
+    if name == "MemoryMonitor":
+        from podkit.train.monitor import MemoryMonitor
+        return MemoryMonitor
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -21,16 +21,16 @@ from typing import Iterator
 
 import click
 
-from pods import jobs as remote_jobs
-from pods.connection import PodConnection
-from pods.deploy import Outcome, PodOptions, Printer, connect, deploy, locate, summary
-from pods.errors import PodError
-from pods.fetch import fetch as fetch_logs
-from pods.hosts import HostSpec, load_inventory, select_hosts
-from pods.ownership import deployed as is_deployed
-from envsetup.fingerprint import Fingerprint
-from pods.profiles import PodProfile
-from pods.rsync import terminal_progress
+from podkit.pods import jobs as remote_jobs
+from podkit.pods.connection import PodConnection
+from podkit.pods.deploy import Outcome, PodOptions, Printer, connect, deploy, locate, summary
+from podkit.pods.errors import PodError
+from podkit.pods.fetch import fetch as fetch_logs
+from podkit.pods.hosts import HostSpec, load_inventory, select_hosts
+from podkit.pods.ownership import deployed as is_deployed
+from podkit.envsetup.fingerprint import Fingerprint
+from podkit.pods.profiles import PodProfile
+from podkit.pods.rsync import terminal_progress
 
 def pod_options(fn):
     """Options every pod command shares (SkyPilot style: defined once)."""
@@ -298,13 +298,13 @@ def _inventory_path(inventory: str | None) -> Path:
 
 
 def _client():
-    from pods.runpod import RunPodClient, api_key
+    from podkit.pods.runpod import RunPodClient, api_key
 
     return RunPodClient(api_key())
 
 
 def _default_name(gpu, inventory: Path) -> str:
-    from pods.hosts import load_inventory
+    from podkit.pods.hosts import load_inventory
 
     taken = set(load_inventory(inventory).pods) if inventory.exists() else set()
     base = re.sub(r"[^a-z0-9]+", "-", gpu.display_name.lower()).strip("-") or "pod"
@@ -335,8 +335,8 @@ def up_cmd(gpu, count, image, volume_gb, disk_gb, name, key, deadline, poll, inv
     The API key is read from RUNPOD_API_KEY or .podkit/env, never from the command line.
     Then: make deploy HOST=NAME.
     """
-    from pods import provision
-    from pods.runpod import PodRequest
+    from podkit.pods import provision
+    from podkit.pods.runpod import PodRequest
 
     inv = _inventory_path(inventory)
     wait = provision.Wait(deadline_s=deadline, poll_s=poll)
@@ -365,7 +365,7 @@ def up_cmd(gpu, count, image, volume_gb, disk_gb, name, key, deadline, poll, inv
 @guarded
 def down_cmd(name, terminate, inventory, as_json):
     """Stop the pod NAME that bin/pod up brought up (its volume is kept), or --terminate it."""
-    from pods import provision
+    from podkit.pods import provision
 
     inv = _inventory_path(inventory)
     pod_id = provision.recorded(name, inv)
@@ -391,7 +391,7 @@ def down_cmd(name, terminate, inventory, as_json):
 @guarded
 def ls_cmd(inventory, as_json):
     """List the account's RunPod pods: podkit's by their pods.toml name, others marked; status and $/h."""
-    from pods import provision
+    from podkit.pods import provision
 
     inv = _inventory_path(inventory)
     names = provision.inventory_ids(inv)

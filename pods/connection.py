@@ -26,9 +26,9 @@ from typing import Callable, Iterator
 import fabric
 import paramiko
 
-from pods.errors import PodError
-from pods.hosts import Endpoint, agent_available
-from pods.shell import LOGIN_TIMEOUT_FACTOR, CommandTimeout, LoginTimeout, RemoteShell, Result
+from podkit.pods.errors import PodError
+from podkit.pods.hosts import Endpoint, agent_available
+from podkit.pods.shell import LOGIN_TIMEOUT_FACTOR, CommandTimeout, LoginTimeout, RemoteShell, Result
 
 # paramiko logs transport failures itself; podkit reports each one as its own single line.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
@@ -277,7 +277,7 @@ class PodConnection:
     def stop_remote(self, grace: float = 10.0) -> None:
         """Stop every process this connection started on the pod (Ctrl-C on the laptop): SIGTERM,
         then SIGKILL after `grace` s. Best effort within the deadline: a dead link stops nothing."""
-        from pods.remote_stop import stop_script
+        from podkit.pods.remote_stop import stop_script
 
         try:
             chan = self.connection.transport.open_session(timeout=self.timeout)

@@ -16,16 +16,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from envsetup.envfile import SECRET_NAMES
-from pods.connection import PodConnection
-from pods.errors import PodError
-from pods.hosts import HostSpec, resolve
-from pods.ownership import claim, normalise, refuse_unsafe
-from envsetup.fingerprint import Fingerprint
-from pods.probe import probe
-from pods.profiles import PodProfile, detect
-from pods.rsync import terminal_progress
-from pods.sync import ensure_rsync, push
+from podkit.envsetup.envfile import SECRET_NAMES
+from podkit.pods.connection import PodConnection
+from podkit.pods.errors import PodError
+from podkit.pods.hosts import HostSpec, resolve
+from podkit.pods.ownership import claim, normalise, refuse_unsafe
+from podkit.envsetup.fingerprint import Fingerprint
+from podkit.pods.probe import probe
+from podkit.pods.profiles import PodProfile, detect
+from podkit.pods.rsync import terminal_progress
+from podkit.pods.sync import ensure_rsync, push
 
 ROOT = Path(__file__).resolve().parents[1]
 

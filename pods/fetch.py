@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from pods.connection import PodConnection
-from pods.errors import PodError
-from pods.rsync import TransferStats, remote_target, run_rsync
+from podkit.pods.connection import PodConnection
+from podkit.pods.errors import PodError
+from podkit.pods.rsync import TransferStats, remote_target, run_rsync
 
 FETCHED = ["/runs/***", "/logs/***"]
 

@@ -18,7 +18,7 @@ import shlex
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from pods.errors import PodError
+from podkit.pods.errors import PodError
 
 try:
     import tomllib

@@ -14,9 +14,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from pods.connection import PodConnection
-from pods.errors import PodError
-from pods.remote_stop import stop_script
+from podkit.pods.connection import PodConnection
+from podkit.pods.errors import PodError
+from podkit.pods.remote_stop import stop_script
 
 JOBS_DIR = "logs/jobs"
 _ID = re.compile(r"[A-Za-z0-9_.-]{1,100}")

@@ -12,8 +12,8 @@ import base64
 import posixpath
 import shlex
 
-from pods.connection import PodConnection
-from pods.errors import PodError
+from podkit.pods.connection import PodConnection
+from podkit.pods.errors import PodError
 
 MARKER = ".podkit"
 MANIFEST = ".podkit/manifest"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 
-from envsetup.fingerprint import PROBE_SCRIPT, Fingerprint, parse_probe
+from podkit.envsetup.fingerprint import PROBE_SCRIPT, Fingerprint, parse_probe
 
 
 def probe(conn, remote_dir: str = "", python: str | None = None) -> Fingerprint:

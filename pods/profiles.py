@@ -10,8 +10,8 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from pods.errors import PodError
-from envsetup.fingerprint import Fingerprint
+from podkit.pods.errors import PodError
+from podkit.envsetup.fingerprint import Fingerprint
 
 # RunPod passes the pod's variables (RUNPOD_*, the user's HF_TOKEN, ...) to PID 1 only; SSH
 # sessions start without them. Import each one that the session does not already set.

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from pods.errors import PodError
-from pods.hosts import load_inventory
-from pods.runpod import GpuType, Pod, PodRequest, RunPodClient
+from podkit.pods.errors import PodError
+from podkit.pods.hosts import load_inventory
+from podkit.pods.runpod import GpuType, Pod, PodRequest, RunPodClient
 
 PROVIDER = "runpod"
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")

@@ -20,9 +20,9 @@ import tempfile
 import threading
 from pathlib import Path
 
-from pods.connection import PodConnection
-from pods.errors import PodError
-from pods.rsh_client import HEADER
+from podkit.pods.connection import PodConnection
+from podkit.pods.errors import PodError
+from podkit.pods.rsh_client import HEADER
 
 CLIENT = Path(__file__).with_name("rsh_client.py")
 

@@ -15,9 +15,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from pods.connection import PodConnection
-from pods.errors import PodError
-from pods.rsh import RshServer
+from podkit.pods.connection import PodConnection
+from podkit.pods.errors import PodError
+from podkit.pods.rsh import RshServer
 
 PARTIAL_DIR = ".rsync-partial"
 

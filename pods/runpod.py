@@ -26,7 +26,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from pods.errors import PodError
+from podkit.pods.errors import PodError
 
 KEY_VAR = "RUNPOD_API_KEY"
 # Same variable RunPod's SDK reads for its base URL (runpod-python, runpod/api/graphql.py); the tests

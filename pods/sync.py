@@ -17,11 +17,11 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from pods.connection import PodConnection
-from pods.errors import PodError
-from pods.ownership import delete_stale, read_manifest, write_manifest
-from pods.rsync import TransferStats, remote_target, run_rsync
-from pods.selection import chosen_files
+from podkit.pods.connection import PodConnection
+from podkit.pods.errors import PodError
+from podkit.pods.ownership import delete_stale, read_manifest, write_manifest
+from podkit.pods.rsync import TransferStats, remote_target, run_rsync
+from podkit.pods.selection import chosen_files
 
 
 def push(conn: PodConnection, local: Path, remote_dir: str, *, rsync_on_pod: bool,

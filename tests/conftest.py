@@ -2,7 +2,7 @@ import textwrap
 
 import pytest
 
-from checks.config import parse_job
+from podkit.checks.config import parse_job
 
 
 @pytest.fixture

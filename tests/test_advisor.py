@@ -1,5 +1,5 @@
-from checks.advisor import HEADROOM, advise
-from checks.memory import estimate
+from podkit.checks.advisor import HEADROOM, advise
+from podkit.checks.memory import estimate
 
 
 def test_suggestions_fit_and_keep_the_effective_batch(job):

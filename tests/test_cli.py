@@ -96,7 +96,7 @@ def test_help_explains():
 
 
 def test_preflight_never_imports_torch():
-    code = ("import sys; from checks.cli import run_preflight; from checks.config import EXAMPLE_JOB;"
+    code = ("import sys; from podkit.checks.cli import run_preflight; from podkit.checks.config import EXAMPLE_JOB;"
             "r = run_preflight(str(EXAMPLE_JOB), None, probe=True); r.to_json();"
             "assert 'torch' not in sys.modules, 'torch imported'; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,

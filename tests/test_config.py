@@ -1,7 +1,7 @@
 import pytest
 
-from checks.config import EXAMPLE_JOB, load_job, parse_job
-from checks.errors import ConfigError
+from podkit.checks.config import EXAMPLE_JOB, load_job, parse_job
+from podkit.checks.errors import ConfigError
 
 
 def test_example_job_loads():

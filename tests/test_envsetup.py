@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from envsetup import envfile
-from envsetup.fingerprint import parse_probe, probe_local
+from podkit.envsetup import envfile
+from podkit.envsetup.fingerprint import parse_probe, probe_local
 
 from sshd_harness import project_copy
 
@@ -90,7 +90,7 @@ def test_a_rerun_waits_for_an_install_still_holding_the_lock(tmp_path):
 
 def test_the_probe_and_the_plan_see_the_torch_in_the_project_venv(tmp_path):
     """An image without torch: envsetup put torch into .venv, and the plan must see it there."""
-    from envsetup.resolve import resolve
+    from podkit.envsetup.resolve import resolve
 
     image_python = shutil.which("python3", path="/usr/bin:/usr/local/bin")
     if subprocess.run([image_python, "-c", "import torch"], capture_output=True).returncode == 0:

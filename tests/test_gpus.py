@@ -1,7 +1,7 @@
 import pytest
 
-from checks.errors import ConfigError
-from checks.gpus import CATALOG, lookup
+from podkit.checks.errors import ConfigError
+from podkit.checks.gpus import CATALOG, lookup
 
 REQUIRED = ["T4", "V100", "A10G", "L4", "RTX3090", "RTX4090", "RTX5090", "A5000", "A6000", "L40S",
             "A100-40GB", "A100-80GB", "H100-PCIe", "H100-SXM", "H200", "B200"]

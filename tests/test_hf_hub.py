@@ -109,7 +109,7 @@ def test_hub_refusals_are_one_line_naming_the_fix(tmp_path, hub, repo, needle):
 def test_missing_huggingface_hub_is_one_clear_error():
     # None in sys.modules makes `import huggingface_hub` raise ImportError, as when it is not installed.
     code = ("import sys; sys.modules['huggingface_hub'] = None\n"
-            "from checks.errors import ConfigError\nfrom checks.models import from_hf_hub\n"
+            "from podkit.checks.errors import ConfigError\nfrom podkit.checks.models import from_hf_hub\n"
             "try:\n    from_hf_hub('Qwen/Qwen3-8B')\nexcept ConfigError as e:\n    print(e)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})

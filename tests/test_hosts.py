@@ -4,8 +4,8 @@ import subprocess
 
 import pytest
 
-from pods.errors import PodError
-from pods.hosts import load_inventory, parse_host, resolve, select_hosts, Inventory
+from podkit.pods.errors import PodError
+from podkit.pods.hosts import load_inventory, parse_host, resolve, select_hosts, Inventory
 
 
 def test_user_host_port():

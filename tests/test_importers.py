@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from checks import memory
-from checks.config import load_job, parse_job
-from checks.errors import ConfigError
-from checks.importers import build_job
+from podkit.checks import memory
+from podkit.checks.config import load_job, parse_job
+from podkit.checks.errors import ConfigError
+from podkit.checks.importers import build_job
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "checks" / "examples"

@@ -16,15 +16,45 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_podkit_imports_beside_a_users_train_py_without_shadowing(tmp_path):
     (tmp_path / "train.py").write_text("WHOSE = 'the user'\n")
-    code = ("import sys; from podkit import MemoryMonitor; import train; "
-            "print(train.WHOSE, MemoryMonitor.__name__, 'train.monitor' in sys.modules)")
+    (tmp_path / "checks.py").write_text("WHOSE = 'the user'\n")
+    code = ("import sys; from podkit import MemoryMonitor; import podkit.checks.cli, podkit.pods.cli; "
+            "import train, checks; "
+            "print(train.WHOSE, checks.WHOSE, MemoryMonitor.__module__, "
+            "sorted(m for m in sys.modules if m.split('.')[0] in ('pods', 'envsetup') or m.startswith(('train.', 'checks.'))))")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    for cmd in ([sys.executable, "-c", code], [sys.executable, "-c", "from podkit import MemoryMonitor"]):
-        out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-        assert out.returncode == 0, out.stderr
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-    # The user's train.py is the user's; podkit's monitor came in under podkit._train, not as `train`.
-    assert out.stdout.split() == ["the", "user", "MemoryMonitor", "False"]
+    assert out.returncode == 0, out.stderr
+    # The user's train.py and checks.py are the user's; podkit's packages came in only under podkit.
+    assert out.stdout.split() == ["the", "user", "the", "user", "podkit.train.monitor", "[]"]
+
+
+def test_an_installed_podkit_adds_only_podkit_to_the_environment(tmp_path):
+    """The wheel pip would install: one top-level package, with the card's folders inside it."""
+    import shutil
+
+    # Built from a copy: pip builds in the source folder (build/, *.egg-info), and the tree is not the test's.
+    source = tmp_path / "src"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".venv", ".git", "runs", "build", "*.egg-info",
+                                                                "__pycache__", ".pytest_cache"))
+    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                          "-w", str(tmp_path), str(source)], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    import zipfile
+
+    (wheel,) = tmp_path.glob("podkit-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")} == {"podkit"}
+    for module in ("checks/memory.py", "checks/importers/deepspeed.py", "train/monitor.py",
+                   "train/inject/sitecustomize.py", "pods/cli.py", "envsetup/requirements.txt"):
+        assert f"podkit/{module}" in names
+    # Installed, it imports from site-packages without the source tree's folders.
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    code = "import podkit.checks.cli, podkit; print(podkit.__path__ == [podkit.__path__[0]], podkit.checks.__file__)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(site)),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", str(site / "podkit" / "checks" / "__init__.py")]
 
 
 def test_hf_trainer_callback_steps_once_per_optimizer_step(tmp_path):

@@ -6,7 +6,7 @@ tied embeddings, P = 1,235,814,400 of which 33 x 2048 = 67,584 are RMSNorm weigh
 
 import pytest
 
-from checks.memory import (CUDA_CONTEXT, LIBRARY_WORKSPACES, MIB, NCCL_BUFFERS, NF4_BYTES, _rounding, estimate,
+from podkit.checks.memory import (CUDA_CONTEXT, LIBRARY_WORKSPACES, MIB, NCCL_BUFFERS, NF4_BYTES, _rounding, estimate,
                            optimizer_bytes, trainable_groups)
 
 P_1B = 1_235_814_400

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from checks.errors import ConfigError
-from checks.models import PRESETS, from_hf_config, from_param_count, preset
+from podkit.checks.errors import ConfigError
+from podkit.checks.models import PRESETS, from_hf_config, from_param_count, preset
 
 # Exact totals, as transformers' num_parameters() reports them for each model (and the model cards round).
 PUBLISHED = {
@@ -342,7 +342,7 @@ def test_deepseek_dense_layers_mla_and_exact_lora_counts():
 
 
 def test_moe_spec_validation():
-    from checks.models import MoeSpec
+    from podkit.checks.models import MoeSpec
 
     with pytest.raises(ConfigError, match="top_k"):
         MoeSpec(experts=8, top_k=9, expert_ffn=128)
@@ -405,7 +405,7 @@ TRANSFORMERS_COUNTS = {
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_config_variants_count_what_transformers_builds(name):
-    from checks.hf_config import shape_from_config
+    from podkit.checks.hf_config import shape_from_config
 
     assert shape_from_config(dict(VARIANTS[name]), name).params == TRANSFORMERS_COUNTS[name]
 
@@ -427,7 +427,7 @@ def test_variants_live_against_transformers(name):
 
 def test_every_preset_live_against_transformers():
     """Where transformers is installed: each preset's config built by transformers itself."""
-    from checks.presets import CONFIGS
+    from podkit.checks.presets import CONFIGS
 
     for name, (_, cfg) in CONFIGS.items():
         assert _transformers_count(cfg) == preset(name).params, name

@@ -50,7 +50,7 @@ def test_bin_plot_redraws_one_run_and_overlays_two(tmp_path):
 
 
 def test_read_run_finds_every_rank(tmp_path):
-    from train.plot import read_run
+    from podkit.train.plot import read_run
 
     (tmp_path / "summary.json").write_text(json.dumps({"device": "cpu", "predicted": 10, "status": "pass"}))
     for name, loss in (("metrics.jsonl", 1.0), ("metrics.rank1.jsonl", 2.0), ("metrics.rank10.jsonl", 3.0)):

@@ -130,8 +130,8 @@ def test_ctrl_c_on_the_laptop_stops_the_remote_step(world):
     marker = f"podkit-step-{suffix}"  # split below, so the client's own argv does not hold it
     script = textwrap.dedent(f"""
         import sys
-        from pods.connection import PodConnection
-        from pods.hosts import parse_host, resolve
+        from podkit.pods.connection import PodConnection
+        from podkit.pods.hosts import parse_host, resolve
         conn = PodConnection(resolve(parse_host({world.pod.spec!r}, key={str(world.pod.client_key)!r})),
                              known_hosts={str(world.known_hosts)!r})
         print("running", flush=True)

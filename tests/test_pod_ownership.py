@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from pods.connection import PodConnection
-from pods.hosts import parse_host, resolve
-from pods.ownership import claim
-from pods.selection import chosen_files
-from pods.sync import push
+from podkit.pods.connection import PodConnection
+from podkit.pods.hosts import parse_host, resolve
+from podkit.pods.ownership import claim
+from podkit.pods.selection import chosen_files
+from podkit.pods.sync import push
 from sshd_harness import pod_cli, sshd_available, pod_world
 
 pytestmark = pytest.mark.skipif(sshd_available() is not None, reason=str(sshd_available()))

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from pods.connection import PodConnection
-from pods.hosts import parse_host, resolve
-from pods.sync import remote_disk_full
+from podkit.pods.connection import PodConnection
+from podkit.pods.hosts import parse_host, resolve
+from podkit.pods.sync import remote_disk_full
 from sshd_harness import LoopbackPod, NamespacePod, keygen, pod_cli, sshd_available, pod_world
 
 pytestmark = pytest.mark.skipif(sshd_available() is not None, reason=str(sshd_available()))

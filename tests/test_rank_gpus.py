@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from checks import gpus, memory
-from checks.config import load_job
+from podkit.checks import gpus, memory
+from podkit.checks.config import load_job
 from runpod_fake import FakeRunPod
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,7 +78,7 @@ def test_an_unknown_card_is_skipped_and_a_bad_list_is_one_line(tmp_path):
 
 
 def test_a_job_read_with_from_is_the_one_ranked(tmp_path):
-    from checks.importers import build_job
+    from podkit.checks.importers import build_job
 
     d = ROOT / "checks" / "examples" / "qwen2.5-7b-lora-r128-24gb"
     files = [str(d / "training_args.json"), str(d / "adapter_config.json")]

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from envsetup import resolve as resolve_module
-from envsetup.cli import requirements
-from envsetup.wheels import WheelSource, flash_attn_wheel_name
-from envsetup.fingerprint import TorchBuild, parse_probe
-from pods.profiles import detect
+from podkit.envsetup import resolve as resolve_module
+from podkit.envsetup.cli import requirements
+from podkit.envsetup.wheels import WheelSource, flash_attn_wheel_name
+from podkit.envsetup.fingerprint import TorchBuild, parse_probe
+from podkit.pods.profiles import detect
 
 FINGERPRINTS = Path(__file__).parent / "fingerprints"
 # (release, torch minors with wheels): flash-attn's published wheel matrix for two real releases,

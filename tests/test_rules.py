@@ -3,10 +3,10 @@ metadata and the environment give on the machines named in each test."""
 
 import pytest
 
-from checks import rules
-from checks.advisor import advise
-from checks.host import DetectedGpu, HostFacts
-from checks.memory import estimate
+from podkit.checks import rules
+from podkit.checks.advisor import advise
+from podkit.checks.host import DetectedGpu, HostFacts
+from podkit.checks.memory import estimate
 
 OK_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "TOKENIZERS_PARALLELISM": "false"}
 ALL_PACKAGES = {"torch": "2.5.1", "bitsandbytes": "0.45.0", "flash-attn": "2.7.4", "nvidia-ml-py": "12.560"}

@@ -13,12 +13,12 @@ import time
 
 import pytest
 
-from pods.connection import PodConnection
-from pods.errors import PodError
-from pods.hosts import parse_host, resolve
-from pods.rsh import CLIENT, RshServer
-from pods.rsync import run_rsync
-from pods.shell import _Stream
+from podkit.pods.connection import PodConnection
+from podkit.pods.errors import PodError
+from podkit.pods.hosts import parse_host, resolve
+from podkit.pods.rsh import CLIENT, RshServer
+from podkit.pods.rsync import run_rsync
+from podkit.pods.shell import _Stream
 from sshd_harness import LoopbackPod, sshd_available
 
 pytestmark = pytest.mark.skipif(sshd_available() is not None, reason=str(sshd_available()))

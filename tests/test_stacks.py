@@ -6,13 +6,13 @@ ffn 14336, vocab 128256, untied; per block 218,103,808 linear weights + 8,192 no
 
 import pytest
 
-from checks import activations as A
-from checks.advisor import advise
-from checks.kernels import sdpa_backend
-from checks.gpus import lookup
-from checks.memory import GIB, NF4_BYTES, PAGED_MIN_NUMEL, estimate, trainable_groups, trainable_params
-from checks.rules import flash_attention
-from train.verdict import Row, prediction_warnings
+from podkit.checks import activations as A
+from podkit.checks.advisor import advise
+from podkit.checks.kernels import sdpa_backend
+from podkit.checks.gpus import lookup
+from podkit.checks.memory import GIB, NF4_BYTES, PAGED_MIN_NUMEL, estimate, trainable_groups, trainable_params
+from podkit.checks.rules import flash_attention
+from podkit.train.verdict import Row, prediction_warnings
 
 H, L, QD, KVD, F, V, HEADS = 4096, 32, 4096, 1024, 14336, 128_256, 32
 BLOCK_LINEAR = 2 * H * QD + 2 * H * KVD + 3 * H * F  # 218,103,808

@@ -11,17 +11,17 @@ import time
 import pytest
 import torch
 
-from checks import memory
-from checks.config import load_job, parse_job
-from checks.gpus import lookup
-from checks.kernels import sdpa_backend
-from checks.models import preset as shape_of
-from train import losses
-from train import model as model_mod
-from train.memprobe import TensorCounter, cuda_block_bytes
-from train.parallel import World
-from train.smoke import SmokeRun
-from train.traced import trace
+from podkit.checks import memory
+from podkit.checks.config import load_job, parse_job
+from podkit.checks.gpus import lookup
+from podkit.checks.kernels import sdpa_backend
+from podkit.checks.models import preset as shape_of
+from podkit.train import losses
+from podkit.train import model as model_mod
+from podkit.train.memprobe import TensorCounter, cuda_block_bytes
+from podkit.train.parallel import World
+from podkit.train.smoke import SmokeRun
+from podkit.train.traced import trace
 from tests.smoke_helpers import ROOT, tiny_job
 
 GIB = 1 << 30

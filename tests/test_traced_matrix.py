@@ -16,8 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from traced_vs_analytic import JOBS, job_of  # noqa: E402
 
-from checks.memory import estimate  # noqa: E402
-from train.traced import trace  # noqa: E402
+from podkit.checks.memory import estimate  # noqa: E402
+from podkit.train.traced import trace  # noqa: E402
 
 MATRIX = [
     "1b-bf16mix-adamw-none-a10g",

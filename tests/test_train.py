@@ -8,18 +8,18 @@ import struct
 import pytest
 import torch
 
-from checks import memory
-from checks.config import load_job
-from train import MemoryMonitor
-from train import data as data_mod
-from train import model as model_mod
-from train.memprobe import TensorCounter
-from train.optim import optimizer_class, warmup_cosine
-from train.outputs import RunDir
-from train.parallel import World
-from train.plot import curves, draw
-from train.smoke import SmokeRun
-from train.verdict import judge
+from podkit.checks import memory
+from podkit.checks.config import load_job
+from podkit.train import MemoryMonitor
+from podkit.train import data as data_mod
+from podkit.train import model as model_mod
+from podkit.train.memprobe import TensorCounter
+from podkit.train.optim import optimizer_class, warmup_cosine
+from podkit.train.outputs import RunDir
+from podkit.train.parallel import World
+from podkit.train.plot import curves, draw
+from podkit.train.smoke import SmokeRun
+from podkit.train.verdict import judge
 from tests.smoke_helpers import tiny_job
 
 
@@ -31,7 +31,7 @@ def run_tiny(tmp_path, steps=30, **train):
 
 
 def _rows(run):
-    from train.verdict import comparison
+    from podkit.train.verdict import comparison
 
     return comparison(run.estimate, run.phases.marks, run.phases.peaks, run.phases.rises,
                       run.summary["peak_allocated"], None, "cpu")
@@ -42,7 +42,7 @@ def _rows(run):
 
 @pytest.mark.parametrize("preset", ["tiny", "llama-3.2-1b", "mistral-7b", "qwen2.5-0.5b"])
 def test_meta_model_has_the_shape_counts(preset):
-    from checks.models import preset as shape_of
+    from podkit.checks.models import preset as shape_of
 
     shape = shape_of(preset)
     model = model_mod.build(shape, model_mod.ModelOptions(), "bf16-mixed")  # meta: no memory at all
@@ -61,7 +61,7 @@ def test_lora_trains_only_adapters(job):
 
 
 def test_materialize_is_deterministic_and_causal():
-    from checks.models import preset as shape_of
+    from podkit.checks.models import preset as shape_of
 
     shape = shape_of("tiny")
     a = model_mod.materialize(model_mod.build(shape, model_mod.ModelOptions(max_seq_len=16), "fp32"), torch.device("cpu"), 3)
@@ -83,7 +83,7 @@ def test_materialize_is_deterministic_and_causal():
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 def test_attention_paths_agree(attention):
-    from checks.models import preset as shape_of
+    from podkit.checks.models import preset as shape_of
 
     shape = shape_of("tiny")
     ref = model_mod.materialize(model_mod.build(shape, model_mod.ModelOptions(max_seq_len=32), "fp32"), torch.device("cpu"), 0)
@@ -126,8 +126,8 @@ def test_warmup_then_cosine():
 @pytest.mark.parametrize("name", ["lion", "lion8bit"])
 def test_bitsandbytes_lion_descends_and_keeps_the_predicted_state(name):
     pytest.importorskip("bitsandbytes", reason="Lion comes from bitsandbytes (a test extra)")
-    from checks.memory import optimizer_bytes, trainable_groups
-    from checks.config import parse_job
+    from podkit.checks.memory import optimizer_bytes, trainable_groups
+    from podkit.checks.config import parse_job
 
     cls, kwargs = optimizer_class(name, torch.device("cpu"))
     assert cls.__module__.startswith("bitsandbytes")
@@ -250,7 +250,7 @@ def test_plot_is_a_png_with_units_and_the_rss_on_its_own_axis(tmp_path):
 
 def test_report_prints_raw_error_text(capsys, tmp_path):
     """A reason holding gloo's "[/path/pair.cc:553]" must print as text, not crash rich's markup parser."""
-    from train.cli import _report
+    from podkit.train.cli import _report
 
     reason = "RuntimeError: [/__w/pytorch/third_party/gloo/transport/tcp/pair.cc:553] Connection closed by peer"
     _report({"memory": [], "status": "failed", "steps": 0, "reasons": [reason], "warnings": ["[/x] y"]},
@@ -263,9 +263,9 @@ def test_report_prints_raw_error_text(capsys, tmp_path):
                                           ("deepseek-v2-lite", "mixture-of-experts"),
                                           ("gemma-3-4b", "vision-language")])
 def test_tracer_refuses_models_its_dense_replica_cannot_build(preset, kind):
-    from checks.config import parse_job
-    from checks.errors import ConfigError
-    from train.traced import check_traceable
+    from podkit.checks.config import parse_job
+    from podkit.checks.errors import ConfigError
+    from podkit.train.traced import check_traceable
 
     job = parse_job(f'[model]\npreset = "{preset}"\n[cluster]\ngpu = "H100-SXM"\n')
     with pytest.raises(ConfigError, match=f"is a {kind} model"):

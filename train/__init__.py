@@ -1,8 +1,7 @@
 """The smoke run: model, data, optimizer, step loop, memory/speed profiler, run outputs.
 
-The library face is MemoryMonitor: `from train import MemoryMonitor`, imported on first use (so
-`train.plot`, which bin/plot runs on a laptop, does not pay for torch); relative, so this package
-also loads as podkit._train (podkit/__init__.py).
+The library face is MemoryMonitor (`from podkit import MemoryMonitor`), imported on first use, so
+`podkit.train.plot`, which bin/plot runs on a laptop, does not pay for torch.
 """
 
 __all__ = ["MemoryMonitor"]

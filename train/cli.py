@@ -18,10 +18,10 @@ from pathlib import Path
 
 import click
 
-from checks import strict_json
-from checks.config import EXAMPLE_JOB, load_job
-from checks.command import OneLineCommand
-from checks.errors import ConfigError
+from podkit.checks import strict_json
+from podkit.checks.config import EXAMPLE_JOB, load_job
+from podkit.checks.command import OneLineCommand
+from podkit.checks.errors import ConfigError
 
 TINY_CPU_JOB = Path(__file__).resolve().parent.parent / "checks" / "examples" / "tiny-cpu.toml"
 EXIT_BAD_INPUT = 2
@@ -31,10 +31,10 @@ def default_job(device: str) -> Path:
     """No --config: the bundled 1B example on a GPU, the tiny CPU job elsewhere."""
     if device == "cpu":
         return TINY_CPU_JOB
-    from checks.host import HostFacts
+    from podkit.checks.host import HostFacts
 
     facts = HostFacts(env={}, packages={})
-    from checks.host import _probe_nvml
+    from podkit.checks.host import _probe_nvml
 
     _probe_nvml(facts)
     return EXAMPLE_JOB if facts.gpus else TINY_CPU_JOB
@@ -93,7 +93,7 @@ def main(config, steps, device, output_dir, run_id, as_json, sink, inject_fault,
     peak stayed under the limit. Everything lands in runs/<run-id>/: config.toml, env.json,
     metrics.jsonl, summary.json, memory.png, memory_snapshot.pickle and smoke.log.
     """
-    from train import parallel
+    from podkit.train import parallel
 
     if command or "--" in sys.argv[1:]:
         sys.exit(_smoke_command(tuple(command), config, from_files, model_preset, steps, timeout, output_dir,
@@ -103,7 +103,7 @@ def main(config, steps, device, output_dir, run_id, as_json, sink, inject_fault,
         if timeout is not None:
             raise ConfigError("--timeout", "goes with -- COMMAND", "e.g. bin/smoke --timeout 900 -- python train.py")
         if from_files:  # podkit's replica of the job the user's own configs describe
-            from checks.importers import build_job
+            from podkit.checks.importers import build_job
 
             job = build_job(config, list(from_files), model_preset).job
             path = Path(job.source)
@@ -115,12 +115,12 @@ def main(config, steps, device, output_dir, run_id, as_json, sink, inject_fault,
             job = job.replace(smoke={"steps": steps})
         if sink:
             job = job.replace(smoke={"sinks": list(job.smoke.sinks) + list(sink)})
-        from train.smoke import Fault, check_runnable, pick_device
+        from podkit.train.smoke import Fault, check_runnable, pick_device
 
         fault = Fault.parse(inject_fault)
         target = pick_device(device)
         check_runnable(job, target)  # once, before any process is launched
-        from train.outputs import check_output_root, check_run_id, new_run_id
+        from podkit.train.outputs import check_output_root, check_run_id, new_run_id
 
         if output_dir is not None and not output_dir.strip():
             raise ConfigError("--output-dir", "is empty", "give a directory, or leave it out for train.output_dir")
@@ -146,8 +146,8 @@ def main(config, steps, device, output_dir, run_id, as_json, sink, inject_fault,
 
 def _smoke_command(command, config, from_files, model_preset, steps, timeout, output_dir, run_id, as_json) -> int:
     """bin/smoke -- COMMAND...: the user's own script, measured (train/script_smoke.py)."""
-    from train import script_smoke
-    from train.outputs import new_run_id
+    from podkit.train import script_smoke
+    from podkit.train.outputs import new_run_id
 
     job = None
     try:
@@ -159,13 +159,13 @@ def _smoke_command(command, config, from_files, model_preset, steps, timeout, ou
         if timeout is not None and timeout <= 0:
             raise ConfigError("--timeout", f"must be positive, got {timeout:g}")
         if from_files:
-            from checks.importers import build_job
+            from podkit.checks.importers import build_job
 
             job = build_job(config, list(from_files), model_preset).job
         elif config:
             job = load_job(config)
         if run_id is not None:
-            from train.outputs import check_run_id
+            from podkit.train.outputs import check_run_id
 
             check_run_id(run_id)
     except ConfigError as exc:
@@ -187,9 +187,9 @@ def _smoke_command(command, config, from_files, model_preset, steps, timeout, ou
 def _run(job, path, device, root: Path, run_id: str, fault, as_json: bool) -> int:
     import torch
 
-    from train import parallel
-    from train.outputs import RunDir
-    from train.smoke import SmokeRun
+    from podkit.train import parallel
+    from podkit.train.outputs import RunDir
+    from podkit.train.smoke import SmokeRun
 
     try:
         run_dir = RunDir(root, run_id)
@@ -236,7 +236,7 @@ def _run(job, path, device, root: Path, run_id: str, fault, as_json: bool) -> in
 def _launch_torchrun(job, root: Path, run_id: str, as_json: bool) -> int:
     """Run this same command as `torchrun --standalone --nproc-per-node N`, then report rank 0's summary."""
     nproc = job.cluster.gpus_per_node
-    # Workers start as bin/smoke does (`python -c`, the cwd dropped from sys.path), not `-m train.cli`:
+    # Workers start as bin/smoke does (`python -c`, the cwd dropped from sys.path), not `-m podkit.train.cli`:
     # a user's own train.py in the current directory would shadow podkit's package in every worker.
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "--no-python", sys.executable, "-c", WORKER_BOOT, *sys.argv[1:], "--run-id", run_id,
@@ -267,13 +267,13 @@ def _launch_torchrun(job, root: Path, run_id: str, as_json: bool) -> int:
         click.echo(f"smoke: torchrun exited {code} before rank 0 finished; see {root / run_id}/smoke.log", err=True)
         return 1
     _report(summary, root / run_id, as_json)
-    from train.verdict import EXIT_CODES
+    from podkit.train.verdict import EXIT_CODES
 
     return EXIT_CODES.get(summary.get("status"), 1)
 
 
 WORKER_BOOT = ('import sys; sys.path[:1] = [] if sys.path[:1] == [""] else sys.path[:1]; '
-               'from train.cli import main; main(prog_name="smoke")')
+               'from podkit.train.cli import main; main(prog_name="smoke")')
 
 # torchrun gives its workers 30 s after SIGTERM before SIGKILL (torch/distributed/elastic/
 # multiprocessing/api.py, PContext.close timeout=30, torch 2.13); a little more for itself.
@@ -283,7 +283,7 @@ TORCHRUN_GRACE_S = 40.0
 def _supervise(cmd: list[str], env: dict, as_json: bool) -> tuple[int, int]:
     """Run torchrun in its own session; SIGTERM/SIGINT here stop it and every worker (even one
     re-parented after torchrun died), then wait. Returns (torchrun's exit code, the signal or 0)."""
-    from train import process_tree
+    from podkit.train import process_tree
 
     process_tree.become_subreaper()
     # Own session: a terminal's Ctrl-C reaches only this launcher, which stops the rest in order.

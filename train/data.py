@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from checks.errors import ConfigError
+from podkit.checks.errors import ConfigError
 
 ACTIVE_VOCAB = 1024  # big vocabularies are restricted to this many tokens: learnable in 100 steps
 NOISE = 0.1

@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from checks.models import ModelShape
-from train import losses
+from podkit.checks.models import ModelShape
+from podkit.train import losses
 
 ROPE_THETA = 500000.0  # Llama 3
 LORA_ALPHA = 16
@@ -396,7 +396,7 @@ def param_dtype(precision: str) -> torch.dtype:
 def build(shape: ModelShape, opts: ModelOptions, precision: str) -> Decoder:
     """The model on the meta device: shapes and dtypes only, no memory anywhere."""
     if shape.arch != "llama":
-        from checks.errors import ConfigError
+        from podkit.checks.errors import ConfigError
 
         raise ConfigError("model", f"bin/smoke trains Llama-style decoders; {shape.name} is {shape.arch}",
                           "use a llama/mistral/qwen2 preset, hf_config or explicit dimensions")

@@ -1,6 +1,6 @@
 """MemoryMonitor: podkit's memory and speed profiler, usable from any training loop.
 
-    from train import MemoryMonitor
+    from podkit.train import MemoryMonitor
 
     with MemoryMonitor(every=10, tokens_per_step=b * s) as mon:
         for batch in loader:
@@ -38,7 +38,7 @@ log = logging.getLogger("podkit.monitor")
 
 def _finite(rec: dict) -> dict:
     """Strict JSON for the log file (no bare NaN): a non-finite number is written as null. Local, not
-    checks.strict_json: this module also loads as podkit._train in the user's directory."""
+    podkit.checks.strict_json: the per-rank probe in a user's command loads nothing it does not need."""
     return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in rec.items()}
 GIB = 1 << 30
 NEAR_CAPACITY = 0.90  # peak reserved above this share of the card: one longer batch from an OOM

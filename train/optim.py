@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from checks.errors import ConfigError
+from podkit.checks.errors import ConfigError
 
 BNB_INSTALL = "make deploy installs it on a pod (envsetup); here: .venv/bin/pip install bitsandbytes"
 

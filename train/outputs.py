@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from checks import strict_json
-from checks.errors import ConfigError
+from podkit.checks import strict_json
+from podkit.checks.errors import ConfigError
 
 # Variables recorded in env.json: what changes memory, speed or threading. Secrets never match.
 ENV_PREFIXES = ("PYTORCH_", "CUDA_", "NCCL_", "TORCH_", "OMP_", "MKL_", "TOKENIZERS_", "HF_HOME", "HF_HUB_OFFLINE",

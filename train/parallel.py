@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from checks.errors import ConfigError
+from podkit.checks.errors import ConfigError
 
 
 @dataclass(frozen=True)

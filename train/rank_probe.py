@@ -1,7 +1,7 @@
 """Inside each process of a user's command under `bin/smoke -- COMMAND`: count optimizer steps, read
 the loss, measure memory, stop after N steps, and leave a record that survives a crash.
 
-Loaded by train/inject/sitecustomize.py through podkit._train (relative imports only: the user's
+Loaded by train/inject/sitecustomize.py as podkit.train.rank_probe (never as `train`: the user's
 own `train` module may be on sys.path). No code change in the user's script:
 
 - steps: torch.optim.optimizer.register_optimizer_step_post_hook, a hook on every optimizer's step()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from checks.command import OneLineCommand
+from podkit.checks.command import OneLineCommand
 
 EXIT_BAD_INPUT = 2
 
@@ -50,7 +50,7 @@ def _check_output(out: Path) -> None:
 @click.option("--per-rank", is_flag=True, help="One figure per rank (memory.rank<N>.png) instead of all ranks overlaid.")
 def main(runs: tuple[Path, ...], output: Path | None, per_rank: bool) -> None:
     """Redraw the memory plot of smoke runs (runs/<run-id>/, fetched or local); several overlay."""
-    from train import plot
+    from podkit.train import plot
 
     for run in runs:
         _check_run(run)

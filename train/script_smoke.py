@@ -22,9 +22,9 @@ import threading
 import time
 from pathlib import Path
 
-from checks.errors import ConfigError
-from train.outputs import RunDir, resolved_toml
-from train.verdict import EXIT_CODES, Row, judge, prediction_warnings
+from podkit.checks.errors import ConfigError
+from podkit.train.outputs import RunDir, resolved_toml
+from podkit.train.verdict import EXIT_CODES, Row, judge, prediction_warnings
 
 ROOT = Path(__file__).resolve().parent.parent
 INJECT_DIR = Path(__file__).resolve().parent / "inject"
@@ -67,7 +67,7 @@ def _tee(stream, log_file, echo) -> None:
 def run_command(command: tuple[str, ...], run_dir: RunDir, steps: int, every: int, timeout: float | None,
                 echo=True) -> tuple[int | None, str]:
     """Run the command to its end, a timeout or a signal. Returns (exit code or None, how it ended)."""
-    from train import process_tree
+    from podkit.train import process_tree
 
     process_tree.become_subreaper()
     log = open(run_dir.file("log"), "ab")
@@ -181,7 +181,7 @@ def summarize(command, code: int | None, how: str, run_dir: RunDir, steps: int, 
         "predicted": None, "memory": [],
     }
     if job is not None:
-        from checks.memory import estimate
+        from podkit.checks.memory import estimate
 
         est = estimate(job)
         summary["predicted"] = {"allocated": est.allocated, "reserved": est.reserved, "total": est.total}
@@ -204,7 +204,7 @@ def _write_env(run_dir: RunDir, summary: dict) -> None:
     this process never touched the GPU while the command held it)."""
     import torch
 
-    from train.outputs import env_record
+    from podkit.train.outputs import env_record
 
     ranks = summary["ranks"]
     device = torch.device(ranks[0]["device"]) if ranks and ranks[0].get("device") else torch.device("cpu")
@@ -217,7 +217,7 @@ def _write_env(run_dir: RunDir, summary: dict) -> None:
 
 def _plot(run_dir: RunDir, summary: dict) -> None:
     """memory.png for rank 0, memory.rank<N>.png for every other rank (train/plot.py, matplotlib)."""
-    from train import plot
+    from podkit.train import plot
 
     devices = {r.get("rank"): r.get("device") for r in summary.get("ranks", [])}
     predicted = (summary.get("predicted") or {}).get("allocated")

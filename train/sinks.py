@@ -15,7 +15,7 @@ import math
 import os
 from pathlib import Path
 
-from checks.errors import ConfigError
+from podkit.checks.errors import ConfigError
 
 SINKS = ("tensorboard", "wandb")
 INSTALL = "pip install 'podkit[sinks]' (tensorboard, wandb), or make setup"

@@ -21,20 +21,20 @@ from pathlib import Path
 
 import torch
 
-from checks import advisor, gpus, memory, rules
-from checks import strict_json
-from checks.config import JobConfig
-from checks.errors import ConfigError
-from train import data as data_mod
-from train import model as model_mod
-from train import optim as optim_mod
-from train import parallel
-from train import step as step_mod
-from train.memprobe import PhasePeaks, TensorCounter, make_probe
-from train.monitor import MemoryMonitor, flops_per_token
-from train.outputs import RunDir, env_record, resolved_toml
-from train import plot
-from train.verdict import Verdict, comparison, judge, prediction_warnings
+from podkit.checks import advisor, gpus, memory, rules
+from podkit.checks import strict_json
+from podkit.checks.config import JobConfig
+from podkit.checks.errors import ConfigError
+from podkit.train import data as data_mod
+from podkit.train import model as model_mod
+from podkit.train import optim as optim_mod
+from podkit.train import parallel
+from podkit.train import step as step_mod
+from podkit.train.memprobe import PhasePeaks, TensorCounter, make_probe
+from podkit.train.monitor import MemoryMonitor, flops_per_token
+from podkit.train.outputs import RunDir, env_record, resolved_toml
+from podkit.train import plot
+from podkit.train.verdict import Verdict, comparison, judge, prediction_warnings
 
 log = logging.getLogger("podkit.smoke")
 MEASURED_STEPS = 4  # steps 1..4 recorded in detail; step 3 is measured term by term
@@ -91,7 +91,7 @@ def pick_device(preference: str) -> torch.device:
 def check_runnable(job: JobConfig, device: torch.device) -> None:
     """Everything that would fail minutes into a run, as one clear line up front."""
     t, c = job.train, job.cluster
-    from train import sinks
+    from podkit.train import sinks
 
     sinks.check(tuple(job.smoke.sinks))
     if t.dataset:  # the whole file, before a process is launched or a step is paid for
@@ -359,7 +359,7 @@ class SmokeRun:
             return
         self.run_dir.file("config").write_text(resolved_toml(self.job))
         if self.job.smoke.sinks:
-            from train.sinks import Sinks
+            from podkit.train.sinks import Sinks
 
             job = {s: {f: getattr(getattr(self.job, s), f) for f in getattr(self.job, s).__dataclass_fields__}
                    for s in ("model", "train", "cluster", "smoke")}

@@ -14,9 +14,9 @@ from typing import Callable
 
 import torch
 
-from checks.config import JobConfig
-from train import model as model_mod
-from train import parallel
+from podkit.checks.config import JobConfig
+from podkit.train import model as model_mod
+from podkit.train import parallel
 
 
 def model_options(job: JobConfig) -> model_mod.ModelOptions:

@@ -44,14 +44,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from checks.config import JobConfig
-from checks.errors import ConfigError
-from checks.kernels import attention_kernel
-from train import model as model_mod
-from train import optim as optim_mod
-from train import parallel
-from train import step as step_mod
-from train.memprobe import PhasePeaks, TensorCounter, cuda_block_bytes
+from podkit.checks.config import JobConfig
+from podkit.checks.errors import ConfigError
+from podkit.checks.kernels import attention_kernel
+from podkit.train import model as model_mod
+from podkit.train import optim as optim_mod
+from podkit.train import parallel
+from podkit.train import step as step_mod
+from podkit.train.memprobe import PhasePeaks, TensorCounter, cuda_block_bytes
 
 PHASES = ("forward", "backward", "step")
 MARKS = ("step_start", "forward_end", "grads_ready", "step_end")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from checks.memory import GIB, MemoryEstimate
+from podkit.checks.memory import GIB, MemoryEstimate
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,10 @@ try:
 except ImportError:  # Python 3.10
     import tomli as tomllib
 
-from checks.config import JobConfig, load_job, parse_job
-from checks.errors import ConfigError
-from checks.importers import accelerate, axolotl, deepspeed, hf, torchtitan
-from checks.importers.imported import Imported
+from podkit.checks.config import JobConfig, load_job, parse_job
+from podkit.checks.errors import ConfigError
+from podkit.checks.importers import accelerate, axolotl, deepspeed, hf, torchtitan
+from podkit.checks.importers.imported import Imported
 
 # kind -> (recognises the data, reads it); the order decides ambiguous files.
 KINDS: dict[str, tuple[Callable[[dict], bool], Callable[[Path, dict], Imported]]] = {

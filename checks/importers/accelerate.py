@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from checks.importers.imported import Imported, integer, truthy
+from podkit.checks.importers.imported import Imported, integer, truthy
 
 # FSDP1 sharding strategies by name or by their number (torch ShardingStrategy enum starts at 1),
 # as accelerate's config writes either (utils/constants.py FSDP_SHARDING_STRATEGY).

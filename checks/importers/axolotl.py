@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from checks.importers import hf
-from checks.importers.imported import Imported, integer, map_optimizer, model_ref, precision_from_flags, truthy
+from podkit.checks.importers import hf
+from podkit.checks.importers.imported import Imported, integer, map_optimizer, model_ref, precision_from_flags, truthy
 
 MARKS = ("base_model", "sequence_len", "micro_batch_size", "lora_target_linear")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from checks.importers.imported import Imported, integer, truthy
+from podkit.checks.importers.imported import Imported, integer, truthy
 
 MARKS = ("zero_optimization", "train_micro_batch_size_per_gpu", "train_batch_size", "zero_allow_untested_optimizer")
 # What the HF Trainer fills each "auto" from (integrations/deepspeed.py trainer_config_process).

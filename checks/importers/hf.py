@@ -14,9 +14,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from checks import stacks
-from checks.errors import ConfigError
-from checks.importers.imported import (Imported, integer, map_optimizer, model_ref, precision_from_flags,
+from podkit.checks import stacks
+from podkit.checks.errors import ConfigError
+from podkit.checks.importers.imported import (Imported, integer, map_optimizer, model_ref, precision_from_flags,
                                        truthy)
 
 # TrainingArguments / SFTConfig keys whose presence marks the file (any one is enough).

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from checks.errors import ConfigError
+from podkit.checks.errors import ConfigError
 
 
 @dataclass
@@ -105,7 +105,7 @@ def map_optimizer(imp: Imported, key: str, name: str) -> None:
 def model_ref(ref: str, base_dir: Path) -> dict[str, str]:
     """A model named the Hugging Face way (hub id or local directory) as a podkit [model] section:
     a preset when the id is that preset's Hub repo, a local config.json, or model.hf for the hub."""
-    from checks.presets import CONFIGS
+    from podkit.checks.presets import CONFIGS
 
     for name, (repo, _) in CONFIGS.items():
         if repo.lower() == ref.lower():

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from checks.errors import ConfigError
-from checks.importers.imported import Imported, integer
+from podkit.checks.errors import ConfigError
+from podkit.checks.importers.imported import Imported, integer
 
 # torchtitan model flavors (torchtitan/models/llama3/__init__.py llama3_configs, models/qwen3/__init__.py)
 # -> podkit presets of the same shape.

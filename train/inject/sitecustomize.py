@@ -16,14 +16,14 @@ def _start_probe():
         import importlib.util
 
         if "podkit" not in sys.modules:
-            # By file: putting podkit's root on sys.path would expose its `train` package to the user's imports.
+            # By file: putting podkit's root on sys.path would expose its `train` folder to the user's imports.
             spec = importlib.util.spec_from_file_location(
                 "podkit", os.path.join(root, "podkit", "__init__.py"),
                 submodule_search_locations=[os.path.join(root, "podkit")])
             module = importlib.util.module_from_spec(spec)
             sys.modules["podkit"] = module
             spec.loader.exec_module(module)
-        from podkit._train.rank_probe import install_from_env
+        from podkit.train.rank_probe import install_from_env
 
         install_from_env()
     except ImportError as exc:  # a Python of the command without torch (a helper tool): nothing to measure
