@@ -32,8 +32,9 @@ from podkit.envsetup.fingerprint import Fingerprint
 from podkit.pods.profiles import PodProfile
 from podkit.pods.rsync import terminal_progress
 
-def pod_options(fn):
-    """Options every pod command shares (SkyPilot style: defined once)."""
+def pod_options(fn, *, transfer: bool = False):
+    """Options every command that reaches a pod shares (SkyPilot style: defined once); `transfer` adds
+    the options only the commands that move files take (deploy's sync, fetch-logs)."""
     options = [
         # No envvar: an unrelated KEY in the environment is not a key path (the Makefile passes KEY= on).
         click.option("--key", help="Private key file (identity)."),
@@ -47,11 +48,12 @@ def pod_options(fn):
         click.option("--accept-new", is_flag=True, help="Record an unknown host key in known_hosts (like ssh's accept-new)."),
         click.option("--known-hosts", type=click.Path(dir_okay=False, path_type=Path), help="known_hosts file (default ~/.ssh/known_hosts)."),
         click.option("--timeout", type=click.FloatRange(1, 300), default=10.0, show_default=True, help="Connect timeout, seconds; a link silent for 3x this is dropped."),
-        click.option("--bwlimit", type=click.IntRange(1), help="Transfer limit for sync/fetch, KiB/s."),
     ]
+    if transfer:
+        options.append(click.option("--bwlimit", type=click.IntRange(1), help="Transfer limit for sync/fetch, KiB/s."))
 
     @functools.wraps(fn)
-    def wrapper(*args, key, ssh_config, profile, remote_dir, python, inventory, accept_new, known_hosts, timeout, bwlimit,
+    def wrapper(*args, key, ssh_config, profile, remote_dir, python, inventory, accept_new, known_hosts, timeout, bwlimit=None,
                 **kwargs):
         pods = PodArgs(key, profile, remote_dir, python, inventory,
                        PodOptions(known_hosts=known_hosts, accept_new=accept_new, timeout=timeout, bwlimit=bwlimit,
@@ -61,6 +63,11 @@ def pod_options(fn):
     for option in reversed(options):
         wrapper = option(wrapper)
     return wrapper
+
+
+def transfer_pod_options(fn):
+    """pod_options plus --bwlimit: for deploy and fetch-logs only."""
+    return pod_options(fn, transfer=True)
 
 
 @dataclass(frozen=True)
@@ -119,7 +126,7 @@ def main() -> None:
 @click.option("--force", is_flag=True,
               help="Deploy into a non-empty REMOTE_DIR that podkit did not create (its files are kept, never deleted).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (every pod's outcome); progress goes to stderr.")
-@pod_options
+@transfer_pod_options
 @guarded
 def deploy_cmd(host, config, force, as_json, pods: PodArgs):
     """Probe, sync, set up the environment and preflight on HOST (several in parallel).
@@ -147,7 +154,7 @@ def deploy_cmd(host, config, force, as_json, pods: PodArgs):
 @click.option("--dest", type=click.Path(file_okay=False, path_type=Path), default=Path("pod-logs"), show_default=True,
               help="Local directory; each pod's files go to DEST/<pod>/.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (what came back from each pod).")
-@pod_options
+@transfer_pod_options
 @guarded
 def fetch_cmd(host, dest, as_json, pods: PodArgs):
     """Bring every run directory and log from HOST back to pod-logs/<pod>/ (incremental, resumable)."""

@@ -76,3 +76,39 @@ def test_envsetup_refuses_a_read_only_project(tmp_path):
     assert out.returncode == 2, out.stderr
     assert out.stderr.splitlines() == [out.stderr.strip()] and "not writable" in out.stderr
     assert not (project / ".venv").exists()
+
+
+CONNECTING = ["deploy", "fetch-logs", "run", "attach", "stop", "jobs", "probe"]
+TRANSFERRING = {"deploy", "fetch-logs"}
+
+
+@pytest.mark.parametrize("command", CONNECTING)
+def test_pod_options_only_where_they_belong(command):
+    """Connection options on every command that reaches a pod; --bwlimit only where files move."""
+    out = run("pod", command, "--help")
+    assert out.returncode == 0, out.stderr
+    assert "--known-hosts" in out.stdout and "--timeout" in out.stdout
+    assert ("--bwlimit" in out.stdout) == (command in TRANSFERRING), out.stdout
+
+
+@pytest.mark.parametrize("command", CONNECTING)
+def test_bwlimit_is_parsed_by_transfer_commands_and_refused_elsewhere(command):
+    import click
+
+    from pods.cli import main
+
+    cmd = main.commands[command]
+    argv = ["--bwlimit", "1500", "some-pod"] + (["true"] if command == "run" else [])
+    if command in TRANSFERRING:
+        assert cmd.make_context(command, argv).params["bwlimit"] == 1500
+    elif command == "run":  # run passes unknown options through to the pod's COMMAND; never a transfer limit
+        assert "bwlimit" not in cmd.make_context(command, argv).params
+    else:
+        with pytest.raises(click.NoSuchOption):
+            cmd.make_context(command, argv)
+
+
+def test_attach_with_bwlimit_is_one_usage_line():
+    out = run("pod", "attach", "--bwlimit", "10", "some-pod")
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == ["error: No such option '--bwlimit'. (see bin/pod attach --help)"]
