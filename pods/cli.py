@@ -86,13 +86,14 @@ class PodArgs:
                             remote_dir=self.remote_dir, python=self.python)
 
     @contextmanager
-    def one(self, host: str, *, deployed: bool = False) -> Iterator[tuple[PodConnection, HostSpec, Fingerprint, PodProfile, str]]:
+    def one(self, host: str, *, deployed: bool = False, err: bool = False) -> Iterator[tuple[PodConnection, HostSpec, Fingerprint, PodProfile, str]]:
         """Exactly one pod, connected and located: (conn, spec, fingerprint, profile, remote dir).
-        With `deployed`, the project directory must hold a deploy (jobs run and log there)."""
+        With `deployed`, the project directory must hold a deploy (jobs run and log there).
+        With `err`, the connection's notes go to stderr (stdout carries --json)."""
         specs = self.specs(host)
         if len(specs) != 1:
             raise PodError(f"'{host}' names {len(specs)} pods", "give exactly one")
-        with connect(specs[0], self.opts, click.echo) as conn:
+        with connect(specs[0], self.opts, lambda line: click.echo(line, err=err)) as conn:
             located = locate(conn, specs[0], self.opts.project)
             if deployed and not is_deployed(conn, located[2]):
                 raise PodError(f"{located[2]} on {specs[0].name} was never deployed",
@@ -199,48 +200,90 @@ def _check_dest(dest: Path) -> None:
         raise PodError(f"--dest {dest}: {ancestor} is not writable", "give a writable directory")
 
 
-@main.command("run", context_settings={"ignore_unknown_options": True})
+class CommandAfterHost(click.Command):
+    """`run HOST COMMAND...`: every word from COMMAND's first on is the pod's, even without `--`, so
+    `bin/pod run a100 bin/smoke --json -d` passes --json and -d to bin/smoke (click's interspersed
+    parsing would otherwise take them as run's own)."""
+
+    def parse_args(self, ctx, args):
+        if "--" not in args:
+            takes_value = {name: not (p.is_flag or p.count) for p in self.get_params(ctx) if isinstance(p, click.Option)
+                           for name in p.opts + p.secondary_opts}
+            positionals, i = 0, 0
+            while i < len(args):
+                word = args[i]
+                if word.startswith("-") and word != "-":
+                    name = word.split("=", 1)[0]
+                    if name not in takes_value and positionals:  # an option of COMMAND's, not run's
+                        break
+                    i += 2 if takes_value.get(name) and "=" not in word else 1
+                    continue
+                positionals += 1
+                if positionals == 2:
+                    break
+                i += 1
+            if positionals and i < len(args):
+                args = [*args[:i], "--", *args[i:]]
+        return super().parse_args(ctx, args)
+
+
+@main.command("run", cls=CommandAfterHost, context_settings={"ignore_unknown_options": True})
 @click.argument("host", metavar="HOST")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.option("--detach", "-d", is_flag=True, help="Start it and return; attach later with `bin/pod attach`.")
 @click.option("--id", "job_id", help="Job id (default: time and command name).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object: the job, pod and log (detached), or also its exit code; its output goes to stderr.")
 @pod_options
 @guarded
-def run_cmd(host, command, detach, job_id, pods: PodArgs):
+def run_cmd(host, command, detach, job_id, as_json, pods: PodArgs):
     """Run COMMAND on HOST detached from SSH (it survives a dropped connection), streaming its output.
 
+    Options go before COMMAND; every word from COMMAND on is the pod's.
     Example: bin/pod run my-pod -- bin/smoke --config job.toml
     """
     import shlex
 
     if job_id:
         remote_jobs.valid_id(job_id)
-    with pods.one(host, deployed=True) as (conn, spec, *_):
+    with pods.one(host, deployed=True, err=as_json) as (conn, spec, _, _, rdir):
         jid = remote_jobs.start(conn, shlex.join(command) if len(command) > 1 else command[0], job_id)
-        click.echo(f"job {jid} started on {spec.name}; output: logs/jobs/{jid}/output.log", err=True)
+        job = {"job": jid, "pod": spec.name, "host": spec.host, "remote_dir": rdir,
+               "log": f"{rdir}/{remote_jobs.JOBS_DIR}/{jid}/output.log"}
+        click.echo(f"job {jid} started on {spec.name}; output: {remote_jobs.JOBS_DIR}/{jid}/output.log", err=True)
         if detach:
             click.echo(f"attach with: bin/pod attach {host} {jid}", err=True)
+            if as_json:
+                click.echo(json.dumps({"ok": True, **job, "detached": True, "exit_code": None}, indent=2))
             return
         try:
-            code = remote_jobs.attach(conn, jid, click.echo)
+            code = remote_jobs.attach(conn, jid, lambda line: click.echo(line, err=as_json))
         except PodError as exc:
             raise PodError(f"{exc.problem}; job {jid} keeps running on the pod", f"re-attach: bin/pod attach {host} {jid}") from None
     click.echo(f"job {jid} exited {code}", err=True)
+    if as_json:
+        click.echo(json.dumps({"ok": code == 0, **job, "detached": False, "exit_code": code}, indent=2))
     sys.exit(code)
 
 
 @main.command("attach")
 @click.argument("host", metavar="HOST")
 @click.argument("job_id", required=False)
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object (the job and its exit code); its output goes to stderr.")
 @pod_options
 @guarded
-def attach_cmd(host, job_id, pods: PodArgs):
+def attach_cmd(host, job_id, as_json, pods: PodArgs):
     """Stream a detached job's output (from the start) until it ends; exit with its code. Default: the newest job."""
     if job_id:
         remote_jobs.valid_id(job_id)  # before connecting: an id never reaches a shell unchecked
-    with pods.one(host) as (conn, spec, *_):
+    with pods.one(host, err=as_json) as (conn, spec, _, _, rdir):
         job_id = job_id or _newest(conn, spec)
-        code = remote_jobs.attach(conn, job_id, click.echo)
+        code = remote_jobs.attach(conn, job_id, lambda line: click.echo(line, err=as_json))
+    if as_json:
+        click.echo(json.dumps({"ok": code == 0, "job": job_id, "pod": spec.name, "host": spec.host,
+                               "log": f"{rdir}/{remote_jobs.JOBS_DIR}/{job_id}/output.log", "exit_code": code},
+                              indent=2))
     sys.exit(code)
 
 
@@ -249,17 +292,22 @@ def attach_cmd(host, job_id, pods: PodArgs):
 @click.argument("job_id", required=False)
 @click.option("--grace", type=click.FloatRange(0, 600), default=30.0, show_default=True,
               help="Seconds between SIGTERM (the run writes its summary) and SIGKILL.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: the job and what stopping it did.")
 @pod_options
 @guarded
-def stop_cmd(host, job_id, grace, pods: PodArgs):
+def stop_cmd(host, job_id, grace, as_json, pods: PodArgs):
     """Stop a detached job and every process it started (workers included). Default: the newest job."""
     if job_id:
         remote_jobs.valid_id(job_id)
-    with pods.one(host) as (conn, spec, *_):
+    with pods.one(host, err=as_json) as (conn, spec, *_):
         job_id = job_id or _newest(conn, spec)
         what = remote_jobs.stop(conn, job_id, grace)
-    click.echo(f"job {job_id} on {spec.name}: {what}")
-    sys.exit(0 if not what.startswith("left") else 1)
+    stopped = not what.startswith("left")
+    if as_json:
+        click.echo(json.dumps({"ok": stopped, "job": job_id, "pod": spec.name, "host": spec.host, "result": what}, indent=2))
+    else:
+        click.echo(f"job {job_id} on {spec.name}: {what}")
+    sys.exit(0 if stopped else 1)
 
 
 def _newest(conn: PodConnection, spec: HostSpec) -> str:
@@ -276,7 +324,7 @@ def _newest(conn: PodConnection, spec: HostSpec) -> str:
 @guarded
 def jobs_cmd(host, as_json, pods: PodArgs):
     """List detached jobs on HOST: id, state, command."""
-    with pods.one(host) as (conn, *_):
+    with pods.one(host, err=as_json) as (conn, *_):
         if as_json:
             click.echo(json.dumps({"ok": True, "jobs": [{"id": j.id, "state": j.state, "exit_code": j.exit_code,
                                                           "command": j.command} for j in remote_jobs.list_jobs(conn)]},
@@ -294,7 +342,7 @@ def jobs_cmd(host, as_json, pods: PodArgs):
 @guarded
 def probe_cmd(host, as_json, pods: PodArgs):
     """Fingerprint HOST in one round trip: OS, Python, GPUs, torch build, disk, CPUs, RAM."""
-    with pods.one(host) as (_, spec, fp, prof, rdir):
+    with pods.one(host, err=as_json) as (_, spec, fp, prof, rdir):
         click.echo(fp.to_json() if as_json else f"{spec.name}: {fp.summary()}; profile {prof.name}; project {rdir}")
 
 

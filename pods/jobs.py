@@ -73,18 +73,17 @@ def start(conn: PodConnection, command: str, job_id: str | None = None) -> str:
 def attach(conn: PodConnection, job_id: str, out: Callable[[str], None]) -> int:
     """Stream the job's output until it ends; return its exit code."""
     d = f"{JOBS_DIR}/{valid_id(job_id)}"
+    # Checked on its own: the stream below exits with the job's code, which may be any number.
+    if conn.run(f"[ -r {d}/pid ]").exit_code != 0:
+        raise PodError(f"no job '{job_id}' on this pod", "list them with: bin/pod jobs HOST")
     script = (
-        f"[ -r {d}/pid ] || {{ echo 'podkit: no job {job_id} on this pod' >&2; exit 3; }}\n"
         f"pid=$(cat {d}/pid)\n"
         f"if kill -0 $pid 2>/dev/null; then tail -n +1 -F --pid=$pid {d}/output.log 2>/dev/null; else cat {d}/output.log; fi\n"
         f"for i in 1 2 3 4 5 6 7 8 9 10; do [ -r {d}/exit_code ] && break; sleep 0.2; done\n"
         f"[ -r {d}/exit_code ] && exit $(cat {d}/exit_code)\n"
         f"echo 'podkit: job {job_id} ended without an exit code (killed or the pod restarted)' >&2; exit 4\n"
     )
-    result = conn.run(script, out=out)
-    if result.exit_code == 3:
-        raise PodError(f"no job '{job_id}' on this pod", "list them with: bin/pod jobs HOST")
-    return result.exit_code
+    return conn.run(script, out=out).exit_code
 
 
 def stop(conn: PodConnection, job_id: str, grace: float = 30.0) -> str:

@@ -227,3 +227,55 @@ def test_ctrl_c_during_deploy_stops_envsetup_on_the_pod_at_once(world):
     assert proc.returncode == 130 and "interrupted" in err, out + err
     assert took < 20, f"deploy took {took:.0f} s to stop after Ctrl-C"
     assert _wait_for(lambda: not envsetup_running(), 5), "envsetup is still running on the pod"
+
+
+def _strict(text: str):
+    import json
+
+    return json.loads(text, parse_constant=lambda c: pytest.fail(f"bare {c} in JSON"))
+
+
+def test_run_attach_stop_and_jobs_speak_json_on_stdout_alone(world):
+    """--json: stdout is one strict object; the job's own output and podkit's notes go to stderr."""
+    jid = f"json-{uuid.uuid4().hex[:8]}"
+    log = Path(world.pod.remote_dir) / "logs" / "jobs" / jid / "output.log"
+    started = cli(world, "run", *args(world), "--json", "--id", jid, "-d", world.pod.spec, "bash", "-c",
+                  "echo from-the-job; exit 3")
+    assert started.returncode == 0, started.stderr
+    data = _strict(started.stdout)
+    assert data == {"ok": True, "job": jid, "pod": f"127.0.0.1-{world.pod.port}", "host": "127.0.0.1",
+                    "remote_dir": world.pod.remote_dir, "log": str(log), "detached": True, "exit_code": None}, data
+    assert _wait_for(lambda: "from-the-job" in log.read_text() if log.exists() else False, 30)
+    attached = cli(world, "attach", world.pod.spec, *args(world), jid, "--json")
+    assert attached.returncode == 3, attached.stderr
+    assert "from-the-job" in attached.stderr and "from-the-job" not in attached.stdout
+    data = _strict(attached.stdout)
+    assert (data["ok"], data["job"], data["exit_code"], data["log"]) == (False, jid, 3, str(log))
+
+    # attached run: the exit code, and the output on stderr
+    ran = cli(world, "run", *args(world), "--json", world.pod.spec, "--", "bash", "-c", "echo ran-it; exit 0")
+    assert ran.returncode == 0 and "ran-it" in ran.stderr, ran.stdout + ran.stderr
+    data = _strict(ran.stdout)
+    assert (data["ok"], data["detached"], data["exit_code"]) == (True, False, 0)
+
+    sleeper = f"sleep-{uuid.uuid4().hex[:8]}"
+    assert cli(world, "run", *args(world), "--id", sleeper, "-d", world.pod.spec, "--", "sleep", "600").returncode == 0
+    try:
+        stopped = cli(world, "stop", world.pod.spec, *args(world), sleeper, "--grace", "5", "--json")
+        assert stopped.returncode == 0, stopped.stderr
+        data = _strict(stopped.stdout)
+        assert data["ok"] is True and data["job"] == sleeper and data["result"]
+    finally:
+        for pid in with_env(f"PODKIT_JOB_ID={sleeper}"):
+            os.kill(pid, signal.SIGKILL)
+    listed = _strict(cli(world, "jobs", world.pod.spec, *args(world), "--json").stdout)
+    states = {j["id"]: (j["state"], j["exit_code"]) for j in listed["jobs"]}
+    assert states[jid] == ("exited", 3) and states[sleeper][0] == "stopped"
+
+
+def test_probe_json_stays_strict_when_a_host_key_is_recorded(world, tmp_path):
+    fresh = tmp_path / "known_hosts"
+    out = pod_cli(world.project, "probe", world.pod.spec, *args(world), "--accept-new", "--json", known_hosts=fresh)
+    assert out.returncode == 0, out.stderr
+    assert "recorded host key" in out.stderr
+    assert _strict(out.stdout)["gpus"] == []

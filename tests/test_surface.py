@@ -112,3 +112,41 @@ def test_attach_with_bwlimit_is_one_usage_line():
     out = run("pod", "attach", "--bwlimit", "10", "some-pod")
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == ["error: No such option '--bwlimit'. (see bin/pod attach --help)"]
+
+
+def strict(text: str):
+    """json.loads that fails on NaN/Infinity (what other tools' parsers refuse)."""
+    return json.loads(text, parse_constant=lambda c: pytest.fail(f"bare {c} in JSON"))
+
+
+def test_plot_json_lists_every_png_written(tmp_path):
+    pytest.importorskip("matplotlib", reason="bin/plot draws with matplotlib ([plot] extra, installed by make setup)")
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    (run_dir / "summary.json").write_text(json.dumps({"device": "cpu", "predicted": 2**20, "status": "pass"}))
+    for name in ("metrics.jsonl", "metrics.rank1.jsonl"):
+        (run_dir / name).write_text("".join(
+            json.dumps(r) + "\n" for s in range(1, 4)
+            for r in ({"step": s, "loss": 3.0 / s}, {"profile": {"step": s, "peak_allocated": s * 2**20}})))
+    out = run("plot", str(run_dir), "--per-rank", "--json", "-o", str(tmp_path / "m.png"))
+    assert out.returncode == 0, out.stderr
+    data = strict(out.stdout)
+    assert data["ok"] is True and data["curves"] == ["r rank 0", "r rank 1"]
+    assert data["written"] == [str(tmp_path / "m.png"), str(tmp_path / "m.rank1.png")]
+    assert all(Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in data["written"])
+
+
+@pytest.mark.parametrize("argv, command, run_opts", [
+    (["pod", "bin/smoke", "--json", "-d"], ("bin/smoke", "--json", "-d"), {"as_json": False, "detach": False}),
+    (["--json", "-d", "pod", "--", "bin/smoke", "--json"], ("bin/smoke", "--json"), {"as_json": True, "detach": True}),
+    (["pod", "--json", "--id=j1", "python", "x.py", "--timeout", "5"], ("python", "x.py", "--timeout", "5"),
+     {"as_json": True, "job_id": "j1", "timeout": 10.0}),
+    (["pod", "python", "-c", "print(1)"], ("python", "-c", "print(1)"), {}),
+])
+def test_run_passes_every_word_from_the_command_on_to_the_pod(argv, command, run_opts):
+    """`bin/pod run a100 bin/smoke --json` must not take bin/smoke's --json as run's own."""
+    from pods.cli import main
+
+    params = main.commands["run"].make_context("run", list(argv)).params
+    assert params["host"] == "pod" and params["command"] == command
+    assert {k: params[k] for k in run_opts} == run_opts

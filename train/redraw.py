@@ -6,6 +6,7 @@ Exit codes: 0 drawn, 2 bad input (a path that is not a run directory, no matplot
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -48,7 +49,8 @@ def _check_output(out: Path) -> None:
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="PNG to write. Default: RUN_DIR/memory.png for one run, memory-overlay.png here for several.")
 @click.option("--per-rank", is_flag=True, help="One figure per rank (memory.rank<N>.png) instead of all ranks overlaid.")
-def main(runs: tuple[Path, ...], output: Path | None, per_rank: bool) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: the runs read and the PNGs written.")
+def main(runs: tuple[Path, ...], output: Path | None, per_rank: bool, as_json: bool = False) -> None:
     """Redraw the memory plot of smoke runs (runs/<run-id>/, fetched or local); several overlay."""
     from podkit.train import plot
 
@@ -58,15 +60,21 @@ def main(runs: tuple[Path, ...], output: Path | None, per_rank: bool) -> None:
     _check_output(out)
     curves = [c for run in runs for c in plot.read_run(run)]
     title = " vs ".join(r.name for r in runs) + " memory"
+    written = [out]
     try:
         if per_rank and len(runs) == 1 and len(curves) > 1:
-            for i, c in enumerate(curves):
-                plot.draw([c], out if i == 0 else out.with_name(f"{out.stem}.rank{i}{out.suffix}"), f"{title}, {c.label}")
+            written = [out if i == 0 else out.with_name(f"{out.stem}.rank{i}{out.suffix}") for i in range(len(curves))]
+            for path, c in zip(written, curves):
+                plot.draw([c], path, f"{title}, {c.label}")
         else:
             plot.draw(curves, out, title)
     except plot.PlotUnavailable as exc:
         _fail(str(exc))
-    click.echo(str(out))
+    if as_json:
+        click.echo(json.dumps({"ok": True, "runs": [str(r) for r in runs], "curves": [c.label for c in curves],
+                               "written": [str(p) for p in written]}, indent=2))
+    else:
+        click.echo(str(out))
 
 
 if __name__ == "__main__":
