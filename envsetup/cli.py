@@ -304,12 +304,18 @@ def run(project: Path, fingerprint_file, python, cache_dir, secrets_stdin: bool,
         echo(f"  warning: {warning}")
     setup = Setup(project, fp, plan, say=echo)
     setup.lock()
+    # "[k/n] name: action" before each step: the laptop's deploy draws its install bar from these
+    # lines (pods/progress.py, STEP); n = venv + every dependency + verification.
+    step = 1
+    echo(f"  [{step}/{len(plan.deps) + 2}] venv")
     setup.venv_step()
     failed = []
     attention, attention_reason = plan.attention, plan.attention_reason
     pending = list(plan.deps)
     while pending:
         dep = pending.pop(0)
+        step += 1
+        echo(f"  [{step}/{step + len(pending) + 1}] {dep.name}: {dep.action}")
         if not setup.install(dep):
             failed.append(dep.name)
             if dep.name == "flash-attn":
@@ -322,6 +328,7 @@ def run(project: Path, fingerprint_file, python, cache_dir, secrets_stdin: bool,
             done = {d.name for d in plan.deps[:plan.deps.index(plan.dep("torch")) + 1]}
             pending = [d for d in plan.deps if d.name not in done]
             attention, attention_reason = plan.attention, plan.attention_reason
+    echo(f"  [{step + 1}/{step + 1}] verify")
     verify = setup.verify()
     if not verify.get("flash-attn", "ok").startswith("ok"):
         # A wheel that imports but cannot run on this GPU/driver is worse than none.

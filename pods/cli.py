@@ -23,14 +23,15 @@ import click
 
 from podkit.pods import jobs as remote_jobs
 from podkit.pods.connection import PodConnection
-from podkit.pods.deploy import Outcome, PodOptions, Printer, connect, deploy, locate, summary
+from podkit.pods.deploy import Outcome, PodOptions, Printer, connect, deploy, locate
 from podkit.pods.errors import PodError
 from podkit.pods.fetch import fetch as fetch_logs
 from podkit.pods.hosts import HostSpec, load_inventory, select_hosts
 from podkit.pods.ownership import deployed as is_deployed
 from podkit.envsetup.fingerprint import Fingerprint
 from podkit.pods.profiles import PodProfile
-from podkit.pods.rsync import terminal_progress
+from podkit.pods import progress as bars
+from podkit.pods.tables import deploy_table, jobs_table, pods_table, print_table
 
 def pod_options(fn, *, transfer: bool = False):
     """Options every command that reaches a pod shares (SkyPilot style: defined once); `transfer` adds
@@ -146,7 +147,11 @@ def deploy_cmd(host, config, force, as_json, pods: PodArgs):
         sys.exit(max(o.exit_code for o in outcomes))
     if len(outcomes) == 1 and outcomes[0].error:
         raise PodError(outcomes[0].error)
-    click.echo("\n" + summary(outcomes))
+    click.echo()
+    print_table(deploy_table(outcomes))
+    for o in outcomes:
+        if o.error:
+            click.echo(f"{o.pod}: {o.error}")
     sys.exit(max(o.exit_code for o in outcomes))
 
 
@@ -170,8 +175,9 @@ def fetch_cmd(host, dest, as_json, pods: PodArgs):
             with connect(spec, opts, say, for_rsync=True) as conn:
                 fp, _, rdir = locate(conn, spec, opts.project)
                 target = dest / spec.name
-                stats = fetch_logs(conn, rdir, target, rsync_on_pod="rsync" in fp.tools,
-                                   progress=terminal_progress("fetch") if len(specs) == 1 else None, bwlimit=opts.bwlimit)
+                with bars.transfer(f"fetch {spec.name}", plain=say) as progress:
+                    stats = fetch_logs(conn, rdir, target, rsync_on_pod="rsync" in fp.tools, progress=progress,
+                                       bwlimit=opts.bwlimit)
                 say(f"fetch-logs: {stats} -> {target}/")
                 results.append({"pod": spec.name, "ok": True, "dest": str(target), "files": stats.files,
                                 "bytes": stats.bytes, "seconds": round(stats.seconds, 2)})
@@ -330,9 +336,7 @@ def jobs_cmd(host, as_json, pods: PodArgs):
                                                           "command": j.command} for j in remote_jobs.list_jobs(conn)]},
                                   indent=2))
             return
-        for job in remote_jobs.list_jobs(conn):
-            state = f"{job.state} {job.exit_code}" if job.exit_code is not None else job.state
-            click.echo(f"{job.id}  {state:10}  {job.command}")
+        print_table(jobs_table(remote_jobs.list_jobs(conn)))
 
 
 @main.command("probe")
@@ -458,11 +462,7 @@ def ls_cmd(inventory, as_json):
     if as_json:
         click.echo(json.dumps(rows))
         return
-    for r in rows:
-        ssh = f"root@{r['ssh_host']}:{r['ssh_port']}" if r["ssh_host"] else "-"
-        label = r["inventory_name"] or f"{r['name'] or '-'} (not podkit's)"
-        click.echo(f"{label:24} {r['id']:16} {r['status']:10} {r['gpu_count']}x {r['gpu'] or '?':22} "
-                   f"${r['cost_per_hour']:.2f}/h  {ssh}")
+    print_table(pods_table(rows))
     running = sum(r["cost_per_hour"] for r in rows if r["status"] == "RUNNING")
     click.echo(f"{len(rows)} pod(s); running now: ${running:.2f}/h")
 

@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -24,7 +25,7 @@ from podkit.pods.ownership import claim, normalise, refuse_unsafe
 from podkit.envsetup.fingerprint import Fingerprint
 from podkit.pods.probe import probe
 from podkit.pods.profiles import PodProfile, detect
-from podkit.pods.rsync import terminal_progress
+from podkit.pods import progress as bars
 from podkit.pods.sync import ensure_rsync, push
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -138,10 +139,9 @@ def _deploy(conn: PodConnection, spec: HostSpec, opts: PodOptions, say, config, 
 
     lap("probe")
     rsync_ok = ensure_rsync(conn, fp.tools, say)
-    progress = terminal_progress("sync") if single else None
-    stats = push(conn, opts.project, remote_dir, rsync_on_pod=rsync_ok, progress=progress, bwlimit=opts.bwlimit)
-    if progress:
-        print(flush=True, file=sys.stderr)  # end the redrawn progress line (drawn on stderr)
+    # One pod: a bar (plain lines off a terminal). Several: their bars would interleave; the summary says it.
+    with (bars.transfer("sync", plain=say) if single else nullcontext()) as progress:
+        stats = push(conn, opts.project, remote_dir, rsync_on_pod=rsync_ok, progress=progress, bwlimit=opts.bwlimit)
     outcome.sync = f"{stats.files} files" + ("" if rsync_ok else " (SFTP)")
     say(f"sync: {stats}" + ("" if rsync_ok else " over SFTP"))
     lap("sync")
@@ -158,8 +158,15 @@ def _deploy(conn: PodConnection, spec: HostSpec, opts: PodOptions, say, config, 
     cmd = (f"PODKIT_PYTHON={shlex.quote(fp.python)} bin/envsetup --project . --fingerprint logs/probe.json --secrets-stdin"
            + (f" --cache-dir {shlex.quote(cache)}" if cache else ""))
     # envsetup's own lines already start with "envsetup: " (its verdict): do not say it twice.
-    result = conn.run(cmd, stdin=secrets, out=lambda line: say(
-        line.strip() if line.strip().startswith("envsetup: ") else f"envsetup: {line.strip()}"), timeout=4 * 3600)
+    said = lambda line: say(line.strip() if line.strip().startswith("envsetup: ") else f"envsetup: {line.strip()}")  # noqa: E731
+    # One pod on a terminal: its "[k/n] step" lines drive an install bar; otherwise they are plain lines.
+    steps = bars.Steps("install", said) if single and sys.stderr.isatty() else None
+    result = None
+    try:
+        result = conn.run(cmd, stdin=secrets, out=steps or said, timeout=4 * 3600)
+    finally:
+        if steps is not None:
+            steps.close(finished=result is not None and result.ok)
     outcome.envsetup = "ready" if result.ok else f"failed ({result.exit_code})"
     lap("envsetup")
     if not result.ok:
@@ -170,7 +177,7 @@ def _deploy(conn: PodConnection, spec: HostSpec, opts: PodOptions, say, config, 
     if fp.gpus:
         args += ["--gpu", fp.gpus[0].name]
     # One pod: its whole report. Several: only the verdict, the table would interleave.
-    show = (lambda line: say(f"preflight: {line}")) if single else None
+    show = (lambda line: say(line if line.startswith("preflight: ") else f"preflight: {line}")) if single else None
     result = conn.run(shlex.join(args), out=show, timeout=600)
     lap("preflight")
     if not single:
@@ -203,15 +210,3 @@ def deploy(specs: list[HostSpec], opts: PodOptions, config: str | None = None, e
             for f in futures:
                 f.cancel()
             raise
-
-
-def summary(outcomes: list[Outcome]) -> str:
-    rows = [("pod", "result", "profile", "GPU", "sync", "envsetup", "preflight", "time")]
-    for o in outcomes:
-        result = {0: "ready", 1: "FAILED", 2: "ERROR"}[o.exit_code]
-        rows.append((o.pod, result, o.profile or "-", o.gpu or "-", o.sync or "-", o.envsetup or "-",
-                     o.preflight or "-", f"{o.seconds:.1f} s"))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
-    errors = [f"{o.pod}: {o.error}" for o in outcomes if o.error]
-    return "\n".join(lines + errors)

@@ -10,7 +10,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -65,6 +64,7 @@ def _run(conn: PodConnection, server: RshServer, args: list[str], *, what: str, 
     start = time.monotonic()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "LC_ALL": "C"})
     out = bytearray()
+    pending = b""  # a progress line cut at a read boundary, completed by the next read
     try:
         while True:
             chunk = proc.stdout.read1(4096)  # what is there now, so progress shows as it comes
@@ -72,7 +72,8 @@ def _run(conn: PodConnection, server: RshServer, args: list[str], *, what: str, 
                 break
             out += chunk
             if progress is not None:
-                for piece in re.split(rb"[\r\n]", chunk):
+                *pieces, pending = re.split(rb"[\r\n]", pending + chunk)
+                for piece in pieces:
                     text = piece.decode(errors="replace").strip()
                     if re.match(r"^[\d,]+\s+\d+%", text):
                         progress(text)
@@ -122,15 +123,3 @@ def _describe(code: int, err: str, conn: PodConnection, what: str) -> PodError:
 
 def _disk_full(what: str) -> PodError:
     return PodError(f"{what}: the disk is full", "free space (old runs, caches), then re-run; finished files are kept")
-
-
-def terminal_progress(label: str) -> Callable[[str], None] | None:
-    """A progress callback redrawing one line on a terminal; None when output is not a terminal."""
-    if not sys.stderr.isatty():
-        return None
-
-    def show(text: str) -> None:
-        sys.stderr.write(f"\r  {label}: {text[:70]:<70}")
-        sys.stderr.flush()
-
-    return show

@@ -6,6 +6,7 @@ listing this machine's processes, which are the pod's.
 """
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -119,7 +120,7 @@ def test_stop_ends_a_two_process_smoke_and_everything_it_started(world):
             os.kill(pid, signal.SIGKILL)
     assert not left, f"still running on the pod: {left}"
     listed = cli(world, "jobs", world.pod.spec, *args(world))
-    assert f"{jid}  stopped 130" in listed.stdout, listed.stdout
+    assert re.search(rf"│ {jid}\s+│ stopped 130\s+│", listed.stdout), listed.stdout  # a rich table row
     summary = (Path(world.pod.remote_dir) / "runs" / jid / "summary.json").read_text()
     assert '"status": "interrupted"' in summary
 

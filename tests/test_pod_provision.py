@@ -80,7 +80,7 @@ def test_up_waits_for_a_slow_pod_records_it_then_ls_and_down(tmp_path, fake):
 
     ls = pod(tmp_path, fake, "ls")
     assert ls.returncode == 0, ls.stderr
-    row = next(line for line in ls.stdout.splitlines() if line.startswith("trainer"))
+    row = next(line for line in ls.stdout.splitlines() if line.lstrip("│ ").startswith("trainer"))  # a rich table
     assert pod_id in row and "RUNNING" in row and "$3.28/h" in row
     assert "running now: $3.28/h" in ls.stdout
 
@@ -103,7 +103,7 @@ def test_ls_shows_pods_podkit_did_not_bring_up(tmp_path, fake):
     assert "console-pod (not podkit's)" in pod(tmp_path, fake, "ls").stdout
     # a pod podkit recorded that the account no longer has (terminated in the console) shows as GONE
     (tmp_path / "pods.toml").write_text('[pods.old]\nhost = "root@1.2.3.4:22"\nprovider = "runpod"\npod_id = "gone9"\n')
-    assert any(line.startswith("old ") and "gone9" in line and "GONE" in line for line in pod(tmp_path, fake, "ls").stdout.splitlines())
+    assert any(line.lstrip("│ ").startswith("old ") and "gone9" in line and "GONE" in line for line in pod(tmp_path, fake, "ls").stdout.splitlines())
 
 
 def test_down_refuses_a_pod_podkit_did_not_bring_up(tmp_path, fake):

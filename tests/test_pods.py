@@ -12,6 +12,7 @@ import signal
 import socket
 import stat
 import subprocess
+import shutil
 import sys
 import threading
 import time
@@ -57,7 +58,8 @@ def test_first_deploy_then_no_change_then_a_change(world):
     pod, remote = world.pod, Path(world.pod.remote_dir)
     first = cli(world, "deploy", pod.spec, *pod_args(pod), env={"HF_TOKEN": "hf_SECRETvalue123"})
     assert first.returncode == 0, first.stdout + first.stderr
-    assert "ready" in first.stdout.splitlines()[-1] and "preflight: ready" in first.stdout
+    summary_row = [line for line in first.stdout.splitlines() if line.startswith("│ ")][-1]  # deploy's rich table
+    assert "│ ready " in summary_row and "preflight: ready" in first.stdout
     assert (remote / "bin" / "smoke").exists() and (remote / ".venv" / "bin" / "python").exists()
     assert not (remote / ".git").exists() and not (remote / "pod-logs").exists()
     env_file = remote / ".podkit" / "env"
@@ -243,6 +245,75 @@ def test_dropped_connection_mid_fetch_then_rerun_never_overwrites_newer_local(wo
     assert "0 files changed" in cli(world, "fetch-logs", pod.spec, *pod_args(pod)).stdout
     import shutil
     shutil.rmtree(run)
+
+
+def _with_tty_stderr(argv: list[str], cwd: Path) -> tuple[int, str, str]:
+    """Run argv with stderr on a pseudo-terminal (where rich draws its bars) and stdout on a pipe."""
+    master, slave = os.openpty()
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "TERM": "xterm-256color", "COLUMNS": "120"}
+    proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=slave, text=True, env=env)
+    os.close(slave)
+    chunks: list[bytes] = []
+
+    def drain():
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: every writer closed the terminal
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    out, _ = proc.communicate(timeout=300)
+    reader.join(30)
+    os.close(master)
+    return proc.returncode, out, b"".join(chunks).decode(errors="replace")
+
+
+def _strict(text: str):
+    return json.loads(text, parse_constant=lambda c: pytest.fail(f"bare {c} in JSON"))
+
+
+def test_progress_is_a_rich_bar_on_a_terminal_and_plain_lines_in_a_pipe(world):
+    """sync, fetch and install: rich bars on a terminal's stderr, a line per tenth in a pipe; stdout
+    holds only --json's object either way."""
+    import re
+
+    pod, remote = world.pod, Path(world.pod.remote_dir)
+    run = remote / "runs" / "progress-run"
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "blob.bin").write_bytes(os.urandom(4 * 2**20))
+    piped = cli(world, "fetch-logs", pod.spec, *pod_args(pod), "--bwlimit", "2000", "--json")
+    assert piped.returncode == 0, piped.stderr
+    assert _strict(piped.stdout)["pods"][0]["files"] >= 1
+    plain = [line for line in piped.stderr.splitlines() if re.match(rf"fetch 127.0.0.1-{pod.port}: +\d+%", line)]
+    assert 2 <= len(plain) <= 11 and " 100%" in plain[-1], piped.stderr
+    assert "\r" not in piped.stderr and "\x1b[" not in piped.stderr
+
+    (run / "blob.bin").write_bytes(os.urandom(4 * 2**20))
+    argv = [str(world.project / "bin" / "pod"), "fetch-logs", "--known-hosts", str(world.known_hosts),
+            "--bwlimit", "2000", "--json", pod.spec, *pod_args(pod)]
+    code, out, tty = _with_tty_stderr(argv, world.project)
+    assert code == 0, tty
+    assert _strict(out)["pods"][0]["ok"] is True
+    assert "━" in tty and "100%" in tty and f"fetch 127.0.0.1-{pod.port}" in tty, tty
+
+    # deploy on a terminal: the sync bar and the pod's install bar (envsetup's [k/n] step lines)
+    (world.project / "notes-progress.txt").write_text(os.urandom(2**20).hex())
+    argv = [str(world.project / "bin" / "pod"), "deploy", "--known-hosts", str(world.known_hosts), "--json",
+            pod.spec, *pod_args(pod)]
+    code, out, tty = _with_tty_stderr(argv, world.project)
+    assert code == 0, tty
+    assert _strict(out)["pods"][0]["result"] == "ready"
+    tty = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", tty)  # rich's colours and cursor moves
+    assert re.search(r"sync\s+━+", tty) and re.search(r"install: done\s+━+\s+100%", tty), tty
+    assert "[1/" not in tty  # the step lines became the bar, not text
+    assert "envsetup: ready in" in tty
+    shutil.rmtree(run)
+    (world.project / "notes-progress.txt").unlink()
 
 
 def test_detached_smoke_survives_the_client_being_killed_and_is_fetched(world):
