@@ -11,8 +11,8 @@ from rich.table import Table
 from rich.text import Text
 
 if TYPE_CHECKING:
-    from pods.deploy import Outcome
-    from pods.jobs import Job
+    from podkit.pods.deploy import Outcome
+    from podkit.pods.jobs import Job
 
 _RESULT = {0: ("ready", "green"), 1: ("FAILED", "red"), 2: ("ERROR", "red")}
 

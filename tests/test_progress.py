@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import re
 
-from pods import progress as bars
+from podkit.pods import progress as bars
 
 
 class Terminal(io.StringIO):

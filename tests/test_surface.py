@@ -95,7 +95,7 @@ def test_pod_options_only_where_they_belong(command):
 def test_bwlimit_is_parsed_by_transfer_commands_and_refused_elsewhere(command):
     import click
 
-    from pods.cli import main
+    from podkit.pods.cli import main
 
     cmd = main.commands[command]
     argv = ["--bwlimit", "1500", "some-pod"] + (["true"] if command == "run" else [])
@@ -145,7 +145,7 @@ def test_plot_json_lists_every_png_written(tmp_path):
 ])
 def test_run_passes_every_word_from_the_command_on_to_the_pod(argv, command, run_opts):
     """`bin/pod run a100 bin/smoke --json` must not take bin/smoke's --json as run's own."""
-    from pods.cli import main
+    from podkit.pods.cli import main
 
     params = main.commands["run"].make_context("run", list(argv)).params
     assert params["host"] == "pod" and params["command"] == command
