@@ -494,6 +494,9 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
                 f"{lb.peak:g} B x vocab {shape.vocab:,} x {T:,} tokens", transient=True)
     kept_logits = [Part("loss", "logits kept through backward", int(lb.kept * logits),
                         f"{lb.kept:g} B x {logits:,}", transient=True)] if lb.kept else []
+    loss_hole = [Part("overhead", "freed logits' slot (allocator hole)", int(lb.hole * logits),
+                      f"{lb.hole:g} B x {logits:,}: the loss backward's 4 B gradients cannot use it",
+                      transient=True, where="pool")] if lb.hole else []
     # The previous step's outputs, still bound during this forward, keep its graph: its logits and
     # whatever its nodes hold outside saved tensors (bitsandbytes < 0.43.2's ctx.tensors inputs).
     previous = []
@@ -521,7 +524,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
     # what that stream's tensors use then.
     ag_pool = rs_pool = 0
     if f.fsdp:
-        ag_pool = int(_root_stored_bytes(job, e) + min(2, L) * _layer_stored_bytes(job, e))
+        ag_pool = _all_gather_pool(job, e)
         rs_pool = max(2 * block_grad * e, full_grads.bytes)
 
     def phase(name: str, parts: list[Part]) -> list[Part]:
@@ -535,7 +538,8 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
             # The all-gather lands in flat output buffers that copy-out then splits into the unsharded
             # parameters (foreach_all_gather_copy_out): the cached flat buffers come on top of them.
             held = [Part("overhead", "FSDP all-gather stream pool (cached)", ag_pool,
-                         "flat all-gather outputs of the root module and two blocks, cached on that stream",
+                         "the root module's flat all-gather output, held until the first block's copy-out, "
+                         "plus that block's copy-in input and output, cached on the copy-in stream",
                          where="pool"),
                     Part("overhead", "FSDP reduce-scatter stream pool (cached)", max(0, rs_pool - sharded_grads),
                          "every sharded gradient is a reduce-scatter output, held by that stream", where="pool")]
@@ -549,7 +553,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
     fwd_grads = [full_grads] if grads_persist else []
     phases = {
         "forward-end": phase("forward-end", static + ([at_loss] + fwd_params[1:] if f.fsdp else fwd_params)
-                             + cache(cache_fwd) + fwd_grads + [activations, loss] + previous),
+                             + cache(cache_fwd) + fwd_grads + [activations, loss] + previous + loss_hole),
         "backward": phase("backward", static + fwd_params + cache(cache_bwd) + start_grads + kept_logits
                           + [activations, in_backward]),
         "backward-end": phase("backward-end", static + fwd_params[:1] + cache(cache_end) + end_grads + kept_logits
@@ -606,6 +610,30 @@ def _layer_stored_bytes(job: JobConfig, e: int) -> float:
 
 def _root_stored_bytes(job: JobConfig, e: int) -> float:
     return sum(g.total * _stored_per_value(job, g, e) for g in job.shape.param_groups() if not g.per_layer)
+
+
+def _all_gather_pool(job: JobConfig, e: int) -> int:
+    """High-water of FSDP2's all-gather copy-in stream pool (torch/distributed/fsdp/_fully_shard, torch
+    2.13): foreach_all_gather allocates, inside `with stream(all_gather_copy_in_stream)`, the flat
+    copy-in input (_get_param_all_gather_inputs: one torch.empty of the rank's shard in param_dtype, made
+    when the MixedPrecisionPolicy casts fp32 shards, or when shards come from the host) and then the
+    flat output of world x shard (all_gather_copy_in: the input is a narrow() view of the output), and
+    drops the input at `del param_all_gather_inputs`. In forward, wait_for_unshard keeps the previous
+    group's result in comm_ctx.all_gather_state and frees it only after the next group's all-gather
+    (_fsdp_param_group.py wait_for_unshard, "Defer free to allow for overlap"), so the peak is the
+    root module's output while the first block's input and output are allocated."""
+    world = job.cluster.world_size
+    root, block = _root_stored_bytes(job, e), _layer_stored_bytes(job, e)
+    if not job.facts.stack.fsdp2:
+        # FSDP1 flat parameters and DeepSpeed ZeRO-3 gather differently; not derived from their source
+        # here: the root module's and two blocks' gathered bytes.
+        return int(root + min(2, job.shape.layers) * block)
+    cast = job.train.precision.endswith("-mixed") or job.cluster.offload == "all"
+    root_in, block_in = (root / world, block / world) if cast else (0.0, 0.0)
+    pairs = [root_in + root, root + block_in + block]
+    if job.shape.layers > 1:
+        pairs.append(block + block_in + block)
+    return int(max(pairs))
 
 
 def _allocation_sizes(job: JobConfig, phase: str, parts: list[Part], stored: dict, head: dict, T: int,
