@@ -216,6 +216,18 @@ def _frozen_bytes(job: JobConfig) -> int:
     return int(sum(g.total * per for g, per in frozen_groups(job)))
 
 
+def _frozen_storage(job: JobConfig) -> list[tuple[ParamGroup, float, bool]]:
+    """frozen_groups with whether each is a 4-bit packed parameter (0.5 B per weight) plus a QuantState."""
+    nf4 = job.train.base_quant == "nf4"
+    return [(g, per, nf4 and per == nf4_bytes(job)) for g, per in frozen_groups(job)]
+
+
+def _quant_state_bytes(job: JobConfig) -> int:
+    """The nf4 base's quantization state: absmax per 64 weights (uint8 plus fp32 per 256 with double
+    quantization, fp32 without), bitsandbytes functional.quantize_4bit."""
+    return int(sum(g.total * (per - 0.5) for g, per, q in _frozen_storage(job) if q))
+
+
 def _compute_bytes(job: JobConfig) -> int:
     return 4 if job.train.precision == "fp32" else 2
 
@@ -335,7 +347,13 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
         resident_bytes = e
     else:
         resident_bytes = param_bytes
-    frozen = 0 if offload == "all" else _frozen_bytes(job)
+    qstate = _quant_state_bytes(job)
+    frozen = 0 if offload == "all" else _frozen_bytes(job) - qstate
+    # The resident weights as the allocator holds them: one block per tensor (per shard under FSDP2 or
+    # ZeRO-3), trainable tensors at their resident dtype, the frozen base at its stored bytes.
+    weight_tensors = [(g.numel * resident_bytes / param_shards, g.count) for g in trainable] + (
+        [(g.numel * (0.5 if q else per) / param_shards, g.count) for g, per, q in _frozen_storage(job)]
+        if frozen else [])
     params_resident = Part(
         "params",
         "weights" + (f", sharded over {param_shards} GPUs" if param_shards > 1 else ""),
@@ -345,6 +363,13 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
         + (f" / {param_shards}" if param_shards > 1 else "")
         + (" (offloaded to the host)" if offload == "all" else ""),
     )
+    # bitsandbytes keeps each 4-bit layer's QuantState (absmax, its second-level absmax and code) on the
+    # module, outside the parameter: Params4bit._quantize sets `self.module.quant_state` and
+    # Linear4bit.forward restores it onto the weight "for example for fsdp" (nn/modules.py, 0.43.0
+    # l.288-290, l.410-417). FSDP1/FSDP2 and ZeRO-3 shard or offload only the packed parameter, so every
+    # rank holds every layer's quantization state on the GPU.
+    quant_state = [Part("params", "4-bit quantization state (absmax), on every GPU", qstate,
+                        "bitsandbytes QuantState per quantized weight: not a parameter, never sharded")] if qstate else []
     master = []
     if t.stack == "deepspeed" and t.precision.endswith("-mixed") and offload == "none":
         master.append(Part("optimizer", "fp32 master weights (DeepSpeed optimizer)", n_trainable * 4 // optim_shards,
@@ -529,7 +554,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
 
     def phase(name: str, parts: list[Part]) -> list[Part]:
         tensors = [p for p in parts if p.bytes or p.term == "params"]
-        sizes = _allocation_sizes(job, name, tensors, stored, head, T, trainable)
+        sizes = _allocation_sizes(job, name, tensors, stored, head, T, trainable, weight_tensors)
         rounding = Part("overhead", "allocator rounding", _rounding(sizes),
                         "each block rounded to 512 B, allocations over 10 MiB to 2 MiB segments", where="pool")
         held = []
@@ -549,7 +574,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
     def cache(label_bytes: int) -> list[Part]:
         return [Part("params", "autocast weight cache", label_bytes, cache_note, transient=True)] if label_bytes else []
 
-    static = [params_resident, optimizer] + paged_part + master
+    static = [params_resident] + quant_state + [optimizer] + paged_part + master
     fwd_grads = [full_grads] if grads_persist else []
     phases = {
         "forward-end": phase("forward-end", static + ([at_loss] + fwd_params[1:] if f.fsdp else fwd_params)
@@ -597,7 +622,8 @@ def _stored_per_value(job: JobConfig, g: ParamGroup, e: int) -> float:
     frozen weights, the quantized storage for a QLoRA base (gathered packed, dequantized per matmul)."""
     t = job.train
     if t.lora_rank and t.base_quant != "none" and g.linear and g.per_layer:
-        return nf4_bytes(job) if t.base_quant == "nf4" else 1 + 4 / g.rows
+        # Only the packed 4-bit parameter is gathered; its QuantState stays on the module.
+        return 0.5 if t.base_quant == "nf4" else 1 + 4 / g.rows
     return e if t.precision != "fp32" else 4
 
 
@@ -637,7 +663,7 @@ def _all_gather_pool(job: JobConfig, e: int) -> int:
 
 
 def _allocation_sizes(job: JobConfig, phase: str, parts: list[Part], stored: dict, head: dict, T: int,
-                      trainable: list[ParamGroup]) -> list[tuple[float, int]]:
+                      trainable: list[ParamGroup], weights: list[tuple[float, int]]) -> list[tuple[float, int]]:
     """The live allocations behind a phase's parts, as (bytes, count), for the allocator's rounding."""
     L = job.shape.layers
     sizes: list[tuple[float, int]] = []
@@ -648,6 +674,9 @@ def _allocation_sizes(job: JobConfig, phase: str, parts: list[Part], stored: dic
             sizes += [(b * T, L) for b in stored.values()] + [(b * T, 1) for b in head.values()]
         elif p.label.startswith("first block"):
             sizes += [(b * T, 1) for b in stored.values()]
+        elif p.term == "params" and p.label.startswith("weights"):
+            # Not the trainable tensors' shapes alone: a LoRA job's frozen base is most of these bytes.
+            sizes += weights
         elif p.term in ("params", "grads", "optimizer") and not p.transient and trainable:
             # One allocation per parameter tensor (and per state tensor, per gradient).
             share = p.bytes / max(1, sum(g.total for g in trainable))
