@@ -23,6 +23,7 @@ device sees (CUDA context, NCCL, allocator fragmentation) and is compared with t
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from podkit.checks import activations as A
@@ -495,7 +496,11 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
         for label, b in A.saved_per_token(bf, f.ac_policy, moe_layer).items():
             stored[label] = stored.get(label, 0) + b * count / L
     stored_pt = sum(stored.values())
-    none_pt = sum(sum(A.saved_per_token(bf, "none", m).values()) * n for m, n in kinds) / L
+    # A checkpointed block recomputes its forward with grad enabled: bitsandbytes < 0.43.2 then keeps
+    # every 4-bit matmul's input on its ctx (MatMul4Bit.forward `ctx.tensors = (A, B)`, 0.43.0
+    # autograd/_functions.py l.522-523) until the block's backward is done, reentrant or not.
+    bf_re = dataclasses.replace(bf, quant_saves_input=True) if f.quant_input_in_recompute else bf
+    none_pt = sum(sum(A.saved_per_token(bf_re, "none", m).values()) * n for m, n in kinds) / L
     head = A.head_saved_per_token(bf, not lora, f.quantize_head)
     head_pt = sum(head.values())
     activations = Part(

@@ -174,6 +174,9 @@ class JobFacts:
     """bitsandbytes < 0.43.2: MatMul4Bit keeps its input A as a plain ctx attribute until backward,
     which checkpointing's saved-tensor hooks cannot drop (only a reentrant checkpoint's no_grad
     forward records no ctx at all)."""
+    quant_input_in_recompute: bool
+    """The same bitsandbytes < 0.43.2 ctx input during a checkpointed block's recompute in backward
+    (which runs with grad enabled, reentrant or not): alive until that block's backward ends."""
     offloaded: bool
     """Optimizer states (and with 'all' parameters) live on the host."""
 
@@ -263,6 +266,8 @@ def resolve(train, cluster, shape) -> JobFacts:
     default_impl = stack.adamw_impl if train.optimizer == "adamw" else "foreach"
     impl = default_impl if train.optimizer_impl == "stack" else train.optimizer_impl
     lora_dtype = stack.lora_dtype if train.lora_dtype == "stack" else train.lora_dtype
+    old_bnb_4bit = (train.base_quant != "none" and bool(train.bitsandbytes)
+                    and parse_version(train.bitsandbytes) < (0, 43, 2))
     return JobFacts(
         stack=stack,
         loss=loss,
@@ -288,8 +293,7 @@ def resolve(train, cluster, shape) -> JobFacts:
                                else train.previous_outputs == "kept"),
         # bitsandbytes commit 9e753741 "fix QLoRA mem bug: delete useless buffered activation" (#1270),
         # first in 0.43.2; under a reentrant checkpoint the forward runs in no_grad and keeps nothing.
-        quant_saves_input=(train.base_quant != "none" and bool(train.bitsandbytes)
-                           and parse_version(train.bitsandbytes) < (0, 43, 2)
-                           and not (ac != "none" and stack.reentrant)),
+        quant_saves_input=(old_bnb_4bit and not (ac != "none" and stack.reentrant)),
+        quant_input_in_recompute=old_bnb_4bit and ac != "none",
         offloaded=cluster.offload != "none",
     )

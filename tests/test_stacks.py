@@ -136,6 +136,19 @@ def test_old_bitsandbytes_keeps_quantized_inputs_even_under_checkpointing(job):
     assert acts("0.42.0", "hf", "full") == acts("0.45.5", "hf", "full")
 
 
+def test_old_bitsandbytes_keeps_quantized_inputs_while_a_checkpointed_block_recomputes(job):
+    # Backward re-runs the block's forward with grad enabled (reentrant: CheckpointFunction.backward under
+    # torch.enable_grad()), so bitsandbytes < 0.43.2 sets ctx.tensors = (A, B) on every 4-bit matmul of
+    # that block, alive until its backward ends: the normed input of q/k/v (h), of gate/up (h) and
+    # down's input (ffn), bf16; o_proj's input is the attention output SDPA keeps anyway.
+    def in_backward(bnb):
+        j = job(model=LLAMA8B, train=f"lora_rank = 16\nbase_quant = 'nf4'\nprecision = 'bf16'\nseq_len = 512\n"
+                                      f"stack = 'hf'\ncheckpointing = 'full'\nbitsandbytes = '{bnb}'")
+        return part(estimate(j), "one block in backward", "backward")
+
+    assert in_backward("0.43.0") - in_backward("0.43.2") == 512 * (2 * H + F) * 2
+
+
 # ---- 5. "selective" means each stack's policy -----------------------------------------------------
 
 
