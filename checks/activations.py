@@ -341,5 +341,6 @@ def loss_bytes(job, tokens_per_sequence: int) -> LossBytes:
     # log-softmax output lives; best fit puts one of them in that hole and the remaining e B per logit
     # cannot hold the other (c10/cuda/CUDACachingAllocator.cpp: best fit per stream, a block split
     # only from its start; expandable segments grow only at their end), so the segment grows past it.
+    # This assumes no other free block fits a 4 B/logit tensor: the logits are the step's largest.
     hole = e if f.loss_upcast and e != 4 and n == 1 and not kept else 0
     return LossBytes(fwd, bwd, kept, how, hole)
