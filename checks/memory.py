@@ -647,7 +647,8 @@ def _all_gather_pool(job: JobConfig, e: int) -> int:
     """High-water of FSDP2's all-gather copy-in stream pool (torch/distributed/fsdp/_fully_shard, torch
     2.13): foreach_all_gather allocates, inside `with stream(all_gather_copy_in_stream)`, the flat
     copy-in input (_get_param_all_gather_inputs: one torch.empty of the rank's shard in param_dtype, made
-    when the MixedPrecisionPolicy casts fp32 shards, or when shards come from the host) and then the
+    when the MixedPrecisionPolicy casts fp32 shards - _fsdp_param.py init_dtype_attrs clamps param_dtype
+    to None when it equals the stored dtype - or when shards come from the host) and then the
     flat output of world x shard (all_gather_copy_in: the input is a narrow() view of the output), and
     drops the input at `del param_all_gather_inputs`. In forward, wait_for_unshard keeps the previous
     group's result in comm_ctx.all_gather_state and frees it only after the next group's all-gather
