@@ -372,6 +372,16 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
     quant_state = [Part("params", "4-bit quantization state (absmax), on every GPU", qstate,
                         "bitsandbytes QuantState per quantized weight: not a parameter, never sharded")] if qstate else []
     master = []
+    if t.stack == "deepspeed" and c.sharding == "zero3":
+        # DeepSpeedZeroOptimizer_Stage3.__init__ (deepspeed/runtime/zero/stage3.py, v0.14.0 l.488-492):
+        # with contiguous_gradients (default True, runtime/zero/config.py l.94) it keeps
+        # torch.empty(reduce_bucket_size, dtype=self.dtype) on the GPU for the whole run. The bucket
+        # defaults to 5e8 elements (config.py l.105); accelerate (0.28 accelerator.py l.1561-1593) and the
+        # HF Trainer replace it by hidden x hidden only where the config says "auto".
+        bucket = (500_000_000 if c.reduce_bucket == "default" else shape.hidden ** 2 if c.reduce_bucket == "auto"
+                  else int(c.reduce_bucket))
+        master.append(Part("grads", "DeepSpeed ZeRO-3 gradient bucket (contiguous_gradients)", bucket * e,
+                           f"reduce_bucket_size {bucket:,} x {e} B"))
     if t.stack == "deepspeed" and t.precision.endswith("-mixed") and offload == "none":
         master.append(Part("optimizer", "fp32 master weights (DeepSpeed optimizer)", n_trainable * 4 // optim_shards,
                            f"{n_trainable:,} x 4 B / {optim_shards}"))

@@ -351,3 +351,19 @@ def test_litgpt_qlora_previous_step_and_fp16_dequantization(job):
     assert part(est, "previous step's logits and graph", "forward-end") == held
     # Quantized from fp16 by lightning: the head's weight dequantized to fp16, then cast to bf16.
     assert part(est, "dequantized weight", "forward-end") == V * H * 4
+
+
+def test_deepspeed_zero3_keeps_its_reduce_bucket_on_the_gpu(job):
+    # deepspeed/runtime/zero/stage3.py (v0.14.0): contiguous_gradients (default True) allocates
+    # torch.empty(reduce_bucket_size, dtype=bf16) once; the default is 5e8 elements, "auto" is hidden^2.
+    def bucket(value):
+        j = job(model=LLAMA8B, train="stack = 'deepspeed'\ncheckpointing = 'full'",
+                cluster=f"gpu = 'H100'\ngpus_per_node = 8\nsharding = 'zero3'\nreduce_bucket = {value}")
+        return part(estimate(j), "DeepSpeed ZeRO-3 gradient bucket", "step")
+
+    assert bucket("'default'") == 500_000_000 * 2
+    assert bucket("'auto'") == H * H * 2
+    assert bucket("1000") == 2000
+    # Not ZeRO-3, or not DeepSpeed: no such buffer.
+    other = estimate(job(model=LLAMA8B, cluster="gpu = 'H100'\ngpus_per_node = 8\nsharding = 'zero3'"))
+    assert part(other, "DeepSpeed ZeRO-3 gradient bucket", "step") == 0
