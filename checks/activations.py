@@ -297,6 +297,8 @@ class LossBytes:
     backward: float
     kept: float
     how: str
+    hole: float = 0.0
+    """Bytes per logit the caching allocator holds free but cannot use at the backward peak."""
 
     @property
     def peak(self) -> float:
@@ -331,4 +333,14 @@ def loss_bytes(job, tokens_per_sequence: int) -> LossBytes:
     bwd = kept + lsm + 2 * lsm / n
     how = (f"{'fp32' if f.loss_upcast else 'compute-dtype'} cross-entropy"
            + (f" in {n} chunks" if n > 1 else "") + (", logits kept through backward" if kept else ""))
-    return LossBytes(fwd, bwd, kept, how)
+    # One unchunked upcast whose compute-dtype logits die before backward (torchtitan `del pred`, the
+    # HF Trainer dropping `outputs` when compute_loss returns, podkit's forward returning the loss): the
+    # logits (e) and their fp32 copy (4, freed when the loss returns) were allocated back to back, so
+    # their freed blocks coalesce into one hole of e + 4 B per logit. Backward allocates two 4 B
+    # tensors (nll_loss's dense gradient, then log_softmax's input gradient) while the saved 4 B
+    # log-softmax output lives; best fit puts one of them in that hole and the remaining e B per logit
+    # cannot hold the other (c10/cuda/CUDACachingAllocator.cpp: best fit per stream, a block split
+    # only from its start; expandable segments grow only at their end), so the segment grows past it.
+    # This assumes no other free block fits a 4 B/logit tensor: the logits are the step's largest.
+    hole = e if f.loss_upcast and e != 4 and n == 1 and not kept else 0
+    return LossBytes(fwd, bwd, kept, how, hole)

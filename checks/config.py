@@ -30,6 +30,7 @@ OFFLOAD = ("none", "optimizer", "all")
 GRAD_SCALER = ("auto", "on", "off")
 # Keys whose value may be a TOML array of strings as well as a string.
 LIST_KEYS = {"lora_targets", "sinks"}
+COUNT_OR_WORD_KEYS = {"reduce_bucket"}  # a word ("default", "auto") or a whole number
 SINKS = ("tensorboard", "wandb")
 
 EXAMPLE_JOB = Path(__file__).parent / "examples" / "llama-3.2-1b-a10g.toml"
@@ -247,9 +248,18 @@ class ClusterConfig:
     """CPU offload: none | optimizer (states, master weights, step on CPU) | all (parameters too; needs zero3)."""
     host_ram_gb: float = 0.0
     """CPU RAM per node in GB; 0: unknown (the offload check is then skipped)."""
+    reduce_bucket: str | int = "default"
+    """DeepSpeed ZeRO-3 zero_optimization.reduce_bucket_size, in elements: "default" (DeepSpeed's 5e8,
+    also what accelerate's generated DeepSpeed config gets), "auto" (the HF Trainer / accelerate fill:
+    hidden x hidden) or a number. Stage 3 keeps one contiguous-gradients buffer of that size."""
 
     def __post_init__(self):
         _finite("cluster", self)
+        if not (self.reduce_bucket in ("default", "auto")
+                or (isinstance(self.reduce_bucket, int) and not isinstance(self.reduce_bucket, bool)
+                    and self.reduce_bucket >= 0)):
+            raise ConfigError("cluster.reduce_bucket", f"must be 'default', 'auto' or a count of elements >= 0, "
+                              f"got {self.reduce_bucket!r}", "e.g. reduce_bucket = 'auto'")
         _positive("cluster", "gpus_per_node", self.gpus_per_node)
         _positive("cluster", "nodes", self.nodes)
         _choice("cluster", "sharding", self.sharding, SHARDING)
@@ -368,6 +378,8 @@ def _build(section: str, cls, raw: Any):
         expected = type(fields[key].default)
         if key in LIST_KEYS and isinstance(value, list):
             expected = list
+        if key in COUNT_OR_WORD_KEYS and isinstance(value, int) and not isinstance(value, bool):
+            expected = int
         if expected is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if type(value) is not expected:

@@ -23,6 +23,7 @@ device sees (CUDA context, NCCL, allocator fragmentation) and is compared with t
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from podkit.checks import activations as A
@@ -216,6 +217,18 @@ def _frozen_bytes(job: JobConfig) -> int:
     return int(sum(g.total * per for g, per in frozen_groups(job)))
 
 
+def _frozen_storage(job: JobConfig) -> list[tuple[ParamGroup, float, bool]]:
+    """frozen_groups with whether each is a 4-bit packed parameter (0.5 B per weight) plus a QuantState."""
+    nf4 = job.train.base_quant == "nf4"
+    return [(g, per, nf4 and per == nf4_bytes(job)) for g, per in frozen_groups(job)]
+
+
+def _quant_state_bytes(job: JobConfig) -> int:
+    """The nf4 base's quantization state: absmax per 64 weights (uint8 plus fp32 per 256 with double
+    quantization, fp32 without), bitsandbytes functional.quantize_4bit."""
+    return int(sum(g.total * (per - 0.5) for g, per, q in _frozen_storage(job) if q))
+
+
 def _compute_bytes(job: JobConfig) -> int:
     return 4 if job.train.precision == "fp32" else 2
 
@@ -335,7 +348,13 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
         resident_bytes = e
     else:
         resident_bytes = param_bytes
-    frozen = 0 if offload == "all" else _frozen_bytes(job)
+    qstate = _quant_state_bytes(job)
+    frozen = 0 if offload == "all" else _frozen_bytes(job) - qstate
+    # The resident weights as the allocator holds them: one block per tensor (per shard under FSDP2 or
+    # ZeRO-3), trainable tensors at their resident dtype, the frozen base at its stored bytes.
+    weight_tensors = [(g.numel * resident_bytes / param_shards, g.count) for g in trainable] + (
+        [(g.numel * (0.5 if q else per) / param_shards, g.count) for g, per, q in _frozen_storage(job)]
+        if frozen else [])
     params_resident = Part(
         "params",
         "weights" + (f", sharded over {param_shards} GPUs" if param_shards > 1 else ""),
@@ -345,7 +364,24 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
         + (f" / {param_shards}" if param_shards > 1 else "")
         + (" (offloaded to the host)" if offload == "all" else ""),
     )
+    # bitsandbytes keeps each 4-bit layer's QuantState (absmax, its second-level absmax and code) on the
+    # module, outside the parameter: Params4bit._quantize sets `self.module.quant_state` and
+    # Linear4bit.forward restores it onto the weight "for example for fsdp" (nn/modules.py, 0.43.0
+    # l.288-290, l.410-417). FSDP1/FSDP2 and ZeRO-3 shard or offload only the packed parameter, so every
+    # rank holds every layer's quantization state on the GPU.
+    quant_state = [Part("params", "4-bit quantization state (absmax), on every GPU", qstate,
+                        "bitsandbytes QuantState per quantized weight: not a parameter, never sharded")] if qstate else []
     master = []
+    if t.stack == "deepspeed" and c.sharding == "zero3":
+        # DeepSpeedZeroOptimizer_Stage3.__init__ (deepspeed/runtime/zero/stage3.py, v0.14.0 l.488-492):
+        # with contiguous_gradients (default True, runtime/zero/config.py l.94) it keeps
+        # torch.empty(reduce_bucket_size, dtype=self.dtype) on the GPU for the whole run. The bucket
+        # defaults to 5e8 elements (config.py l.105); accelerate (0.28 accelerator.py l.1561-1593) and the
+        # HF Trainer replace it by hidden x hidden only where the config says "auto".
+        bucket = (500_000_000 if c.reduce_bucket == "default" else shape.hidden ** 2 if c.reduce_bucket == "auto"
+                  else int(c.reduce_bucket))
+        master.append(Part("grads", "DeepSpeed ZeRO-3 gradient bucket (contiguous_gradients)", bucket * e,
+                           f"reduce_bucket_size {bucket:,} x {e} B"))
     if t.stack == "deepspeed" and t.precision.endswith("-mixed") and offload == "none":
         master.append(Part("optimizer", "fp32 master weights (DeepSpeed optimizer)", n_trainable * 4 // optim_shards,
                            f"{n_trainable:,} x 4 B / {optim_shards}"))
@@ -470,7 +506,11 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
         for label, b in A.saved_per_token(bf, f.ac_policy, moe_layer).items():
             stored[label] = stored.get(label, 0) + b * count / L
     stored_pt = sum(stored.values())
-    none_pt = sum(sum(A.saved_per_token(bf, "none", m).values()) * n for m, n in kinds) / L
+    # A checkpointed block recomputes its forward with grad enabled: bitsandbytes < 0.43.2 then keeps
+    # every 4-bit matmul's input on its ctx (MatMul4Bit.forward `ctx.tensors = (A, B)`, 0.43.0
+    # autograd/_functions.py l.522-523) until the block's backward is done, reentrant or not.
+    bf_re = dataclasses.replace(bf, quant_saves_input=True) if f.quant_input_in_recompute else bf
+    none_pt = sum(sum(A.saved_per_token(bf_re, "none", m).values()) * n for m, n in kinds) / L
     head = A.head_saved_per_token(bf, not lora, f.quantize_head)
     head_pt = sum(head.values())
     activations = Part(
@@ -494,6 +534,9 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
                 f"{lb.peak:g} B x vocab {shape.vocab:,} x {T:,} tokens", transient=True)
     kept_logits = [Part("loss", "logits kept through backward", int(lb.kept * logits),
                         f"{lb.kept:g} B x {logits:,}", transient=True)] if lb.kept else []
+    loss_hole = [Part("overhead", "freed logits' slot (allocator hole)", int(lb.hole * logits),
+                      f"{lb.hole:g} B x {logits:,}: the loss backward's 4 B gradients cannot use it",
+                      transient=True, where="pool")] if lb.hole else []
     # The previous step's outputs, still bound during this forward, keep its graph: its logits and
     # whatever its nodes hold outside saved tensors (bitsandbytes < 0.43.2's ctx.tensors inputs).
     previous = []
@@ -521,12 +564,12 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
     # what that stream's tensors use then.
     ag_pool = rs_pool = 0
     if f.fsdp:
-        ag_pool = int(_root_stored_bytes(job, e) + min(2, L) * _layer_stored_bytes(job, e))
+        ag_pool = _all_gather_pool(job, e)
         rs_pool = max(2 * block_grad * e, full_grads.bytes)
 
     def phase(name: str, parts: list[Part]) -> list[Part]:
         tensors = [p for p in parts if p.bytes or p.term == "params"]
-        sizes = _allocation_sizes(job, name, tensors, stored, head, T, trainable)
+        sizes = _allocation_sizes(job, name, tensors, stored, head, T, trainable, weight_tensors)
         rounding = Part("overhead", "allocator rounding", _rounding(sizes),
                         "each block rounded to 512 B, allocations over 10 MiB to 2 MiB segments", where="pool")
         held = []
@@ -535,7 +578,8 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
             # The all-gather lands in flat output buffers that copy-out then splits into the unsharded
             # parameters (foreach_all_gather_copy_out): the cached flat buffers come on top of them.
             held = [Part("overhead", "FSDP all-gather stream pool (cached)", ag_pool,
-                         "flat all-gather outputs of the root module and two blocks, cached on that stream",
+                         "the root module's flat all-gather output, held until the first block's copy-out, "
+                         "plus that block's copy-in input and output, cached on the copy-in stream",
                          where="pool"),
                     Part("overhead", "FSDP reduce-scatter stream pool (cached)", max(0, rs_pool - sharded_grads),
                          "every sharded gradient is a reduce-scatter output, held by that stream", where="pool")]
@@ -545,11 +589,11 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
     def cache(label_bytes: int) -> list[Part]:
         return [Part("params", "autocast weight cache", label_bytes, cache_note, transient=True)] if label_bytes else []
 
-    static = [params_resident, optimizer] + paged_part + master
+    static = [params_resident] + quant_state + [optimizer] + paged_part + master
     fwd_grads = [full_grads] if grads_persist else []
     phases = {
         "forward-end": phase("forward-end", static + ([at_loss] + fwd_params[1:] if f.fsdp else fwd_params)
-                             + cache(cache_fwd) + fwd_grads + [activations, loss] + previous),
+                             + cache(cache_fwd) + fwd_grads + [activations, loss] + previous + loss_hole),
         "backward": phase("backward", static + fwd_params + cache(cache_bwd) + start_grads + kept_logits
                           + [activations, in_backward]),
         "backward-end": phase("backward-end", static + fwd_params[:1] + cache(cache_end) + end_grads + kept_logits
@@ -593,7 +637,8 @@ def _stored_per_value(job: JobConfig, g: ParamGroup, e: int) -> float:
     frozen weights, the quantized storage for a QLoRA base (gathered packed, dequantized per matmul)."""
     t = job.train
     if t.lora_rank and t.base_quant != "none" and g.linear and g.per_layer:
-        return nf4_bytes(job) if t.base_quant == "nf4" else 1 + 4 / g.rows
+        # Only the packed 4-bit parameter is gathered; its QuantState stays on the module.
+        return 0.5 if t.base_quant == "nf4" else 1 + 4 / g.rows
     return e if t.precision != "fp32" else 4
 
 
@@ -608,8 +653,33 @@ def _root_stored_bytes(job: JobConfig, e: int) -> float:
     return sum(g.total * _stored_per_value(job, g, e) for g in job.shape.param_groups() if not g.per_layer)
 
 
+def _all_gather_pool(job: JobConfig, e: int) -> int:
+    """High-water of FSDP2's all-gather copy-in stream pool (torch/distributed/fsdp/_fully_shard, torch
+    2.13): foreach_all_gather allocates, inside `with stream(all_gather_copy_in_stream)`, the flat
+    copy-in input (_get_param_all_gather_inputs: one torch.empty of the rank's shard in param_dtype, made
+    when the MixedPrecisionPolicy casts fp32 shards - _fsdp_param.py init_dtype_attrs clamps param_dtype
+    to None when it equals the stored dtype - or when shards come from the host) and then the
+    flat output of world x shard (all_gather_copy_in: the input is a narrow() view of the output), and
+    drops the input at `del param_all_gather_inputs`. In forward, wait_for_unshard keeps the previous
+    group's result in comm_ctx.all_gather_state and frees it only after the next group's all-gather
+    (_fsdp_param_group.py wait_for_unshard, "Defer free to allow for overlap"), so the peak is the
+    root module's output while the first block's input and output are allocated."""
+    world = job.cluster.world_size
+    root, block = _root_stored_bytes(job, e), _layer_stored_bytes(job, e)
+    if not job.facts.stack.fsdp2:
+        # FSDP1 flat parameters and DeepSpeed ZeRO-3 gather differently; not derived from their source
+        # here: the root module's and two blocks' gathered bytes.
+        return int(root + min(2, job.shape.layers) * block)
+    cast = job.train.precision.endswith("-mixed") or job.cluster.offload == "all"
+    root_in, block_in = (root / world, block / world) if cast else (0.0, 0.0)
+    pairs = [root_in + root, root + block_in + block]
+    if job.shape.layers > 1:
+        pairs.append(block + block_in + block)
+    return int(max(pairs))
+
+
 def _allocation_sizes(job: JobConfig, phase: str, parts: list[Part], stored: dict, head: dict, T: int,
-                      trainable: list[ParamGroup]) -> list[tuple[float, int]]:
+                      trainable: list[ParamGroup], weights: list[tuple[float, int]]) -> list[tuple[float, int]]:
     """The live allocations behind a phase's parts, as (bytes, count), for the allocator's rounding."""
     L = job.shape.layers
     sizes: list[tuple[float, int]] = []
@@ -620,6 +690,9 @@ def _allocation_sizes(job: JobConfig, phase: str, parts: list[Part], stored: dic
             sizes += [(b * T, L) for b in stored.values()] + [(b * T, 1) for b in head.values()]
         elif p.label.startswith("first block"):
             sizes += [(b * T, 1) for b in stored.values()]
+        elif p.term == "params" and p.label.startswith("weights"):
+            # Not the trainable tensors' shapes alone: a LoRA job's frozen base is most of these bytes.
+            sizes += weights
         elif p.term in ("params", "grads", "optimizer") and not p.transient and trainable:
             # One allocation per parameter tensor (and per state tensor, per gradient).
             share = p.bytes / max(1, sum(g.total for g in trainable))

@@ -83,6 +83,10 @@ class Stack:
     quant_from_fp16: bool = False
     """The 4-bit base was quantized from fp16 (lightning BitsandbytesPrecision quantizes from fp16),
     so dequantize_4bit returns fp16 and .to(bf16) makes a second copy of each weight."""
+    fsdp2: bool = False
+    """Sharding runs FSDP2's fully_shard (per-parameter DTensor shards, flat all-gather buffers on the
+    copy-in stream) rather than FSDP1 flat parameters (accelerate's default fsdp_version 1, lightning's
+    FSDPStrategy) or DeepSpeed ZeRO-3."""
 
 
 STACK_FACTS: dict[str, Stack] = {
@@ -91,7 +95,7 @@ STACK_FACTS: dict[str, Stack] = {
         # podkit's own smoke loop: train/model.py (cross_entropy(logits.float())), train/optim.py
         # (AdamW(fused=True)), LoRA on every block linear in the optimizer's dtype.
         Stack("podkit", "fp32-upcast", 0, 0, True, False, "matmuls", ("all",), "param", "fused", False, False, False,
-              "podkit train/model.py, train/optim.py"),
+              "podkit train/model.py, train/optim.py, train/parallel.py (fully_shard per block)", fsdp2=True),
         # transformers >= 4.46 (LlamaForCausalLM.forward -> self.loss_function = ForCausalLMLoss in
         # loss/loss_utils.py: `logits = logits.float()` inside the loss, labels shifted by padding, not
         # the logits); Trainer's default optim "adamw_torch" = torch.optim.AdamW with foreach picked on
@@ -111,8 +115,9 @@ STACK_FACTS: dict[str, Stack] = {
         # the ops in _save_list and every second mm (torchtitan/models/llama3/infra/parallelize.py
         # _apply_ac_to_transformer_block); loss = cross_entropy(pred.flatten(0, 1).float(), ...)
         # (torchtitan/components/loss.py); optimizer.implementation = "fused" by default.
+        # Sharding is fully_shard per block and on the root (parallelize.py apply_fsdp).
         Stack("torchtitan", "fp32-upcast", 0, 0, True, False, "op-sac", ("all",), "compute", "fused", False, True, False,
-              "torchtitan components/loss.py, models/llama3/infra/parallelize.py, config/job_config.py"),
+              "torchtitan components/loss.py, models/llama3/infra/parallelize.py, config/job_config.py", fsdp2=True),
         # litgpt finetune/lora.py: logits = model(input_ids, lm_head_chunk_size=128), a list of
         # 128-token chunks that fit() keeps referenced through fabric.backward, and
         # chunked_cross_entropy on the bf16 chunks without upcast (litgpt/utils.py);
@@ -131,7 +136,8 @@ STACK_FACTS: dict[str, Stack] = {
         # enable_activation_checkpointing wraps each TransformerSelfAttentionLayer.
         Stack("torchtune", "chunked", 0, 8, True, False, "block",
               ("q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"), "compute", "fused", False, True, False,
-              "torchtune modules/loss/ce_chunked_output_loss.py, recipes/configs/llama3_1"),
+              "torchtune modules/loss/ce_chunked_output_loss.py, recipes/configs/llama3_1; training/_distributed.py "
+              "shard_model (fully_shard)", fsdp2=True),
     ]
 }
 
@@ -168,6 +174,9 @@ class JobFacts:
     """bitsandbytes < 0.43.2: MatMul4Bit keeps its input A as a plain ctx attribute until backward,
     which checkpointing's saved-tensor hooks cannot drop (only a reentrant checkpoint's no_grad
     forward records no ctx at all)."""
+    quant_input_in_recompute: bool
+    """The same bitsandbytes < 0.43.2 ctx input during a checkpointed block's recompute in backward
+    (which runs with grad enabled, reentrant or not): alive until that block's backward ends."""
     offloaded: bool
     """Optimizer states (and with 'all' parameters) live on the host."""
 
@@ -257,6 +266,8 @@ def resolve(train, cluster, shape) -> JobFacts:
     default_impl = stack.adamw_impl if train.optimizer == "adamw" else "foreach"
     impl = default_impl if train.optimizer_impl == "stack" else train.optimizer_impl
     lora_dtype = stack.lora_dtype if train.lora_dtype == "stack" else train.lora_dtype
+    old_bnb_4bit = (train.base_quant != "none" and bool(train.bitsandbytes)
+                    and parse_version(train.bitsandbytes) < (0, 43, 2))
     return JobFacts(
         stack=stack,
         loss=loss,
@@ -282,8 +293,7 @@ def resolve(train, cluster, shape) -> JobFacts:
                                else train.previous_outputs == "kept"),
         # bitsandbytes commit 9e753741 "fix QLoRA mem bug: delete useless buffered activation" (#1270),
         # first in 0.43.2; under a reentrant checkpoint the forward runs in no_grad and keeps nothing.
-        quant_saves_input=(train.base_quant != "none" and bool(train.bitsandbytes)
-                           and parse_version(train.bitsandbytes) < (0, 43, 2)
-                           and not (ac != "none" and stack.reentrant)),
+        quant_saves_input=(old_bnb_4bit and not (ac != "none" and stack.reentrant)),
+        quant_input_in_recompute=old_bnb_4bit and ac != "none",
         offloaded=cluster.offload != "none",
     )

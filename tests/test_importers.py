@@ -111,6 +111,7 @@ def test_deepspeed_offload_and_auto_values_left_to_training_arguments(tmp_path):
     t, c = imp.job.train, imp.job.cluster
     assert (t.stack, t.precision, t.micro_batch, t.grad_accum) == ("deepspeed", "fp16-mixed", 2, 4)
     assert (c.sharding, c.offload) == ("zero3", "all")
+    assert c.reduce_bucket == "auto"  # the Trainer fills it with hidden x hidden
     assert [f.kind for f in imp.files] == ["TrainingArguments", "DeepSpeed"]
     # Every "auto" is filled from TrainingArguments; only the GPU count is left to the launcher.
     assert len(imp.unresolved) == 1 and "gpus_per_node" in imp.unresolved[0]

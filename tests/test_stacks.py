@@ -37,7 +37,8 @@ def test_offload_all_keeps_a_qlora_base_on_the_host_and_gathers_it_packed(job):
     # module (embeddings + head + final norm in bf16) - not 2 B per quantized weight. At the loss
     # one block is gathered (the last, for its backward); in backward two (current + prefetched).
     adapters_per_block = trainable_params(j) // L
-    block = BLOCK_LINEAR * NF4_BYTES + 2 * H * 2 + adapters_per_block * 2
+    # Only the packed parameter is gathered (0.5 B per weight); the absmax stays on each module.
+    block = BLOCK_LINEAR * 0.5 + 2 * H * 2 + adapters_per_block * 2
     root = (2 * V * H + H) * 2
     assert part(est, "unsharded weights", "forward-end") == int(block + root)
     assert part(est, "unsharded weights", "backward") == int(2 * block + root)
@@ -58,15 +59,43 @@ def test_fsdp_stream_pools_are_reserved_not_allocated(job):
     def pools(phase):
         return {p.label: p.bytes for p in est.phase_parts[phase] if p.where == "pool"}
 
-    # Flat all-gather outputs of the root and two blocks in bf16, cached on the all-gather stream.
-    assert pools("forward-end")["FSDP all-gather stream pool (cached)"] == (root + 2 * block) * 2
+    # FSDP2 (podkit's smoke runs fully_shard): on the copy-in stream the root's flat bf16 output is
+    # still held (all_gather_state) while block 0's flat bf16 input (its fp32 shard cast, 1/8) and
+    # flat output are allocated: root + block / 8 + block, in bf16.
+    ag = (root * 2) + (block * 2) / 8 + block * 2
+    assert pools("forward-end")["FSDP all-gather stream pool (cached)"] == int(ag)
     # Every sharded fp32 gradient is a reduce-scatter output: the pool is cached while no gradient
     # exists (forward) and in use, so not extra, at the step.
     assert pools("forward-end")["FSDP reduce-scatter stream pool (cached)"] == P_8B * 4 // 8
     assert "FSDP reduce-scatter stream pool (cached)" not in pools("step")
-    assert est.reserved >= est.allocated + (root + 2 * block) * 2
+    assert est.reserved >= est.allocated + int(ag)
     # The fit is judged on the device total: reserved plus the CUDA context, workspaces and NCCL.
     assert est.total > est.reserved > est.allocated
+
+
+def test_fsdp1_and_zero3_stacks_keep_the_undereived_all_gather_pool(job):
+    # The hf stack shards through accelerate's FSDP1 flat parameters: the FSDP2 derivation does not apply.
+    est = estimate(job(model=LLAMA8B, train="checkpointing = 'full'\nstack = 'hf'",
+                       cluster="gpu = 'H100'\ngpus_per_node = 8\nsharding = 'zero3'"))
+    pool = sum(p.bytes for p in est.phase_parts["forward-end"] if p.label.startswith("FSDP all-gather"))
+    assert pool == ((2 * V * H + H) + 2 * (BLOCK_LINEAR + 2 * H)) * 2
+
+
+def test_freed_logits_leave_a_hole_the_loss_backward_cannot_fill(job):
+    # torchtitan: bf16 pred (2 B/logit), its fp32 copy (4) freed when loss_fn returns, `del pred`:
+    # one 6 B hole. Backward's nll_loss gradient (4) takes it, log_softmax's input gradient (4) must go
+    # elsewhere, and 2 B per logit stay reserved but unused at that moment.
+    j = job(model=LLAMA8B, train="stack = 'torchtitan'\nmicro_batch = 2\nseq_len = 8192\ncheckpointing = 'selective'",
+            cluster="gpu = 'H100'")
+    est = estimate(j)
+    logits = 2 * 8192 * V
+    hole = [p for p in est.phase_parts["forward-end"] if p.label.startswith("freed logits")]
+    assert [p.bytes for p in hole] == [2 * logits] and hole[0].where == "pool"
+    assert est.phase_reserved("forward-end") - est.phase_allocated("forward-end") >= 2 * logits
+    # Logits the loop keeps through backward (litgpt's chunk list) leave no hole; nor does a chunked loss.
+    for train in ("stack = 'litgpt'", "stack = 'torchtune'", "loss = 'fp32-logits-kept'", "precision = 'fp32'"):
+        e = estimate(job(model=LLAMA8B, train=train, cluster="gpu = 'H100'"))
+        assert not [p for p in e.phase_parts["forward-end"] if p.label.startswith("freed logits")], train
 
 
 # ---- 3. the loss per stack ----------------------------------------------------------------------
@@ -105,6 +134,19 @@ def test_old_bitsandbytes_keeps_quantized_inputs_even_under_checkpointing(job):
     assert acts("0.42.0", "podkit", "full") - acts("0.45.5", "podkit", "full") == L * 512 * (2 * H + QD + F) * 2
     # ...but a reentrant checkpoint (transformers' default) runs forward in no_grad: nothing kept.
     assert acts("0.42.0", "hf", "full") == acts("0.45.5", "hf", "full")
+
+
+def test_old_bitsandbytes_keeps_quantized_inputs_while_a_checkpointed_block_recomputes(job):
+    # Backward re-runs the block's forward with grad enabled (reentrant: CheckpointFunction.backward under
+    # torch.enable_grad()), so bitsandbytes < 0.43.2 sets ctx.tensors = (A, B) on every 4-bit matmul of
+    # that block, alive until its backward ends: the normed input of q/k/v (h), of gate/up (h) and
+    # down's input (ffn), bf16; o_proj's input is the attention output SDPA keeps anyway.
+    def in_backward(bnb):
+        j = job(model=LLAMA8B, train=f"lora_rank = 16\nbase_quant = 'nf4'\nprecision = 'bf16'\nseq_len = 512\n"
+                                      f"stack = 'hf'\ncheckpointing = 'full'\nbitsandbytes = '{bnb}'")
+        return part(estimate(j), "one block in backward", "backward")
+
+    assert in_backward("0.43.0") - in_backward("0.43.2") == 512 * (2 * H + F) * 2
 
 
 # ---- 5. "selective" means each stack's policy -----------------------------------------------------
@@ -309,3 +351,19 @@ def test_litgpt_qlora_previous_step_and_fp16_dequantization(job):
     assert part(est, "previous step's logits and graph", "forward-end") == held
     # Quantized from fp16 by lightning: the head's weight dequantized to fp16, then cast to bf16.
     assert part(est, "dequantized weight", "forward-end") == V * H * 4
+
+
+def test_deepspeed_zero3_keeps_its_reduce_bucket_on_the_gpu(job):
+    # deepspeed/runtime/zero/stage3.py (v0.14.0): contiguous_gradients (default True) allocates
+    # torch.empty(reduce_bucket_size, dtype=bf16) once; the default is 5e8 elements, "auto" is hidden^2.
+    def bucket(value):
+        j = job(model=LLAMA8B, train="stack = 'deepspeed'\ncheckpointing = 'full'",
+                cluster=f"gpu = 'H100'\ngpus_per_node = 8\nsharding = 'zero3'\nreduce_bucket = {value}")
+        return part(estimate(j), "DeepSpeed ZeRO-3 gradient bucket", "step")
+
+    assert bucket("'default'") == 500_000_000 * 2
+    assert bucket("'auto'") == H * H * 2
+    assert bucket("1000") == 2000
+    # Not ZeRO-3, or not DeepSpeed: no such buffer.
+    other = estimate(job(model=LLAMA8B, cluster="gpu = 'H100'\ngpus_per_node = 8\nsharding = 'zero3'"))
+    assert part(other, "DeepSpeed ZeRO-3 gradient bucket", "step") == 0

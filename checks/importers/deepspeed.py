@@ -74,8 +74,12 @@ def read(path: Path, data: dict) -> Imported:
             imp.set("zero_optimization.offload_optimizer.device", opt_dev, "cluster", "offload", "optimizer")
         if "nvme" in (opt_dev, par_dev):
             imp.warnings.append("offload to nvme: predicted as CPU offload; the host-RAM check over-counts")
+        if "reduce_bucket_size" in zero:
+            value = zero["reduce_bucket_size"]
+            imp.set("zero_optimization.reduce_bucket_size", value, "cluster", "reduce_bucket",
+                    "auto" if value == "auto" else integer(path, "zero_optimization.reduce_bucket_size", value))
         for key in zero:
-            if key not in ("stage", "offload_optimizer", "offload_param"):
+            if key not in ("stage", "offload_optimizer", "offload_param", "reduce_bucket_size"):
                 imp.ignore(f"zero_optimization.{key}", "buckets, prefetch and live-parameter caches are not modelled")
     # The number of GPUs is the launcher's, not the JSON's; train_batch_size, when it is a number
     # beside the micro-batch and accumulation, gives it (micro x accum x world).
