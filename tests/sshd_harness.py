@@ -75,8 +75,7 @@ class LoopbackPod:
             "PasswordAuthentication no\nKbdInteractiveAuthentication no\nPubkeyAuthentication yes\n"
             "PermitRootLogin prohibit-password\nUsePAM no\nStrictModes no\n"
             "Subsystem sftp internal-sftp\nMaxStartups 50\nMaxSessions 50\nLogLevel ERROR\n" + self.extra_config)
-        prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
-        self.proc = subprocess.Popen([*prefix, SSHD, "-D", "-e", "-f", str(config)], stdout=subprocess.DEVNULL,
+        self.proc = subprocess.Popen([*self.launch_prefix(), SSHD, "-D", "-e", "-f", str(config)], stdout=subprocess.DEVNULL,
                                      stderr=open(self.base / "sshd.log", "w"), start_new_session=True)
         deadline = time.monotonic() + 30  # a loaded 2-core CI machine can take seconds
         while time.monotonic() < deadline:
@@ -87,6 +86,10 @@ class LoopbackPod:
                 raise RuntimeError("sshd exited: " + (self.base / "sshd.log").read_text())
             time.sleep(0.05)
         raise RuntimeError("sshd did not start listening")
+
+    def launch_prefix(self) -> list[str]:
+        """What sshd's command line is run under (a network namespace here; a subclass may add more)."""
+        return ["ip", "netns", "exec", self.netns] if self.netns else []
 
     def drop_connections(self) -> int:
         """Kill every session process of this sshd (the listener stays): a dropped link."""
