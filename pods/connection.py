@@ -12,10 +12,12 @@ same transport (pods/rsh.py), so one SSH connection serves the whole invocation.
 from __future__ import annotations
 
 import base64
+import collections
 import hashlib
 import logging
 import os
 import secrets
+import shlex
 import socket
 import threading
 import time
@@ -177,6 +179,7 @@ class PodConnection:
 
     def _connect(self, ep: Endpoint, gateway: fabric.Connection | None) -> fabric.Connection:
         keys = list(ep.key_files)
+        proxy = self._proxy(ep) if ep.proxy_command and gateway is None else None
         conn = fabric.Connection(
             host=ep.hostname, user=ep.user, port=ep.port, connect_timeout=self.timeout, gateway=gateway,
             # An explicit empty SSHConfig: hosts.resolve already read the ssh config (ssh -G), once.
@@ -187,6 +190,7 @@ class PodConnection:
                 "allow_agent": True,  # as OpenSSH: agent keys are offered too
                 "banner_timeout": self.timeout,
                 "auth_timeout": self.timeout,
+                **({"sock": proxy} if proxy else {}),
             },
         )
         client = conn.client
@@ -201,13 +205,47 @@ class PodConnection:
         except PodError:
             raise
         except Exception as exc:  # noqa: BLE001 - every failure becomes one line
+            error = self._proxy_failed(proxy, ep) or self._describe(exc, ep)  # before close() ends the proxy
             conn.close()
-            raise self._describe(exc, ep) from None
+            raise error from None
         dead_after = DEAD_LINK_FACTOR * self.timeout
         _tune_socket(conn.transport.sock, dead_after)
         self._watchdog = _Watchdog(conn.transport, min(KEEPALIVE_S, dead_after / 2), dead_after)
         self._watchdog.start()
         return conn
+
+    @staticmethod
+    def _proxy(ep: Endpoint) -> paramiko.ProxyCommand:
+        """The ssh config's ProxyCommand, started as OpenSSH starts it: `exec COMMAND` under the
+        user's shell (ssh_config(5) ProxyCommand), so quoting, `~` and variables mean what they
+        mean to ssh. paramiko splits its argument with shlex: joined here, it is exactly that argv."""
+        shell = os.environ.get("SHELL") or "/bin/sh"
+        try:
+            proxy = paramiko.ProxyCommand(shlex.join([shell, "-c", f"exec {ep.proxy_command}"]))
+        except Exception as exc:  # noqa: BLE001 - ProxyCommandFailure: the shell did not start
+            raise PodError(f"ProxyCommand for {ep.hostname} did not start: {exc}", "check the ssh config's ProxyCommand") from None
+        # paramiko pipes the proxy's stderr and never reads it: a chatty proxy (sm-ssh logs) would
+        # block on a full pipe. Drained here; the last lines say why it failed, if it does.
+        proxy.stderr_tail = collections.deque(maxlen=20)
+        threading.Thread(target=lambda: proxy.stderr_tail.extend(proxy.process.stderr), daemon=True).start()
+        return proxy
+
+    @staticmethod
+    def _proxy_failed(proxy: paramiko.ProxyCommand | None, ep: Endpoint) -> PodError | None:
+        """The proxy's own exit and last stderr line, when it is what ended the connection."""
+        if proxy is None:
+            return None
+        try:
+            code = proxy.process.wait(timeout=1)
+        except Exception:  # noqa: BLE001 - still running: the failure was past the proxy
+            return None
+        time.sleep(0.1)  # the drain thread's last read
+        try:
+            lines = [line.decode(errors="replace") for line in list(proxy.stderr_tail) if line.strip()]
+        except RuntimeError:  # still being drained (a child of the proxy holds its stderr)
+            lines = []
+        return PodError(f"ProxyCommand for {ep.hostname} exited {code}" + (f": {lines[-1].strip()}" if lines else ""),
+                        f"run it by hand to see why: {ep.proxy_command}")
 
     def _describe(self, exc: BaseException, ep: Endpoint | None = None) -> PodError:
         ep = ep or self.endpoint

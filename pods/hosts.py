@@ -73,6 +73,8 @@ class Endpoint:
     key_files: tuple[str, ...] = ()
     ssh_config: str | None = None  # the config file the alias came from, passed on to ssh -F
     jumps: tuple["Endpoint", ...] = ()  # ProxyJump hops, in order
+    proxy_command: str | None = None
+    """The ssh config's ProxyCommand, tokens expanded (SSM's `aws ssm start-session`, `sm-ssh start-proxy`)."""
 
     @property
     def display(self) -> str:
@@ -282,7 +284,7 @@ def select_hosts(text: str, inventory: Inventory, key: str | None = None, **over
 
 def resolve(spec: HostSpec, ssh_config: str | Path | None = None) -> Endpoint:
     """The spec completed from the ssh config exactly as OpenSSH reads it (`ssh -G`: Include,
-    Match, Host patterns, tokens, ProxyJump), then OpenSSH's key checks on the chosen keys."""
+    Match, Host patterns, tokens, ProxyJump, ProxyCommand), then OpenSSH's key checks on the chosen keys."""
     import shutil
 
     if ssh_config is not None and not Path(ssh_config).is_file():
@@ -291,11 +293,12 @@ def resolve(spec: HostSpec, ssh_config: str | Path | None = None) -> Endpoint:
         raise PodError("OpenSSH's ssh is not installed on this machine (podkit reads ~/.ssh/config through it)",
                        "install openssh-client")
     facts = _ssh_g(spec, ssh_config)
-    user = spec.user or facts.get("user", [None])[0]
+    user = spec.user or facts.get("user", [None])[0] or _local_user()
     port = spec.port or int(facts.get("port", ["22"])[0])
     hostname = facts.get("hostname", [spec.host])[0]
-    if "proxycommand" in facts and facts["proxycommand"][0] != "none":
-        raise PodError(f"{spec.host}: ProxyCommand is not supported", "use ProxyJump in the ssh config instead")
+    tokens = _token_values(spec.host, hostname, port, user, facts)
+    proxy = facts.get("proxycommand", ["none"])[0]
+    proxy_command = None if proxy == "none" else expand_tokens(proxy, tokens, "hnpr", "ProxyCommand")
     jumps: list[Endpoint] = []
     hops = facts.get("proxyjump", ["none"])[0]
     if hops != "none":
@@ -308,11 +311,48 @@ def resolve(spec: HostSpec, ssh_config: str | Path | None = None) -> Endpoint:
         if not Path(spec.key).is_file():
             raise PodError(f"key file {spec.key} does not exist", "give KEY=path to your private key")
     else:
-        keys = [os.path.expanduser(k) for k in facts.get("identityfile", [])]
+        keys = [os.path.expanduser(expand_tokens(k, tokens, "CdhiklLnpru", "IdentityFile"))
+                for k in facts.get("identityfile", [])]
         keys = [k for k in keys if Path(k).is_file()]
     keys = [k for k in keys if check_key(k)]
-    return Endpoint(hostname=hostname, port=port, user=user or _local_user(), key_files=tuple(keys),
-                    ssh_config=str(ssh_config) if ssh_config else None, jumps=tuple(jumps))
+    return Endpoint(hostname=hostname, port=port, user=user, key_files=tuple(keys),
+                    ssh_config=str(ssh_config) if ssh_config else None, jumps=tuple(jumps), proxy_command=proxy_command)
+
+
+def _token_values(host: str, hostname: str, port: int, user: str, facts: dict[str, list[str]]) -> dict[str, str]:
+    """ssh_config(5) TOKENS (OpenSSH 9.2) for one connection."""
+    import hashlib
+    import socket
+
+    local = socket.gethostname()
+    values = {"h": hostname, "n": host, "p": str(port), "r": user, "u": _local_user(), "i": str(os.getuid()),
+              "d": os.path.expanduser("~"), "k": facts.get("hostkeyalias", [host])[0], "L": local.split(".")[0],
+              "l": local}
+    values["C"] = hashlib.sha1(f"{local}{hostname}{port}{user}".encode()).hexdigest()  # %C: hash of %l%h%p%r
+    return values
+
+
+def expand_tokens(text: str, values: dict[str, str], allowed: str, keyword: str) -> str:
+    """`%h`-style tokens of an ssh config value, as ssh expands them when it connects: `ssh -G`
+    prints ProxyCommand and IdentityFile unexpanded (OpenSSH 9.2), so podkit expands them the
+    same way (ssh_config(5) TOKENS: which keyword takes which token; `%%` is a literal %)."""
+    out, i = [], 0
+    while i < len(text):
+        if text[i] != "%":
+            out.append(text[i])
+            i += 1
+            continue
+        token = text[i + 1:i + 2]
+        if token == "%":
+            out.append("%")
+        elif token and token in allowed:
+            out.append(values[token])
+        else:
+            what = f"an unknown token %{token}" if token else "a lone % at the end"
+            raise PodError(f"ssh config: {keyword} '{text}' has {what}",
+                           f"{keyword} takes " + ", ".join(f"%{t}" for t in "%" + allowed))
+        i += 2
+    return "".join(out)
 
 
 def _local_user() -> str:
