@@ -18,8 +18,10 @@ from dataclasses import asdict, dataclass, field
 
 from podkit.envsetup import arch
 
-# Candidates for "the image's Python": an explicit PODKIT_PYTHON, SageMaker's pytorch conda envs,
-# then python3. The first one with torch wins, else the first that runs.
+# Candidates for "the image's Python": an explicit PODKIT_PYTHON, SageMaker's pytorch conda envs
+# (notebook instances: /home/ec2-user/anaconda3/envs/pytorch_p310, whoever logs in), the base conda
+# env of AWS's deep learning containers (/opt/conda/bin/python: their PATH is set for PID 1 only, an
+# SSH session's python3 is the OS one), then python3. The first one with torch wins, else the first that runs.
 PROBE_SCRIPT = r'''
 set +e
 emit() { printf '%s\t%s\n' "$1" "$2"; }
@@ -49,7 +51,9 @@ pod_id="${RUNPOD_POD_ID:-}"
 [ -z "$pod_id" ] && [ -r /proc/1/environ ] && pod_id="$(tr '\0' '\n' < /proc/1/environ 2>/dev/null | sed -n 's/^RUNPOD_POD_ID=//p')"
 [ -n "$pod_id" ] && emit runpod_pod_id "$pod_id"
 [ -d /workspace ] && emit workspace /workspace
-[ -d "$HOME/SageMaker" ] && emit sagemaker "$HOME/SageMaker"
+# SageMaker notebook instances keep only /home/ec2-user/SageMaker (their EBS volume) across a stop;
+# sagemaker-ssh-helper logs in as root, whose home is elsewhere.
+for d in "$HOME/SageMaker" /home/ec2-user/SageMaker; do [ -d "$d" ] && { emit sagemaker "$d"; break; }; done
 python_facts() {
 "$1" - <<'PY' 2>/dev/null
 import importlib.util, json, os, sys
@@ -94,7 +98,8 @@ for dist in ("bitsandbytes", "flash_attn", "nvidia-ml-py"):
         pass
 PY
 }
-candidates="${PODKIT_PYTHON:-} $(ls -d "$HOME"/anaconda3/envs/pytorch*/bin/python /opt/conda/envs/pytorch*/bin/python 2>/dev/null) $(command -v python3)"
+candidates="${PODKIT_PYTHON:-} $(ls -d "$HOME"/anaconda3/envs/pytorch*/bin/python /home/ec2-user/anaconda3/envs/pytorch*/bin/python \
+  /opt/conda/envs/pytorch*/bin/python /opt/conda/bin/python 2>/dev/null | awk '!seen[$0]++') $(command -v python3)"
 [ -n "${PODKIT_PYTHON:-}" ] && [ ! -x "$PODKIT_PYTHON" ] && emit python_missing "$PODKIT_PYTHON"
 # One interpreter start per candidate: its facts say whether it has torch.
 chosen="" chosen_facts=""

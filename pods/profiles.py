@@ -1,6 +1,7 @@
 """Pod profiles: where code and caches live on a kind of pod, and what restores its environment.
 
-Detected from the fingerprint (RunPod sets RUNPOD_POD_ID; SageMaker has ~/SageMaker), or named
+Detected from the fingerprint (RunPod sets RUNPOD_POD_ID; a SageMaker notebook instance has
+/home/ec2-user/SageMaker, or ~/SageMaker), or named
 with PROFILE=. Every remote command runs after the profile's prelude, so a variable set for the
 container (RunPod) or a conda env (SageMaker) is there in the SSH session too.
 """
@@ -51,9 +52,8 @@ class PodProfile:
 
 PROFILES = {
     "runpod": PodProfile("runpod", "/workspace", "/workspace/.cache", _RUNPOD_ENV),
-    "sagemaker": PodProfile("sagemaker", "~/SageMaker", "~/SageMaker/.cache",
-                            # the image's conda env with torch; the probe found its python
-                            ""),
+    # root and caches: the SageMaker directory the probe found; prelude: the conda env of its python
+    "sagemaker": PodProfile("sagemaker", "~/SageMaker", "~/SageMaker/.cache", ""),
     "generic": PodProfile("generic", "~", None),
 }
 
@@ -65,13 +65,18 @@ def detect(fp: Fingerprint, name: str = "auto") -> PodProfile:
         profile = PROFILES[name]
     elif fp.runpod_pod_id:
         profile = PROFILES["runpod"]
-    elif fp.sagemaker or fp.user == "ec2-user":
+    elif fp.sagemaker:  # not by user ec2-user: that is any Amazon Linux EC2 instance too
         profile = PROFILES["sagemaker"]
     else:
         profile = PROFILES["generic"]
+    if profile.name == "sagemaker" and fp.sagemaker:
+        # The directory the probe found (root's login, via sagemaker-ssh-helper, has another home).
+        profile = PodProfile(profile.name, fp.sagemaker, f"{fp.sagemaker}/.cache", profile.prelude)
     if profile.name == "sagemaker" and fp.python and "/envs/" in fp.python:
+        # conda's bin/activate ENV sources etc/profile.d/conda.sh and runs `conda activate ENV`, so the
+        # env's activate.d scripts run (AWS's lifecycle examples: source .../anaconda3/bin/activate ENV).
         env_dir = fp.python.rsplit("/bin/", 1)[0]
         conda = env_dir.split("/envs/")[0]
-        activate = f"[ -r {conda}/bin/activate ] && . {conda}/bin/activate {shlex.quote(env_dir)}"
+        activate = f"[ -r {shlex.quote(conda)}/bin/activate ] && . {shlex.quote(conda)}/bin/activate {shlex.quote(env_dir)}"
         profile = PodProfile(profile.name, profile.root, profile.cache_dir, activate)
     return profile

@@ -105,3 +105,17 @@ def fresh_home(dest: Path, home: str) -> dict[str, Path]:
             (dest / top).mkdir(exist_ok=True)
             entries[f"{home}/{top}"] = Path(home) / top
     return entries
+
+
+def laptop_venv(project: Path) -> None:
+    """The copy's .venv as `make setup` leaves it (its .installed marker newer than the Makefile),
+    built from links into the suite's venv, so `make deploy`'s setup prerequisite is satisfied and
+    never re-runs pip on the suite's shared venv."""
+    shared = Path(os.path.realpath(project / ".venv"))
+    (project / ".venv").unlink()
+    venv = project / ".venv"
+    venv.mkdir()
+    for entry in shared.iterdir():
+        if entry.name != ".installed":
+            (venv / entry.name).symlink_to(entry)
+    (venv / ".installed").touch()

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from pod_image import ImagePod, fresh_home, mirror, namespaces_available, python_with_torch
+from pod_image import ImagePod, fresh_home, laptop_venv, mirror, namespaces_available, python_with_torch
 from pods.hosts import load_inventory
 from runpod_fake import FakeRunPod
 from smoke_helpers import tiny_job
@@ -49,20 +49,6 @@ def test_readme_path_is_the_five_steps():
     steps = [line.split("#")[0].split()[:2] for line in readme_path()]
     assert steps == [["bin/pod", "up"], ["make", "deploy"], ["bin/pod", "run"], ["make", "fetch-logs"],
                      ["bin/pod", "down"]]
-
-
-def laptop_venv(project: Path) -> None:
-    """The copy's .venv as `make setup` leaves it (its .installed marker newer than the Makefile),
-    built from links into the suite's venv, so `make deploy`'s setup prerequisite is satisfied and
-    never re-runs pip on the suite's shared venv."""
-    shared = Path(os.path.realpath(project / ".venv"))
-    (project / ".venv").unlink()
-    venv = project / ".venv"
-    venv.mkdir()
-    for entry in shared.iterdir():
-        if entry.name != ".installed":
-            (venv / entry.name).symlink_to(entry)
-    (venv / ".installed").touch()
 
 
 @pytest.fixture
