@@ -180,15 +180,18 @@ class PodConnection:
     def _connect(self, ep: Endpoint, gateway: fabric.Connection | None) -> fabric.Connection:
         keys = list(ep.key_files)
         proxy = self._proxy(ep) if ep.proxy_command and gateway is None else None
+        # The config's ConnectTimeout, when longer, bounds the greeting (paramiko's connect timeout
+        # also bounds the whole key exchange): an SSM proxy answers only after its session is set up.
+        wait = max(self.timeout, ep.connect_timeout or 0)
         conn = fabric.Connection(
-            host=ep.hostname, user=ep.user, port=ep.port, connect_timeout=self.timeout, gateway=gateway,
+            host=ep.hostname, user=ep.user, port=ep.port, connect_timeout=wait, gateway=gateway,
             # An explicit empty SSHConfig: hosts.resolve already read the ssh config (ssh -G), once.
             config=fabric.Config(ssh_config=paramiko.SSHConfig()),
             connect_kwargs={
                 "key_filename": keys,
                 "look_for_keys": False,  # ssh -G already listed the default identity files
                 "allow_agent": True,  # as OpenSSH: agent keys are offered too
-                "banner_timeout": self.timeout,
+                "banner_timeout": wait,
                 "auth_timeout": self.timeout,
                 **({"sock": proxy} if proxy else {}),
             },
@@ -259,7 +262,7 @@ class PodConnection:
                 f"host key of {ep.known_hosts_name} CHANGED (now {fingerprint(exc.key)}); refusing to connect",
                 f"if the pod was re-created, remove the old key: ssh-keygen -R '{ep.known_hosts_name}' -f {self.known_hosts}")
         if isinstance(exc, paramiko.AuthenticationException):
-            tried = ", ".join(ep.key_files) + (" and ssh-agent's keys" if agent_available() else "")
+            tried = ", ".join(k for k in ep.key_files if os.path.isfile(k)) + (" and ssh-agent's keys" if agent_available() else "")
             return PodError(f"{ep.user}@{where} refused the key ({tried or 'no key found'})",
                             "give the right KEY=path, or check the user")
         if isinstance(exc, socket.gaierror):
@@ -268,9 +271,11 @@ class PodConnection:
             return PodError(f"connection refused by {where}",
                             "is the pod running, and is the port right? RunPod changes it on every restart")
         if isinstance(exc, (socket.timeout, TimeoutError)):
-            return PodError(f"no answer from {where} within {self.timeout:.0f} s", "check the host and port, and that the pod is running")
+            wait = max(self.timeout, ep.connect_timeout or 0)
+            return PodError(f"no answer from {where} within {wait:.0f} s", "check the host and port, and that the pod is running")
         if isinstance(exc, paramiko.SSHException) and ("banner" in str(exc).lower() or "No existing session" in str(exc)):
-            return PodError(f"{where} did not answer as an SSH server within {self.timeout:.0f} s", "check the port")
+            wait = max(self.timeout, ep.connect_timeout or 0)
+            return PodError(f"{where} did not answer as an SSH server within {wait:.0f} s", "check the port")
         if isinstance(exc, (EOFError, ConnectionResetError, paramiko.SSHException, OSError)):
             return PodError(f"connection to {where} failed: {exc or type(exc).__name__}", "re-run; check the pod is up")
         return PodError(f"connection to {where} failed: {type(exc).__name__}: {exc}")

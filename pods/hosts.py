@@ -75,6 +75,9 @@ class Endpoint:
     jumps: tuple["Endpoint", ...] = ()  # ProxyJump hops, in order
     proxy_command: str | None = None
     """The ssh config's ProxyCommand, tokens expanded (SSM's `aws ssm start-session`, `sm-ssh start-proxy`)."""
+    connect_timeout: float | None = None
+    """The ssh config's ConnectTimeout: how long the server's greeting may take (an SSM session
+    is set up in tens of seconds; sagemaker-ssh-helper's config says 120)."""
 
     @property
     def display(self) -> str:
@@ -313,10 +316,15 @@ def resolve(spec: HostSpec, ssh_config: str | Path | None = None) -> Endpoint:
     else:
         keys = [os.path.expanduser(expand_tokens(k, tokens, "CdhiklLnpru", "IdentityFile"))
                 for k in facts.get("identityfile", [])]
-        keys = [k for k in keys if Path(k).is_file()]
-    keys = [k for k in keys if check_key(k)]
+        # Behind a ProxyCommand a key may appear only once the proxy runs (sagemaker-ssh-helper's
+        # start-proxy writes a fresh ~/.ssh/<host> on each connection; ssh too reads keys after
+        # connecting): kept, and read when paramiko authenticates. Otherwise only existing files.
+        keys = [k for k in keys if proxy_command or Path(k).is_file()]
+    keys = [k for k in keys if not Path(k).is_file() or check_key(k)]
+    timeout = facts.get("connecttimeout", ["none"])[0]
     return Endpoint(hostname=hostname, port=port, user=user, key_files=tuple(keys),
-                    ssh_config=str(ssh_config) if ssh_config else None, jumps=tuple(jumps), proxy_command=proxy_command)
+                    ssh_config=str(ssh_config) if ssh_config else None, jumps=tuple(jumps), proxy_command=proxy_command,
+                    connect_timeout=float(timeout) if timeout.isdigit() else None)
 
 
 def _token_values(host: str, hostname: str, port: int, user: str, facts: dict[str, list[str]]) -> dict[str, str]:

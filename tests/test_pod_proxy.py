@@ -37,8 +37,10 @@ def test_proxycommand_and_identityfile_tokens_expand_as_ssh_would(tmp_path, monk
     ep = resolve(parse_host("my-nb.notebook.sagemaker"), ssh_config=config)
     assert ep.proxy_command == "sm-ssh start-proxy my-nb.notebook.sagemaker"
     assert ep.key_files == (str(key),) and ep.user == "root" and ep.port == 22
+    assert ep.connect_timeout == 120
+    # no key file for that name yet: kept, the proxy writes it (sagemaker-ssh-helper's start-proxy does)
     studio = resolve(parse_host("d-abc.studio.sagemaker"), ssh_config=config)
-    assert studio.user == "sagemaker-user" and studio.key_files == ()  # no key file for that name
+    assert studio.user == "sagemaker-user" and studio.key_files == (str(tmp_path / ".ssh" / "d-abc.studio.sagemaker"),)
 
     # AWS's SSM line for instances (Systems Manager user guide, "Allow and control permissions for
     # SSH connections through Session Manager"), with every token ProxyCommand takes
@@ -65,7 +67,7 @@ def test_podkit_connects_through_the_proxycommand(tmp_path):
         config = tmp_path / "ssh_config"
         # The name is not a DNS name: only the proxy knows where it is (as with SSM targets).
         config.write_text(f"Host *.notebook.sagemaker\n  User {pod.user}\n  IdentityFile {pod.client_key}\n"
-                          f"  ProxyCommand {sys.executable} {RELAY} {log} %h %p {pod.port}\n")
+                          f"  ProxyCommand {sys.executable} {RELAY} --log {log} --to {pod.port} %h %p\n")
         known = tmp_path / "known_hosts"
         pub = Path(f"{pod.host_key}.pub").read_text().split()
         known.write_text(f"my-nb.notebook.sagemaker {pub[0]} {pub[1]}\n")  # keyed by the name, port 22, as ssh does
@@ -74,6 +76,18 @@ def test_podkit_connects_through_the_proxycommand(tmp_path):
         assert out.returncode == 0, out.stdout + out.stderr
         assert out.stdout.startswith("my-nb.notebook.sagemaker: ") and "Python" in out.stdout
         assert log.read_text() == "my-nb.notebook.sagemaker 22\n"
+
+        # As sagemaker-ssh-helper's proxy behaves: it writes the key ~/.ssh/%h itself, then takes
+        # seconds to set up the session; the config's ConnectTimeout covers that, --timeout 1 does not.
+        home = tmp_path / "home"
+        (home / ".ssh").mkdir(parents=True)
+        config.write_text(f"Host *.notebook.sagemaker\n  User {pod.user}\n  IdentityFile ~/.ssh/%h\n  ConnectTimeout 30\n"
+                          f"  ProxyCommand {sys.executable} {RELAY} --log {log} --to {pod.port} --delay 3 "
+                          f"--key {pod.client_key} ~/.ssh/%h %h %p\n")
+        out = pod_cli(project, "probe", "my-nb.notebook.sagemaker", *args, "--timeout", "1", known_hosts=known,
+                      env={"HOME": str(home)})
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert (home / ".ssh" / "my-nb.notebook.sagemaker").read_bytes() == pod.client_key.read_bytes()
 
         # A proxy that fails (no aws CLI, no SSM plugin, a stopped instance) says so, in one line.
         config.write_text(f"Host *.notebook.sagemaker\n  User {pod.user}\n  IdentityFile {pod.client_key}\n"

@@ -93,12 +93,13 @@ def world(tmp_path):
         tiny_job(project, smoke={"steps": 20}, name="my-job.toml")
         home = tmp_path / "laptop-home"
         (home / ".ssh").mkdir(parents=True, mode=0o700)
-        shutil.copy(pod.client_key, home / ".ssh" / HOST)  # sagemaker-ssh-helper: IdentityFile ~/.ssh/%h
-        (home / ".ssh" / HOST).chmod(0o600)
         log = tmp_path / "relay.log"
         config = home / ".ssh" / "config"
-        config.write_text("Host *.*.sagemaker\n  IdentityFile ~/.ssh/%h\n  ServerAliveInterval 15\n"
-                          f"  ProxyCommand {sys.executable} {RELAY} {log} %h %p {pod.port}\n  User root\n")
+        # sagemaker-ssh-helper's shape: its proxy writes a fresh key ~/.ssh/%h (its public half goes
+        # to the instance through S3) and then relays the SSM session; the relay does both here.
+        config.write_text("Host *.*.sagemaker\n  IdentityFile ~/.ssh/%h\n  ConnectTimeout 120\n  ServerAliveInterval 15\n"
+                          f"  ProxyCommand {sys.executable} {RELAY} --log {log} --to {pod.port} --key {pod.client_key} "
+                          "~/.ssh/%h %h %p\n  User root\n")
         yield pod, project, home, config, log, ec2
     finally:
         pod.stop()
