@@ -29,12 +29,15 @@ ROOT = Path(__file__).resolve().parents[1]
 KEY = "rp_e2e_" + secrets.token_hex(8)  # made here: the synced test file must not hold it
 HEADING = "### The whole path: pod up, deploy, smoke, logs back, pod down"
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(sshd_available() is not None, reason=str(sshd_available())),
-    pytest.mark.skipif(namespaces_available() is not None, reason=str(namespaces_available())),
-    pytest.mark.skipif(shutil.which("make") is None, reason="the README path runs make deploy / make fetch-logs"),
-]
+
+def image_pod_test(fn):
+    """The end-to-end test's needs: sshd, root for the image pod's mount namespace, make."""
+    for mark in (pytest.mark.slow,
+                 pytest.mark.skipif(sshd_available() is not None, reason=str(sshd_available())),
+                 pytest.mark.skipif(namespaces_available() is not None, reason=str(namespaces_available())),
+                 pytest.mark.skipif(shutil.which("make") is None, reason="the README path runs make deploy / make fetch-logs")):
+        fn = mark(fn)
+    return fn
 
 
 def readme_path() -> list[str]:
@@ -60,9 +63,9 @@ def world(tmp_path):
     python_with_torch(local_bin)  # the image's python3, first on sshd's PATH
     pod = ImagePod(tmp_path, "runpod", replace={
         "/workspace": workspace, "/usr/local/bin": local_bin, **fresh_home(tmp_path / "image" / "root", "/root")})
-    pod.start()
-    fake.ssh_port = pod.port  # the public port RunPod maps to the pod's 22
     try:
+        pod.start()
+        fake.ssh_port = pod.port  # the public port RunPod maps to the pod's 22
         project = project_copy(tmp_path / "laptop" / "podkit")
         laptop_venv(project)
         tiny_job(project, smoke={"steps": 30}, name="my-job.toml")  # the user's job: the tiny CPU one
@@ -79,6 +82,7 @@ def world(tmp_path):
         fake.stop()
 
 
+@image_pod_test
 def test_up_deploy_smoke_fetch_down_as_the_readme_says(world):
     fake, pod, project, home, workspace = world
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RUNPOD_", "PODKIT_")) and k != "PYTHONPATH"}

@@ -86,8 +86,8 @@ def world(tmp_path):
     sm_home = tmp_path / "image" / "home"
     ec2 = notebook_instance(sm_home)
     pod = ImagePod(tmp_path, "notebook", replace={"/home": sm_home, **fresh_home(tmp_path / "image" / "root", "/root")})
-    pod.start()
     try:
+        pod.start()
         project = project_copy(tmp_path / "laptop" / "podkit")
         laptop_venv(project)
         tiny_job(project, smoke={"steps": 20}, name="my-job.toml")
