@@ -141,3 +141,27 @@ def test_a_notebook_instance_through_the_proxy_deploys_runs_in_its_conda_env_and
     while pod.processes() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert pod.processes() == []
+
+
+@pytest.mark.skipif(sshd_available() is not None, reason=str(sshd_available()))
+@pytest.mark.skipif(namespaces_available() is not None, reason=str(namespaces_available()))
+def test_a_training_containers_conda_python_is_found_off_the_ssh_path(tmp_path):
+    """AWS's deep learning containers have torch in /opt/conda/bin/python, on PATH for PID 1 (the
+    image's ENV) but not in an SSH session, whose python3 is the OS one, without torch."""
+    opt = tmp_path / "image" / "opt"
+    python_with_torch(opt / "conda" / "bin", "python")
+    pod = ImagePod(tmp_path, "dlc", replace={"/opt": opt, **fresh_home(tmp_path / "image" / "root", "/root")})
+    try:
+        pod.start()
+        project = project_copy(tmp_path / "laptop" / "podkit")
+        known = tmp_path / "known_hosts"
+        known.write_text(pod.known_hosts_line())
+        out = subprocess.run([str(project / "bin" / "pod"), "probe", pod.spec, "--json", "--key", str(pod.client_key),
+                              "--known-hosts", str(known), "--remote-dir", "/root/project"],
+                             cwd=project, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        fp = json.loads(out.stdout)
+        assert fp["python"] == "/opt/conda/bin/python" and fp["torch"]["version"], fp
+        assert fp["sagemaker"] is None  # nothing persists in a training container: the generic profile
+    finally:
+        pod.stop()
