@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from pod_image import ImagePod, fresh_home, laptop_venv, mirror, namespaces_available, python_with_torch
-from pods.hosts import load_inventory
+from podkit.pods.hosts import load_inventory
 from runpod_fake import FakeRunPod
 from smoke_helpers import tiny_job
 from sshd_harness import project_copy, sshd_available

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pods.errors import PodError
-from pods.hosts import expand_tokens, parse_host, resolve
+from podkit.pods.errors import PodError
+from podkit.pods.hosts import expand_tokens, parse_host, resolve
 from sshd_harness import LoopbackPod, keygen, pod_cli, project_copy, sshd_available
 
 RELAY = Path(__file__).with_name("tcp_relay.py")
