@@ -317,8 +317,9 @@ def resolve(spec: HostSpec, ssh_config: str | Path | None = None) -> Endpoint:
         keys = [os.path.expanduser(expand_tokens(k, tokens, "CdhiklLnpru", "IdentityFile"))
                 for k in facts.get("identityfile", [])]
         # Behind a ProxyCommand a key may appear only once the proxy runs (sagemaker-ssh-helper's
-        # start-proxy writes a fresh ~/.ssh/<host> on each connection; ssh too reads keys after
-        # connecting): kept, and read when paramiko authenticates. Otherwise only existing files.
+        # start-proxy writes a fresh ~/.ssh/<host> on each connection; ssh too loads its keys after
+        # connecting: OpenSSH ssh.c main(), ssh_connect() then load_public_identity_files()):
+        # kept, and read when paramiko authenticates. Otherwise only existing files.
         keys = [k for k in keys if proxy_command or Path(k).is_file()]
     keys = [k for k in keys if not Path(k).is_file() or check_key(k)]
     timeout = facts.get("connecttimeout", ["none"])[0]
