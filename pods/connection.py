@@ -100,6 +100,28 @@ class _Watchdog(threading.Thread):
         self._stop.set()
 
 
+class _ProxyProcess(paramiko.ProxyCommand):
+    """paramiko's ProxyCommand, with its stderr drained and its end waited for.
+
+    paramiko (5.1, proxy.py) pipes the process's stderr and never reads it: a chatty proxy (sm-ssh's
+    logs) would block on a full pipe; drained here, the last lines say why it failed. Its close()
+    sends SIGTERM even to a process already reaped (ProcessLookupError in the transport's thread);
+    here a finished one is left alone and a running one is waited for, so none outlives podkit."""
+
+    def __init__(self, command_line: str):
+        super().__init__(command_line)
+        self.stderr_tail: collections.deque = collections.deque(maxlen=20)
+        threading.Thread(target=self.stderr_tail.extend, args=(self.process.stderr,), daemon=True).start()
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            super().close()
+            try:
+                self.process.wait(timeout=5)
+            except Exception:  # noqa: BLE001 - ignores SIGTERM: leave it, podkit's own exit is not held up
+                pass
+
+
 class UnknownHostKey(paramiko.SSHException):
     def __init__(self, hostname: str, key: paramiko.PKey):
         self.hostname, self.key = hostname, key
@@ -218,23 +240,18 @@ class PodConnection:
         return conn
 
     @staticmethod
-    def _proxy(ep: Endpoint) -> paramiko.ProxyCommand:
+    def _proxy(ep: Endpoint) -> "_ProxyProcess":
         """The ssh config's ProxyCommand, started as OpenSSH starts it: `exec COMMAND` under the
         user's shell (ssh_config(5) ProxyCommand), so quoting, `~` and variables mean what they
         mean to ssh. paramiko splits its argument with shlex: joined here, it is exactly that argv."""
         shell = os.environ.get("SHELL") or "/bin/sh"
         try:
-            proxy = paramiko.ProxyCommand(shlex.join([shell, "-c", f"exec {ep.proxy_command}"]))
+            return _ProxyProcess(shlex.join([shell, "-c", f"exec {ep.proxy_command}"]))
         except Exception as exc:  # noqa: BLE001 - ProxyCommandFailure: the shell did not start
             raise PodError(f"ProxyCommand for {ep.hostname} did not start: {exc}", "check the ssh config's ProxyCommand") from None
-        # paramiko pipes the proxy's stderr and never reads it: a chatty proxy (sm-ssh logs) would
-        # block on a full pipe. Drained here; the last lines say why it failed, if it does.
-        proxy.stderr_tail = collections.deque(maxlen=20)
-        threading.Thread(target=lambda: proxy.stderr_tail.extend(proxy.process.stderr), daemon=True).start()
-        return proxy
 
     @staticmethod
-    def _proxy_failed(proxy: paramiko.ProxyCommand | None, ep: Endpoint) -> PodError | None:
+    def _proxy_failed(proxy: "_ProxyProcess | None", ep: Endpoint) -> PodError | None:
         """The proxy's own exit and last stderr line, when it is what ended the connection."""
         if proxy is None:
             return None

@@ -2,6 +2,7 @@
 sagemaker-ssh-helper's `sm-ssh start-proxy %h`): the tokens ssh would expand, and a real relay
 process (tests/tcp_relay.py, what `nc %h %p` does) carrying podkit's connection to a loopback sshd."""
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -76,6 +77,8 @@ def test_podkit_connects_through_the_proxycommand(tmp_path):
         assert out.returncode == 0, out.stdout + out.stderr
         assert out.stdout.startswith("my-nb.notebook.sagemaker: ") and "Python" in out.stdout
         assert log.read_text() == "my-nb.notebook.sagemaker 22\n"
+        relays = subprocess.run(["pgrep", "-f", str(log)], capture_output=True, text=True).stdout.split()
+        assert relays == [], "the proxy process outlived podkit's connection"
 
         # As sagemaker-ssh-helper's proxy behaves: it writes the key ~/.ssh/%h itself, then takes
         # seconds to set up the session; the config's ConnectTimeout covers that, --timeout 1 does not.
