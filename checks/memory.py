@@ -666,11 +666,30 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
 
     static = [params_resident] + quant_state + [optimizer] + paged_part + master
     fwd_grads = [full_grads] if grads_persist else []
+    handoff = None
+    if f.fsdp_version == 1 and c.sharding == "zero3" and f.stack.lora_units and L > 1:
+        # FSDP1 registers a block's pre-backward hook (which gathers it) on its output in post-forward,
+        # before the next block's pre-forward registers its reshard-only hook on that same tensor as its
+        # input (_register_post_backward_reshard_only_hook): tensor hooks run in that order, so when the
+        # gradient reaches it the block is gathered while the next one is still gathered, with only that
+        # gradient left of the next block's backward.
+        both = Part("params", "unsharded weights being used", int(2 * _layer_stored_bytes(job, e) + root),
+                    "the block being gathered for backward and the one just backpropagated, plus the root",
+                    transient=True)
+        grad_in = Part("activations", "gradient of the block's input", T * shape.hidden * bf.stream,
+                       f"{shape.hidden} x {bf.stream} B per token x {T:,}", transient=True)
+        candidate = phase("backward", static + [both] + fwd_params[1:] + cache(cache_bwd) + start_grads
+                          + kept_logits + [activations, grad_in])
+        in_block = phase("backward", static + fwd_params + cache(cache_bwd) + start_grads + kept_logits
+                         + [activations, in_backward])
+        tensors_of = lambda parts: sum(p.bytes for p in parts if p.where == "tensor")  # noqa: E731
+        handoff = candidate if tensors_of(candidate) > tensors_of(in_block) else None
     phases = {
         "forward-end": phase("forward-end", static + ([at_loss] + fwd_params[1:] if f.fsdp else fwd_params)
                              + cache(cache_fwd) + fwd_grads + [activations, loss] + previous + loss_hole),
         "backward": phase("backward", static + fwd_params + cache(cache_bwd) + start_grads + kept_logits
                           + [activations, in_backward]),
+        **({"backward": handoff} if handoff else {}),
         "backward-end": phase("backward-end", static + fwd_params[:1] + cache(cache_end) + end_grads + kept_logits
                               + [first_block, in_backward]),
         "step": phase("step", static + [full_grads, step_temp]),
