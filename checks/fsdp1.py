@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from checks.allocator import CachingAllocator
+from podkit.checks.allocator import CachingAllocator
 
 # torch/distributed/fsdp/_init_utils.py: PARAM_BROADCAST_BUCKET_SIZE = int(250 * 1024 * 1024), passed to
 # dist._broadcast_coalesced (torch/csrc/distributed/c10d/comm.cpp broadcast_coalesced): buckets close

@@ -4,10 +4,10 @@ Llama-2-7B (h 4096, 32 blocks, MHA, ffn 11008, vocab 32000) as Answer.AI's fsdp_
 (train.py 50efa1e): QLoRA r 64 on q, k, v, gate, up, down, pure bf16, 2 GPUs, FSDP1 full shard.
 """
 
-from checks import activations as A
-from checks.allocator import MIB, CachingAllocator, segment_size
-from checks.fsdp1 import _unit_init, forward_events, replay
-from checks.memory import estimate
+from podkit.checks import activations as A
+from podkit.checks.allocator import MIB, CachingAllocator, segment_size
+from podkit.checks.fsdp1 import _unit_init, forward_events, replay
+from podkit.checks.memory import estimate
 
 H, L, F, V, R = 4096, 32, 11008, 32000, 64
 LINEARS = 4 * H * H + 3 * H * F  # 202,375,168 weights per block
