@@ -682,8 +682,8 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
                           + kept_logits + [activations, grad_in])
         in_block = phase("backward", static + fwd_params + cache(cache_bwd) + start_grads + kept_logits
                          + [activations, in_backward])
-        tensors_of = lambda parts: sum(p.bytes for p in parts if p.where == "tensor")  # noqa: E731
-        handoff = candidate if tensors_of(candidate) > tensors_of(in_block) else None
+        allocated = [sum(p.bytes for p in parts if p.where == "tensor") for parts in (candidate, in_block)]
+        handoff = candidate if allocated[0] > allocated[1] else None
     phases = {
         "forward-end": phase("forward-end", static + ([at_loss] + fwd_params[1:] if f.fsdp else fwd_params)
                              + cache(cache_fwd) + fwd_grads + [activations, loss] + previous + loss_hole),
