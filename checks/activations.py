@@ -87,7 +87,7 @@ def block_facts(job, device: str = "cuda") -> BlockFacts:
         # FSDP's MixedPrecisionPolicy gathers it in bf16, a LoRA base and pure bf16 store it so.
         norm_weight_bytes=4 if t.precision == "fp32" or (f.autocast and not lora) else e,
         targets=frozenset(f.lora_targets), lora_rank=t.lora_rank, lora_dropout=f.lora_dropout > 0,
-        adapter_bytes=adapter, adapter_input_cast=f.stack.name in ("hf", "deepspeed"),
+        adapter_bytes=adapter, adapter_input_cast=f.stack.name in ("hf", "deepspeed", "fsdp_qlora"),
         kernel=attention_kernel(job, device), gqa=shape.kv_heads != shape.heads and not f.stack.repeat_kv,
         repeat_kv=shape.kv_heads != shape.heads and f.stack.repeat_kv,
         fused_qkv=f.stack.fused_qkv,
@@ -275,6 +275,18 @@ def backward_intermediates_per_token(facts: BlockFacts, moe_layer: bool = False)
     return 2 * f.stream * f.hidden + 3 * f.e * ffn + scores
 
 
+def block_forward_transient_per_token(facts: BlockFacts) -> float:
+    """The most one block's forward holds at once beyond its saved tensors when nothing is saved (a
+    checkpointed block runs its first forward under no_grad): inside the gated MLP, silu(gate) is
+    alive while up_proj runs, and an adapted up_proj holds its base output, lora_B's output and that
+    output times scaling at once (peft 0.10 tuners/lora/layer.py Linear.forward: `result = result +
+    lora_B(lora_A(dropout(x))) * scaling`; lora/bnb.py Linear4bit clones the base output first, then
+    the same); the MLP input and the attention residual are alive throughout."""
+    f = facts
+    up = 3 if "up_proj" in f.targets and f.lora_rank else 1
+    return (1 + up) * f.ffn * f.e + 2 * f.hidden * f.stream
+
+
 def head_saved_per_token(facts: BlockFacts, head_trainable: bool, quantized_head: bool = False) -> dict[str, float]:
     """The final norm and the LM head's input (the logits are the loss's)."""
     tr = Trace(facts)
@@ -324,7 +336,10 @@ def loss_bytes(job, tokens_per_sequence: int) -> LossBytes:
         # .contiguous(), CrossEntropyLoss on it; the fp32 logits are returned and kept.
         fwd = 4 + 4 + 4
         bwd = 4 + lsm + 2 * lsm
-        return LossBytes(fwd, bwd, 4, "fp32 logits kept, shifted copy, fp32 log-softmax")
+        # The 16-bit logits are freed by `.float()`; every later tensor of the loss (the shifted copy,
+        # log-softmax, its gradient in and out) is 4 B per logit, so the caching allocator cannot hand
+        # their block to any of them (best fit needs a block at least as big): it stays cached, empty.
+        return LossBytes(fwd, bwd, 4, "fp32 logits kept, shifted copy, fp32 log-softmax", hole=e if e < 4 else 0)
     kept = e if f.logits_kept else 0
     # Forward: every chunk's logits, every chunk's log-softmax output, one chunk's fp32 copy.
     fwd = e + lsm + copy

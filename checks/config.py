@@ -162,7 +162,8 @@ class TrainConfig:
     autocast_adapter_dtype) | "compute"."""
     stack: str = "podkit"
     """The library that runs the training step: podkit | hf (transformers Trainer/TRL + peft +
-    bitsandbytes) | deepspeed | torchtitan | litgpt | torchtune. Sets the defaults below."""
+    bitsandbytes) | deepspeed | torchtitan | litgpt | torchtune | fsdp_qlora (Answer.AI's FSDP1 +
+    QLoRA train.py). Sets the defaults below."""
     loss: str = "stack"
     """Loss implementation: "stack" | fp32-upcast | fp32-logits-kept | chunked | fused | native."""
     bitsandbytes: str = ""

@@ -27,6 +27,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from podkit.checks import activations as A
+from podkit.checks import fsdp1
 from podkit.checks.config import JobConfig
 from podkit.checks.gpus import GpuSpec
 from podkit.checks.models import ParamGroup
@@ -390,13 +391,23 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
         per_layer = _layer_stored_bytes(job, e)
         if c.sharding == "zero2":
             n, why = L, "every block, gathered from forward until backward (reshard_after_forward=False)"
+        elif f.fsdp_version == 1:
+            # FSDP1's backward prefetch targets the handle that ended its forward just before this block:
+            # with LoRA units that is one of this block's adapters; without, the block before.
+            n = min(1, L) if f.stack.lora_units else min(2, L)
+            why = "the block in backward" + ("" if f.stack.lora_units else " + the one prefetched")
         else:
             n, why = min(2, L), "current block + one prefetched"
         # The root module (embeddings, final norm, head) is not resharded after forward (FSDP2).
         root = _root_stored_bytes(job, e)
         fwd_params.append(Part("params", "unsharded weights being used", int(n * per_layer + root),
                                f"{why}, plus the root module, as gathered", transient=True))
-        if c.sharding == "zero3":
+        if c.sharding == "zero3" and f.fsdp_version == 1:
+            # FSDP1 gathers the last block for backward only when its pre-backward hook fires, after
+            # the loss and the head have been backpropagated: at the loss only the root is gathered.
+            at_loss = Part("params", "unsharded weights being used", int(root),
+                           "the root module (not resharded after forward)", transient=True)
+        elif c.sharding == "zero3":
             # At the loss the last block has resharded and nothing is prefetched yet: root + one block.
             at_loss = Part("params", "unsharded weights being used", int(min(1, L) * per_layer + root),
                            "the block gathered for backward, plus the root module", transient=True)
@@ -459,7 +470,14 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
         end_grads = [Part("grads", "gradients so far (all but the embedding)",
                           max(0, n_trainable - (0 if lora else _embedding_only(job))) * grad_bytes // param_shards,
                           "at the first block's backward nearly every gradient exists", transient=True)]
-    if f.fsdp:
+    if f.fsdp and f.fsdp_version == 1:
+        # FSDP1 _reduce_grad reduce-scatters the unsharded .grad itself (F.pad copies it only when its
+        # numel does not divide by the world size).
+        rs = Part("grads", "unsharded block gradient", block_grad * grad_bytes,
+                  "the block's gradient, reduce-scattered in place", transient=True)
+        start_grads = start_grads + [rs]
+        end_grads = end_grads + [rs]
+    elif f.fsdp:
         block_bytes = block_grad * e
         rs = Part("grads", "unsharded block gradient + reduce-scatter input", 2 * block_bytes,
                   "the block's gradient in compute dtype, and its fp32 copy for reduce-scatter", transient=True)
@@ -562,10 +580,40 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
     # The caching allocator keeps a pool per stream, so each stream's peak stays reserved all step
     # and the default stream cannot reuse it: at any moment, reserved holds the pool's peak minus
     # what that stream's tensors use then.
-    ag_pool = rs_pool = 0
+    ag_pool = rs_pool = init_pool = 0
     if f.fsdp:
         ag_pool = _all_gather_pool(job, e)
         rs_pool = max(2 * block_grad * e, full_grads.bytes)
+    if f.fsdp_version == 1:
+        # The unshard stream's pool holds the root, the block in use and the block freed just before
+        # it, whose block is reusable only once the compute stream has passed record_stream's event
+        # (limit_all_gathers waits on the free before last, not the last): the gathered weights live
+        # inside this pool, not beside it. Sharded gradients are reduce-scatter outputs of the
+        # post-backward stream.
+        ag_pool = int(_root_stored_bytes(job, e) + min(2, L) * _layer_stored_bytes(job, e))
+        rs_pool = full_grads.bytes
+        if f.stack.fsdp_init_on_device and offload == "none" and shape.arch == "llama" and not shape.moe:
+            # Replay the wrap and the first step's forward up to the loss's backward peak through the
+            # caching allocator's rules: the default stream's large pool never shrinks after that.
+            _, init_pool = fsdp1.step_reserved(_fsdp1_units(job, e), param_shards, shape, T, e,
+                                               f.lora_targets, t.base_quant == "nf4", 4 if f.loss_upcast else e)
+    # FSDP1 shards each unit's flat parameter: a LoRA unit's shard, its AdamW states and the step's
+    # temporaries are tensors of the shard's size; those of <= 1 MiB live in the small pool.
+    small_static = small_step = 0
+    if f.fsdp_version == 1 and f.stack.lora_units and n_trainable:
+        small = [g for g in trainable if -(-g.numel // param_shards) * resident_bytes <= MIB]
+        share = sum(g.total for g in small) / n_trainable
+        small_static = int(share * (n_trainable * resident_bytes // param_shards + optimizer.bytes))
+        small_step = int(share * step_temp.bytes)
+    # Reserved but empty at the loss: segments too small for any logits tensor. A checkpointed block's
+    # first forward runs under no_grad, so its temporaries are freed, and their blocks are smaller than
+    # the loss's (best fit cannot hand a block to a bigger request); likewise the loss's own hole.
+    # (The loss's own hole is loss_hole above.)
+    holes_pt = 0.0
+    if f.ac_policy == "block" and f.loss not in ("chunked", "fused"):
+        holes_pt = A.block_forward_transient_per_token(bf)
+    holes = Part("overhead", "freed blocks too small for the logits (cached, empty)", int(holes_pt * T),
+                 f"{holes_pt:,.0f} B per token: the checkpointed blocks' no-grad temporaries", where="pool")
 
     def phase(name: str, parts: list[Part]) -> list[Part]:
         tensors = [p for p in parts if p.bytes or p.term == "params"]
@@ -573,7 +621,32 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
         rounding = Part("overhead", "allocator rounding", _rounding(sizes),
                         "each block rounded to 512 B, allocations over 10 MiB to 2 MiB segments", where="pool")
         held = []
-        if f.fsdp:
+        if f.fsdp_version == 1 and init_pool:
+            # The replay already holds the loss's hole and the blocks' temporaries.
+            tensors = [p for p in tensors if not p.label.startswith("freed logits' slot")]
+        if f.fsdp_version == 1:
+            gathered = sum(p.bytes for p in tensors if p.label.startswith("unsharded weights"))
+            sharded_grads = sum(p.bytes for p in tensors if p.term == "grads" and not p.label.startswith("unsharded"))
+            # Tensors of 1 MiB or less live in the small pool, which the wrap's large segments cannot serve.
+            small = small_static + (small_step if step_temp in tensors else 0)
+            default_stream = sum(p.bytes for p in tensors if p.where == "tensor") - gathered - sharded_grads - small
+            at_loss = [holes] if name == "forward-end" and holes.bytes and not init_pool else []
+            init_left = max(0, init_pool - default_stream - sum(p.bytes for p in at_loss))
+            held = at_loss + [
+                Part("overhead", "FSDP1 unshard-stream pool (cached)", max(0, ag_pool - gathered),
+                     "the root and two blocks' flat parameters; the gathered weights above live in it", where="pool"),
+                Part("overhead", "FSDP1 post-backward stream pool (cached)", max(0, rs_pool - sharded_grads),
+                     "every sharded gradient is a reduce-scatter output of that stream", where="pool"),
+                Part("overhead", "default-stream segments of the wrap and the first forward (cached)", init_left,
+                     f"replaying FSDP1's wrap and the first step's forward through the allocator's rules "
+                     f"reserves {init_pool:,} B (checks/fsdp1.py); what this moment's tensors do not fill",
+                     where="pool"),
+                Part("overhead", "small-pool segments of the optimizer step (cached)",
+                     0 if step_temp in tensors else small_step,
+                     "the step's temporaries of LoRA shards are under 1 MiB each: small-pool segments, "
+                     "kept from the first step on", where="pool")]
+            held = [p for p in held if p.bytes]
+        elif f.fsdp:
             sharded_grads = sum(p.bytes for p in tensors if p.term == "grads" and not p.label.startswith("unsharded"))
             # The all-gather lands in flat output buffers that copy-out then splits into the unsharded
             # parameters (foreach_all_gather_copy_out): the cached flat buffers come on top of them.
@@ -584,6 +657,8 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
                     Part("overhead", "FSDP reduce-scatter stream pool (cached)", max(0, rs_pool - sharded_grads),
                          "every sharded gradient is a reduce-scatter output, held by that stream", where="pool")]
             held = [p for p in held if p.bytes]
+        if f.fsdp_version != 1 and name == "forward-end" and holes.bytes:
+            held = held + [holes]
         return tensors + held + ([rounding] if rounding.bytes else []) + device_only
 
     def cache(label_bytes: int) -> list[Part]:
@@ -591,11 +666,30 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
 
     static = [params_resident] + quant_state + [optimizer] + paged_part + master
     fwd_grads = [full_grads] if grads_persist else []
+    handoff = None
+    if f.fsdp_version == 1 and c.sharding == "zero3" and f.stack.lora_units and L > 1:
+        # FSDP1 registers a block's pre-backward hook (which gathers it) on its output in post-forward,
+        # before the next block's pre-forward registers its reshard-only hook on that same tensor as its
+        # input (_register_post_backward_reshard_only_hook): tensor hooks run in that order, so when the
+        # gradient reaches it the block is gathered while the next one is still gathered, with only that
+        # gradient left of the next block's backward.
+        both = Part("params", "unsharded weights being used", int(2 * _layer_stored_bytes(job, e) + root),
+                    "the block being gathered for backward and the one just backpropagated, plus the root",
+                    transient=True)
+        grad_in = Part("activations", "gradient of the block's input", T * shape.hidden * bf.stream,
+                       f"{shape.hidden} x {bf.stream} B per token x {T:,}", transient=True)
+        candidate = phase("backward", static + [both] + fwd_params[1:] + cache(cache_bwd) + start_grads
+                          + kept_logits + [activations, grad_in])
+        in_block = phase("backward", static + fwd_params + cache(cache_bwd) + start_grads + kept_logits
+                         + [activations, in_backward])
+        allocated = [sum(p.bytes for p in parts if p.where == "tensor") for parts in (candidate, in_block)]
+        handoff = candidate if allocated[0] > allocated[1] else None
     phases = {
         "forward-end": phase("forward-end", static + ([at_loss] + fwd_params[1:] if f.fsdp else fwd_params)
                              + cache(cache_fwd) + fwd_grads + [activations, loss] + previous + loss_hole),
         "backward": phase("backward", static + fwd_params + cache(cache_bwd) + start_grads + kept_logits
                           + [activations, in_backward]),
+        **({"backward": handoff} if handoff else {}),
         "backward-end": phase("backward-end", static + fwd_params[:1] + cache(cache_end) + end_grads + kept_logits
                               + [first_block, in_backward]),
         "step": phase("step", static + [full_grads, step_temp]),
@@ -632,14 +726,46 @@ def _embedding_only(job: JobConfig) -> int:
     return 0 if s.tie_embeddings else s.vocab * s.hidden
 
 
+def _packed_bytes(job: JobConfig) -> float:
+    """Bytes per weight of a quantized base's data alone: 4 bits, or LLM.int8's int8."""
+    return 0.5 if job.train.base_quant == "nf4" else 1.0
+
+
 def _stored_per_value(job: JobConfig, g: ParamGroup, e: int) -> float:
     """Bytes per value of a parameter as FSDP gathers it: the compute dtype for trainable or 16-bit
-    frozen weights, the quantized storage for a QLoRA base (gathered packed, dequantized per matmul)."""
+    frozen weights, the quantized storage for a QLoRA base (gathered packed, dequantized per matmul;
+    bitsandbytes' quantization state is not a parameter and is not gathered)."""
     t = job.train
     if t.lora_rank and t.base_quant != "none" and g.linear and g.per_layer:
         # Only the packed 4-bit parameter is gathered; its QuantState stays on the module.
         return 0.5 if t.base_quant == "nf4" else 1 + 4 / g.rows
     return e if t.precision != "fp32" else 4
+
+
+def _fsdp1_units(job: JobConfig, e: int) -> list[list[int]]:
+    """FSDP1 units in wrap order with their parameters' byte sizes: per block, each LoRA linear's
+    lora_A and lora_B (when they are units of their own), then the block's other parameters; the root
+    (embedding, final norm, head) last (torch/distributed/fsdp/wrap.py _recursive_wrap wraps children
+    before their parent)."""
+    s, r = job.shape, job.train.lora_rank
+    adapter = job.facts.adapter_bytes or e
+    block: list[int] = []
+    lora: list[int] = []
+    for g in s.param_groups():
+        if not g.per_layer:
+            continue
+        per = g.count // s.layers
+        if g.linear and job.train.base_quant != "none" and r:
+            size = int(g.rows * g.cols * _packed_bytes(job))
+        else:
+            size = g.rows * g.cols * (e if job.train.precision != "fp32" else 4)
+        block += [size] * per
+        if r and job.facts.stack.lora_units and g.linear and targeted(g.name, job.facts.lora_targets):
+            lora += [g.rows * r * adapter, r * g.cols * adapter] * per
+    units = ([[n] for n in lora] + [block]) * s.layers
+    root = [g.rows * g.cols * (e if job.train.precision != "fp32" else 4) for g in s.param_groups()
+            if not g.per_layer]
+    return units + [root]
 
 
 def _layer_stored_bytes(job: JobConfig, e: int) -> float:
@@ -690,6 +816,8 @@ def _allocation_sizes(job: JobConfig, phase: str, parts: list[Part], stored: dic
             sizes += [(b * T, L) for b in stored.values()] + [(b * T, 1) for b in head.values()]
         elif p.label.startswith("first block"):
             sizes += [(b * T, 1) for b in stored.values()]
+        elif p.term == "params" and not p.transient and job.facts.fsdp_version == 1:
+            continue  # flat shards, one per unit: their segments are in the wrap's replay
         elif p.term == "params" and p.label.startswith("weights"):
             # Not the trainable tensors' shapes alone: a LoRA job's frozen base is most of these bytes.
             sizes += weights

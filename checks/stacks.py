@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-STACKS = ("podkit", "hf", "deepspeed", "torchtitan", "litgpt", "torchtune")
+STACKS = ("podkit", "hf", "deepspeed", "torchtitan", "litgpt", "torchtune", "fsdp_qlora")
 
 # How the loss turns the last hidden state into a scalar, and what it keeps alive:
 #   fp32-upcast       cross_entropy(logits.float()): bf16 logits, an fp32 copy, fp32 log-softmax
@@ -87,6 +87,12 @@ class Stack:
     """Sharding runs FSDP2's fully_shard (per-parameter DTensor shards, flat all-gather buffers on the
     copy-in stream) rather than FSDP1 flat parameters (accelerate's default fsdp_version 1, lightning's
     FSDPStrategy) or DeepSpeed ZeRO-3."""
+    fsdp_init_on_device: bool = False
+    """FSDP1 wraps a model that starts on the CPU (sync_module_states from rank 0) and the loop resets
+    the peak counters after wrapping without empty_cache: the segments the wrap left stay reserved."""
+    lora_units: bool = False
+    """Each LoRA linear is its own FSDP unit (its flat parameter is the only one that trains), so a
+    block's flat parameter holds only frozen weights and has no gradient."""
 
 
 STACK_FACTS: dict[str, Stack] = {
@@ -129,6 +135,21 @@ STACK_FACTS: dict[str, Stack] = {
         Stack("litgpt", "chunked", 128, 0, False, True, "block", ("q_proj", "v_proj"), "compute", "foreach", True, True, False,
               "litgpt finetune/lora.py, utils.py chunked_cross_entropy, lora.py Config",
               previous_outputs_kept=True, fused_qkv=True, quant_from_fp16=True),
+        # Answer.AI fsdp_qlora train.py (50efa1e, 2024-03-26): a transformers model of its time
+        # (4.38/4.39: LlamaForCausalLM does `logits = logits.float()` and the loss on a shifted
+        # .contiguous() copy, and the loop keeps `output` until after optimizer.step(); LlamaSdpaAttention
+        # repeat_kv), peft LoRA on k,q,v,up,down,gate (`--lora_target_modules all`) in the base
+        # weight's dtype, torch.optim.AdamW without fused= (foreach on CUDA); QLoRA replaces the
+        # linears of `model.model` only (replace_linear, lm_head stays 16-bit); FSDP1 with
+        # use_orig_params=False, limit_all_gathers=True, sync_module_states from rank 0's CPU copy
+        # (low_memory default), an _or_policy that makes every trainable leaf (each lora_A/lora_B
+        # Linear) and each decoder layer its own unit, and FSDP's checkpoint_wrapper per decoder
+        # layer, reentrant as its README asks for bitsandbytes (`--reentrant_checkpointing True`);
+        # torch.cuda.reset_peak_memory_stats() right before the loop, no empty_cache after wrapping.
+        Stack("fsdp_qlora", "fp32-logits-kept", 0, 0, True, True, "block",
+              ("k_proj", "q_proj", "v_proj", "up_proj", "down_proj", "gate_proj"), "compute", "foreach", False, True, True,
+              "AnswerDotAI/fsdp_qlora train.py 50efa1e; transformers 4.39 modeling_llama.py; torch 2.2 FSDP1",
+              fsdp_init_on_device=True, lora_units=True),
         # torchtune: CEWithChunkedOutputLoss(num_output_chunks=8), upcast per chunk
         # (torchtune/modules/loss/ce_chunked_output_loss.py), and the recipes `del logits` before
         # backward (recipes/lora_finetune_single_device.py _loss_step); LoRA recipes target q, v, output_proj
@@ -170,6 +191,9 @@ class JobFacts:
     paged_optimizer: bool
     quantize_head: bool
     previous_outputs_kept: bool
+    fsdp_version: int
+    """The stack's FSDP where podkit models it by version: 2 (fully_shard), 1 (FullyShardedDataParallel,
+    with its wrap replayed: fsdp_qlora); 0 without FSDP or where the generic sharding model applies."""
     quant_saves_input: bool
     """bitsandbytes < 0.43.2: MatMul4Bit keeps its input A as a plain ctx attribute until backward,
     which checkpointing's saved-tensor hooks cannot drop (only a reentrant checkpoint's no_grad
@@ -293,6 +317,10 @@ def resolve(train, cluster, shape) -> JobFacts:
                                else train.previous_outputs == "kept"),
         # bitsandbytes commit 9e753741 "fix QLoRA mem bug: delete useless buffered activation" (#1270),
         # first in 0.43.2; under a reentrant checkpoint the forward runs in no_grad and keeps nothing.
+        # FSDP1's replay and pools (checks/fsdp1.py) are applied where they were checked against
+        # published peaks: stacks whose wrap facts are known (fsdp_qlora); other FSDP1 stacks keep
+        # the generic model until they are.
+        fsdp_version=(2 if stack.fsdp2 else 1) if fsdp and (stack.fsdp2 or stack.fsdp_init_on_device) else 0,
         quant_saves_input=(old_bnb_4bit and not (ac != "none" and stack.reentrant)),
         quant_input_in_recompute=old_bnb_4bit and ac != "none",
         offloaded=cluster.offload != "none",

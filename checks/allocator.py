@@ -1,0 +1,102 @@
+"""A replay of PyTorch's CUDA caching allocator, for the segments a known sequence of allocations leaves.
+
+`torch.cuda.max_memory_reserved` counts segments, and a segment is never returned to the driver
+during training (only `empty_cache()` or an out-of-memory retry releases it), so what a job reserves
+depends on the order and sizes of its allocations, not only on their sum. Where podkit knows that
+order from a library's source (FSDP1's initialisation), it replays it here. Written rather than
+imported because checks/ never imports torch, and the rules are few. The rules, from
+c10/cuda/CUDACachingAllocator.cpp (torch 2.2, unchanged in 2.13):
+
+- a request is rounded up to 512 B (kMinBlockSize, round_size);
+- requests <= 1 MiB (kSmallSize) use the small pool, larger ones the large pool; pools are per stream;
+- a cached free block of the same pool and stream serves the request if it is big enough: the
+  smallest such (get_free_block: `pool.blocks.lower_bound(&p.search_key)`, ordered by stream, size,
+  address); otherwise a new segment of 2 MiB (kSmallBuffer) for small requests, 20 MiB (kLargeBuffer)
+  for requests under 10 MiB (kMinLargeAlloc), else the request rounded up to 2 MiB (kRoundLarge);
+- the block is split when the rest is >= 512 B (small pool) or > 1 MiB (large pool) (should_split);
+- a freed block merges with free neighbours of its own segment (free_block, try_merge_blocks);
+  blocks of different segments never merge.
+max_split_size_mb and expandable segments are not modelled (both off by default).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MIB = 1 << 20
+K_MIN_BLOCK = 512
+K_SMALL_SIZE = MIB
+K_SMALL_BUFFER = 2 * MIB
+K_LARGE_BUFFER = 20 * MIB
+K_MIN_LARGE_ALLOC = 10 * MIB
+K_ROUND_LARGE = 2 * MIB
+
+
+def round_size(size: int) -> int:
+    return max(K_MIN_BLOCK, -(-size // K_MIN_BLOCK) * K_MIN_BLOCK)
+
+
+def segment_size(size: int) -> int:
+    """cudaMalloc size for a request that no cached block serves (get_allocation_size)."""
+    if size <= K_SMALL_SIZE:
+        return K_SMALL_BUFFER
+    if size < K_MIN_LARGE_ALLOC:
+        return K_LARGE_BUFFER
+    return -(-size // K_ROUND_LARGE) * K_ROUND_LARGE
+
+
+@dataclass(eq=False)
+class _Block:
+    segment: int
+    offset: int
+    size: int
+    small: bool
+    stream: int
+    free: bool = True
+
+
+@dataclass
+class CachingAllocator:
+    """Replays malloc/free; `reserved` only grows (nothing calls empty_cache)."""
+
+    free_blocks: dict = field(default_factory=dict)  # (small, stream) -> cached free blocks
+    reserved: int = 0
+    reserved_large: int = 0
+    """Of `reserved`, the large pool's segments (what requests over 1 MiB can use)."""
+    allocated: int = 0
+    peak_allocated: int = 0
+    _segments: int = 0
+
+    def malloc(self, size: int, stream: int = 0) -> _Block:
+        size = round_size(size)
+        small = size <= K_SMALL_SIZE
+        pool = self.free_blocks.setdefault((small, stream), [])
+        fits = [b for b in pool if b.size >= size]
+        if fits:
+            block = min(fits, key=lambda b: (b.size, b.segment, b.offset))
+            pool.remove(block)
+        else:
+            seg = segment_size(size)
+            block = _Block(self._segments, 0, seg, small, stream)
+            self._segments += 1
+            self.reserved += seg
+            self.reserved_large += 0 if small else seg
+        rest = block.size - size
+        if rest >= K_MIN_BLOCK if small else rest > K_SMALL_SIZE:
+            pool.append(_Block(block.segment, block.offset + size, rest, small, stream))
+            block.size = size
+        block.free = False
+        self.allocated += block.size
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        return block
+
+    def free(self, block: _Block) -> None:
+        block.free = True
+        self.allocated -= block.size
+        pool = self.free_blocks.setdefault((block.small, block.stream), [])
+        for other in [b for b in pool if b.segment == block.segment]:
+            if other.offset + other.size == block.offset or block.offset + block.size == other.offset:
+                block.offset = min(block.offset, other.offset)
+                block.size += other.size
+                pool.remove(other)
+        pool.append(block)

@@ -1,0 +1,256 @@
+"""FSDP1 (torch.distributed.fsdp.FullyShardedDataParallel) facts that decide reserved memory.
+
+FSDP1 differs from FSDP2 (`fully_shard`) where memory is concerned (torch 2.2, the same in 2.13):
+
+- unshard: `_unshard` runs `handle.unshard()` inside `with stream(unshard_stream)`, and
+  `_alloc_padded_unsharded_flat_param` allocates the padded unsharded flat parameter there; the
+  all-gather writes straight into it and the module's parameters become views of it
+  (`_use_unsharded_flat_param`): no separate all-gather buffer and no copy-out. Resharding frees it
+  with `record_stream(current stream)` (`_free_unsharded_flat_param`), so the block returns to the
+  unshard stream's pool once the compute stream passes that point;
+- the root is not resharded after forward (`_post_forward_reshard`: `not state._is_root`);
+- backward prefetch (BACKWARD_PRE) targets the handle that finished its forward just before the
+  current one (`get_handle_to_backward_prefetch`: `handles_post_forward_order[index - 1]`); with
+  LoRA linears wrapped as their own units that is a LoRA unit of the same block, not the previous
+  block;
+- gradients: `_reduce_grad` reduce-scatters the unsharded `.grad` itself (padded with `F.pad` only
+  when uneven) into `new_sharded_grad = torch.empty_like(chunk)`, allocated on the post-backward
+  stream, which becomes the sharded `.grad` at `_finalize_params`;
+- initialisation (`_init_param_handle_from_module`) moves the unit's parameters to the GPU tensor by
+  tensor, broadcasts them with sync_module_states, flattens them into one new tensor
+  (`flatten_tensors_into_flat_param`: torch.cat) and clones this rank's shard, while
+  `managed_params` still holds the moved originals. The segments this leaves stay reserved: the
+  training loop resets the peak counters afterwards, and reset_peak_memory_stats keeps the current
+  reserved bytes as the new peak.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from podkit.checks.allocator import CachingAllocator
+
+# torch/distributed/fsdp/_init_utils.py: PARAM_BROADCAST_BUCKET_SIZE = int(250 * 1024 * 1024), passed to
+# dist._broadcast_coalesced (torch/csrc/distributed/c10d/comm.cpp broadcast_coalesced): buckets close
+# when their size reaches the limit (compute_bucket_assignment_by_size), at most 2 are in flight, and a
+# bucket of more than one tensor is flattened into a copy (torch/csrc/utils/tensor_flatten.h:
+# flatten_dense_tensors returns a view for a single tensor, at::cat otherwise).
+BROADCAST_BUCKET = 250 * 1024 * 1024
+BROADCASTS_IN_FLIGHT = 2
+
+
+def _unit_init(alloc: CachingAllocator, tensors: list[int], world: int, sync: bool) -> None:
+    """One FSDP1 unit's __init__ on a rank whose module starts on the CPU: returns with its shard live."""
+    moved = [alloc.malloc(n) for n in tensors]  # _move_states_to_device, parameter by parameter
+    if sync:
+        in_flight, bucket, size = [], [], 0
+        buckets = []
+        for n in tensors:
+            bucket.append(n)
+            size += n
+            if size >= BROADCAST_BUCKET:
+                buckets.append(bucket)
+                bucket, size = [], 0
+        if bucket:
+            buckets.append(bucket)
+        for b in buckets:
+            if len(in_flight) >= BROADCASTS_IN_FLIGHT:
+                copy = in_flight.pop(0)
+                if copy:
+                    alloc.free(copy)
+            in_flight.append(alloc.malloc(sum(b)) if len(b) > 1 else None)
+        for copy in in_flight:
+            if copy:
+                alloc.free(copy)
+    total = sum(tensors)
+    flat = alloc.malloc(total)
+    alloc.malloc(-(-total // world))  # this rank's shard, kept (FlatParamHandle.shard)
+    alloc.free(flat)  # orig_storage._resize_(0)
+    for m in moved:  # managed_params goes out of scope with _init_param_handle_from_module
+        alloc.free(m)
+
+
+@lru_cache(maxsize=64)
+def _init_replay(units: tuple[tuple[int, ...], ...], world: int, sync: bool) -> tuple[int, int]:
+    alloc = CachingAllocator()
+    for tensors in units:
+        _unit_init(alloc, list(tensors), world, sync)
+    return alloc.reserved_large, alloc.reserved
+
+
+def init_reserved(units: list[list[int]], world: int, sync: bool = True) -> tuple[int, int]:
+    """(large-pool bytes, all bytes) reserved on one rank's default stream after FSDP1 has wrapped
+    `units` (each a list of parameter byte sizes, in wrap order: inner units first, the root last),
+    starting from a model on the CPU. Only the large pool's segments can take training's tensors of
+    over 1 MiB."""
+    return _init_replay(tuple(tuple(u) for u in units), world, sync)
+
+
+# ---------------------------------------------------------------- the first training step's forward
+
+
+class _Ops:
+    """An allocation trace: ("a", name, bytes) allocates, ("f", name) frees."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple] = []
+        self._n = 0
+
+    def new(self, size: float) -> str:
+        self._n += 1
+        name = f"t{self._n}"
+        self.events.append(("a", name, int(size)))
+        return name
+
+    def free(self, *names: str) -> None:
+        self.events += [("f", n) for n in names if n]
+
+
+def _rmsnorm(ops: _Ops, T: int, h: int, e: int) -> str:
+    """transformers 4.39 LlamaRMSNorm under no_grad: hs.to(float32); hs.pow(2).mean(-1); hs * rsqrt(...);
+    weight * hs.to(input_dtype)."""
+    x32 = ops.new(4 * h * T)
+    sq = ops.new(4 * h * T)
+    ops.free(sq)  # .mean(-1, keepdim=True) is T x 4 B
+    normed = ops.new(4 * h * T)
+    ops.free(x32)
+    cast = ops.new(e * h * T)
+    ops.free(normed)
+    out = ops.new(e * h * T)
+    ops.free(cast)
+    return out
+
+
+def _linear(ops: _Ops, x: str, T: int, fan_in: int, fan_out: int, e: int, lora: bool, quant: bool) -> str:
+    """A base linear (bitsandbytes MatMul4Bit dequantizes the whole weight first, 0.43.0
+    autograd/_functions.py l.516) with peft 0.10's LoRA beside it: lora/layer.py Linear.forward
+    `result = result + lora_B(lora_A(dropout(x))) * scaling`; lora/bnb.py Linear4bit clones the base
+    output first and adds `output * scaling` the same way. Dropout (aten native_dropout) makes its
+    output and a 1-byte mask."""
+    w = ops.new(e * fan_in * fan_out) if quant else ""
+    out = ops.new(e * fan_out * T)
+    ops.free(w)
+    if not lora:
+        return out
+    if quant:
+        cloned = ops.new(e * fan_out * T)
+        ops.free(out)
+        out = cloned
+    dropped, mask = ops.new(e * fan_in * T), ops.new(fan_in * T)
+    ops.free(mask)
+    ops.free(dropped)  # lora_A's output is rank-wide: under 1 MiB per thousand tokens, not traced
+    b = ops.new(e * fan_out * T)
+    scaled = ops.new(e * fan_out * T)
+    ops.free(b)
+    total = ops.new(e * fan_out * T)
+    ops.free(out, scaled)
+    return total
+
+
+def _block(ops: _Ops, x: str, T: int, s, e: int, targets, quant: bool) -> str:
+    """One transformers 4.39 LlamaDecoderLayer forward under no_grad (a reentrant checkpoint's first
+    pass): the sdpa attention path with a causal mask (q, k, v made .contiguous(), rotate_half RoPE) and
+    the gated MLP. Returns the block output, which stays alive (the next block's checkpointed input)."""
+    h, qd, kvd, ffn = s.hidden, s.q_dim, s.kv_dim, s.dense_ffn
+
+    def lin(inp, fi, fo, name):
+        return _linear(ops, inp, T, fi, fo, e, name in targets, quant)
+
+    n1 = _rmsnorm(ops, T, h, e)
+    q, k, v = lin(n1, h, qd, "q_proj"), lin(n1, h, kvd, "k_proj"), lin(n1, h, kvd, "v_proj")
+    embedded = []
+    for t, width in ((q, qd), (k, kvd)):  # apply_rotary_pos_emb: (t * cos) + (rotate_half(t) * sin)
+        tc = ops.new(e * width * T)
+        neg = ops.new(e * width * T / 2)
+        rh = ops.new(e * width * T)
+        ops.free(neg)
+        rs = ops.new(e * width * T)
+        ops.free(rh)
+        emb = ops.new(e * width * T)
+        ops.free(tc, rs)
+        embedded.append(emb)
+    ops.free(q, k)
+    contiguous = []
+    for t, width in ((embedded[0], qd), (embedded[1], kvd), (v, kvd)):
+        c = ops.new(e * width * T)
+        ops.free(t)
+        contiguous.append(c)
+    attn = ops.new(e * qd * T)  # memory-efficient SDPA (a mask is given): output as (b, s, heads, d)
+    ops.free(*contiguous)
+    o = lin(attn, qd, h, "o_proj")
+    ops.free(attn, n1)
+    r1 = ops.new(e * h * T)
+    ops.free(o)
+    n2 = _rmsnorm(ops, T, h, e)
+    g = lin(n2, h, ffn, "gate_proj")
+    act = ops.new(e * ffn * T)
+    ops.free(g)
+    u = lin(n2, h, ffn, "up_proj")
+    prod = ops.new(e * ffn * T)
+    ops.free(act, u)
+    d = lin(prod, ffn, h, "down_proj")
+    ops.free(prod, n2)
+    out = ops.new(e * h * T)
+    ops.free(r1, d)
+    return out
+
+
+def forward_events(s, T: int, e: int, targets, quant: bool, lsm: int = 4) -> list[tuple]:
+    """The default stream's allocations of one step of fsdp_qlora's HF Llama, up to the loss peak:
+    embedding output, every checkpointed block under no_grad, the final norm (with grad: its fp32 input
+    is saved), the head and transformers 4.39's loss (`logits.float()`, a shifted .contiguous() copy,
+    log_softmax), then backward through the loss to log_softmax's gradient."""
+    ops = _Ops()
+    x = ops.new(e * s.hidden * T)
+    for _ in range(s.layers):
+        x = _block(ops, x, T, s, e, targets, quant)
+    x32 = ops.new(4 * s.hidden * T)  # saved by pow / mul for backward
+    sq = ops.new(4 * s.hidden * T)
+    ops.free(sq)
+    normed = ops.new(4 * s.hidden * T)
+    cast = ops.new(e * s.hidden * T)
+    ops.free(normed)
+    final = ops.new(e * s.hidden * T)
+    ops.free(cast)
+    logits16 = ops.new(e * s.vocab * T)
+    logits = ops.new(4 * s.vocab * T)  # `logits = logits.float()`: kept in the output until after the step
+    ops.free(logits16)
+    # shift_logits is one position shorter per sequence; taken at full length (within 1 / seq_len).
+    shifted = ops.new(4 * s.vocab * T)
+    log_probs = ops.new(lsm * s.vocab * T)  # log_softmax's output, saved for backward
+    ops.free(shifted, final)
+    grad_log_probs = ops.new(lsm * s.vocab * T)  # nll_loss backward
+    ops.new(lsm * s.vocab * T)  # log_softmax backward: the peak
+    del x32, logits, log_probs, grad_log_probs  # live at the peak: named only for the reader
+    return ops.events
+
+
+def replay(events: list[tuple], alloc: CachingAllocator | None = None) -> CachingAllocator:
+    alloc = alloc or CachingAllocator()
+    live = {}
+    for ev in events:
+        if ev[0] == "a":
+            live[ev[1]] = alloc.malloc(ev[2])
+        else:
+            alloc.free(live.pop(ev[1]))
+    return alloc
+
+
+@lru_cache(maxsize=64)
+def _step_replay(units: tuple[tuple[int, ...], ...], world: int, sync: bool, block_key: tuple) -> tuple[int, int]:
+    alloc = CachingAllocator()
+    for tensors in units:
+        _unit_init(alloc, list(tensors), world, sync)
+    init_large = alloc.reserved_large
+    shape, T, e, targets, quant, lsm = block_key
+    replay(forward_events(shape, T, e, targets, quant, lsm), alloc)
+    return init_large, alloc.reserved_large
+
+
+def step_reserved(units: list[list[int]], world: int, shape, tokens: int, e: int, targets, quant: bool,
+                  lsm: int = 4, sync: bool = True) -> tuple[int, int]:
+    """(large-pool bytes reserved after the wrap, and at the loss's backward peak of the first step) on
+    one rank's default stream: the wrap's replay followed by the step's forward in the same allocator,
+    so the forward reuses what the wrap left cached where the sizes allow."""
+    return _step_replay(tuple(tuple(u) for u in units), world, sync,
+                        (shape, tokens, e, frozenset(targets), quant, lsm))
