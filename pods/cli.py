@@ -484,7 +484,8 @@ def gpus_cmd(as_json):
 def run() -> None:
     """main, with click's usage errors (a missing or malformed option) as one line and exit 2."""
     try:
-        main(prog_name="bin/pod", standalone_mode=False)
+        # click would name the completion variable after prog_name, and '/' is not valid in one.
+        main(prog_name="bin/pod", standalone_mode=False, complete_var="_PODKIT_POD_COMPLETE")
     except click.UsageError as exc:
         if exc.format_message().startswith("Usage:"):  # `bin/pod` alone: click's help, as it shows it
             click.echo(exc.format_message(), err=True)
