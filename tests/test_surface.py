@@ -142,6 +142,9 @@ def test_plot_json_lists_every_png_written(tmp_path):
     (["pod", "--json", "--id=j1", "python", "x.py", "--timeout", "5"], ("python", "x.py", "--timeout", "5"),
      {"as_json": True, "job_id": "j1", "timeout": 10.0}),
     (["pod", "python", "-c", "print(1)"], ("python", "-c", "print(1)"), {}),
+    (["pod", "bin/smoke", "--json", "--", "python", "t.py"], ("bin/smoke", "--json", "--", "python", "t.py"),
+     {"as_json": False}),
+    (["-d", "pod", "--", "bin/smoke", "--", "python", "t.py"], ("bin/smoke", "--", "python", "t.py"), {"detach": True}),
 ])
 def test_run_passes_every_word_from_the_command_on_to_the_pod(argv, command, run_opts):
     """`bin/pod run a100 bin/smoke --json` must not take bin/smoke's --json as run's own."""
