@@ -212,24 +212,24 @@ class CommandAfterHost(click.Command):
     parsing would otherwise take them as run's own)."""
 
     def parse_args(self, ctx, args):
-        if "--" not in args:
-            takes_value = {name: not (p.is_flag or p.count) for p in self.get_params(ctx) if isinstance(p, click.Option)
-                           for name in p.opts + p.secondary_opts}
-            positionals, i = 0, 0
-            while i < len(args):
-                word = args[i]
-                if word.startswith("-") and word != "-":
-                    name = word.split("=", 1)[0]
-                    if name not in takes_value and positionals:  # an option of COMMAND's, not run's
-                        break
-                    i += 2 if takes_value.get(name) and "=" not in word else 1
-                    continue
-                positionals += 1
-                if positionals == 2:
+        takes_value = {name: not (p.is_flag or p.count) for p in self.get_params(ctx) if isinstance(p, click.Option)
+                       for name in p.opts + p.secondary_opts}
+        positionals, i, start = 0, 0, None
+        while i < len(args) and args[i] != "--":  # the user's own `--` already ends run's options
+            word = args[i]
+            if word.startswith("-") and word != "-":
+                if word.split("=", 1)[0] not in takes_value and positionals:  # an option of COMMAND's, not run's
+                    start = i
                     break
-                i += 1
-            if positionals and i < len(args):
-                args = [*args[:i], "--", *args[i:]]
+                i += 2 if takes_value.get(word.split("=", 1)[0]) and "=" not in word else 1
+                continue
+            positionals += 1
+            if positionals == 2:  # COMMAND's first word
+                start = i
+                break
+            i += 1
+        if start is not None:
+            args = [*args[:start], "--", *args[start:]]
         return super().parse_args(ctx, args)
 
 
@@ -484,7 +484,8 @@ def gpus_cmd(as_json):
 def run() -> None:
     """main, with click's usage errors (a missing or malformed option) as one line and exit 2."""
     try:
-        main(prog_name="bin/pod", standalone_mode=False)
+        # click would name the completion variable after prog_name, and '/' is not valid in one.
+        main(prog_name="bin/pod", standalone_mode=False, complete_var="_PODKIT_POD_COMPLETE")
     except click.UsageError as exc:
         if exc.format_message().startswith("Usage:"):  # `bin/pod` alone: click's help, as it shows it
             click.echo(exc.format_message(), err=True)

@@ -47,7 +47,10 @@ class Bar:
 
             self._progress = Progress(TextColumn("  {task.description}"), BarColumn(), TaskProgressColumn(),
                                       TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
-                                      console=Console(file=self.stream), transient=False)
+                                      console=Console(file=self.stream), transient=False,
+                                      # lines printed meanwhile land above the bar; stdout only when it is the
+                                      # terminal too (a piped stdout, e.g. `| tee log`, keeps its lines)
+                                      redirect_stdout=sys.stdout.isatty(), redirect_stderr=True)
             self._progress.start()
             self._task = self._progress.add_task(self.label, total=self.total, detail="")
         return self

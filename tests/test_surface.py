@@ -142,6 +142,9 @@ def test_plot_json_lists_every_png_written(tmp_path):
     (["pod", "--json", "--id=j1", "python", "x.py", "--timeout", "5"], ("python", "x.py", "--timeout", "5"),
      {"as_json": True, "job_id": "j1", "timeout": 10.0}),
     (["pod", "python", "-c", "print(1)"], ("python", "-c", "print(1)"), {}),
+    (["pod", "bin/smoke", "--json", "--", "python", "t.py"], ("bin/smoke", "--json", "--", "python", "t.py"),
+     {"as_json": False}),
+    (["-d", "pod", "--", "bin/smoke", "--", "python", "t.py"], ("bin/smoke", "--", "python", "t.py"), {"detach": True}),
 ])
 def test_run_passes_every_word_from_the_command_on_to_the_pod(argv, command, run_opts):
     """`bin/pod run a100 bin/smoke --json` must not take bin/smoke's --json as run's own."""
@@ -150,3 +153,48 @@ def test_run_passes_every_word_from_the_command_on_to_the_pod(argv, command, run
     params = main.commands["run"].make_context("run", list(argv)).params
     assert params["host"] == "pod" and params["command"] == command
     assert {k: params[k] for k in run_opts} == run_opts
+
+
+def _complete(command: str, shell: str, words: str, cword: int) -> list[str]:
+    """What the shell's completion function gets back from the command: click's protocol through the
+    README's variable (bash: 'type,value' lines; zsh: type, value, help, one per line)."""
+    var = f"_PODKIT_{command.upper()}_COMPLETE"
+    out = run(command, env={var: f"{shell}_complete", "COMP_WORDS": words, "COMP_CWORD": str(cword)})
+    assert out.returncode == 0, out.stderr
+    if shell == "bash":
+        return [line.split(",", 1)[1] for line in out.stdout.splitlines() if line.startswith("plain,")]
+    lines = out.stdout.splitlines()
+    return [lines[i + 1] for i in range(0, len(lines) - 2, 3) if lines[i] == "plain"]
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh"])
+@pytest.mark.parametrize("command, words, cword, expected", [
+    ("preflight", "bin/preflight --tr", 1, ["--traced"]),
+    ("smoke", "bin/smoke --dev", 1, ["--device"]),
+    ("smoke", "bin/smoke --device ", 2, ["auto", "cuda", "cpu"]),
+    ("pod", "bin/pod fe", 1, ["fetch-logs"]),
+    ("pod", "bin/pod deploy --bw", 2, ["--bwlimit"]),
+    ("pod", "bin/pod attach --bw", 2, []),  # no --bwlimit where nothing is transferred
+])
+def test_completion_variable_returns_candidates(shell, command, words, cword, expected):
+    assert _complete(command, shell, words, cword) == expected
+
+
+@pytest.mark.parametrize("command", ["preflight", "smoke", "pod"])
+def test_completion_scripts_in_the_readme_register_for_the_command(command):
+    """The README's lines: each shell's script binds its function to bin/<command>, as typed."""
+    var = f"_PODKIT_{command.upper()}_COMPLETE"
+    bash = run(command, env={var: "bash_source"})
+    zsh = run(command, env={var: "zsh_source"})
+    assert f"complete -o nosort -F _bin{command}_completion bin/{command}" in bash.stdout
+    assert f"compdef _bin{command}_completion bin/{command}" in zsh.stdout
+    readme = (ROOT / "README.md").read_text()
+    for shell in ("bash", "zsh"):
+        assert f'eval "$({var}={shell}_source bin/{command})"' in readme
+
+
+def test_bin_pod_bash_completion_through_the_emitted_function():
+    script = ('eval "$(_PODKIT_POD_COMPLETE=bash_source bin/pod)"; COMP_WORDS=(bin/pod jo); COMP_CWORD=1; '
+              '_binpod_completion bin/pod; echo "${COMPREPLY[@]}"')
+    out = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["jobs"], out.stderr

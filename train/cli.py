@@ -97,7 +97,7 @@ def main(config, steps, device, output_dir, run_id, as_json, sink, inject_fault,
 
     if command or "--" in sys.argv[1:]:
         sys.exit(_smoke_command(tuple(command), config, from_files, model_preset, steps, timeout, output_dir,
-                                run_id, as_json))
+                                run_id, as_json, sink))
     try:
         path = Path(config) if config else default_job(device)
         if timeout is not None:
@@ -144,7 +144,8 @@ def main(config, steps, device, output_dir, run_id, as_json, sink, inject_fault,
     sys.exit(_run(job, path, target, root, run_id, fault, as_json))
 
 
-def _smoke_command(command, config, from_files, model_preset, steps, timeout, output_dir, run_id, as_json) -> int:
+def _smoke_command(command, config, from_files, model_preset, steps, timeout, output_dir, run_id, as_json,
+                   sink: tuple[str, ...] = ()) -> int:
     """bin/smoke -- COMMAND...: the user's own script, measured (train/script_smoke.py)."""
     from podkit.train import script_smoke
     from podkit.train.outputs import new_run_id
@@ -168,6 +169,12 @@ def _smoke_command(command, config, from_files, model_preset, steps, timeout, ou
             from podkit.train.outputs import check_run_id
 
             check_run_id(run_id)
+        # The same switch as the built-in run: [smoke] sinks of the job, plus --sink.
+        sinks = tuple(dict.fromkeys([*(job.smoke.sinks if job else []), *sink]))
+        if sinks:
+            from podkit.train import sinks as metric_sinks
+
+            metric_sinks.check(sinks)  # before the command runs: a missing package or W&B key is bad input
     except ConfigError as exc:
         _fail(exc, as_json)
     steps = steps or (job.smoke.steps if job else 100)
@@ -177,7 +184,7 @@ def _smoke_command(command, config, from_files, model_preset, steps, timeout, ou
     click.echo(f"smoke: running {' '.join(command)} for {steps} optimizer steps -> {root / run_id}", err=True)
     try:
         summary, run_path, code = script_smoke.run(command, root, run_id, steps, every, timeout, job,
-                                                   min_drop=job.smoke.min_loss_drop if job else 0.05)
+                                                   min_drop=job.smoke.min_loss_drop if job else 0.05, sinks=sinks)
     except OSError as exc:
         _fail(ConfigError("--output-dir", f"cannot write {root / run_id}: {exc}"), as_json)
     _report(summary, run_path, as_json)

@@ -40,12 +40,13 @@ def _parents() -> dict[int, int]:
     return out
 
 
-def descendants(pid: int) -> list[int]:
-    """Every live process below `pid` (children first), zombies included until reaped."""
+def descendants(pid: int, spare: frozenset[int] = frozenset()) -> list[int]:
+    """Every live process below `pid` (children first), zombies included until reaped; `spare` and
+    what is below them left out."""
     parents = _parents()
     found, frontier = [], [pid]
     while frontier:
-        children = [p for p, pp in parents.items() if pp in frontier]
+        children = [p for p, pp in parents.items() if pp in frontier and p not in spare]
         found += children
         frontier = children
     return found
@@ -62,18 +63,19 @@ def reap() -> None:
             return
 
 
-def stop_all_below(pid: int, grace: float) -> int:
-    """SIGTERM every descendant of `pid`, SIGKILL what is left after `grace` s; how many were signalled."""
-    pids = descendants(pid)
+def stop_all_below(pid: int, grace: float, spare: frozenset[int] = frozenset()) -> int:
+    """SIGTERM every descendant of `pid` but `spare` (and theirs), SIGKILL what is left after `grace` s;
+    how many were signalled."""
+    pids = descendants(pid, spare)
     for p in pids:
         _signal(p, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
         reap()
-        if not _alive(descendants(pid)):
+        if not _alive(descendants(pid, spare)):
             return len(pids)
         time.sleep(0.1)
-    for p in descendants(pid):
+    for p in descendants(pid, spare):
         _signal(p, signal.SIGKILL)
     time.sleep(0.1)
     reap()

@@ -70,6 +70,8 @@ def run_command(command: tuple[str, ...], run_dir: RunDir, steps: int, every: in
     from podkit.train import process_tree
 
     process_tree.become_subreaper()
+    # What this process runs itself (W&B's service, started by its sink): not the command's, never stopped with it.
+    own = frozenset(process_tree.descendants(os.getpid()))
     log = open(run_dir.file("log"), "ab")
     log.write(f"$ {' '.join(command)}\n".encode())
     log.flush()
@@ -104,7 +106,7 @@ def run_command(command: tuple[str, ...], run_dir: RunDir, steps: int, every: in
                 os.killpg(proc.pid, signal.SIGTERM)
         if stopped and how != "timeout":
             how = "interrupted"
-        process_tree.stop_all_below(os.getpid(), grace=5.0 if stopped else 0.0)
+        process_tree.stop_all_below(os.getpid(), grace=5.0 if stopped else 0.0, spare=own)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -236,14 +238,78 @@ def _plot(run_dir: RunDir, summary: dict) -> None:
         plot.draw([curves], out, f"your command: memory, rank {rank}")
 
 
+class MetricsFollower(threading.Thread):
+    """Feeds the metric sinks each record of rank 0's metrics file as the command writes it, so
+    TensorBoard / W&B show the run live. It runs here, in bin/smoke's process: the user's command
+    never gets a sink (nor a second wandb.init beside its own)."""
+
+    POLL_S = 0.5
+
+    def __init__(self, path: Path, sinks):
+        super().__init__(daemon=True)
+        self.path, self.sinks = path, sinks
+        self.offset, self.done = 0, threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(self.POLL_S):
+            self.drain()
+
+    def drain(self) -> None:
+        from podkit.train.sinks import from_rank_record
+
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:
+            return  # not written yet: rank 0 has not reached its first step
+        end = data.rfind(b"\n") + 1  # complete lines only; a line being written is read next time
+        self.offset += end
+        for line in data[:end].splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            for rec in from_rank_record(record):
+                self.sinks.record(rec)
+
+    def finish(self) -> None:
+        self.done.set()
+        self.join(timeout=10)
+        self.drain()  # what the last steps wrote
+
+
+def _start_sinks(names: tuple[str, ...], run_dir: RunDir, command, job):
+    from podkit.train.sinks import Sinks
+
+    job_fields = {} if job is None else {
+        s: {f: getattr(getattr(job, s), f) for f in getattr(job, s).__dataclass_fields__}
+        for s in ("model", "train", "cluster", "smoke")}
+    config = {"job": {**job_fields, "command": list(command)}, "toml": resolved_toml(job) if job is not None else ""}
+    return Sinks(names, run_dir.path, run_dir.run_id, config, job.smoke.wandb_project if job is not None else "podkit",
+                 lambda text: print(f"smoke: warning: {text}", file=sys.stderr, flush=True))
+
+
 def run(command: tuple[str, ...], root: Path, run_id: str, steps: int, every: int, timeout: float | None,
-        job=None, min_drop: float = 0.05, echo: bool = True) -> tuple[dict, Path, int]:
+        job=None, min_drop: float = 0.05, echo: bool = True, sinks: tuple[str, ...] = ()) -> tuple[dict, Path, int]:
+    """`sinks`: metric sinks (train/sinks.py), already checked with sinks.check, fed rank 0's records."""
     run_dir = RunDir(root, run_id)
     run_dir.write_json("summary", {"status": "running", "command": list(command), "steps": 0, "planned_steps": steps})
     if job is not None:
         run_dir.file("config").write_text(resolved_toml(job))
-    code, how = run_command(command, run_dir, steps, every, timeout, echo=echo)
+    follower = None
+    if sinks:
+        follower = MetricsFollower(run_dir.path / "ranks" / "metrics.rank0.jsonl", _start_sinks(sinks, run_dir, command, job))
+        follower.start()
+    try:
+        code, how = run_command(command, run_dir, steps, every, timeout, echo=echo)
+    finally:
+        if follower is not None:
+            follower.finish()
     summary = summarize(command, code, how, run_dir, steps, timeout, job, min_drop)
+    if follower is not None:
+        follower.sinks.close(summary)
+        summary["sinks"] = list(sinks)
     _write_env(run_dir, summary)
     main_metrics = run_dir.path / "ranks" / "metrics.rank0.jsonl"
     if main_metrics.exists():

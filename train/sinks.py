@@ -52,6 +52,15 @@ def scalars(record: dict) -> tuple[int | None, dict[str, float]]:
     return step, out
 
 
+def from_rank_record(record: dict) -> list[dict]:
+    """A `bin/smoke -- COMMAND` record (train/rank_probe.py writes one per optimizer step: step,
+    loss, time, step_time, and at profile steps the memory sample merged in) as the built-in run's
+    two kinds of record, so both runs' scalars carry the same names (train/loss, memory/..., speed/...)."""
+    step = record.get("step")
+    sample = {k: v for k, v in record.items() if k not in ("loss", "time")}
+    return [{k: record[k] for k in ("step", "loss", "time") if k in record}, {"profile": sample}] if step is not None else []
+
+
 class TensorBoardSink:
     """Event files under RUN_DIR/tensorboard/, written by torch's SummaryWriter (needs tensorboard)."""
 
