@@ -1,6 +1,7 @@
 """bin/pod (and bin/deploy, bin/fetch-logs): thin click commands over pods.*.
 
-Commands: deploy, run (detached jobs), attach, stop, jobs, probe, fetch-logs; up, down, ls, gpus (RunPod's API).
+Commands: deploy, run (detached jobs), attach, stop, jobs, probe, fetch-logs; up, down, ls, gpus (RunPod's API);
+guard (a pod's cost guard).
 
 Exit codes: 0 ok, 1 envsetup/preflight or the remote command failed, 2 bad input or a connection
 fault (one line saying what and how to fix it), 130 interrupted.
@@ -386,19 +387,34 @@ def _default_name(gpu, inventory: Path) -> str:
 @click.option("--deadline", type=float, default=600.0, show_default=True, help="Seconds to wait for SSH; then the pod is terminated.")
 @click.option("--poll", type=float, default=5.0, show_default=True, help="Seconds between status checks.")
 @click.option("--inventory", type=click.Path(dir_okay=False), help="pods.toml to record the pod in (default ./pods.toml).")
+@click.option("--stop-after-smoke", is_flag=True, help="Cost guard: the pod stops itself when the first bin/smoke run on it ends.")
+@click.option("--stop-after", "stop_after_h", type=float, metavar="HOURS", help="Cost guard: the pod stops itself HOURS after it is up.")
+@click.option("--idle-stop", "idle_min", type=float, metavar="MINUTES",
+              help="Cost guard: the pod stops itself when no podkit job (bin/pod run) has run for MINUTES.")
+@click.option("--accept-new", is_flag=True, help="Contact the new pod now and record its host key, pinned to its pod id "
+              "(a guard is armed over that first contact, so a guard needs it).")
+@click.option("--known-hosts", type=click.Path(dir_okay=False, path_type=Path), help="known_hosts file (default ~/.ssh/known_hosts).")
+@click.option("--remote-dir", help="Project directory on the pod, recorded in pods.toml (default: the profile's, /workspace/<project>).")
 @click.option("--json", "as_json", is_flag=True, help="Print the pod as JSON.")
 @guarded
-def up_cmd(gpu, count, image, volume_gb, disk_gb, name, key, deadline, poll, inventory, as_json):
+def up_cmd(gpu, count, image, volume_gb, disk_gb, name, key, deadline, poll, inventory, stop_after_smoke, stop_after_h,
+           idle_min, accept_new, known_hosts, remote_dir, as_json):
     """Create a RunPod pod (TCP 22 exposed), wait until SSH is mapped, record it in pods.toml.
 
     The API key is read from RUNPOD_API_KEY or .podkit/env, never from the command line.
+    With a cost guard (--stop-after-smoke, --stop-after, --idle-stop; any together, the first met
+    wins) a watchdog on the pod stops it through RunPod, laptop closed or not; see bin/pod guard.
     Then: make deploy HOST=NAME.
     """
-    from podkit.pods import provision
+    from podkit.pods import cost_guard, provision
     from podkit.pods.runpod import PodRequest
 
     inv = _inventory_path(inventory)
     wait = provision.Wait(deadline_s=deadline, poll_s=poll)
+    plan = cost_guard.plan_from_options(stop_after_smoke, stop_after_h, idle_min)
+    if plan and not accept_new:
+        raise PodError("a cost guard is armed over SSH right after the pod is up, and its host key is not known yet",
+                       "add --accept-new to record it on that first contact")
     client = _client()
     gpu_type = provision.resolve_gpu(gpu, client.gpu_types())
     name = name or _default_name(gpu_type, inv)
@@ -407,13 +423,52 @@ def up_cmd(gpu, count, image, volume_gb, disk_gb, name, key, deadline, poll, inv
                          **({"image": image} if image else {}))
     say = lambda line: click.echo(line, err=True)  # noqa: E731
     pod = provision.up(client, request, wait, say)
-    provision.record(pod, name, inv, client, say, key=str(Path(key).resolve()) if key else None)
+    provision.record(pod, name, inv, client, say, key=str(Path(key).resolve()) if key else None, remote_dir=remote_dir)
+    guard = _first_contact(name, inv, pod.id, plan, known_hosts, client, say) if accept_new else None
     if as_json:
-        click.echo(json.dumps({**pod.to_json(), "inventory_name": name, "inventory": str(inv)}))
+        click.echo(json.dumps({**pod.to_json(), "inventory_name": name, "inventory": str(inv), "guard": guard}))
     else:
         click.echo(f"pod up: {name} is running ({pod.id}, {pod.gpu_count}x {gpu_type.id}, ${pod.cost_per_hour:.2f}/h); "
                    f"ssh root@{pod.ssh_host} -p {pod.ssh_port}; recorded in {inv}")
-        click.echo(f"next: make deploy HOST={name} ACCEPT_NEW=1   (stop billing: bin/pod down {name})")
+        if plan:
+            from podkit.pods.cost_guard import line as guard_line
+
+            click.echo(guard_line(guard))
+        click.echo(f"next: make deploy HOST={name}{'' if accept_new else ' ACCEPT_NEW=1'}   (stop billing: bin/pod down {name})")
+
+
+def _first_contact(name, inv: Path, pod_id: str, plan, known_hosts, client, say) -> dict | None:
+    """SSH to the new pod (recording and pinning its host key) and arm the guard. A guard that cannot
+    be armed stops the pod (volume kept): it was asked not to bill unguarded."""
+    import time
+
+    from podkit.pods import cost_guard
+    from podkit.pods.errors import Unreachable
+    from podkit.pods.ownership import claim
+
+    spec = load_inventory(inv).pods[name]
+    opts = PodOptions(known_hosts=known_hosts, accept_new=True)
+    try:
+        for attempt in range(12):  # the port is mapped a moment before the container's sshd listens
+            try:
+                conn = connect(spec, opts, say)
+                break
+            except Unreachable:
+                if attempt == 11:
+                    raise
+                time.sleep(5)
+        with conn:
+            _, _, rdir = located = locate(conn, spec, opts.project)
+            if plan is None:
+                return None
+            claim(conn, rdir)  # the guard's files go in the project's .podkit/, with deploy's rules
+            return cost_guard.install(conn, rdir, plan, pod_id, located[0].python)
+    except PodError as exc:
+        if plan is None:
+            raise
+        client.stop(pod_id)
+        raise PodError(f"the cost guard could not be armed ({exc}); stopped {name} so it does not bill unguarded "
+                       "(its volume is kept)", f"fix that, resume it in the RunPod console, then: bin/pod guard {name} ...") from None
 
 
 @main.command("down")
@@ -446,11 +501,17 @@ def down_cmd(name, terminate, inventory, as_json):
 
 @main.command("ls")
 @click.option("--inventory", type=click.Path(dir_okay=False), help="pods.toml (default ./pods.toml).")
+@click.option("--known-hosts", type=click.Path(dir_okay=False, path_type=Path), help="known_hosts file (default ~/.ssh/known_hosts).")
+@click.option("--timeout", type=click.FloatRange(1, 300), default=10.0, show_default=True, help="SSH connect timeout for reading guards, seconds.")
 @click.option("--json", "as_json", is_flag=True, help="Print the pods as JSON.")
 @guarded
-def ls_cmd(inventory, as_json):
-    """List the account's RunPod pods: podkit's by their pods.toml name, others marked; status and $/h."""
+def ls_cmd(inventory, known_hosts, timeout, as_json):
+    """List the account's RunPod pods: podkit's by their pods.toml name, others marked; status, $/h,
+    and each running podkit pod's cost guard (read from the pod: what it waits for, alive or not)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from podkit.pods import provision
+    from podkit.pods.cost_guard import line as guard_line
 
     inv = _inventory_path(inventory)
     names = provision.inventory_ids(inv)
@@ -459,12 +520,66 @@ def ls_cmd(inventory, as_json):
     listed = {p.id for p in pods}
     rows += [{"id": i, "inventory_name": n, "status": "GONE", "cost_per_hour": 0.0, "gpu_count": 0, "gpu": "",
               "ssh_host": None, "ssh_port": None, "name": ""} for i, n in names.items() if i not in listed]
+    opts = PodOptions(known_hosts=known_hosts, timeout=timeout)
+    with ThreadPoolExecutor(max_workers=8) as pool:  # one SSH round trip per running podkit pod, at once
+        guards = list(pool.map(lambda r: _guard_of(r, inv, opts), rows))
+    for r, g in zip(rows, guards):
+        r["guard"] = g
     if as_json:
         click.echo(json.dumps(rows))
         return
+    for r in rows:  # the guard column: podkit's running pods only (the others have none to read)
+        r["guard_text"] = guard_line(r["guard"]).removeprefix("guard: ") if r["inventory_name"] and r["status"] == "RUNNING" else "-"
     print_table(pods_table(rows))
     running = sum(r["cost_per_hour"] for r in rows if r["status"] == "RUNNING")
     click.echo(f"{len(rows)} pod(s); running now: ${running:.2f}/h")
+
+
+def _guard_of(row: dict, inv: Path, opts: PodOptions) -> dict | None:
+    """The guard on a running podkit pod (None: none armed); {"unknown": why} when it cannot be read."""
+    from podkit.pods import cost_guard
+
+    if not row["inventory_name"]:
+        return None
+    if row["status"] != "RUNNING":
+        return {"unknown": f"pod is {row['status']}"}
+    try:
+        spec = load_inventory(inv).pods[row["inventory_name"]]
+        with connect(spec, opts, lambda line: click.echo(f"[{spec.name}] {line}", err=True)) as conn:
+            return cost_guard.status(conn, locate(conn, spec, opts.project)[2])
+    except PodError as exc:
+        return {"unknown": str(exc)}
+
+
+@main.command("guard")
+@click.argument("name")
+@click.option("--stop-after-smoke", is_flag=True, help="Stop the pod when the next bin/smoke run on it ends.")
+@click.option("--stop-after", "stop_after_h", type=float, metavar="HOURS", help="Stop the pod HOURS from now.")
+@click.option("--idle-stop", "idle_min", type=float, metavar="MINUTES", help="Stop the pod when no podkit job has run for MINUTES.")
+@click.option("--off", is_flag=True, help="Cancel the guard: stop its watchdog on the pod.")
+@click.option("--json", "as_json", is_flag=True, help="Print the guard as JSON.")
+@pod_options
+@guarded
+def guard_cmd(name, stop_after_smoke, stop_after_h, idle_min, off, as_json, pods: PodArgs):
+    """Show, arm (replacing the one there) or cancel (--off) the cost guard of pod NAME from bin/pod up.
+
+    The guard is a small watchdog on the pod (<project>/.podkit/guard/) that stops the pod through
+    RunPod's API with the pod's own key when a condition is met; the first met wins.
+    """
+    from podkit.pods import cost_guard, provision
+
+    pod_id = provision.recorded(name, _inventory_path(pods.inventory))
+    plan = cost_guard.plan_from_options(stop_after_smoke, stop_after_h, idle_min)
+    if off and plan:
+        raise PodError("--off cancels the guard; it takes no condition", "give --off alone, or the conditions alone")
+    with pods.one(name) as (conn, spec, fp, _, rdir):
+        if off:
+            what = "cancelled" if cost_guard.cancel(conn, rdir) else "no guard was running"
+            click.echo(f"guard on {name}: {what}", err=True)
+        elif plan:
+            cost_guard.install(conn, rdir, plan, pod_id, fp.python)
+        view = cost_guard.status(conn, rdir)
+    click.echo(json.dumps({"name": name, "id": pod_id, "guard": view}) if as_json else f"{name}: {cost_guard.line(view)}")
 
 
 @main.command("gpus")

@@ -28,7 +28,7 @@ from typing import Callable, Iterator
 import fabric
 import paramiko
 
-from podkit.pods.errors import PodError
+from podkit.pods.errors import PodError, Unreachable
 from podkit.pods.hosts import Endpoint, agent_available
 from podkit.pods.shell import LOGIN_TIMEOUT_FACTOR, CommandTimeout, LoginTimeout, RemoteShell, Result
 
@@ -224,15 +224,18 @@ class PodConnection:
                 client.load_host_keys(str(self.known_hosts))
             except (OSError, paramiko.SSHException, UnicodeDecodeError, ValueError) as exc:
                 raise PodError(f"cannot read {self.known_hosts}: {exc}", "fix or move that file") from None
+        pinned = self._use_pin(client, ep)
         client.set_missing_host_key_policy(_HostKeyPolicy(self.known_hosts, self.accept_new, self.say))
         try:
             conn.open()
         except PodError:
             raise
         except Exception as exc:  # noqa: BLE001 - every failure becomes one line
-            error = self._proxy_failed(proxy, ep) or self._describe(exc, ep)  # before close() ends the proxy
+            error = self._proxy_failed(proxy, ep) or self._describe(exc, ep, pinned)  # before close() ends the proxy
             conn.close()
             raise error from None
+        if ep.host_key_alias and not pinned:
+            self._pin(ep, conn.transport.get_remote_server_key())
         dead_after = DEAD_LINK_FACTOR * self.timeout
         _tune_socket(conn.transport.sock, dead_after)
         self._watchdog = _Watchdog(conn.transport, min(KEEPALIVE_S, dead_after / 2), dead_after)
@@ -267,9 +270,44 @@ class PodConnection:
         return PodError(f"ProxyCommand for {ep.hostname} exited {code}" + (f": {lines[-1].strip()}" if lines else ""),
                         f"run it by hand to see why: {ep.proxy_command}")
 
-    def _describe(self, exc: BaseException, ep: Endpoint | None = None) -> PodError:
+    def _use_pin(self, client: paramiko.SSHClient, ep: Endpoint) -> bool:
+        """When the pod's key is pinned under its alias, check the server against that key alone,
+        whatever known_hosts says for this [host]:port (OpenSSH's HostKeyAlias: the alias replaces
+        the address in the lookup). RunPod hands a restarted pod a new address, and an old address
+        to other pods, so the address is the wrong thing to key on. paramiko 5 looks the server up
+        by "[host]:port" in client.get_host_keys() (paramiko/client.py, SSHClient.connect), so the
+        pinned keys are put there in memory; the file is not rewritten."""
+        if not ep.host_key_alias:
+            return False
+        keys = client.get_host_keys()
+        pinned = keys.lookup(ep.host_key_alias)
+        if not pinned:
+            return False
+        pinned = {kind: pinned[kind] for kind in pinned.keys()}
+        while keys.lookup(ep.known_hosts_name) is not None:
+            del keys[ep.known_hosts_name]
+        keys[ep.known_hosts_name] = pinned
+        return True
+
+    def _pin(self, ep: Endpoint, key: paramiko.PKey) -> None:
+        """First verified contact with a pod podkit recorded: pin its key to the pod id (a line under
+        the alias, which `ssh -o HostKeyAlias=ALIAS` reads too)."""
+        try:
+            self.known_hosts.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with open(self.known_hosts, "a") as f:
+                f.write(f"{ep.host_key_alias} {key.get_name()} {key.get_base64()}\n")
+        except OSError as exc:
+            raise PodError(f"cannot pin the host key in {self.known_hosts}: {exc.strerror}", "fix that file's permissions") from None
+        self.say(f"pinned host key {fingerprint(key)} to {ep.host_key_alias} in {self.known_hosts}")
+
+    def _describe(self, exc: BaseException, ep: Endpoint | None = None, pinned: bool = False) -> PodError:
         ep = ep or self.endpoint
         where = f"{ep.hostname}:{ep.port}"
+        if isinstance(exc, paramiko.BadHostKeyException) and pinned:
+            return PodError(
+                f"host key at {where} ({fingerprint(exc.key)}) is not the key pinned for {ep.host_key_alias} "
+                f"({fingerprint(exc.expected_key)}); refusing to connect",
+                f"if the pod was re-created, remove the pin: ssh-keygen -R '{ep.host_key_alias}' -f {self.known_hosts}")
         if isinstance(exc, UnknownHostKey):
             return PodError(
                 f"host key of {exc.hostname} ({fingerprint(exc.key)}) is not in {self.known_hosts}",
@@ -283,16 +321,16 @@ class PodConnection:
             return PodError(f"{ep.user}@{where} refused the key ({tried or 'no key found'})",
                             "give the right KEY=path, or check the user")
         if isinstance(exc, socket.gaierror):
-            return PodError(f"cannot resolve host name '{ep.hostname}'", "check HOST")
+            return Unreachable(f"cannot resolve host name '{ep.hostname}'", "check HOST")
         if isinstance(exc, (paramiko.ssh_exception.NoValidConnectionsError, ConnectionRefusedError)):
-            return PodError(f"connection refused by {where}",
+            return Unreachable(f"connection refused by {where}",
                             "is the pod running, and is the port right? RunPod changes it on every restart")
         if isinstance(exc, (socket.timeout, TimeoutError)):
             wait = max(self.timeout, ep.connect_timeout or 0)
-            return PodError(f"no answer from {where} within {wait:.0f} s", "check the host and port, and that the pod is running")
+            return Unreachable(f"no answer from {where} within {wait:.0f} s", "check the host and port, and that the pod is running")
         if isinstance(exc, paramiko.SSHException) and ("banner" in str(exc).lower() or "No existing session" in str(exc)):
             wait = max(self.timeout, ep.connect_timeout or 0)
-            return PodError(f"{where} did not answer as an SSH server within {wait:.0f} s", "check the port")
+            return Unreachable(f"{where} did not answer as an SSH server within {wait:.0f} s", "check the port")
         if isinstance(exc, (EOFError, ConnectionResetError, paramiko.SSHException, OSError)):
             return PodError(f"connection to {where} failed: {exc or type(exc).__name__}", "re-run; check the pod is up")
         return PodError(f"connection to {where} failed: {type(exc).__name__}: {exc}")

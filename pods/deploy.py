@@ -19,7 +19,7 @@ from typing import Callable
 
 from podkit.envsetup.envfile import SECRET_NAMES
 from podkit.pods.connection import PodConnection
-from podkit.pods.errors import PodError
+from podkit.pods.errors import PodError, Unreachable
 from podkit.pods.hosts import HostSpec, resolve
 from podkit.pods.ownership import claim, normalise, refuse_unsafe
 from podkit.envsetup.fingerprint import Fingerprint
@@ -79,8 +79,18 @@ class Printer:
 
 
 def connect(spec: HostSpec, opts: PodOptions, say: Callable[[str], None], *, for_rsync: bool = False) -> PodConnection:
-    conn = PodConnection(resolve(spec, opts.ssh_config), known_hosts=opts.known_hosts, accept_new=opts.accept_new,
-                         timeout=opts.timeout, say=say).open()
+    def open_(s: HostSpec) -> PodConnection:
+        return PodConnection(resolve(s, opts.ssh_config), known_hosts=opts.known_hosts, accept_new=opts.accept_new,
+                             timeout=opts.timeout, say=say).open()
+
+    try:
+        conn = open_(spec)
+    except Unreachable as exc:
+        if not spec.pod_id:
+            raise
+        from podkit.pods.provision import relocate  # the provider's API only for a pod `bin/pod up` recorded
+
+        conn = open_(relocate(spec, exc, say))  # once: a second failure is reported as it is
     if for_rsync:
         conn.warm_spare()  # rsync's shell logs in on the pod while the probe runs
     return conn

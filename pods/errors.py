@@ -18,3 +18,8 @@ class PodError(Exception):
         where = f"{self.host}: " if self.host else ""
         fix = f" ({self.fix})" if self.fix else ""
         return f"{where}{self.problem}{fix}"
+
+
+class Unreachable(PodError):
+    """Nothing answered as this pod's sshd at its address (refused, silent, unresolvable): for a pod
+    podkit brought up, the cue to ask the provider where it went (pods/provision.relocate)."""

@@ -48,12 +48,19 @@ class HostSpec:
     """Project directory on the pod; None = the profile's default."""
     python: str | None = None
     """Interpreter on the pod that has the image's torch; None = detected."""
+    pod_id: str | None = None
+    """The provider's pod id when `bin/pod up` recorded it: its host key is pinned to this id, and a
+    pod that moved (RunPod maps a new IP and port on every restart) is found again through the API."""
+    inventory: str | None = None
+    """The pods.toml this spec came from (updated when the pod moves)."""
 
     def __post_init__(self):
         if not self.host or not _HOSTNAME.match(self.host):
             raise PodError(f"host '{self.host}' is not a valid host name", "use user@host[:port]")
         if self.port is not None and not 0 < self.port < 65536:
             raise PodError(f"port {self.port} is out of range", "use a port between 1 and 65535")
+        if self.pod_id is not None and not _NAME.match(self.pod_id):
+            raise PodError(f"pod_id '{self.pod_id}' may use only letters, digits, '.', '_' and '-'", "fix pods.toml")
         if self.profile not in PROFILES:
             raise PodError(f"unknown profile '{self.profile}'", "use one of " + ", ".join(PROFILES))
         if not self.name:
@@ -78,6 +85,9 @@ class Endpoint:
     connect_timeout: float | None = None
     """The ssh config's ConnectTimeout: how long the server's greeting may take (an SSM session
     is set up in tens of seconds; sagemaker-ssh-helper's config says 120)."""
+    host_key_alias: str | None = None
+    """known_hosts name the host key is pinned under instead of [host]:port (OpenSSH's HostKeyAlias):
+    podkit-runpod-<pod id> for a pod `bin/pod up` recorded, so a new IP and port keep the same key."""
 
     @property
     def display(self) -> str:
@@ -250,6 +260,7 @@ def load_inventory(path: str | Path | None) -> Inventory:
         inv.pods[name] = replace(
             spec, name=name, profile=entry.get("profile", "auto"),
             remote_dir=entry.get("remote_dir"), python=entry.get("python"),
+            pod_id=entry.get("pod_id") if entry.get("provider") == "runpod" else None, inventory=str(path),
         )
     for group, members in raw.get("groups", {}).items():
         if not isinstance(members, list) or not all(m in inv.pods for m in members):
@@ -325,7 +336,8 @@ def resolve(spec: HostSpec, ssh_config: str | Path | None = None) -> Endpoint:
     timeout = facts.get("connecttimeout", ["none"])[0]
     return Endpoint(hostname=hostname, port=port, user=user, key_files=tuple(keys),
                     ssh_config=str(ssh_config) if ssh_config else None, jumps=tuple(jumps), proxy_command=proxy_command,
-                    connect_timeout=float(timeout) if timeout.isdigit() else None)
+                    connect_timeout=float(timeout) if timeout.isdigit() else None,
+                    host_key_alias=f"podkit-runpod-{spec.pod_id}" if spec.pod_id else None)
 
 
 def _token_values(host: str, hostname: str, port: int, user: str, facts: dict[str, list[str]]) -> dict[str, str]:

@@ -10,13 +10,13 @@ import difflib
 import json
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
 from podkit.pods.errors import PodError
-from podkit.pods.hosts import load_inventory
-from podkit.pods.runpod import GpuType, Pod, PodRequest, RunPodClient
+from podkit.pods.hosts import HostSpec, load_inventory
+from podkit.pods.runpod import GpuType, Pod, PodRequest, RunPodClient, api_key
 
 PROVIDER = "runpod"
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -93,13 +93,14 @@ def check_new_name(name: str, inventory: Path) -> None:
 
 
 def record(pod: Pod, name: str, inventory: Path, client: RunPodClient, say: Callable[[str], None],
-           key: str | None = None) -> None:
+           key: str | None = None, remote_dir: str | None = None) -> None:
     """Append [pods.NAME] with the SSH line RunPod mapped, the pod id and provider (so `down` finds it).
     Appended, never rewritten: the rest of the file is the user's."""
     block = (f"\n[pods.{name}]  # bin/pod up\n"
              f"host = {json.dumps(f'root@{pod.ssh_host}:{pod.ssh_port}')}\n"
              f'profile = "runpod"\nprovider = "{PROVIDER}"\npod_id = {json.dumps(pod.id)}\n'
-             + (f"key = {json.dumps(key)}\n" if key else ""))
+             + (f"key = {json.dumps(key)}\n" if key else "")
+             + (f"remote_dir = {json.dumps(remote_dir)}\n" if remote_dir else ""))
     try:
         with inventory.open("a") as f:
             f.write(block)
@@ -139,3 +140,49 @@ def inventory_ids(inventory: Path) -> dict[str, str]:
         return {}
     return {e["pod_id"]: n for n, e in load_inventory(inventory).raw_pods.items()
             if e.get("provider") == PROVIDER and e.get("pod_id")}
+
+
+def set_host(name: str, inventory: Path, host: str) -> None:
+    """Rewrite the `host = ...` line of [pods.NAME] (the pod moved); every other line is kept as it was."""
+    out, inside, done = [], False, False
+    for line in inventory.read_text().splitlines(keepends=True):
+        stripped = line.strip()
+        if stripped.startswith("["):
+            inside = re.match(rf"^\[pods\.{re.escape(name)}\](\s*#.*)?$", stripped) is not None
+        elif inside and not done and re.match(r"^host\s*=", stripped):
+            line, done = f"host = {json.dumps(host)}\n", True
+        out.append(line)
+    if not done:
+        raise PodError(f"{inventory} has no host line for [pods.{name}]", "fix pods.toml")
+    tmp = inventory.with_name(inventory.name + ".tmp")
+    tmp.write_text("".join(out))
+    tmp.replace(inventory)  # never a half-written pods.toml
+
+
+def relocate(spec: HostSpec, unreachable: PodError, say: Callable[[str], None]) -> HostSpec:
+    """A pod `bin/pod up` recorded did not answer: ask RunPod where its sshd is now (a restart maps a
+    new public IP and port), update pods.toml, and return the spec to retry once. Raises one PodError
+    saying why not (no key, stopped, gone) or, when the address is unchanged, `unreachable` itself."""
+    if not spec.pod_id or not spec.inventory:
+        raise unreachable
+    try:
+        pod = RunPodClient(api_key()).pod(spec.pod_id)
+    except PodError as exc:
+        raise PodError(f"{unreachable.problem}; could not ask RunPod where pod {spec.pod_id} went: {exc.problem}",
+                       exc.fix or unreachable.fix) from None
+    if pod is None:
+        raise PodError(f"{unreachable.problem}; RunPod has no pod {spec.pod_id} any more (terminated?)",
+                       f"bin/pod ls lists the account's pods; remove [pods.{spec.name}] from {spec.inventory}")
+    if pod.status != "RUNNING":
+        raise PodError(f"pod {spec.name} ({spec.pod_id}) is {pod.status} on RunPod, not running",
+                       "resume it in the RunPod console (a resumed pod gets a new port; podkit finds it), then re-run")
+    if not pod.ready:
+        raise PodError(f"pod {spec.name} ({spec.pod_id}) is starting: RunPod has not mapped its SSH port yet",
+                       "re-run in a minute")
+    if (pod.ssh_host, pod.ssh_port) == (spec.host, spec.port):
+        raise unreachable
+    host = f"{spec.user or 'root'}@{pod.ssh_host}:{pod.ssh_port}"
+    set_host(spec.name, Path(spec.inventory), host)
+    say(f"{spec.name}: moved from {spec.host}:{spec.port} to {pod.ssh_host}:{pod.ssh_port} (RunPod re-mapped it after a "
+        f"restart); updated {spec.inventory}")
+    return replace(spec, host=pod.ssh_host, port=pod.ssh_port)

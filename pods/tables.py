@@ -50,13 +50,13 @@ def pods_table(rows: list[dict]) -> Table:
     """bin/pod ls's rows (the --json objects): podkit's pods by their pods.toml name, others marked."""
     table = Table(title_justify="left")
     for name, justify in (("name", "left"), ("id", "left"), ("status", "left"), ("GPUs", "left"),
-                          ("price", "right"), ("ssh", "left")):
+                          ("price", "right"), ("ssh", "left")) + ((("guard", "left"),) if any("guard_text" in r for r in rows) else ()):
         table.add_column(name, justify=justify, overflow="fold")
     for r in rows:
         ssh = f"root@{r['ssh_host']}:{r['ssh_port']}" if r["ssh_host"] else "-"
         label = r["inventory_name"] or f"{r['name'] or '-'} (not podkit's)"
         table.add_row(_plain(label), _plain(r["id"]), _plain(r["status"]), _plain(f"{r['gpu_count']}x {r['gpu'] or '?'}"),
-                      f"${r['cost_per_hour']:.2f}/h", _plain(ssh))
+                      f"${r['cost_per_hour']:.2f}/h", _plain(ssh), *([_plain(r["guard_text"])] if "guard_text" in r else []))
     return table
 
 

@@ -10,6 +10,9 @@ It answers the shapes RunPod documents and its SDK relies on, nothing more:
     runtime { uptimeInSeconds ports { ip isIpPublic privatePort publicPort type } } machine { gpuDisplayName }
     (runpod-python runpod/api/queries/pods.py); runtime is null until the container runs.
   - podStop -> { id desiredStatus: "EXITED" }; podTerminate -> null (runpod/api/mutations/pods.py)
+  - restart(): a resumed or rebooted pod runs again behind a new public IP/port (RunPod assigns the
+    public port of a TCP mapping, docs.runpod.io/pods/configuration/expose-ports; that it changes on
+    a restart is issue 15 item 3's premise); `pod()` reports the new mapping.
   - gpuTypes -> id displayName memoryInGb securePrice communityPrice lowestPrice { minimumBidPrice
     uninterruptablePrice } (runpod-python runpod/api/queries/gpus.py); no free GPU -> a null price.
 The out-of-stock message is the one RunPod's console and API return for podFindAndDeployOnDemand.
@@ -91,6 +94,12 @@ class FakeRunPod:
         self.server.shutdown()
         self.server.server_close()
 
+    def restart(self, pod_id: str, port: int, host: str | None = None) -> None:
+        """What a stop and resume (or a host reboot) does to a RunPod pod: running again, with its
+        sshd behind a new public port (and maybe IP); runtime null until the next pod() query maps it."""
+        pod = self.pods[pod_id]
+        pod.update(desiredStatus="RUNNING", runtime=None, _ssh=(host or self.ssh_host, port))
+
     def ops(self, name: str) -> list[dict]:
         return [v for op, v in self.calls if op == name]
 
@@ -140,9 +149,10 @@ class FakeRunPod:
         pod["_polls"] += 1
         running = pod["desiredStatus"] == "RUNNING" and not self.never_ready and pod["_polls"] > self.start_polls
         if running and "22/tcp" in (pod.get("ports") or ""):
+            host, port = pod.get("_ssh") or (self.ssh_host, self.ssh_port)
             pod["runtime"] = {"uptimeInSeconds": 1, "ports": [
                 {"ip": "10.0.0.5", "isIpPublic": False, "privatePort": 22, "publicPort": 22, "type": "tcp"},
-                {"ip": self.ssh_host, "isIpPublic": True, "privatePort": 22, "publicPort": self.ssh_port, "type": "tcp"}]}
+                {"ip": host, "isIpPublic": True, "privatePort": 22, "publicPort": port, "type": "tcp"}]}
         return {"data": {"pod": self._view(pod)}}
 
     def _myself(self, _):
