@@ -572,7 +572,7 @@ def guard_cmd(name, stop_after_smoke, stop_after_h, idle_min, off, as_json, pods
     plan = cost_guard.plan_from_options(stop_after_smoke, stop_after_h, idle_min)
     if off and plan:
         raise PodError("--off cancels the guard; it takes no condition", "give --off alone, or the conditions alone")
-    with pods.one(name) as (conn, spec, fp, _, rdir):
+    with pods.one(name, err=as_json) as (conn, spec, fp, _, rdir):
         if off:
             what = "cancelled" if cost_guard.cancel(conn, rdir) else "no guard was running"
             click.echo(f"guard on {name}: {what}", err=True)

@@ -202,7 +202,9 @@ def test_the_recorded_pod_is_reachable_by_name(tmp_path, fake):
         probe = pod(project, fake, "probe", name, "--known-hosts", str(known),  # the key comes from pods.toml
                     "--python", sys.executable, "--remote-dir", sshd.remote_dir, timeout=120)
         assert probe.returncode == 0, probe.stderr
-        assert probe.stdout.startswith(f"{name}: ") and "profile runpod" in probe.stdout
+        # first verified contact with a pod bin/pod up recorded: its host key is pinned to the pod id
+        assert probe.stdout.startswith("pinned host key ") and "to podkit-runpod-fake0001xyz" in probe.stdout
+        assert probe.stdout.splitlines()[-1].startswith(f"{name}: ") and "profile runpod" in probe.stdout
     finally:
         sshd.stop()
 
