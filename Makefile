@@ -56,11 +56,14 @@ fetch-logs: setup
 
 # Provision through RunPod's API (key from RUNPOD_API_KEY or .podkit/env): make pod-up GPU="A100 PCIe" [COUNT=2]
 # [NAME=a100] [IMAGE=...] [VOLUME_GB=100] [DISK_GB=40] [KEY=~/.ssh/id_ed25519] [PODS=pods.toml]; then make deploy HOST=<name>.
+# Cost guard (the pod stops itself; needs ACCEPT_NEW=1): STOP_AFTER_SMOKE=1, STOP_AFTER=hours, IDLE_STOP=minutes.
 pod-up: setup
 	@test -n "$(GPU)" || { echo "usage: make pod-up GPU=<type> [COUNT=N] [NAME=...] (bin/pod gpus lists the types)" >&2; exit 2; }
 	bin/pod up --gpu "$(GPU)" $(if $(COUNT),--count "$(COUNT)") $(if $(NAME),--name "$(NAME)") \
 	  $(if $(IMAGE),--image "$(IMAGE)") $(if $(VOLUME_GB),--volume-gb "$(VOLUME_GB)") $(if $(DISK_GB),--disk-gb "$(DISK_GB)") \
-	  $(if $(KEY),--key "$(KEY)") $(if $(PODS),--inventory "$(PODS)")
+	  $(if $(KEY),--key "$(KEY)") $(if $(PODS),--inventory "$(PODS)") $(if $(ACCEPT_NEW),--accept-new) \
+	  $(if $(STOP_AFTER_SMOKE),--stop-after-smoke) $(if $(STOP_AFTER),--stop-after "$(STOP_AFTER)") \
+	  $(if $(IDLE_STOP),--idle-stop "$(IDLE_STOP)") $(if $(REMOTE_DIR),--remote-dir "$(REMOTE_DIR)")
 
 # Stop (volume kept) or, with TERMINATE=1, delete a pod that pod-up brought up: make pod-down NAME=a100
 pod-down: setup

@@ -25,10 +25,10 @@ FAST = ("--poll", "0.05")
 
 
 class World:
-    def __init__(self, base: Path, pod_id_on_pod: str = POD_ID):
+    def __init__(self, base: Path, pod_id_on_pod: str = POD_ID, pod_key: str = KEY):
         self.fake = FakeRunPod(key=KEY).start()
         self.sshd = LoopbackPod(base, "rp", extra_config=(
-            f"SetEnv RUNPOD_POD_ID={pod_id_on_pod} RUNPOD_API_KEY={KEY} RUNPOD_API_BASE_URL={self.fake.url}\n")).start()
+            f"SetEnv RUNPOD_POD_ID={pod_id_on_pod} RUNPOD_API_KEY={pod_key} RUNPOD_API_BASE_URL={self.fake.url}\n")).start()
         self.fake.ssh_port = self.sshd.port
         self.laptop = base / "laptop"
         self.laptop.mkdir()
@@ -133,6 +133,8 @@ def test_idle_stop_waits_for_the_job_then_stops_the_pod_through_runpod(world):
     state = world.state()
     assert state["status"] == "fired" and state["reason"].startswith("idle-stop") and state["how"].startswith("podStop")
     assert wait_for(lambda: not alive(pid), 10), "the watchdog outlived its job"
+    for f in world.guard_dir.iterdir():
+        assert KEY not in f.read_text(), f"the key was written to {f.name}"
     row = world.ls_row()
     assert row["status"] == "EXITED" and row["guard"] == {"unknown": "pod is EXITED"}
 
@@ -211,3 +213,21 @@ def test_bad_guard_input_is_one_line(world):
     assert "--stop-after 0 is not a positive" in one_line_error(world.pod("guard", "g", "--stop-after", "0"))
     assert "no pod named 'nope'" in one_line_error(world.pod("guard", "nope", "--off"))
     assert not (world.guard_dir / "pid").exists()
+
+
+def test_a_stop_that_fails_keeps_retrying_and_shows_in_ls(tmp_path):
+    w = World(tmp_path, pod_key="rp_revoked_pod_key")  # RunPod answers 401 to the pod's key
+    try:
+        up = w.up("--stop-after", "0.0005", "--accept-new")  # 1.8 s
+        assert up.returncode == 0, up.stderr
+        assert wait_for(lambda: w.state().get("status") == "stop-failing", 60), (w.guard_dir / "guard.log").read_text()
+        guard = w.ls_row()["guard"]
+        assert guard["alive"] and guard["status"] == "stop-failing" and "401" in guard["error"]
+        assert "NOT" not in w.pod("ls").stdout and "stop-failing: stop-after: deadline" in w.pod("ls").stdout
+        assert "rp_revoked_pod_key" in w.fake.keys_seen and w.fake.ops("podStop") == []  # tried, refused (401)
+        pid = w.guard_pid()
+        off = w.pod("guard", "g", "--off")
+        assert off.returncode == 0 and "cancelled" in off.stderr
+        assert wait_for(lambda: not alive(pid), 10)
+    finally:
+        w.stop()
