@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shlex
 import time
 from dataclasses import dataclass
@@ -146,7 +147,9 @@ def status(conn: PodConnection, remote_dir: str) -> dict | None:
 
 def to_view(settings: dict, state: dict, alive: bool) -> dict:
     deadline = state.get("deadline")
-    return {"conditions": settings.get("describe", ""), "after_smoke": bool(settings.get("after_smoke")),
+    kinds = [k for k, on in (("after-smoke", settings.get("after_smoke")), ("stop-after", settings.get("stop_after_s")),
+                             ("idle-stop", settings.get("idle_s"))) if on]
+    return {"kinds": kinds, "conditions": settings.get("describe", ""), "after_smoke": bool(settings.get("after_smoke")),
             "deadline": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(deadline)) if deadline else None,
             "idle_minutes": settings["idle_s"] / 60 if settings.get("idle_s") else None,
             "alive": alive, "status": state.get("status", "starting" if alive else "dead"),
@@ -159,10 +162,12 @@ def line(view: dict | None) -> str:
         return "guard: none"
     if "unknown" in view:
         return f"guard: ? ({view['unknown']})"
-    deadline = f" by {view['deadline'][11:16]}Z" if view.get("deadline") else ""
+    conditions = view["conditions"]
+    if view.get("deadline"):
+        conditions = re.sub(r"(stop-after [^,]+ h)", rf"\1 (by {view['deadline'][11:16]}Z)", conditions)
     state = "alive" if view["alive"] else "NOT running"
     if view["status"] == "off":
         return f"guard: off (was {view['conditions']})"
     if view["status"] in ("fired", "refused", "stop-failing"):
         state += f", {view['status']}" + (f": {view['reason']}" if view.get("reason") and view["status"] != "off" else "")
-    return f"guard: {view['conditions']}{deadline} ({state})"
+    return f"guard: {conditions} ({state})"

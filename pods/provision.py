@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
+import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -142,8 +143,16 @@ def inventory_ids(inventory: Path) -> dict[str, str]:
             if e.get("provider") == PROVIDER and e.get("pod_id")}
 
 
+_INVENTORY_WRITE = threading.Lock()  # a parallel deploy can find two moved pods at once
+
+
 def set_host(name: str, inventory: Path, host: str) -> None:
     """Rewrite the `host = ...` line of [pods.NAME] (the pod moved); every other line is kept as it was."""
+    with _INVENTORY_WRITE:
+        _set_host(name, inventory, host)
+
+
+def _set_host(name: str, inventory: Path, host: str) -> None:
     out, inside, done = [], False, False
     for line in inventory.read_text().splitlines(keepends=True):
         stripped = line.strip()
