@@ -235,7 +235,11 @@ class PodConnection:
             conn.close()
             raise error from None
         if ep.host_key_alias and not pinned:
-            self._pin(ep, conn.transport.get_remote_server_key())
+            try:
+                self._pin(ep, conn.transport.get_remote_server_key())
+            except PodError:
+                conn.close()
+                raise
         dead_after = DEAD_LINK_FACTOR * self.timeout
         _tune_socket(conn.transport.sock, dead_after)
         self._watchdog = _Watchdog(conn.transport, min(KEEPALIVE_S, dead_after / 2), dead_after)
@@ -273,8 +277,8 @@ class PodConnection:
     def _use_pin(self, client: paramiko.SSHClient, ep: Endpoint) -> bool:
         """When the pod's key is pinned under its alias, check the server against that key alone,
         whatever known_hosts says for this [host]:port (OpenSSH's HostKeyAlias: the alias replaces
-        the address in the lookup). RunPod hands a restarted pod a new address, and an old address
-        to other pods, so the address is the wrong thing to key on. paramiko 5 looks the server up
+        the address in the lookup). RunPod hands a restarted pod a new address, and an address can
+        later be another pod's, so the address is the wrong thing to key on. paramiko 5 looks the server up
         by "[host]:port" in client.get_host_keys() (paramiko/client.py, SSHClient.connect), so the
         pinned keys are put there in memory; the file is not rewritten."""
         if not ep.host_key_alias:

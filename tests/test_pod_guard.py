@@ -205,6 +205,7 @@ def test_bad_guard_input_is_one_line(world):
         (("--stop-after-smoke",), "add --accept-new"),
     ]:
         assert expect in one_line_error(world.up(*args))
+    assert "no RunPod API key" in one_line_error(world.pod("up", "--gpu", "RTX 4090", "--stop-after", "1", "--accept-new", key=None))
     assert world.fake.ops("podFindAndDeployOnDemand") == [], "a pod was created for bad input"
     (world.laptop / "pods.toml").write_text(f'[pods.mine]\nhost = "{world.sshd.spec}"\n')
     assert "not brought up by bin/pod up" in one_line_error(world.pod("guard", "mine", "--stop-after", "1"))
