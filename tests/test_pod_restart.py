@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pods.hosts import load_inventory
+from podkit.pods.hosts import load_inventory
 from runpod_fake import FakeRunPod
 from sshd_harness import LoopbackPod, free_port, sshd_available
 
