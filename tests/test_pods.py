@@ -115,7 +115,7 @@ def test_unknown_host_key_is_refused_then_accepted_and_a_changed_key_refused(wor
     assert not known.exists()
     accepted = cli(world, "probe", pod.spec, *pod_args(pod), "--accept-new", known_hosts=known)
     assert accepted.returncode == 0, accepted.stderr
-    assert "recorded host key" in accepted.stderr and f"[127.0.0.1]:{pod.port} ssh-ed25519" in known.read_text()
+    assert "recorded host key" in accepted.stdout and f"[127.0.0.1]:{pod.port} ssh-ed25519" in known.read_text()
     assert cli(world, "probe", pod.spec, *pod_args(pod), known_hosts=known).returncode == 0
 
     other = keygen(world.base / "other_host_key")
