@@ -165,6 +165,9 @@ def check_job(command: tuple[str, ...], hosts: int, nproc: int | None) -> int | 
     """The job's gpus_per_node, after checking it against the hosts given and --nproc-per-node.
     Read from this machine's copy of the project (what deploy synced); None when there is none here."""
     path = job_config(command)
+    if path is None and Path(command[0]).name == "smoke" and "--from" not in command:
+        raise PodError("bin/smoke without --config runs its one-node default job",
+                       f"give --config JOB with cluster.nodes = {hosts}")
     if path is None or not Path(path).is_file():
         return None
     from checks.config import load_job

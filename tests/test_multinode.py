@@ -169,6 +169,44 @@ def test_a_failing_node_stops_the_other_and_its_exit_code_is_the_runs(cluster):
         assert wait_for(lambda: not only_sshd_left(net, i)), only_sshd_left(net, i)
 
 
+def test_a_node_whose_link_dies_mid_run_has_the_others_stopped(cluster):
+    """Node 1's network goes silent (no reset: a dead pod, an outage) while both run: the run ends
+    with one error line naming it, and node 0 is not left running without its peer."""
+    import threading
+
+    net, _, project, known_hosts = cluster
+    script = "import os, time; print('up on node', os.environ['PODKIT_NODE_RANK'], flush=True); time.sleep(600)"
+    argv = [str(project / "bin" / "pod"), "run", "--known-hosts", str(known_hosts), "--timeout", "2",
+            "node0,node1", "--nodes", "--id", "cut1", "--", "python", "-c", script]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.Popen(argv, cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
+    inner = net.interface(1)
+    try:
+        assert wait_for(lambda: {"[node0] up on node 0\n", "[node1] up on node 1\n"} <= set(lines), 120), lines
+        subprocess.run(["ip", "netns", "exec", net.namespaces[1], "ip", "link", "set", inner, "down"], check=True)
+        cut = time.monotonic()
+        err = proc.stderr.read()
+        proc.wait(timeout=120)
+        took = time.monotonic() - cut
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        subprocess.run(["ip", "netns", "exec", net.namespaces[1], "ip", "link", "set", inner, "up"], check=True)
+    assert proc.returncode == 2 and "Traceback" not in err, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: node1: ") and "cut1-n1 may still run there" in last, err
+    assert "node 0 (node0): job cut1-n0 stopped" in err and took < 60, (err, took)
+    assert not tagged("PODKIT_JOB_ID=cut1-n0")
+    # Back on the network, node 1's job is the user's to stop, as the error says.
+    assert wait_for(lambda: cli(cluster, "stop", "node1", "cut1-n1", "--grace", "5").returncode == 0, 60)
+    assert not tagged("PODKIT_JOB_ID=cut1-n1")
+    for i in range(2):
+        assert wait_for(lambda: not only_sshd_left(net, i)), only_sshd_left(net, i)
+
+
 def test_bad_input_is_one_line_and_starts_nothing(cluster):
     net, pods, project, _ = cluster
     before = {i: {j["id"] for j in json.loads(cli(cluster, "jobs", f"node{i}", "--json").stdout)["jobs"]} for i in range(2)}
@@ -180,6 +218,7 @@ def test_bad_input_is_one_line_and_starts_nothing(cluster):
     err = one_line_error(cli(cluster, "run", "node0,node1", "--nodes", "--nproc-per-node", "2", "--",
                              "bin/smoke", "--config", "two-nodes.toml"))
     assert "--nproc-per-node 2 disagrees" in err
+    assert "one-node default job" in one_line_error(cli(cluster, "run", "node0,node1", "--nodes", "--", "bin/smoke"))
     assert "named twice" in one_line_error(cli(cluster, "run", "node0,node0", "--nodes", "--", "true"))
     # A host that does not answer at all.
     dead = f"root@127.0.0.1:{free_port()}"
