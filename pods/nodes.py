@@ -33,11 +33,15 @@ from pods.errors import PodError
 from pods.hosts import HostSpec
 from pods.ownership import deployed as is_deployed
 
-# On a node: its IPv4 addresses by interface, the address the SSH client reached (SSH_CONNECTION,
-# set by sshd), and a port free now. SIOCGIFADDR is 0x8915 (linux/sockios.h); Python has no call
-# for an interface's address, and `ip` is missing from many images.
-_SELF = r'''
-import fcntl, json, os, socket, struct
+# On the first node: its IPv4 addresses by interface and the one the SSH client reached
+# (SSH_CONNECTION, set by sshd); then a listener on a free port that answers every connection with
+# a nonce, in the background for LISTEN_S, so the others can prove they reach this node at the very
+# port the rendezvous will use (an sshd answering at the same address could be their own: pods often
+# share one internal address). SIOCGIFADDR is 0x8915 (linux/sockios.h); Python has no call for an
+# interface's address, and `ip` is missing from many images.
+LISTEN_S = 60
+_SELF = r"""
+import fcntl, json, os, socket, struct, sys, time
 def addr(name):
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
@@ -48,16 +52,35 @@ def addr(name):
         s.close()
 ifaces = {n: a for _, n in socket.if_nameindex() for a in [addr(n)] if a and not a.startswith("127.")}
 ssh = os.environ.get("SSH_CONNECTION", "").split()
-s = socket.socket(); s.bind(("", 0)); port = s.getsockname()[1]; s.close()
-print(json.dumps({"ifaces": ifaces, "ssh_addr": ssh[2] if len(ssh) == 4 else None,
-                  "ssh_port": int(ssh[3]) if len(ssh) == 4 else 22, "port": port}))
-'''
+srv = socket.socket(); srv.bind(("", 0)); srv.listen(64)
+pid = os.fork()
+if pid:
+    print(json.dumps({"ifaces": ifaces, "ssh_addr": ssh[2] if len(ssh) == 4 else None,
+                      "port": srv.getsockname()[1], "listener": pid}))
+    sys.exit(0)
+null = os.open(os.devnull, os.O_RDWR)
+for fd in (0, 1, 2):
+    os.dup2(null, fd)
+os.setsid()
+end = time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end:
+    srv.settimeout(max(0.1, end - time.monotonic()))
+    try:
+        c, _ = srv.accept()
+    except OSError:
+        break
+    try:
+        c.settimeout(5); c.sendall(sys.argv[1].encode()); c.recv(1)  # the client closes first
+    except OSError:
+        pass
+    c.close()
+"""
 
-# On a node: can it open TCP to HOST:PORT (the first node's sshd), and through which of its own
-# addresses and interfaces (a UDP connect picks the route without sending anything).
-_ROUTE = r'''
+# On a node: does HOST:PORT answer with the nonce, and through which of this node's addresses
+# and interfaces (a UDP connect picks the route without sending anything).
+_ROUTE = r"""
 import fcntl, json, socket, struct, sys
-host, port = sys.argv[1], int(sys.argv[2])
+host, port, nonce = sys.argv[1], int(sys.argv[2]), sys.argv[3].encode()
 u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 try:
     u.connect((host, port)); src = u.getsockname()[0]
@@ -69,12 +92,18 @@ def addr(name):
     except OSError:
         return None
 iface = next((n for _, n in socket.if_nameindex() if addr(n) == src), None)
+got = b""
 try:
-    socket.create_connection((host, port), timeout=5).close(); ok = True
+    with socket.create_connection((host, port), timeout=5) as c:
+        while len(got) < len(nonce):
+            part = c.recv(len(nonce) - len(got))
+            if not part:
+                break
+            got += part
 except OSError:
-    ok = False
-print(json.dumps({"reachable": ok, "addr": src, "iface": iface}))
-'''
+    pass
+print(json.dumps({"reachable": got == nonce, "addr": src, "iface": iface}))
+"""
 
 
 @dataclass(frozen=True)
@@ -242,28 +271,34 @@ def connect_all(specs: list[HostSpec], opts: PodOptions, say: Callable[[str], Ca
 
 
 def plan(members: list[Member], run_id: str, nproc: int | None) -> Rendezvous:
-    """Pick the rendezvous: the first node's address that every other node reaches, a port free
+    """Pick the rendezvous: the first node's address at which every other node reaches a port free
     there; and each node's own address and interface on that route."""
-    first = members[0]
-    me = _python(first.conn, _SELF)
-    candidates = [me["ssh_addr"]] if me["ssh_addr"] else []
-    candidates += [a for a in me["ifaces"].values() if a not in candidates]
-    if not candidates:
-        raise PodError(f"{first.spec.name} has no IPv4 address besides loopback", "the nodes need a network between them")
-    tried = []
-    for host in candidates:
-        with ThreadPoolExecutor(max_workers=len(members)) as pool:
-            routes = list(pool.map(lambda m: _python(m.conn, _ROUTE, host, str(me["ssh_port"])), members))
-        if all(r["reachable"] for r in routes[1:]):
-            for i, (m, r) in enumerate(zip(members, routes)):
-                count = nproc or _gpus(m.conn)
-                m.node = Node(i, m.spec.name, host if i == 0 else r["addr"], r["iface"], count)
-            return Rendezvous(host, me["port"], run_id, len(members))
-        tried.append(host + " (not from " + ", ".join(m.spec.name for m, r in zip(members[1:], routes[1:])
-                                                      if not r["reachable"]) + ")")
-    raise PodError(f"the other nodes cannot reach {first.spec.name}: tried {'; '.join(tried)}",
-                   "the pods need a network between them (same region / cluster network), "
-                   "or put the one the others reach first")
+    import secrets
+
+    first, nonce = members[0], secrets.token_hex(16)
+    me = _python(first.conn, _SELF, nonce, str(LISTEN_S))
+    try:
+        candidates = [me["ssh_addr"]] if me["ssh_addr"] and not me["ssh_addr"].startswith("127.") else []
+        candidates += [a for a in me["ifaces"].values() if a not in candidates]
+        if not candidates:
+            raise PodError(f"{first.spec.name} has no IPv4 address besides loopback",
+                           "the nodes need a network between them")
+        tried = []
+        for host in candidates:
+            with ThreadPoolExecutor(max_workers=len(members)) as pool:
+                routes = list(pool.map(lambda m: _python(m.conn, _ROUTE, host, str(me["port"]), nonce), members))
+            if all(r["reachable"] for r in routes[1:]):
+                for i, (m, r) in enumerate(zip(members, routes)):
+                    m.node = Node(i, m.spec.name, host if i == 0 else r["addr"], r["iface"], nproc or _gpus(m.conn))
+                return Rendezvous(host, me["port"], run_id, len(members))
+            tried.append(f"{host}:{me['port']} (not from " + ", ".join(
+                m.spec.name for m, r in zip(members[1:], routes[1:]) if not r["reachable"]) + ")")
+        raise PodError(f"the other nodes cannot reach {first.spec.name}: tried {'; '.join(tried)}",
+                       "the pods need a network between them (same region / cluster network, that port open), "
+                       "or name first the pod the others reach")
+    finally:
+        # The port is torchrun's now (the listener never holds a connection's TIME_WAIT: clients close first).
+        first.conn.run(f"kill {int(me['listener'])} 2>/dev/null; true", timeout=30)
 
 
 def _gpus(conn: PodConnection) -> int:
