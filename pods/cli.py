@@ -288,7 +288,7 @@ def run_cmd(host, command, detach, job_id, as_json, nodes, nproc_per_node, pods:
 def _run_nodes(host: str, command: tuple[str, ...], detach: bool, run_id: str | None, nproc: int | None,
                as_json: bool, pods: PodArgs) -> int:
     """bin/pod run A,B --nodes: one torchrun world across the pods (pods/nodes.py)."""
-    from pods import nodes
+    from podkit.pods import nodes
 
     specs = pods.specs(host)
     if len(specs) < 2:

@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from pods import jobs
-from pods.connection import PodConnection
-from pods.deploy import PodOptions, connect, locate
-from pods.errors import PodError
-from pods.hosts import HostSpec
-from pods.ownership import deployed as is_deployed
+from podkit.pods import jobs
+from podkit.pods.connection import PodConnection
+from podkit.pods.deploy import PodOptions, connect, locate
+from podkit.pods.errors import PodError
+from podkit.pods.hosts import HostSpec
+from podkit.pods.ownership import deployed as is_deployed
 
 # On the first node: its IPv4 addresses by interface and the one the SSH client reached
 # (SSH_CONNECTION, set by sshd); then a listener on a free port that answers every connection with
@@ -199,8 +199,8 @@ def check_job(command: tuple[str, ...], hosts: int, nproc: int | None) -> int | 
                        f"give --config JOB with cluster.nodes = {hosts}")
     if path is None or not Path(path).is_file():
         return None
-    from checks.config import load_job
-    from checks.errors import ConfigError
+    from podkit.checks.config import load_job
+    from podkit.checks.errors import ConfigError
 
     try:
         job = load_job(path)

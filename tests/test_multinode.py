@@ -123,8 +123,8 @@ def test_smoke_runs_one_world_across_two_pods_and_fetch_logs_brings_both_back(cl
     assert [x["step"] for x in steps0 if "loss" in x] == list(range(1, 21))
     assert [x["step"] for x in steps1 if "loss" in x] == list(range(1, 21))
     # The prediction is for the job's world (2 nodes x 1), and ZeRO-3 really sharded over both pods.
-    from checks.config import load_job
-    from checks.memory import estimate
+    from podkit.checks.config import load_job
+    from podkit.checks.memory import estimate
 
     job = load_job(project / "two-nodes.toml")
     assert s["predicted"] == estimate(job, device="cpu").allocated

@@ -149,7 +149,7 @@ def _nodes(job) -> int:
     """How many nodes this run spans: PET_NNODES, torchrun's own variable, which `bin/pod run
     --nodes` sets on every node with the rest of the rendezvous (pods/nodes.py). The job must agree:
     its prediction and verdict are for cluster.nodes x gpus_per_node processes."""
-    from train import parallel
+    from podkit.train import parallel
 
     c = job.cluster
     raw = os.environ.get("PET_NNODES", "").strip()
