@@ -17,8 +17,6 @@ import pytest
 from sshd_harness import BridgedNetwork, NamespacePod, free_port, pod_cli, project_copy, sshd_available
 from smoke_helpers import tiny_job
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(sshd_available() is not None, reason=str(sshd_available()))]
 
 FULL_PARAMS_BYTES = 428_672 * 4  # the tiny preset's parameters in fp32 (tests/test_smoke.py)
 
@@ -100,6 +98,8 @@ def wait_for(predicate, timeout=30.0) -> bool:
     return predicate()
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(sshd_available() is not None, reason=str(sshd_available()))
 def test_smoke_runs_one_world_across_two_pods_and_fetch_logs_brings_both_back(cluster):
     net, pods, project, _ = cluster
     out = cli(cluster, "run", "node0,node1", "--nodes", "--id", "mn1", "--", "bin/smoke", "--config", "two-nodes.toml",
@@ -143,6 +143,8 @@ def test_smoke_runs_one_world_across_two_pods_and_fetch_logs_brings_both_back(cl
         assert wait_for(lambda: not only_sshd_left(net, i)), only_sshd_left(net, i)
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(sshd_available() is not None, reason=str(sshd_available()))
 def test_a_failing_node_stops_the_other_and_its_exit_code_is_the_runs(cluster):
     net, _, _, _ = cluster
     # Node 1's process fails at once; node 0's would sleep ten minutes outside any collective,
@@ -169,6 +171,8 @@ def test_a_failing_node_stops_the_other_and_its_exit_code_is_the_runs(cluster):
         assert wait_for(lambda: not only_sshd_left(net, i)), only_sshd_left(net, i)
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(sshd_available() is not None, reason=str(sshd_available()))
 def test_a_node_whose_link_dies_mid_run_has_the_others_stopped(cluster):
     """Node 1's network goes silent (no reset: a dead pod, an outage) while both run: the run ends
     with one error line naming it, and node 0 is not left running without its peer."""
@@ -207,6 +211,26 @@ def test_a_node_whose_link_dies_mid_run_has_the_others_stopped(cluster):
         assert wait_for(lambda: not only_sshd_left(net, i)), only_sshd_left(net, i)
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(sshd_available() is not None, reason=str(sshd_available()))
+def test_detached_nodes_are_attached_and_stopped_one_by_one(cluster):
+    net, _, _, _ = cluster
+    script = "import os; print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], flush=True)"
+    out = cli(cluster, "run", "node0,node1", "--nodes", "--detach", "--id", "det1", "--", "python", "-c", script)
+    assert out.returncode == 0, out.stderr
+    assert "bin/pod attach node0 det1-n0" in out.stderr and "bin/pod attach node1 det1-n1" in out.stderr
+    ranks = set()
+    for i in range(2):
+        attached = cli(cluster, "attach", f"node{i}", f"det1-n{i}", timeout=180)
+        assert attached.returncode == 0, attached.stdout + attached.stderr
+        ranks |= {line for line in attached.stdout.splitlines() if line.startswith("rank ")}
+    assert ranks == {"rank 0 of 2", "rank 1 of 2"}  # one world of two, one rank on each pod
+    for i in range(2):
+        assert wait_for(lambda: not only_sshd_left(net, i)), only_sshd_left(net, i)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sshd_available() is not None, reason=str(sshd_available()))
 def test_bad_input_is_one_line_and_starts_nothing(cluster):
     net, pods, project, _ = cluster
     before = {i: {j["id"] for j in json.loads(cli(cluster, "jobs", f"node{i}", "--json").stdout)["jobs"]} for i in range(2)}
@@ -249,3 +273,44 @@ def test_smoke_refuses_a_world_it_cannot_form(tmp_path):
                            env=dict(env, PET_NNODES="3"), cwd=tmp_path, timeout=120)
     assert other.returncode == 2 and "spans 3 nodes" in other.stderr and len(other.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "runs").exists()
+
+
+def test_every_node_reads_one_rendezvous_through_torchruns_own_parser(monkeypatch):
+    """The PET_* names are torchrun's (parsed here by torch's own argument parser, not a copy)."""
+    from torch.distributed.run import get_args_parser
+
+    from podkit.pods.nodes import Node, Rendezvous
+
+    rdzv = Rendezvous("10.0.0.2", 29411, "run1", 2)
+    nodes = [Node(0, "a", "10.0.0.2", "ens5", 4), Node(1, "b", "10.0.0.3", None, 4)]
+    parsed = []
+    for node in nodes:
+        for k in [k for k in os.environ if k.startswith("PET_")]:
+            monkeypatch.delenv(k)
+        for k, v in rdzv.env(node).items():
+            monkeypatch.setenv(k, v)
+        parsed.append(get_args_parser().parse_args(["--no-python", "true"]))
+    for args in parsed:
+        assert (args.nnodes, args.nproc_per_node, args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id) == \
+            ("2", "4", "c10d", "10.0.0.2:29411", "run1")
+        assert not args.standalone
+    assert (parsed[0].rdzv_conf, parsed[1].rdzv_conf) == ("is_host=1", "is_host=0")
+    assert (parsed[0].local_addr, parsed[1].local_addr) == ("10.0.0.2", "10.0.0.3")
+    assert rdzv.env(nodes[1])["PODKIT_RUN_ID"] == "run1" and rdzv.env(nodes[1])["PODKIT_NODE_RANK"] == "1"
+    assert Rendezvous.env_defaults(nodes[0]) == {"GLOO_SOCKET_IFNAME": "ens5", "NCCL_SOCKET_IFNAME": "ens5"}
+    assert Rendezvous.env_defaults(nodes[1]) == {}
+
+
+def test_what_each_node_runs():
+    from podkit.pods.errors import PodError
+    from podkit.pods.nodes import job_config, launch_command
+
+    assert launch_command(("bin/smoke", "--config", "j.toml")) == "bin/smoke --config j.toml"
+    assert launch_command(("torchrun", "train.py")) == "torchrun train.py"
+    assert launch_command(("python", "train.py", "--lr", "1e-4")) == \
+        "python -m torch.distributed.run --no-python python train.py --lr 1e-4"
+    with pytest.raises(PodError, match="does not run across nodes"):
+        launch_command(("bin/smoke", "--", "python", "train.py"))
+    assert job_config(("bin/smoke", "-c", "a.toml")) == "a.toml"
+    assert job_config(("bin/smoke", "--config=b.toml")) == "b.toml"
+    assert job_config(("python", "train.py", "--config", "c.toml")) is None
