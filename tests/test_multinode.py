@@ -216,9 +216,13 @@ def test_a_node_whose_link_dies_mid_run_has_the_others_stopped(cluster):
 def test_detached_nodes_are_attached_and_stopped_one_by_one(cluster):
     net, _, _, _ = cluster
     script = "import os; print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], flush=True)"
-    out = cli(cluster, "run", "node0,node1", "--nodes", "--detach", "--id", "det1", "--", "python", "-c", script)
+    out = cli(cluster, "run", "node0,node1", "--nodes", "--detach", "--json", "--id", "det1", "--", "python", "-c", script)
     assert out.returncode == 0, out.stderr
     assert "bin/pod attach node0 det1-n0" in out.stderr and "bin/pod attach node1 det1-n1" in out.stderr
+    started = json.loads(out.stdout)  # stdout is the one JSON object
+    assert started["ok"] and started["detached"] and started["run_id"] == "det1" and started["exit_code"] is None
+    assert [(n["pod"], n["job"], n["nproc"]) for n in started["nodes"]] == [("node0", "det1-n0", 1), ("node1", "det1-n1", 1)]
+    assert started["rendezvous"].startswith(net.address(0) + ":")
     ranks = set()
     for i in range(2):
         attached = cli(cluster, "attach", f"node{i}", f"det1-n{i}", timeout=180)
