@@ -238,21 +238,34 @@ class CommandAfterHost(click.Command):
 @click.argument("host", metavar="HOST")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.option("--detach", "-d", is_flag=True, help="Start it and return; attach later with `bin/pod attach`.")
-@click.option("--id", "job_id", help="Job id (default: time and command name).")
+@click.option("--id", "job_id", help="Job id (default: time and command name); with --nodes, the run id.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON object: the job, pod and log (detached), or also its exit code; its output goes to stderr.")
+@click.option("--nodes", is_flag=True, help="HOST names several pods: run COMMAND across them as one torchrun world "
+              "(c10d rendezvous on the first).")
+@click.option("--nproc-per-node", type=click.IntRange(1), default=None,
+              help="With --nodes: processes per node (default: the job's cluster.gpus_per_node, else one per GPU).")
 @pod_options
 @guarded
-def run_cmd(host, command, detach, job_id, as_json, pods: PodArgs):
+def run_cmd(host, command, detach, job_id, as_json, nodes, nproc_per_node, pods: PodArgs):
     """Run COMMAND on HOST detached from SSH (it survives a dropped connection), streaming its output.
 
     Options go before COMMAND; every word from COMMAND on is the pod's.
     Example: bin/pod run my-pod -- bin/smoke --config job.toml
+
+    Several nodes: bin/pod run a,b --nodes -- bin/smoke --config job.toml (every node's output
+    prefixed by its name; a node that fails stops the others; the exit code is the failing node's).
     """
     import shlex
 
     if job_id:
         remote_jobs.valid_id(job_id)
+    if nodes:
+        sys.exit(_run_nodes(host, command, detach, job_id, nproc_per_node, as_json, pods))
+    if nproc_per_node is not None:
+        raise PodError("--nproc-per-node goes with --nodes", "add --nodes, or leave it out")
+    if len(specs := pods.specs(host)) > 1:
+        raise PodError(f"'{host}' names {len(specs)} pods", "give one, or add --nodes to run one torchrun world across them")
     with pods.one(host, deployed=True, err=as_json) as (conn, spec, _, _, rdir):
         jid = remote_jobs.start(conn, shlex.join(command) if len(command) > 1 else command[0], job_id)
         job = {"job": jid, "pod": spec.name, "host": spec.host, "remote_dir": rdir,
@@ -271,6 +284,60 @@ def run_cmd(host, command, detach, job_id, as_json, pods: PodArgs):
     if as_json:
         click.echo(json.dumps({"ok": code == 0, **job, "detached": False, "exit_code": code}, indent=2))
     sys.exit(code)
+
+
+def _run_nodes(host: str, command: tuple[str, ...], detach: bool, run_id: str | None, nproc: int | None,
+               as_json: bool, pods: PodArgs) -> int:
+    """bin/pod run A,B --nodes: one torchrun world across the pods (pods/nodes.py)."""
+    from podkit.pods import nodes
+
+    specs = pods.specs(host)
+    if len(specs) < 2:
+        raise PodError(f"--nodes needs at least 2 hosts, '{host}' names {len(specs)}",
+                       "name them comma-separated (A,B), or leave --nodes out for one pod")
+    nproc = nodes.check_job(command, len(specs), nproc) or nproc
+    line = nodes.launch_command(command)
+    run_id = run_id or remote_jobs.new_id(_command_line(command))
+    printer = Printer(prefix=True, err=as_json)  # with --json, stdout carries only the object
+    say = lambda text: click.echo(f"pod run: {text}", err=True)  # noqa: E731
+    members = nodes.connect_all(specs, pods.opts, printer.for_pod)
+    code = None
+    try:
+        rdzv = nodes.plan(members, run_id, nproc)
+        say(f"run {run_id}: {len(members)} nodes, rendezvous c10d at {rdzv.endpoint} ({specs[0].name})")
+        nodes.start(members, rdzv, line, say)
+        if detach:
+            for m in members:
+                say(f"attach with: bin/pod attach {m.spec.name} {m.job_id}")
+        else:
+            try:
+                code, error = nodes.follow(members, pods.opts, printer.for_pod, say)
+            except KeyboardInterrupt:
+                say("detached; the jobs keep running: " + ", ".join(f"bin/pod stop {m.spec.name} {m.job_id}"
+                                                                    for m in members))
+                return 130
+    finally:
+        for m in members:
+            m.conn.close()
+    if as_json:
+        click.echo(json.dumps({"ok": code in (None, 0), "run_id": run_id, "detached": detach, "exit_code": code,
+                               "rendezvous": rdzv.endpoint,
+                               "nodes": [{"node": m.node.index, "pod": m.spec.name, "job": m.job_id,
+                                          "address": m.node.address, "nproc": m.node.nproc} for m in members]},
+                              indent=2))
+    if detach:
+        return 0
+    if error:
+        raise PodError(error, "the other nodes were stopped; fetch what ran with: bin/pod fetch-logs " + host)
+    say(f"run {run_id} exited {code}" + (" (the first node to fail)" if code else "")
+        + f"; its logs: bin/pod fetch-logs {host}")
+    return code
+
+
+def _command_line(command: tuple[str, ...]) -> str:
+    import shlex
+
+    return shlex.join(command) if len(command) > 1 else command[0]
 
 
 @main.command("attach")

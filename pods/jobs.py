@@ -45,15 +45,20 @@ def valid_id(job_id: str) -> str:
     return job_id
 
 
-def start(conn: PodConnection, command: str, job_id: str | None = None) -> str:
+def start(conn: PodConnection, command: str, job_id: str | None = None, *, env: dict[str, str] | None = None,
+          env_defaults: dict[str, str] | None = None) -> str:
+    """Start `command` detached; `env` is exported after the env file (it wins), `env_defaults`
+    only where neither the env file nor the pod set that name (the user's choice wins)."""
     job_id = valid_id(job_id or new_id(command))
     d = f"{JOBS_DIR}/{job_id}"
+    exports = "".join(f"export {_name(k)}={shlex.quote(v)}\n" for k, v in (env or {}).items())
+    exports += "".join(f"[ -n \"${{{_name(k)}:-}}\" ] || export {k}={shlex.quote(v)}\n" for k, v in (env_defaults or {}).items())
     # The inner shell sources the env file itself, after whatever BASH_ENV or rc files did
     # (pyenv or conda shims), so the project's venv is first on PATH; then it records the exit
     # code. setsid puts it in its own session, so the SSH session's hangup never reaches it.
     # PODKIT_JOB_ID tags the job's whole process tree for `stop`; PODKIT_SESSION is dropped so
     # a Ctrl-C of this client (PodConnection.stop_remote) never stops the job.
-    inner = (f"[ -r .podkit/env ] && . .podkit/env\n{command}\n"
+    inner = (f"[ -r .podkit/env ] && . .podkit/env\n{exports}{command}\n"
              f"rc=$?; echo $rc > {d}/exit_code.tmp && mv {d}/exit_code.tmp {d}/exit_code")
     script = (
         f"mkdir -p {d} || exit 2\n"
@@ -68,6 +73,12 @@ def start(conn: PodConnection, command: str, job_id: str | None = None) -> str:
     if not result.ok:
         raise PodError(f"could not start the job: {(result.stderr or result.stdout).strip()[:200]}")
     return job_id
+
+
+def _name(key: str) -> str:
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+        raise ValueError(f"not an environment variable name: {key!r}")
+    return key
 
 
 def attach(conn: PodConnection, job_id: str, out: Callable[[str], None]) -> int:

@@ -165,6 +165,96 @@ class NamespacePod(LoopbackPod):
         subprocess.run(["ip", "netns", "del", self.netns], capture_output=True)
 
 
+class BridgedNetwork:
+    """Network namespaces joined by a bridge in the root namespace: pods that reach each other and
+    the laptop (the root namespace) as the nodes of one cluster do, each with its own sshd.
+
+    Per test process a /28 of its own (10.232.0.0/16 cut by pid; NamespacePod uses 10.231/16): the
+    bridge is .1, node i is .(i + 2). Names carry the full pid, so what a killed run left behind is
+    found and removed on the next start, and only when that pid is dead.
+    """
+
+    def __init__(self, count: int):
+        if not 1 <= count <= 13:
+            raise ValueError(f"{count} nodes: a /28 holds 13 besides the bridge")
+        pid = os.getpid()
+        block = (pid % 4096) * 16
+        self.prefix = f"10.232.{block // 256}"
+        self.first = block % 256
+        self.bridge = f"pkb{pid}"
+        self.namespaces = [f"podkit-{pid}-node{i}" for i in range(count)]
+        self.links = [(f"pkv{pid}n{i}", f"pkq{pid}n{i}") for i in range(count)]  # root side, node side
+
+    def address(self, i: int) -> str:
+        return f"{self.prefix}.{self.first + i + 2}"
+
+    def interface(self, i: int) -> str:
+        return self.links[i][1]
+
+    def start(self) -> "BridgedNetwork":
+        remove_stale_namespaces()
+        try:
+            _ip(f"link add {self.bridge} type bridge")
+            _ip(f"addr add {self.prefix}.{self.first + 1}/28 dev {self.bridge}")
+            _ip(f"link set {self.bridge} up")
+            for i, (ns, (outer, inner)) in enumerate(zip(self.namespaces, self.links)):
+                _ip(f"netns add {ns}")
+                _ip(f"link add {outer} type veth peer name {inner}")
+                _ip(f"link set {inner} netns {ns}")
+                _ip(f"link set {outer} master {self.bridge}")
+                _ip(f"link set {outer} up")
+                _ip(f"netns exec {ns} ip addr add {self.address(i)}/28 dev {inner}")
+                _ip(f"netns exec {ns} ip link set {inner} up")
+                _ip(f"netns exec {ns} ip link set lo up")
+        except BaseException:
+            self.stop()  # never leave a namespace or a bridge behind a failed start
+            raise
+        return self
+
+    def pod(self, base: Path, i: int) -> LoopbackPod:
+        """A pod (not yet started) whose sshd listens on node i's address inside its namespace."""
+        pod = LoopbackPod(base, f"node{i}")
+        pod.netns, pod.address = self.namespaces[i], self.address(i)
+        return pod
+
+    def pids(self, i: int) -> list[int]:
+        """Processes whose network is node i's namespace (what `ps` on that pod would list)."""
+        out = subprocess.run(["ip", "netns", "pids", self.namespaces[i]], capture_output=True, text=True).stdout
+        return [int(p) for p in out.split()]
+
+    def stop(self) -> None:
+        for ns, (outer, _) in zip(self.namespaces, self.links):
+            subprocess.run(["ip", "link", "del", outer], capture_output=True)  # and its peer in the namespace
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+
+
+def _ip(args: str) -> None:
+    subprocess.run(["ip", *args.split()], check=True, capture_output=True)
+
+
+def remove_stale_namespaces() -> list[str]:
+    """Namespaces and bridges a killed test run left behind (their pid is dead); never a live run's."""
+    import re
+
+    def dead(pid: str) -> bool:
+        return not os.path.exists(f"/proc/{pid}")
+
+    removed = []
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    for name in names:
+        m = re.fullmatch(r"podkit-(\d+)-\w+", name)
+        if m and dead(m.group(1)):
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+            removed.append(name)
+    links = subprocess.run(["ip", "-o", "link", "show", "type", "bridge"], capture_output=True, text=True).stdout
+    for m in re.finditer(r"^\d+: (pkb(\d+))[:@]", links, flags=re.M):
+        if dead(m.group(2)):
+            subprocess.run(["ip", "link", "del", m.group(1)], capture_output=True)
+            removed.append(m.group(1))
+    return removed
+
+
 def project_copy(dest: Path) -> Path:
     """A clone-like copy of this repository (tracked and untracked-not-ignored files) to deploy
     from, with the suite's venv linked in so its launchers find fabric and torch."""

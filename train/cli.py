@@ -126,6 +126,7 @@ def main(config, steps, device, output_dir, run_id, as_json, sink, inject_fault,
             raise ConfigError("--output-dir", "is empty", "give a directory, or leave it out for train.output_dir")
         field = "--output-dir" if output_dir else "train.output_dir"
         root = check_output_root(Path(output_dir or job.train.output_dir), field)
+        nodes = _nodes(job)
         if run_id is not None:
             check_run_id(run_id)
         elif os.environ.get("PODKIT_RUN_ID"):
@@ -138,10 +139,36 @@ def main(config, steps, device, output_dir, run_id, as_json, sink, inject_fault,
         _fail(exc, as_json)
 
     run_id = run_id or new_run_id(job.source)
-    distributed = job.cluster.gpus_per_node > 1 or job.cluster.sharding != "none"
+    distributed = job.cluster.world_size > 1 or job.cluster.sharding != "none"
     if distributed and not parallel.under_torchrun():
-        sys.exit(_launch_torchrun(job, root, run_id, as_json))
+        sys.exit(_launch_torchrun(job, root, run_id, as_json, nodes))
     sys.exit(_run(job, path, target, root, run_id, fault, as_json))
+
+
+def _nodes(job) -> int:
+    """How many nodes this run spans: PET_NNODES, torchrun's own variable, which `bin/pod run
+    --nodes` sets on every node with the rest of the rendezvous (pods/nodes.py). The job must agree:
+    its prediction and verdict are for cluster.nodes x gpus_per_node processes."""
+    from podkit.train import parallel
+
+    c = job.cluster
+    raw = os.environ.get("PET_NNODES", "").strip()
+    if not raw:
+        if c.nodes > 1 and not parallel.under_torchrun():
+            raise ConfigError("cluster.nodes", f"is {c.nodes}: that world spans {c.nodes} hosts, one bin/smoke runs on one",
+                              "start it on every node at once: bin/pod run A,B --nodes -- bin/smoke --config JOB "
+                              "(or set cluster.nodes = 1 to smoke one node's share)")
+        return 1
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError("PET_NNODES", f"is {raw!r}, not a number of nodes", "set it to the number of hosts, e.g. 2")
+    if int(raw) != c.nodes:
+        raise ConfigError("cluster.nodes", f"is {c.nodes}, but this run spans {raw} nodes (PET_NNODES)",
+                          f"set cluster.nodes = {raw}, or run on {c.nodes} host(s)")
+    nproc = os.environ.get("PET_NPROC_PER_NODE", "").strip()
+    if nproc and nproc != str(c.gpus_per_node):
+        raise ConfigError("cluster.gpus_per_node", f"is {c.gpus_per_node}, but {nproc} processes per node were asked "
+                          "for (PET_NPROC_PER_NODE)", f"set cluster.gpus_per_node = {nproc}, or leave --nproc-per-node out")
+    return int(raw)
 
 
 def _smoke_command(command, config, from_files, model_preset, steps, timeout, output_dir, run_id, as_json,
@@ -218,8 +245,8 @@ def _run(job, path, device, root: Path, run_id: str, fault, as_json: bool) -> in
                  path, job.train.precision, job.train.optimizer, job.train.micro_batch, job.train.grad_accum,
                  job.train.seq_len, job.train.checkpointing, world.size, device.type)
         if job.cluster.nodes > 1:
-            log.info("smoke runs one node: %d of the job's %d processes; predicted for that world",
-                     world.size, job.cluster.world_size)
+            log.info("world: %d processes on %d nodes (the job's %d x %d)", world.size, job.cluster.nodes,
+                     job.cluster.nodes, job.cluster.gpus_per_node)
     try:
         # Only rank 0 writes the run's files; other ranks keep just their smoke.rank<N>.log.
         smoke = SmokeRun(job, device, world, run_dir if world.main else None, fault,
@@ -240,23 +267,31 @@ def _run(job, path, device, root: Path, run_id: str, fault, as_json: bool) -> in
     return verdict.exit_code
 
 
-def _launch_torchrun(job, root: Path, run_id: str, as_json: bool) -> int:
-    """Run this same command as `torchrun --standalone --nproc-per-node N`, then report rank 0's summary."""
+def _launch_torchrun(job, root: Path, run_id: str, as_json: bool, nodes: int = 1) -> int:
+    """Run this same command as `torchrun --standalone --nproc-per-node N`, then report rank 0's summary.
+    Across nodes, torchrun takes its rendezvous from the PET_* variables `bin/pod run --nodes` set."""
     nproc = job.cluster.gpus_per_node
     # Workers start as bin/smoke does (`python -c`, the cwd dropped from sys.path), not `-m podkit.train.cli`:
     # a user's own train.py in the current directory would shadow podkit's package in every worker.
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "--no-python", sys.executable, "-c", WORKER_BOOT, *sys.argv[1:], "--run-id", run_id,
-           "--output-dir", str(root)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", *(["--standalone"] if nodes == 1 else []),
+           f"--nproc-per-node={nproc}", "--no-python", sys.executable, "-c", WORKER_BOOT, *sys.argv[1:],
+           "--run-id", run_id, "--output-dir", str(root)]
     env = dict(os.environ, PODKIT_RUN_ID=run_id, PODKIT_LAUNCHER="1", OMP_NUM_THREADS=os.environ.get(
         "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc))))
-    click.echo(f"smoke: launching {nproc} processes under torchrun (run {run_id})", err=True)
+    where = (f" on node {os.environ.get('PODKIT_NODE_RANK', '?')} of {nodes} (rendezvous "
+             f"{os.environ.get('PET_RDZV_ENDPOINT', '?')})" if nodes > 1 else "")
+    click.echo(f"smoke: launching {nproc} processes under torchrun{where} (run {run_id})", err=True)
     code, stopped = _supervise(cmd, env, as_json)
     summary_path = root / run_id / "summary.json"
     try:
         summary = json.loads(summary_path.read_text())
     except (OSError, json.JSONDecodeError):
         summary = None
+    if nodes > 1 and summary is None and not stopped:
+        # c10d ranks nodes by address: global rank 0, which writes the summary, ran on another node.
+        click.echo(f"smoke: this node's {nproc} process(es) ended (torchrun exit {code}); rank 0 ran on another "
+                   f"node and wrote the run's summary.json there; ranks' logs: {root / run_id}", err=True)
+        return 0 if code == 0 else 1
     if stopped:
         # Rank 0 may have been killed before it wrote its summary: the run was still interrupted.
         if summary is not None and summary.get("status") != "interrupted":

@@ -149,7 +149,11 @@ class SmokeRun:
         self.started = time.time()
         # The prediction for this machine: the GPU that is here, the world that runs.
         self.gpu = self._detect_gpu()
-        self.pred_job = job.replace(cluster={"gpu": self.gpu.name, "nodes": 1, "gpus_per_node": world.size})
+        # The job's own world when that is what runs (every node under bin/pod run --nodes), else
+        # the processes that are here (one node's, or a torchrun the user sized differently).
+        whole = world.size == job.cluster.world_size
+        self.pred_job = job.replace(cluster={"gpu": self.gpu.name, "nodes": job.cluster.nodes if whole else 1,
+                                             "gpus_per_node": job.cluster.gpus_per_node if whole else world.size})
         self.estimate = memory.estimate(self.pred_job, device=device.type)
         self.probe = make_probe(device)
         self.phases = PhasePeaks(self.probe)
@@ -427,6 +431,7 @@ class SmokeRun:
             "step_time": mon.get("step_time"),
             "device": str(self.device) + (f" ({self.gpu.name})" if self.device.type == "cuda" else ""),
             "world_size": self.world.size,
+            "nodes": self.pred_job.cluster.nodes,
             "params": getattr(self, "params", None),
             "trainable_params": getattr(self, "trainable", None),
             "checks": verdict.checks,

@@ -1,0 +1,373 @@
+"""Several pods as the nodes of one torchrun world: `bin/pod run A,B --nodes -- COMMAND`.
+
+Every node runs COMMAND as a detached job (pods/jobs.py) under torchrun, all joined by one c10d
+rendezvous on the first node's address as the other nodes reach it, at a port free there. torchrun
+reads its settings from PET_* variables (torch/distributed/argparse_util.py `env`, torch 2.13), so
+the same environment serves `bin/smoke` (which starts torchrun itself), a user's own `torchrun ...`
+and a plain command (wrapped in `python -m torch.distributed.run --no-python`).
+
+c10d ignores --node_rank: it ranks nodes by their address (sorted participants,
+torch/distributed/elastic/rendezvous/dynamic_rendezvous.py `_mark_rendezvous_complete`), so global
+rank 0 (and bin/smoke's summary.json) lands on whichever node sorts first; podkit's node index is
+the order the hosts were given (job ids `<run>-n<i>`, PODKIT_NODE_RANK).
+
+A node whose job fails (or whose link drops) stops the others through `jobs.stop`: torchrun's agent
+only notices a lost peer inside a collective, and a rank outside one would keep a pod busy.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import shlex
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from podkit.pods import jobs
+from podkit.pods.connection import PodConnection
+from podkit.pods.deploy import PodOptions, connect, locate
+from podkit.pods.errors import PodError
+from podkit.pods.hosts import HostSpec
+from podkit.pods.ownership import deployed as is_deployed
+
+# On the first node: its IPv4 addresses by interface and the one the SSH client reached
+# (SSH_CONNECTION, set by sshd); then a listener on a free port that answers every connection with
+# a nonce, in the background for LISTEN_S, so the others can prove they reach this node at the very
+# port the rendezvous will use (an sshd answering at the same address could be their own: pods often
+# share one internal address). SIOCGIFADDR is 0x8915 (linux/sockios.h); Python has no call for an
+# interface's address, and `ip` is missing from many images.
+LISTEN_S = 60
+_SELF = r"""
+import fcntl, json, os, socket, struct, sys, time
+def addr(name):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        return socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))[20:24])
+    except OSError:
+        return None
+    finally:
+        s.close()
+ifaces = {n: a for _, n in socket.if_nameindex() for a in [addr(n)] if a and not a.startswith("127.")}
+ssh = os.environ.get("SSH_CONNECTION", "").split()
+srv = socket.socket(); srv.bind(("", 0)); srv.listen(64)
+pid = os.fork()
+if pid:
+    print(json.dumps({"ifaces": ifaces, "ssh_addr": ssh[2] if len(ssh) == 4 else None,
+                      "port": srv.getsockname()[1], "listener": pid}))
+    sys.exit(0)
+null = os.open(os.devnull, os.O_RDWR)
+for fd in (0, 1, 2):
+    os.dup2(null, fd)
+os.setsid()
+end = time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end:
+    srv.settimeout(max(0.1, end - time.monotonic()))
+    try:
+        c, _ = srv.accept()
+    except OSError:
+        break
+    try:
+        c.settimeout(5); c.sendall(sys.argv[1].encode()); c.recv(1)  # the client closes first
+    except OSError:
+        pass
+    c.close()
+"""
+
+# On a node: does HOST:PORT answer with the nonce, and through which of this node's addresses
+# and interfaces (a UDP connect picks the route without sending anything).
+_ROUTE = r"""
+import fcntl, json, socket, struct, sys
+host, port, nonce = sys.argv[1], int(sys.argv[2]), sys.argv[3].encode()
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+try:
+    u.connect((host, port)); src = u.getsockname()[0]
+except OSError:  # no route at all
+    print(json.dumps({"reachable": False, "addr": None, "iface": None})); sys.exit(0)
+def addr(name):
+    try:
+        return socket.inet_ntoa(fcntl.ioctl(u.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))[20:24])
+    except OSError:
+        return None
+iface = next((n for _, n in socket.if_nameindex() if addr(n) == src), None)
+got = b""
+try:
+    with socket.create_connection((host, port), timeout=5) as c:
+        while len(got) < len(nonce):
+            part = c.recv(len(nonce) - len(got))
+            if not part:
+                break
+            got += part
+except OSError:
+    pass
+print(json.dumps({"reachable": got == nonce, "addr": src, "iface": iface}))
+"""
+
+
+@dataclass(frozen=True)
+class Node:
+    """One pod of the world: its index (the order given), and how the others reach it."""
+
+    index: int
+    name: str
+    address: str
+    """Its address on the route to the first node (torchrun's --local-addr)."""
+    interface: str | None
+    """The interface carrying that route (gloo's and NCCL's socket interface)."""
+    nproc: int
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """The one c10d rendezvous every node joins."""
+
+    host: str
+    port: int
+    run_id: str
+    nodes: int
+
+    def __post_init__(self):
+        if self.nodes < 2:
+            raise PodError(f"--nodes needs at least 2 hosts, got {self.nodes}", "name them comma-separated: A,B")
+        jobs.valid_id(self.run_id)
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def env(self, node: Node) -> dict[str, str]:
+        """What torchrun on `node` reads (PET_<option>), and podkit's own names for the run."""
+        return {
+            "PET_NNODES": str(self.nodes),
+            "PET_NPROC_PER_NODE": str(node.nproc),
+            "PET_RDZV_BACKEND": "c10d",
+            "PET_RDZV_ENDPOINT": self.endpoint,
+            "PET_RDZV_ID": self.run_id,
+            # The first node hosts the store: torch guesses that by matching the endpoint to its
+            # hostname (c10d_rendezvous_backend.py `_create_tcp_store`), wrong behind NAT or in a container.
+            "PET_RDZV_CONF": f"is_host={int(node.index == 0)}",
+            # Else the node's FQDN, which another pod may not resolve (dynamic_rendezvous.py `_NodeDescGenerator`).
+            "PET_LOCAL_ADDR": node.address,
+            "PODKIT_RUN_ID": self.run_id,
+            "PODKIT_NODE_RANK": str(node.index),
+            "PODKIT_NODES": str(self.nodes),
+        }
+
+    @staticmethod
+    def env_defaults(node: Node) -> dict[str, str]:
+        """Unless the env file sets them: gloo binds to the hostname's address (127.0.0.1 in many
+        containers) and NCCL may pick a docker bridge; both must use the route between the nodes."""
+        if not node.interface:
+            return {}
+        return {"GLOO_SOCKET_IFNAME": node.interface, "NCCL_SOCKET_IFNAME": node.interface}
+
+
+def launch_command(command: tuple[str, ...]) -> str:
+    """COMMAND as each node runs it: bin/smoke and torchrun read PET_* themselves; anything else
+    runs as torchrun's workers."""
+    first = Path(command[0]).name
+    if first == "smoke":
+        if "--" in command:
+            raise PodError("bin/smoke -- COMMAND does not run across nodes yet",
+                           "run your script under --nodes directly: bin/pod run A,B --nodes -- python train.py")
+        return shlex.join(command)
+    if first == "torchrun" or "torch.distributed.run" in command[:3]:
+        return shlex.join(command)
+    return shlex.join(["python", "-m", "torch.distributed.run", "--no-python", *command])
+
+
+def job_config(command: tuple[str, ...]) -> str | None:
+    """The --config of a bin/smoke command, if any (to check its nodes before anything starts)."""
+    if Path(command[0]).name != "smoke":
+        return None
+    for i, word in enumerate(command[1:], 1):
+        if word in ("--config", "-c") and i + 1 < len(command):
+            return command[i + 1]
+        if word.startswith("--config="):
+            return word.split("=", 1)[1]
+    return None
+
+
+def check_job(command: tuple[str, ...], hosts: int, nproc: int | None) -> int | None:
+    """The job's gpus_per_node, after checking it against the hosts given and --nproc-per-node.
+    Read from this machine's copy of the project (what deploy synced); None when there is none here."""
+    path = job_config(command)
+    if path is None and Path(command[0]).name == "smoke" and "--from" not in command:
+        raise PodError("bin/smoke without --config runs its one-node default job",
+                       f"give --config JOB with cluster.nodes = {hosts}")
+    if path is None or not Path(path).is_file():
+        return None
+    from podkit.checks.config import load_job
+    from podkit.checks.errors import ConfigError
+
+    try:
+        job = load_job(path)
+    except ConfigError as exc:
+        raise PodError(f"{path}: {exc}") from None
+    c = job.cluster
+    if c.nodes != hosts:
+        raise PodError(f"{path} has cluster.nodes = {c.nodes}, but {hosts} hosts were given",
+                       f"set cluster.nodes = {hosts}, or name {c.nodes} host(s)")
+    if nproc is not None and nproc != c.gpus_per_node:
+        raise PodError(f"--nproc-per-node {nproc} disagrees with {path}'s cluster.gpus_per_node = {c.gpus_per_node}",
+                       "leave --nproc-per-node out (the job decides), or change the job")
+    return c.gpus_per_node
+
+
+@dataclass
+class Member:
+    """A connected node: its spec, connection and how it runs."""
+
+    spec: HostSpec
+    conn: PodConnection
+    node: Node | None = None
+    job_id: str = ""
+
+
+def _python(conn: PodConnection, script: str, *args: str) -> dict:
+    """Run a short Python script on the pod (the project's venv is first on PATH after the prelude)."""
+    cmd = f"python3 -c {shlex.quote(script)} " + " ".join(shlex.quote(a) for a in args)
+    result = conn.run(cmd, timeout=60)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    if not result.ok or not lines:
+        detail = (result.stderr or result.stdout).strip().splitlines()
+        raise PodError(f"could not read the network setup: {detail[-1] if detail else result.exit_code}",
+                       "check that python3 runs on the pod (deploy it first)")
+    return json.loads(lines[-1])
+
+
+def connect_all(specs: list[HostSpec], opts: PodOptions, say: Callable[[str], Callable[[str], None]]) -> list[Member]:
+    """Connect to every node at once; any that cannot be reached or was never deployed is one error."""
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise PodError(f"a host is named twice in {','.join(names)}", "name each node once")
+
+    def one(spec: HostSpec) -> Member:
+        conn = connect(spec, opts, say(spec.name))
+        try:
+            _, _, rdir = locate(conn, spec, opts.project)
+            if not is_deployed(conn, rdir):
+                raise PodError(f"{rdir} on {spec.name} was never deployed", f"run: bin/pod deploy {spec.name}, then re-run")
+        except BaseException:
+            conn.close()
+            raise
+        return Member(spec, conn)
+
+    with ThreadPoolExecutor(max_workers=min(16, len(specs))) as pool:
+        futures = [pool.submit(one, s) for s in specs]
+        members, error = [], None
+        for spec, f in zip(specs, futures):
+            try:
+                members.append(f.result())
+            except PodError as exc:
+                error = error or (exc.on(spec.name) if not exc.host else exc)
+    if error:
+        for m in members:
+            m.conn.close()
+        raise error
+    return members
+
+
+def plan(members: list[Member], run_id: str, nproc: int | None) -> Rendezvous:
+    """Pick the rendezvous: the first node's address at which every other node reaches a port free
+    there; and each node's own address and interface on that route."""
+    import secrets
+
+    first, nonce = members[0], secrets.token_hex(16)
+    me = _python(first.conn, _SELF, nonce, str(LISTEN_S))
+    try:
+        candidates = [me["ssh_addr"]] if me["ssh_addr"] and not me["ssh_addr"].startswith("127.") else []
+        candidates += [a for a in me["ifaces"].values() if a not in candidates]
+        if not candidates:
+            raise PodError(f"{first.spec.name} has no IPv4 address besides loopback",
+                           "the nodes need a network between them")
+        tried = []
+        for host in candidates:
+            with ThreadPoolExecutor(max_workers=len(members)) as pool:
+                routes = list(pool.map(lambda m: _python(m.conn, _ROUTE, host, str(me["port"]), nonce), members))
+            if all(r["reachable"] for r in routes[1:]):
+                for i, (m, r) in enumerate(zip(members, routes)):
+                    m.node = Node(i, m.spec.name, host if i == 0 else r["addr"], r["iface"], nproc or _gpus(m.conn))
+                return Rendezvous(host, me["port"], run_id, len(members))
+            tried.append(f"{host}:{me['port']} (not from " + ", ".join(
+                m.spec.name for m, r in zip(members[1:], routes[1:]) if not r["reachable"]) + ")")
+        raise PodError(f"the other nodes cannot reach {first.spec.name}: tried {'; '.join(tried)}",
+                       "the pods need a network between them (same region / cluster network, that port open), "
+                       "or name first the pod the others reach")
+    finally:
+        # The port is torchrun's now (the listener never holds a connection's TIME_WAIT: clients close first).
+        first.conn.run(f"kill {int(me['listener'])} 2>/dev/null; true", timeout=30)
+
+
+def _gpus(conn: PodConnection) -> int:
+    """torchrun's --nproc-per-node without a job: one process per GPU, one on a CPU pod."""
+    result = conn.run("nvidia-smi -L 2>/dev/null | grep -c '^GPU'", timeout=60)
+    count = result.stdout.strip()
+    return int(count) if count.isdigit() and int(count) > 0 else 1
+
+
+def start(members: list[Member], rdzv: Rendezvous, command: str, say: Callable[[str], None]) -> None:
+    """Start the job on every node, the rendezvous host first; one that cannot start stops the rest."""
+    started: list[Member] = []
+    for m in members:
+        try:
+            m.job_id = jobs.start(m.conn, command, f"{rdzv.run_id}-n{m.node.index}", env=rdzv.env(m.node),
+                                  env_defaults=rdzv.env_defaults(m.node))
+        except PodError as exc:
+            for s in started:
+                jobs.stop(s.conn, s.job_id, grace=10)
+            raise (exc.on(m.spec.name) if not exc.host else exc) from None
+        started.append(m)
+        say(f"job {m.job_id} started on {m.spec.name} (node {m.node.index} of {rdzv.nodes}, {m.node.nproc} "
+            f"process(es), via {m.node.address}{' ' + m.node.interface if m.node.interface else ''})")
+
+
+def follow(members: list[Member], opts: PodOptions, printer: Callable[[str], Callable[[str], None]],
+           say: Callable[[str], None], grace: float = 30.0) -> tuple[int, str | None]:
+    """Stream every node's output (prefixed by the printer) until all end. The first node to fail
+    (a nonzero exit, or a lost link) has the others stopped. Returns (exit code, error line)."""
+    ended: queue.Queue = queue.Queue()
+
+    def watch(m: Member) -> None:
+        try:
+            ended.put((m, jobs.attach(m.conn, m.job_id, printer(m.spec.name)), None))
+        except PodError as exc:
+            ended.put((m, None, exc))
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            ended.put((m, None, PodError(f"{type(exc).__name__}: {exc}")))
+
+    threads = [threading.Thread(target=watch, args=(m,), daemon=True, name=f"follow-{m.spec.name}") for m in members]
+    for t in threads:
+        t.start()
+    code, error, stopped = 0, None, False
+    for _ in members:
+        m, rc, exc = ended.get()
+        if exc is not None:
+            error = error or f"{m.spec.name}: {exc.problem}; its job {m.job_id} may still run there"
+            rc = 2
+        if rc != 0 and not stopped:
+            code, stopped = rc, True
+            say(f"node {m.node.index} ({m.spec.name}) {'lost' if exc else f'exited {rc}'}: stopping the others")
+            _stop_others(members, m, opts, say, grace)
+    for t in threads:
+        t.join(timeout=5)
+    return code, error
+
+
+def _stop_others(members: list[Member], failed: Member, opts: PodOptions, say: Callable[[str], None],
+                 grace: float) -> None:
+    """jobs.stop on every other node, each over a connection of its own (the first one is busy
+    streaming); in parallel, so a slow node does not hold the rest."""
+    def stop(m: Member) -> None:
+        try:
+            with connect(m.spec, opts, lambda _line: None) as conn:
+                locate(conn, m.spec, opts.project)
+                say(f"node {m.node.index} ({m.spec.name}): job {m.job_id} {jobs.stop(conn, m.job_id, grace)}")
+        except PodError as exc:
+            say(f"node {m.node.index} ({m.spec.name}): could not stop job {m.job_id}: {exc} "
+                f"(stop it with: bin/pod stop {m.spec.name} {m.job_id})")
+
+    with ThreadPoolExecutor(max_workers=len(members)) as pool:
+        list(pool.map(stop, [m for m in members if m is not failed]))

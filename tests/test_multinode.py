@@ -1,0 +1,320 @@
+"""bin/pod run A,B --nodes (issue 15 item 4): two pods in two network namespaces on one bridge,
+a real sshd in each, deployed for real, one torchrun world across them over gloo.
+
+The laptop is the root namespace; each pod's processes share this machine's PID space, so what a
+node left running is found by its network namespace (`ip netns pids`) and by the job's tag.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sshd_harness import BridgedNetwork, NamespacePod, free_port, pod_cli, project_copy, sshd_available
+from smoke_helpers import tiny_job
+
+
+FULL_PARAMS_BYTES = 428_672 * 4  # the tiny preset's parameters in fp32 (tests/test_smoke.py)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    why = NamespacePod.available()
+    if why:
+        pytest.skip(why)
+    base = tmp_path_factory.mktemp("multinode")
+    net = BridgedNetwork(2).start()
+    pods = []
+    try:
+        pods = [net.pod(base, i).start() for i in range(2)]
+        project = project_copy(base / "laptop" / "podkit")
+        known_hosts = base / "known_hosts"
+        known_hosts.write_text("".join(p.known_hosts_line() for p in pods))
+        (project / "pods.toml").write_text("".join(
+            f'[pods.node{i}]\nhost = "{p.spec}"\nkey = "{p.client_key}"\nremote_dir = "{p.remote_dir}"\n'
+            f'python = "{sys.executable}"\n' for i, p in enumerate(pods)))
+        # The whole world: 2 nodes x 1 process, ZeRO-3, so each rank holds half the weights only
+        # when both nodes' ranks are in one process group.
+        tiny_job(project, cluster={"nodes": 2, "gpus_per_node": 1, "sharding": '"zero3"'}, smoke={"steps": 20},
+                 name="two-nodes.toml")
+        tiny_job(project, name="one-node.toml")
+        deployed = pod_cli(project, "deploy", "node0,node1", known_hosts=known_hosts, timeout=600)
+        assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+        yield net, pods, project, known_hosts
+    finally:
+        for p in pods:
+            p.stop()
+        net.stop()
+
+
+def cli(cluster, *args, **kw):
+    _, _, project, known_hosts = cluster
+    return pod_cli(project, *args, known_hosts=known_hosts, **kw)
+
+
+def one_line_error(out) -> str:
+    assert out.returncode == 2, out.stdout + out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in out.stderr, out.stderr
+    return lines[0]
+
+
+def tagged(entry: str) -> list[int]:
+    """Live processes whose environment holds `entry` (NAME=value)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if entry.encode() in f.read().split(b"\0"):
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def only_sshd_left(net: BridgedNetwork, i: int) -> list[str]:
+    """What runs in node i's namespace besides its sshd (empty once everything podkit started is gone)."""
+    left = []
+    for pid in net.pids(i):
+        try:
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            continue
+        if comm != "sshd":
+            left.append(f"{pid} {comm}")
+    return left
+
+
+def wait_for(predicate, timeout=30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return predicate()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sshd_available() is not None, reason=str(sshd_available()))
+def test_smoke_runs_one_world_across_two_pods_and_fetch_logs_brings_both_back(cluster):
+    net, pods, project, _ = cluster
+    out = cli(cluster, "run", "node0,node1", "--nodes", "--id", "mn1", "--", "bin/smoke", "--config", "two-nodes.toml",
+              timeout=600)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-3000:]
+    # Every node's output, prefixed by its name.
+    assert "[node0] smoke: launching 1 processes under torchrun on node 0 of 2" in out.stdout, out.stdout[-3000:]
+    assert "[node1] smoke: launching 1 processes under torchrun on node 1 of 2" in out.stdout
+    assert f"rendezvous c10d at {net.address(0)}:" in out.stderr
+
+    runs = [Path(p.remote_dir) / "runs" / "mn1" for p in pods]
+    # c10d ranks nodes by address: whichever node holds rank 0 writes the summary; the other its rank's files.
+    main, other = (0, 1) if (runs[0] / "summary.json").exists() else (1, 0)
+    s = json.loads((runs[main] / "summary.json").read_text())
+    assert s["status"] == "pass" and s["world_size"] == 2 and s["nodes"] == 2 and s["steps"] == 20
+    assert f"[node{main}] smoke: pass" in out.stdout
+    assert not (runs[other] / "summary.json").exists()
+    # Both nodes' ranks trained every step.
+    steps0 = [json.loads(x) for x in (runs[main] / "metrics.jsonl").read_text().splitlines()]
+    steps1 = [json.loads(x) for x in (runs[other] / "metrics.rank1.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in steps0 if "loss" in x] == list(range(1, 21))
+    assert [x["step"] for x in steps1 if "loss" in x] == list(range(1, 21))
+    # The prediction is for the job's world (2 nodes x 1), and ZeRO-3 really sharded over both pods.
+    from podkit.checks.config import load_job
+    from podkit.checks.memory import estimate
+
+    job = load_job(project / "two-nodes.toml")
+    assert s["predicted"] == estimate(job, device="cpu").allocated
+    assert s["predicted"] < estimate(job.replace(cluster={"nodes": 1}), device="cpu").allocated
+    params = {r["name"]: r for r in s["memory"]}["params"]
+    assert params["measured"] < 0.6 * FULL_PARAMS_BYTES and abs(params["error"]) < 0.10
+
+    fetched = cli(cluster, "fetch-logs", "node0,node1", timeout=300)
+    assert fetched.returncode == 0, fetched.stdout + fetched.stderr
+    local = project / "pod-logs"
+    assert (local / f"node{main}" / "runs" / "mn1" / "summary.json").exists()
+    assert (local / f"node{other}" / "runs" / "mn1" / "metrics.rank1.jsonl").exists()
+    for i in range(2):
+        assert "smoke:" in (local / f"node{i}" / "logs" / "jobs" / f"mn1-n{i}" / "output.log").read_text()
+    for i in range(2):
+        assert wait_for(lambda: not only_sshd_left(net, i)), only_sshd_left(net, i)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sshd_available() is not None, reason=str(sshd_available()))
+def test_a_failing_node_stops_the_other_and_its_exit_code_is_the_runs(cluster):
+    net, _, _, _ = cluster
+    # Node 1's process fails at once; node 0's would sleep ten minutes outside any collective,
+    # which torchrun's agent never notices: only podkit's stop ends it.
+    script = ("import os, sys, time; print('up on node', os.environ['PODKIT_NODE_RANK'], flush=True); "
+              "sys.exit(7) if os.environ['PODKIT_NODE_RANK'] == '1' else time.sleep(600)")
+    started = time.monotonic()
+    out = cli(cluster, "run", "node0,node1", "--nodes", "--id", "fail1", "--", "python", "-c", script, timeout=300)
+    took = time.monotonic() - started
+    assert "[node0] up on node 0" in out.stdout and "[node1] up on node 1" in out.stdout, out.stdout + out.stderr
+    listed = {}
+    for i in range(2):
+        jobs = cli(cluster, "jobs", f"node{i}", "--json")
+        assert jobs.returncode == 0, jobs.stderr
+        listed[i] = {j["id"]: j for j in json.loads(jobs.stdout)["jobs"]}
+    failed, stopped = listed[1]["fail1-n1"], listed[0]["fail1-n0"]
+    assert failed["state"] == "exited" and failed["exit_code"] != 0
+    assert out.returncode == failed["exit_code"], out.stderr  # torchrun's code for a failed worker
+    assert stopped["state"] == "stopped", stopped
+    assert "node 1 (node1) exited" in out.stderr and "stopping the others" in out.stderr
+    assert took < 120, f"the sleeping node ran on for {took:.0f} s"
+    assert not tagged("PODKIT_JOB_ID=fail1-n0") and not tagged("PODKIT_JOB_ID=fail1-n1")
+    for i in range(2):
+        assert wait_for(lambda: not only_sshd_left(net, i)), only_sshd_left(net, i)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sshd_available() is not None, reason=str(sshd_available()))
+def test_a_node_whose_link_dies_mid_run_has_the_others_stopped(cluster):
+    """Node 1's network goes silent (no reset: a dead pod, an outage) while both run: the run ends
+    with one error line naming it, and node 0 is not left running without its peer."""
+    import threading
+
+    net, _, project, known_hosts = cluster
+    script = "import os, time; print('up on node', os.environ['PODKIT_NODE_RANK'], flush=True); time.sleep(600)"
+    argv = [str(project / "bin" / "pod"), "run", "--known-hosts", str(known_hosts), "--timeout", "2",
+            "node0,node1", "--nodes", "--id", "cut1", "--", "python", "-c", script]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.Popen(argv, cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
+    inner = net.interface(1)
+    try:
+        assert wait_for(lambda: {"[node0] up on node 0\n", "[node1] up on node 1\n"} <= set(lines), 120), lines
+        subprocess.run(["ip", "netns", "exec", net.namespaces[1], "ip", "link", "set", inner, "down"], check=True)
+        cut = time.monotonic()
+        err = proc.stderr.read()
+        proc.wait(timeout=120)
+        took = time.monotonic() - cut
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        subprocess.run(["ip", "netns", "exec", net.namespaces[1], "ip", "link", "set", inner, "up"], check=True)
+    assert proc.returncode == 2 and "Traceback" not in err, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: node1: ") and "cut1-n1 may still run there" in last, err
+    assert "node 0 (node0): job cut1-n0 stopped" in err and took < 60, (err, took)
+    assert not tagged("PODKIT_JOB_ID=cut1-n0")
+    # Back on the network, node 1's job is the user's to stop, as the error says.
+    assert wait_for(lambda: cli(cluster, "stop", "node1", "cut1-n1", "--grace", "5").returncode == 0, 60)
+    assert not tagged("PODKIT_JOB_ID=cut1-n1")
+    for i in range(2):
+        assert wait_for(lambda: not only_sshd_left(net, i)), only_sshd_left(net, i)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sshd_available() is not None, reason=str(sshd_available()))
+def test_detached_nodes_are_attached_and_stopped_one_by_one(cluster):
+    net, _, _, _ = cluster
+    script = "import os; print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], flush=True)"
+    out = cli(cluster, "run", "node0,node1", "--nodes", "--detach", "--json", "--id", "det1", "--", "python", "-c", script)
+    assert out.returncode == 0, out.stderr
+    assert "bin/pod attach node0 det1-n0" in out.stderr and "bin/pod attach node1 det1-n1" in out.stderr
+    started = json.loads(out.stdout)  # stdout is the one JSON object
+    assert started["ok"] and started["detached"] and started["run_id"] == "det1" and started["exit_code"] is None
+    assert [(n["pod"], n["job"], n["nproc"]) for n in started["nodes"]] == [("node0", "det1-n0", 1), ("node1", "det1-n1", 1)]
+    assert started["rendezvous"].startswith(net.address(0) + ":")
+    ranks = set()
+    for i in range(2):
+        attached = cli(cluster, "attach", f"node{i}", f"det1-n{i}", timeout=180)
+        assert attached.returncode == 0, attached.stdout + attached.stderr
+        ranks |= {line for line in attached.stdout.splitlines() if line.startswith("rank ")}
+    assert ranks == {"rank 0 of 2", "rank 1 of 2"}  # one world of two, one rank on each pod
+    for i in range(2):
+        assert wait_for(lambda: not only_sshd_left(net, i)), only_sshd_left(net, i)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sshd_available() is not None, reason=str(sshd_available()))
+def test_bad_input_is_one_line_and_starts_nothing(cluster):
+    net, pods, project, _ = cluster
+    before = {i: {j["id"] for j in json.loads(cli(cluster, "jobs", f"node{i}", "--json").stdout)["jobs"]} for i in range(2)}
+    assert "--nodes needs at least 2 hosts" in one_line_error(cli(cluster, "run", "node0", "--nodes", "--", "true"))
+    assert "add --nodes" in one_line_error(cli(cluster, "run", "node0,node1", "--", "true"))
+    assert "goes with --nodes" in one_line_error(cli(cluster, "run", "node0", "--nproc-per-node", "2", "--", "true"))
+    err = one_line_error(cli(cluster, "run", "node0,node1", "--nodes", "--", "bin/smoke", "--config", "one-node.toml"))
+    assert "cluster.nodes = 1, but 2 hosts" in err
+    err = one_line_error(cli(cluster, "run", "node0,node1", "--nodes", "--nproc-per-node", "2", "--",
+                             "bin/smoke", "--config", "two-nodes.toml"))
+    assert "--nproc-per-node 2 disagrees" in err
+    assert "one-node default job" in one_line_error(cli(cluster, "run", "node0,node1", "--nodes", "--", "bin/smoke"))
+    assert "named twice" in one_line_error(cli(cluster, "run", "node0,node0", "--nodes", "--", "true"))
+    # A host that does not answer at all.
+    dead = f"root@127.0.0.1:{free_port()}"
+    assert "refused" in one_line_error(cli(cluster, "run", f"node0,{dead}", "--nodes", "--", "true"))
+    # Both answer SSH, but node1 has no route to node0: the rendezvous could never form.
+    subprocess.run(["ip", "netns", "exec", net.namespaces[1], "ip", "route", "add", "blackhole",
+                    f"{net.address(0)}/32"], check=True)
+    try:
+        err = one_line_error(cli(cluster, "run", "node0,node1", "--nodes", "--", "true"))
+        assert "cannot reach node0" in err and net.address(0) in err
+    finally:
+        subprocess.run(["ip", "netns", "exec", net.namespaces[1], "ip", "route", "del", "blackhole",
+                        f"{net.address(0)}/32"], check=True)
+    after = {i: {j["id"] for j in json.loads(cli(cluster, "jobs", f"node{i}", "--json").stdout)["jobs"]} for i in range(2)}
+    assert after == before
+
+
+def test_smoke_refuses_a_world_it_cannot_form(tmp_path):
+    """bin/smoke alone with a 2-node job, or under a rendezvous of another size: one line, exit 2."""
+    root = Path(__file__).resolve().parent.parent
+    job = tiny_job(tmp_path, cluster={"nodes": 2}, smoke={"steps": 2})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PET_")}
+    alone = subprocess.run([str(root / "bin" / "smoke"), "--config", str(job)], capture_output=True, text=True,
+                           env=env, cwd=tmp_path, timeout=120)
+    assert alone.returncode == 2 and "bin/pod run A,B --nodes" in alone.stderr and "Traceback" not in alone.stderr
+    assert len(alone.stderr.strip().splitlines()) == 1, alone.stderr
+    other = subprocess.run([str(root / "bin" / "smoke"), "--config", str(job)], capture_output=True, text=True,
+                           env=dict(env, PET_NNODES="3"), cwd=tmp_path, timeout=120)
+    assert other.returncode == 2 and "spans 3 nodes" in other.stderr and len(other.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "runs").exists()
+
+
+def test_every_node_reads_one_rendezvous_through_torchruns_own_parser(monkeypatch):
+    """The PET_* names are torchrun's (parsed here by torch's own argument parser, not a copy)."""
+    from torch.distributed.run import get_args_parser
+
+    from podkit.pods.nodes import Node, Rendezvous
+
+    rdzv = Rendezvous("10.0.0.2", 29411, "run1", 2)
+    nodes = [Node(0, "a", "10.0.0.2", "ens5", 4), Node(1, "b", "10.0.0.3", None, 4)]
+    parsed = []
+    for node in nodes:
+        for k in [k for k in os.environ if k.startswith("PET_")]:
+            monkeypatch.delenv(k)
+        for k, v in rdzv.env(node).items():
+            monkeypatch.setenv(k, v)
+        parsed.append(get_args_parser().parse_args(["--no-python", "true"]))
+    for args in parsed:
+        assert (args.nnodes, args.nproc_per_node, args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id) == \
+            ("2", "4", "c10d", "10.0.0.2:29411", "run1")
+        assert not args.standalone
+    assert (parsed[0].rdzv_conf, parsed[1].rdzv_conf) == ("is_host=1", "is_host=0")
+    assert (parsed[0].local_addr, parsed[1].local_addr) == ("10.0.0.2", "10.0.0.3")
+    assert rdzv.env(nodes[1])["PODKIT_RUN_ID"] == "run1" and rdzv.env(nodes[1])["PODKIT_NODE_RANK"] == "1"
+    assert Rendezvous.env_defaults(nodes[0]) == {"GLOO_SOCKET_IFNAME": "ens5", "NCCL_SOCKET_IFNAME": "ens5"}
+    assert Rendezvous.env_defaults(nodes[1]) == {}
+
+
+def test_what_each_node_runs():
+    from podkit.pods.errors import PodError
+    from podkit.pods.nodes import job_config, launch_command
+
+    assert launch_command(("bin/smoke", "--config", "j.toml")) == "bin/smoke --config j.toml"
+    assert launch_command(("torchrun", "train.py")) == "torchrun train.py"
+    assert launch_command(("python", "train.py", "--lr", "1e-4")) == \
+        "python -m torch.distributed.run --no-python python train.py --lr 1e-4"
+    with pytest.raises(PodError, match="does not run across nodes"):
+        launch_command(("bin/smoke", "--", "python", "train.py"))
+    assert job_config(("bin/smoke", "-c", "a.toml")) == "a.toml"
+    assert job_config(("bin/smoke", "--config=b.toml")) == "b.toml"
+    assert job_config(("python", "train.py", "--config", "c.toml")) is None
