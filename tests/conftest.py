@@ -1,8 +1,16 @@
+import signal
 import textwrap
 
 import pytest
 
 from podkit.checks.config import parse_job
+
+# The Ctrl-C tests send SIGINT to the commands they start. A shell starts a background job
+# (`make test &` in a script without job control) with SIGINT ignored, children inherit an ignored
+# signal across exec, and Python then installs no KeyboardInterrupt handler: the commands would
+# never see the Ctrl-C. Restored here, the children start with SIGINT at its default, as from a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture
