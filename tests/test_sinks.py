@@ -26,6 +26,27 @@ def losses(run: Path) -> list[float]:
     return [r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
 
 
+def wandb_offline_run(run: Path) -> tuple[str | None, list[dict]]:
+    """The project and the history rows of the one offline W&B run under `run`, read with wandb's own reader."""
+    from wandb.proto import wandb_internal_pb2 as pb
+    from wandb.sdk.internal import datastore
+
+    files = glob.glob(str(run / "wandb" / "offline-run-*" / "run-*.wandb"))
+    assert len(files) == 1
+    store = datastore.DataStore()
+    store.open_for_scan(files[0])
+    history, project = [], None
+    while (data := store.scan_data()) is not None:
+        record = pb.Record()
+        record.ParseFromString(data)
+        kind = record.WhichOneof("record_type")
+        if kind == "history":
+            history.append({i.key or "/".join(i.nested_key): i.value_json for i in record.history.item})
+        elif kind == "run":
+            project = record.run.project
+    return project, history
+
+
 def test_tensorboard_reader_loads_the_event_file(tmp_path):
     pytest.importorskip("tensorboard", reason="the TensorBoard sink is optional ([sinks] extra)")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -45,8 +66,6 @@ def test_tensorboard_reader_loads_the_event_file(tmp_path):
 
 def test_wandb_offline_writes_its_run_dir_from_the_config_key(tmp_path):
     pytest.importorskip("wandb", reason="the W&B sink is optional ([sinks] extra)")
-    from wandb.proto import wandb_internal_pb2 as pb
-    from wandb.sdk.internal import datastore
 
     job = tmp_path / "job.toml"
     job.write_text((ROOT / "checks" / "examples" / "tiny-cpu.toml").read_text()
@@ -54,20 +73,8 @@ def test_wandb_offline_writes_its_run_dir_from_the_config_key(tmp_path):
     out = smoke(tmp_path, "-c", str(job), env={"WANDB_MODE": "offline"})
     assert out.returncode == 0, out.stderr[-2000:]
     run = tmp_path / "r"
-    files = glob.glob(str(run / "wandb" / "offline-run-*" / "run-*.wandb"))
-    assert len(files) == 1
-    store = datastore.DataStore()
-    store.open_for_scan(files[0])
-    logged, project = [], None
-    while (data := store.scan_data()) is not None:
-        record = pb.Record()
-        record.ParseFromString(data)
-        kind = record.WhichOneof("record_type")
-        if kind == "history":
-            items = {i.key or "/".join(i.nested_key): i.value_json for i in record.history.item}
-            logged.append(float(items["train/loss"]))
-        elif kind == "run":
-            project = record.run.project
+    project, history = wandb_offline_run(run)
+    logged = [float(items["train/loss"]) for items in history]
     assert project == "podkit-test"
     assert logged == pytest.approx(losses(run), rel=1e-6)
 
@@ -127,8 +134,6 @@ def test_script_smoke_tensorboard_event_file_loads_in_tensorboards_reader(tmp_pa
 
 def test_script_smoke_wandb_offline_from_the_jobs_config(tmp_path):
     pytest.importorskip("wandb", reason="the W&B sink is optional ([sinks] extra)")
-    from wandb.proto import wandb_internal_pb2 as pb
-    from wandb.sdk.internal import datastore
 
     job = tmp_path / "job.toml"
     job.write_text((ROOT / "checks" / "examples" / "tiny-cpu.toml").read_text()
@@ -136,21 +141,8 @@ def test_script_smoke_wandb_offline_from_the_jobs_config(tmp_path):
     out = script_smoke(tmp_path, "-c", str(job), env={"WANDB_MODE": "offline"})
     assert out.returncode == 0, out.stderr[-2000:]
     run = tmp_path / "r"
-    files = glob.glob(str(run / "wandb" / "offline-run-*" / "run-*.wandb"))
-    assert len(files) == 1
-    store = datastore.DataStore()
-    store.open_for_scan(files[0])
-    logged, project = [], None
-    while (data := store.scan_data()) is not None:
-        record = pb.Record()
-        record.ParseFromString(data)
-        kind = record.WhichOneof("record_type")
-        if kind == "history":
-            items = {i.key or "/".join(i.nested_key): i.value_json for i in record.history.item}
-            if "train/loss" in items:
-                logged.append(float(items["train/loss"]))
-        elif kind == "run":
-            project = record.run.project
+    project, history = wandb_offline_run(run)
+    logged = [float(items["train/loss"]) for items in history if "train/loss" in items]
     assert project == "podkit-script"
     assert logged == pytest.approx(losses(run), rel=1e-6)
 
