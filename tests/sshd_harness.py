@@ -289,3 +289,27 @@ def pod_world(base: Path, name: str, **pod_kwargs):
     known_hosts = base / "known_hosts"
     known_hosts.write_text(pod.known_hosts_line())
     return SimpleNamespace(base=base, pod=pod, project=project, known_hosts=known_hosts)
+
+
+def wait_for(predicate, timeout: float = 60.0, every: float = 0.1) -> bool:
+    """Poll `predicate` until it holds or `timeout` seconds pass; its value at the deadline decides."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(every)
+    return bool(predicate())
+
+
+def one_line_error(out, notes_before: bool = False) -> str:
+    """A command's bad-input contract: exit 2, one `error: ` line on stderr, no traceback. With
+    `notes_before`, notes (a host key pinned, a pod that moved) may come before that one error line."""
+    assert out.returncode == 2, out.stdout + out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert "Traceback" not in out.stderr, out.stderr
+    if notes_before:
+        assert lines and lines[-1].startswith("error: "), out.stderr
+        assert sum(line.startswith("error: ") for line in lines) == 1, out.stderr
+    else:
+        assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr
+    return lines[-1]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sshd_harness import BridgedNetwork, NamespacePod, free_port, pod_cli, project_copy, sshd_available
+from sshd_harness import BridgedNetwork, NamespacePod, free_port, one_line_error, pod_cli, project_copy, sshd_available, wait_for
 from smoke_helpers import tiny_job
 
 
@@ -56,13 +56,6 @@ def cli(cluster, *args, **kw):
     return pod_cli(project, *args, known_hosts=known_hosts, **kw)
 
 
-def one_line_error(out) -> str:
-    assert out.returncode == 2, out.stdout + out.stderr
-    lines = [line for line in out.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in out.stderr, out.stderr
-    return lines[0]
-
-
 def tagged(entry: str) -> list[int]:
     """Live processes whose environment holds `entry` (NAME=value)."""
     found = []
@@ -87,15 +80,6 @@ def only_sshd_left(net: BridgedNetwork, i: int) -> list[str]:
         if comm != "sshd":
             left.append(f"{pid} {comm}")
     return left
-
-
-def wait_for(predicate, timeout=30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.2)
-    return predicate()
 
 
 @pytest.mark.slow
@@ -140,7 +124,7 @@ def test_smoke_runs_one_world_across_two_pods_and_fetch_logs_brings_both_back(cl
     for i in range(2):
         assert "smoke:" in (local / f"node{i}" / "logs" / "jobs" / f"mn1-n{i}" / "output.log").read_text()
     for i in range(2):
-        assert wait_for(lambda: not only_sshd_left(net, i)), only_sshd_left(net, i)
+        assert wait_for(lambda: not only_sshd_left(net, i), 30), only_sshd_left(net, i)
 
 
 @pytest.mark.slow
@@ -168,7 +152,7 @@ def test_a_failing_node_stops_the_other_and_its_exit_code_is_the_runs(cluster):
     assert took < 120, f"the sleeping node ran on for {took:.0f} s"
     assert not tagged("PODKIT_JOB_ID=fail1-n0") and not tagged("PODKIT_JOB_ID=fail1-n1")
     for i in range(2):
-        assert wait_for(lambda: not only_sshd_left(net, i)), only_sshd_left(net, i)
+        assert wait_for(lambda: not only_sshd_left(net, i), 30), only_sshd_left(net, i)
 
 
 @pytest.mark.slow
@@ -208,7 +192,7 @@ def test_a_node_whose_link_dies_mid_run_has_the_others_stopped(cluster):
     assert wait_for(lambda: cli(cluster, "stop", "node1", "cut1-n1", "--grace", "5").returncode == 0, 60)
     assert not tagged("PODKIT_JOB_ID=cut1-n1")
     for i in range(2):
-        assert wait_for(lambda: not only_sshd_left(net, i)), only_sshd_left(net, i)
+        assert wait_for(lambda: not only_sshd_left(net, i), 30), only_sshd_left(net, i)
 
 
 @pytest.mark.slow
@@ -230,7 +214,7 @@ def test_detached_nodes_are_attached_and_stopped_one_by_one(cluster):
         ranks |= {line for line in attached.stdout.splitlines() if line.startswith("rank ")}
     assert ranks == {"rank 0 of 2", "rank 1 of 2"}  # one world of two, one rank on each pod
     for i in range(2):
-        assert wait_for(lambda: not only_sshd_left(net, i)), only_sshd_left(net, i)
+        assert wait_for(lambda: not only_sshd_left(net, i), 30), only_sshd_left(net, i)
 
 
 @pytest.mark.slow

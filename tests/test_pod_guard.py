@@ -14,7 +14,7 @@ import pytest
 
 from podkit.pods.hosts import load_inventory
 from runpod_fake import FakeRunPod
-from sshd_harness import LoopbackPod, sshd_available
+from sshd_harness import LoopbackPod, one_line_error, sshd_available, wait_for
 
 pytestmark = pytest.mark.skipif(sshd_available() is not None, reason=str(sshd_available()))
 
@@ -88,23 +88,6 @@ def alive(pid: int) -> bool:
         return b"guard.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
-
-
-def wait_for(predicate, timeout: float = 60.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
-
-
-def one_line_error(out) -> str:
-    assert out.returncode == 2, out.stdout + out.stderr
-    lines = [line for line in out.stderr.splitlines() if line.strip()]
-    assert lines and lines[-1].startswith("error: ") and "Traceback" not in out.stderr, out.stderr
-    assert sum(line.startswith("error: ") for line in lines) == 1, out.stderr
-    return lines[-1]
 
 
 def test_idle_stop_waits_for_the_job_then_stops_the_pod_through_runpod(world):
@@ -190,7 +173,7 @@ def test_a_guard_that_cannot_be_armed_stops_the_new_pod(tmp_path):
     w = World(tmp_path, pod_id_on_pod="someone-else")  # the pod answering is not the one RunPod created
     try:
         out = w.up("--idle-stop", "30", "--accept-new")
-        line = one_line_error(out)
+        line = one_line_error(out, notes_before=True)
         assert "RUNPOD_POD_ID is 'someone-else', not 'fake0001xyz'" in line and "stopped g" in line
         assert w.fake.ops("podStop") == [{"input": {"podId": POD_ID}}]
         assert not (w.guard_dir / "pid").exists()
@@ -204,15 +187,15 @@ def test_bad_guard_input_is_one_line(world):
         (("--idle-stop", "nan", "--accept-new"), "--idle-stop nan is not a positive number of minutes"),
         (("--stop-after-smoke",), "add --accept-new"),
     ]:
-        assert expect in one_line_error(world.up(*args))
-    assert "no RunPod API key" in one_line_error(world.pod("up", "--gpu", "RTX 4090", "--stop-after", "1", "--accept-new", key=None))
+        assert expect in one_line_error(world.up(*args), notes_before=True)
+    assert "no RunPod API key" in one_line_error(world.pod("up", "--gpu", "RTX 4090", "--stop-after", "1", "--accept-new", key=None), notes_before=True)
     assert world.fake.ops("podFindAndDeployOnDemand") == [], "a pod was created for bad input"
     (world.laptop / "pods.toml").write_text(f'[pods.mine]\nhost = "{world.sshd.spec}"\n')
-    assert "not brought up by bin/pod up" in one_line_error(world.pod("guard", "mine", "--stop-after", "1"))
+    assert "not brought up by bin/pod up" in one_line_error(world.pod("guard", "mine", "--stop-after", "1"), notes_before=True)
     assert world.up("--accept-new").returncode == 0
-    assert "takes no condition" in one_line_error(world.pod("guard", "g", "--off", "--stop-after", "1"))
-    assert "--stop-after 0 is not a positive" in one_line_error(world.pod("guard", "g", "--stop-after", "0"))
-    assert "no pod named 'nope'" in one_line_error(world.pod("guard", "nope", "--off"))
+    assert "takes no condition" in one_line_error(world.pod("guard", "g", "--off", "--stop-after", "1"), notes_before=True)
+    assert "--stop-after 0 is not a positive" in one_line_error(world.pod("guard", "g", "--stop-after", "0"), notes_before=True)
+    assert "no pod named 'nope'" in one_line_error(world.pod("guard", "nope", "--off"), notes_before=True)
     assert not (world.guard_dir / "pid").exists()
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sshd_harness import pod_cli, sshd_available, pod_world
+from sshd_harness import one_line_error, pod_cli, pod_world, sshd_available, wait_for
 from smoke_helpers import tiny_job
 
 pytestmark = pytest.mark.skipif(sshd_available() is not None, reason=str(sshd_available()))
@@ -62,22 +62,6 @@ def cli(world, *a, **kw):
     return pod_cli(world.project, *a, known_hosts=world.known_hosts, **kw)
 
 
-def one_line_error(out) -> str:
-    assert out.returncode == 2, out.stdout + out.stderr
-    lines = [line for line in out.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in out.stderr, out.stderr
-    return lines[0]
-
-
-def _wait_for(predicate, timeout=60.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
-
-
 def test_a_detached_job_runs_the_venvs_python_whatever_the_rc_files_put_first(world):
     out = cli(world, "run", *args(world), world.pod.spec, "--", "python", "-c", "import sys; print(sys.prefix)")
     assert out.returncode == 0, out.stdout + out.stderr
@@ -109,7 +93,7 @@ def test_stop_ends_a_two_process_smoke_and_everything_it_started(world):
     metrics = Path(world.pod.remote_dir) / "runs" / jid / "metrics.jsonl"
     try:
         log = remote / "logs" / "jobs" / jid
-        assert _wait_for(lambda: (log / "exit_code").exists() or (metrics.exists() and len(metrics.read_text().splitlines()) > 3),
+        assert wait_for(lambda: (log / "exit_code").exists() or (metrics.exists() and len(metrics.read_text().splitlines()) > 3),
                          180) and not (log / "exit_code").exists(), (log / "output.log").read_text()
         assert len(with_env(f"PODKIT_JOB_ID={jid}")) >= 4  # wrapper, launcher, torchrun, 2 workers
         stopped = cli(world, "stop", world.pod.spec, *args(world), jid, "--grace", "30")
@@ -150,14 +134,14 @@ def test_ctrl_c_on_the_laptop_stops_the_remote_step(world):
         return subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode == 0
 
     try:
-        assert _wait_for(remote_step, 30), client.stderr.read() if client.poll() is not None else "no remote step"
+        assert wait_for(remote_step, 30), client.stderr.read() if client.poll() is not None else "no remote step"
         client.send_signal(signal.SIGINT)
         out, err = client.communicate(timeout=30)
     finally:
         if client.poll() is None:
             client.kill()
     assert client.returncode == 130 and "interrupted" in out, out + err
-    assert _wait_for(lambda: not remote_step(), 5), "the remote step is still running after Ctrl-C"
+    assert wait_for(lambda: not remote_step(), 5), "the remote step is still running after Ctrl-C"
 
 
 def test_a_frozen_sshd_session_gives_one_line_within_the_deadline(world):
@@ -172,7 +156,7 @@ def test_a_frozen_sshd_session_gives_one_line_within_the_deadline(world):
     local = world.project / "pod-logs" / f"127.0.0.1-{world.pod.port}" / "runs" / "frozen"
     sessions: list[int] = []
     try:
-        assert _wait_for(lambda: local.exists() and any(local.rglob("*big.bin*")), 60), "the fetch never started"
+        assert wait_for(lambda: local.exists() and any(local.rglob("*big.bin*")), 60), "the fetch never started"
         sessions = [int(p) for p in subprocess.run(["pgrep", "-P", str(world.pod.proc.pid)], capture_output=True,
                                                     text=True).stdout.split()]
         for pid in sessions:
@@ -214,7 +198,7 @@ def test_ctrl_c_during_deploy_stops_envsetup_on_the_pod_at_once(world):
         return subprocess.run(["pgrep", "-f", f"podkit-slow-envsetup-{suffix}"], capture_output=True).returncode == 0
 
     try:
-        assert _wait_for(envsetup_running, 120), "envsetup never started"
+        assert wait_for(envsetup_running, 120), "envsetup never started"
         proc.send_signal(signal.SIGINT)
         pressed = time.monotonic()
         out, err = proc.communicate(timeout=60)
@@ -227,7 +211,7 @@ def test_ctrl_c_during_deploy_stops_envsetup_on_the_pod_at_once(world):
             os.kill(int(pid), signal.SIGKILL)
     assert proc.returncode == 130 and "interrupted" in err, out + err
     assert took < 20, f"deploy took {took:.0f} s to stop after Ctrl-C"
-    assert _wait_for(lambda: not envsetup_running(), 5), "envsetup is still running on the pod"
+    assert wait_for(lambda: not envsetup_running(), 5), "envsetup is still running on the pod"
 
 
 def _strict(text: str):
@@ -246,7 +230,7 @@ def test_run_attach_stop_and_jobs_speak_json_on_stdout_alone(world):
     data = _strict(started.stdout)
     assert data == {"ok": True, "job": jid, "pod": f"127.0.0.1-{world.pod.port}", "host": "127.0.0.1",
                     "remote_dir": world.pod.remote_dir, "log": str(log), "detached": True, "exit_code": None}, data
-    assert _wait_for(lambda: "from-the-job" in log.read_text() if log.exists() else False, 30)
+    assert wait_for(lambda: "from-the-job" in log.read_text() if log.exists() else False, 30)
     attached = cli(world, "attach", world.pod.spec, *args(world), jid, "--json")
     assert attached.returncode == 3, attached.stderr
     assert "from-the-job" in attached.stderr and "from-the-job" not in attached.stdout

@@ -16,7 +16,7 @@ from podkit.pods.hosts import parse_host, resolve
 from podkit.pods.ownership import claim
 from podkit.pods.selection import chosen_files
 from podkit.pods.sync import push
-from sshd_harness import pod_cli, sshd_available, pod_world
+from sshd_harness import one_line_error, pod_cli, pod_world, sshd_available
 
 pytestmark = pytest.mark.skipif(sshd_available() is not None, reason=str(sshd_available()))
 
@@ -34,13 +34,6 @@ def cli(world, *args, **kw):
 
 def args_for(world, remote_dir: str) -> list[str]:
     return ["--key", str(world.pod.client_key), "--remote-dir", remote_dir, "--python", sys.executable]
-
-
-def one_line_error(out) -> str:
-    assert out.returncode == 2, out.stdout + out.stderr
-    lines = [line for line in out.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in out.stderr, out.stderr
-    return lines[0]
 
 
 def connection(world) -> PodConnection:

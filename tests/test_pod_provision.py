@@ -11,7 +11,7 @@ import pytest
 
 from podkit.pods.hosts import load_inventory
 from runpod_fake import FakeRunPod
-from sshd_harness import LoopbackPod, sshd_available
+from sshd_harness import LoopbackPod, one_line_error, sshd_available
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "rp_test_key_5f2c9a"
@@ -33,14 +33,6 @@ def pod(cwd: Path, fake: FakeRunPod, *args: str, key: str | None = KEY, timeout:
                          timeout=timeout, stdin=subprocess.DEVNULL)
     assert KEY not in out.stdout + out.stderr, "the API key was printed"
     return out
-
-
-def one_line_error(out) -> str:
-    assert out.returncode == 2, out.stdout + out.stderr
-    lines = [line for line in out.stderr.splitlines() if line.strip()]
-    assert lines and lines[-1].startswith("error: ") and "Traceback" not in out.stderr, out.stderr
-    assert sum(line.startswith("error: ") for line in lines) == 1, out.stderr
-    return lines[-1]
 
 
 FAST = ("--poll", "0.05")
@@ -108,14 +100,14 @@ def test_ls_shows_pods_podkit_did_not_bring_up(tmp_path, fake):
 
 def test_down_refuses_a_pod_podkit_did_not_bring_up(tmp_path, fake):
     (tmp_path / "pods.toml").write_text('[pods.mine]\nhost = "root@1.2.3.4:22"\n')
-    assert "not brought up by bin/pod up" in one_line_error(pod(tmp_path, fake, "down", "mine"))
+    assert "not brought up by bin/pod up" in one_line_error(pod(tmp_path, fake, "down", "mine"), notes_before=True)
     assert fake.calls == []
 
 
 def test_a_pod_that_never_gets_ready_is_terminated(tmp_path, fake):
     fake.never_ready = True
     out = pod(tmp_path, fake, "up", "--gpu", "NVIDIA RTX A6000", "--deadline", "0.5", *FAST)
-    line = one_line_error(out)
+    line = one_line_error(out, notes_before=True)
     assert "not ready within" in line and "terminated" in line
     created = fake.ops("pod")[0]["input"]["podId"]
     assert fake.ops("podTerminate") == [{"input": {"podId": created}}] and fake.pods == {}
@@ -135,20 +127,20 @@ def test_creation_faults_are_one_line(tmp_path, fake, fault, expect):
     else:  # illustrative wording; the client passes RunPod's message through whatever it says
         fake.create_error = "You have reached the spend limit for your account. Raise it in Settings > Billing."
     out = pod(tmp_path, fake, "up", "--gpu", "NVIDIA H100 80GB HBM3", *FAST)
-    assert expect in one_line_error(out)
+    assert expect in one_line_error(out, notes_before=True)
     assert fake.pods == {} and not (tmp_path / "pods.toml").exists()
 
 
 def test_unknown_gpu_suggests_the_closest(tmp_path, fake):
-    line = one_line_error(pod(tmp_path, fake, "up", "--gpu", "H100 80GB"))
+    line = one_line_error(pod(tmp_path, fake, "up", "--gpu", "H100 80GB"), notes_before=True)
     assert "unknown GPU type 'H100 80GB'" in line and "did you mean 'NVIDIA H100 80GB HBM3'" in line
     assert fake.ops("podFindAndDeployOnDemand") == []
 
 
 def test_bad_key_and_no_key(tmp_path, fake):
-    bad = one_line_error(pod(tmp_path, fake, "gpus", key="rp_wrong"))
+    bad = one_line_error(pod(tmp_path, fake, "gpus", key="rp_wrong"), notes_before=True)
     assert "refused the API key (HTTP 401)" in bad and "rp_wrong" not in bad
-    none = one_line_error(pod(tmp_path, fake, "ls", key=None))
+    none = one_line_error(pod(tmp_path, fake, "ls", key=None), notes_before=True)
     assert "no RunPod API key" in none and "RUNPOD_API_KEY" in none
     assert fake.keys_seen == {"rp_wrong"}  # no request at all without a key
 
@@ -162,24 +154,24 @@ def test_key_from_the_env_file(tmp_path, fake):
 
 
 def test_bad_input_is_one_line(tmp_path, fake):
-    assert "Missing option '--gpu'" in one_line_error(pod(tmp_path, fake, "up"))
-    assert "'--count': 'abc' is not a valid integer" in one_line_error(pod(tmp_path, fake, "up", "--gpu", "x", "--count", "abc"))
-    assert "--count 0" in one_line_error(pod(tmp_path, fake, "up", "--gpu", "RTX A6000", "--count", "0"))
+    assert "Missing option '--gpu'" in one_line_error(pod(tmp_path, fake, "up"), notes_before=True)
+    assert "'--count': 'abc' is not a valid integer" in one_line_error(pod(tmp_path, fake, "up", "--gpu", "x", "--count", "abc"), notes_before=True)
+    assert "--count 0" in one_line_error(pod(tmp_path, fake, "up", "--gpu", "RTX A6000", "--count", "0"), notes_before=True)
     (tmp_path / "pods.toml").write_text('[pods.taken]\nhost = "root@1.2.3.4:22"\n')
-    assert "already has a pod named 'taken'" in one_line_error(pod(tmp_path, fake, "up", "--gpu", "RTX A6000", "--name", "taken"))
-    assert "no pod named 'nope'" in one_line_error(pod(tmp_path, fake, "down", "nope"))
+    assert "already has a pod named 'taken'" in one_line_error(pod(tmp_path, fake, "up", "--gpu", "RTX A6000", "--name", "taken"), notes_before=True)
+    assert "no pod named 'nope'" in one_line_error(pod(tmp_path, fake, "down", "nope"), notes_before=True)
     assert fake.ops("podFindAndDeployOnDemand") == []
 
 
 def test_an_unwritable_inventory_terminates_the_new_pod(tmp_path, fake):
     out = pod(tmp_path, fake, "up", "--gpu", "RTX 4090", "--inventory", str(tmp_path / "no-such-dir" / "pods.toml"), *FAST)
-    assert "cannot record the pod" in one_line_error(out)
+    assert "cannot record the pod" in one_line_error(out, notes_before=True)
     assert len(fake.ops("podTerminate")) == 1 and fake.pods == {}
 
 
 def test_unreachable_api_is_one_line(tmp_path, fake):
     fake.stop()
-    line = one_line_error(pod(tmp_path, fake, "gpus"))
+    line = one_line_error(pod(tmp_path, fake, "gpus"), notes_before=True)
     assert "cannot reach the RunPod API" in line and "api_key" not in line
     fake.start()  # the fixture stops it again
 

@@ -11,7 +11,7 @@ import pytest
 
 from podkit.pods.hosts import load_inventory
 from runpod_fake import FakeRunPod
-from sshd_harness import LoopbackPod, free_port, sshd_available
+from sshd_harness import LoopbackPod, free_port, one_line_error, sshd_available
 
 pytestmark = pytest.mark.skipif(sshd_available() is not None, reason=str(sshd_available()))
 
@@ -48,14 +48,6 @@ def pod(w, *args: str, key: str | None = KEY) -> subprocess.CompletedProcess:
 
 def probe(w, **kw) -> subprocess.CompletedProcess:
     return pod(w, "probe", "rp", "--python", sys.executable, **kw)
-
-
-def one_line_error(out) -> str:
-    assert out.returncode == 2, out.stdout + out.stderr
-    lines = [line for line in out.stderr.splitlines() if line.strip()]
-    assert lines and lines[-1].startswith("error: ") and "Traceback" not in out.stderr, out.stderr
-    assert sum(line.startswith("error: ") for line in lines) == 1, out.stderr  # notes (a moved pod) may precede it
-    return lines[-1]
 
 
 def recorded(w) -> tuple[str, int, str]:
@@ -116,32 +108,32 @@ def test_a_different_host_key_at_the_new_address_is_refused(world):
     # even a known_hosts line for the new address does not override the pin (OpenSSH's HostKeyAlias)
     with world.known_hosts.open("a") as f:
         f.write(impostor.known_hosts_line())
-    line = one_line_error(probe(world))
+    line = one_line_error(probe(world), notes_before=True)
     assert f"host key at 127.0.0.1:{impostor.port}" in line and f"is not the key pinned for podkit-runpod-{pod_id}" in line
     assert "refusing to connect" in line and f"ssh-keygen -R 'podkit-runpod-{pod_id}'" in line
     # and --accept-new does not turn a changed key into a new one
-    assert "is not the key pinned" in one_line_error(pod(world, "probe", "rp", "--accept-new", "--python", sys.executable))
+    assert "is not the key pinned" in one_line_error(pod(world, "probe", "rp", "--accept-new", "--python", sys.executable), notes_before=True)
 
 
 def test_a_stopped_or_unknown_pod_is_one_line(world):
     pod_id = up_and_pin(world)
     world.sshd.stop()
     assert pod(world, "down", "rp").returncode == 0
-    line = one_line_error(probe(world))
+    line = one_line_error(probe(world), notes_before=True)
     assert f"pod rp ({pod_id}) is EXITED on RunPod" in line and "resume it" in line
 
-    line = one_line_error(probe(world, key=None))  # unreachable, and no key to ask RunPod with
+    line = one_line_error(probe(world, key=None), notes_before=True)  # unreachable, and no key to ask RunPod with
     assert "connection refused" in line and "could not ask RunPod" in line and "no RunPod API key" in line
 
     world.fake.pods.clear()  # terminated in the console
-    line = one_line_error(probe(world))
+    line = one_line_error(probe(world), notes_before=True)
     assert f"RunPod has no pod {pod_id} any more" in line
 
 
 def test_an_unreachable_pod_at_the_same_address_is_reported_as_it_is(world):
     pod_id = up_and_pin(world)
     world.sshd.stop()  # the API still maps the old port: nothing to re-resolve
-    line = one_line_error(probe(world))
+    line = one_line_error(probe(world), notes_before=True)
     assert f"connection refused by 127.0.0.1:{world.sshd.port}" in line
     assert len(world.fake.ops("pod")) >= 2  # it did ask
     assert recorded(world)[1] == world.sshd.port

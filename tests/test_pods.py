@@ -23,7 +23,7 @@ import pytest
 from podkit.pods.connection import PodConnection
 from podkit.pods.hosts import parse_host, resolve
 from podkit.pods.sync import remote_disk_full
-from sshd_harness import LoopbackPod, NamespacePod, keygen, pod_cli, sshd_available, pod_world
+from sshd_harness import LoopbackPod, NamespacePod, keygen, one_line_error, pod_cli, pod_world, sshd_available, wait_for
 
 pytestmark = pytest.mark.skipif(sshd_available() is not None, reason=str(sshd_available()))
 
@@ -41,13 +41,6 @@ def world(tmp_path_factory):
 
 def cli(world, *args, **kw):
     return pod_cli(world.project, *args, known_hosts=kw.pop("known_hosts", world.known_hosts), **kw)
-
-
-def one_line_error(out) -> str:
-    assert out.returncode == 2, out.stdout + out.stderr
-    lines = [line for line in out.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in out.stderr, out.stderr
-    return lines[0]
 
 
 def sha(path: Path) -> str:
@@ -145,15 +138,6 @@ def test_wrong_key_refused_port_refused_and_silent_server(world):
         cli(world, "deploy", pod.spec, "--key", str(pod.client_key), "--python", "/nonexistent/python3", *args))
 
 
-def _wait_for(predicate, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def _partial(directory: Path, name: str) -> bool:
     if not directory.exists():
         return False
@@ -167,7 +151,7 @@ def test_dropped_connection_mid_sync_then_rerun_completes(world):
     argv = [str(world.project / "bin" / "pod"), "deploy", "--known-hosts", str(world.known_hosts), "--bwlimit", "1500",
             pod.spec, *pod_args(pod)]
     proc = subprocess.Popen(argv, cwd=world.project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert _wait_for(lambda: _partial(remote, "data.bin")), "the transfer never started"
+    assert wait_for(lambda: _partial(remote, "data.bin")), "the transfer never started"
     time.sleep(1.0)
     pod.drop_connections()
     out, err = proc.communicate(timeout=120)
@@ -196,7 +180,7 @@ def test_a_silent_cut_mid_sync_is_noticed_then_a_rerun_completes(world):
         argv = [str(world.project / "bin" / "pod"), "deploy", "--known-hosts", str(world.known_hosts), "--bwlimit", "1500",
                 "--timeout", "2", pod.spec, *pod_args(pod)]
         proc = subprocess.Popen(argv, cwd=world.project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert _wait_for(lambda: _partial(remote, "data.bin")), "the transfer never started"
+        assert wait_for(lambda: _partial(remote, "data.bin")), "the transfer never started"
         time.sleep(1.0)
         pod.cut()
         cut_at = time.monotonic()
@@ -229,7 +213,7 @@ def test_dropped_connection_mid_fetch_then_rerun_never_overwrites_newer_local(wo
     argv = [str(world.project / "bin" / "pod"), "fetch-logs", "--known-hosts", str(world.known_hosts), "--bwlimit", "1500",
             pod.spec, *pod_args(pod)]
     proc = subprocess.Popen(argv, cwd=world.project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert _wait_for(lambda: _partial(local / "runs" / "big-run", "memory_snapshot.pickle")), "the fetch never started"
+    assert wait_for(lambda: _partial(local / "runs" / "big-run", "memory_snapshot.pickle")), "the fetch never started"
     time.sleep(1.0)
     pod.drop_connections()
     out, err = proc.communicate(timeout=120)
@@ -324,7 +308,7 @@ def test_detached_smoke_survives_the_client_being_killed_and_is_fetched(world):
     seen = []
     reader = threading.Thread(target=lambda: seen.extend(client.stdout), daemon=True)
     reader.start()
-    assert _wait_for(lambda: any("smoke" in line for line in seen), 60), "no output streamed: " + "".join(seen)
+    assert wait_for(lambda: any("smoke" in line for line in seen), 60), "no output streamed: " + "".join(seen)
     client.send_signal(signal.SIGKILL)  # the laptop's client dies...
     client.wait()
     pod.drop_connections()  # ...and its SSH session with it
