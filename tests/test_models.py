@@ -412,7 +412,7 @@ def test_config_variants_count_what_transformers_builds(name):
 
 def _transformers_count(cfg: dict) -> int:
     transformers = pytest.importorskip("transformers", reason="the live cross-check needs transformers installed")
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="torch is installed by make setup; this test reads real nn.Linear shapes")
     cfg = dict(cfg)
     conf = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
     with torch.device("meta"):
