@@ -262,12 +262,28 @@ class TensorCounter(TorchDispatchMode):
     def switch_on(self) -> None:
         if not self.active:
             self.__enter__()
+            self._follow_resizes()
             self.active = True
 
     def switch_off(self) -> None:
         if self.active:
             self.__exit__(None, None, None)
+            torch.UntypedStorage.resize_ = self._original_resize
             self.active = False
+
+    def _follow_resizes(self) -> None:
+        """FSDP2 frees and re-allocates unsharded parameters with UntypedStorage.resize_
+        (torch/distributed/fsdp/_fully_shard/_fsdp_common.py _alloc_storage/_free_storage), which
+        the dispatcher never sees: unfollowed, the first all-gather's outputs stay counted as live
+        for the rest of the run (a ZeRO-3 smoke measured its optimizer term at twice the states)."""
+        original = self._original_resize = torch.UntypedStorage.resize_
+
+        def resize(storage, size):
+            out = original(storage, size)
+            self.resized(storage, "params")
+            return out
+
+        torch.UntypedStorage.resize_ = resize
 
 
 def _plain_tensors(t) -> list[torch.Tensor]:

@@ -320,7 +320,6 @@ def trace(job: JobConfig, steps: int = 2, device_kind: str = "cuda",
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     gc_was_enabled = gc.isenabled()
     gc.disable()  # as torchtitan's estimation.py: no collector passes in the middle of the count
-    original_resize = torch.UntypedStorage.resize_
     try:
         if fsdp or (ddp and c.sharding == "zero1"):
             _fake_world(world)
@@ -329,12 +328,6 @@ def trace(job: JobConfig, steps: int = 2, device_kind: str = "cuda",
             mixed = model_mod.compute_dtype(t.precision) if t.mixed else None
             parallel.shard(model, c.sharding, "none", mixed)
 
-        def resize(storage, size):
-            original_resize(storage, size)
-            if counter.active:
-                counter.resized(storage, "params")  # FSDP2's unsharded parameters
-
-        torch.UntypedStorage.resize_ = resize
         counter.category = "params"
         with fake:
             counter.switch_on()
@@ -382,7 +375,6 @@ def trace(job: JobConfig, steps: int = 2, device_kind: str = "cuda",
                 counter.switch_off()
         del buckets
     finally:
-        torch.UntypedStorage.resize_ = original_resize
         if gc_was_enabled:
             gc.enable()
         if fsdp or ddp:
