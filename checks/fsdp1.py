@@ -39,8 +39,11 @@ BROADCAST_BUCKET = 250 * 1024 * 1024
 BROADCASTS_IN_FLIGHT = 2
 
 
-def _unit_init(alloc: CachingAllocator, tensors: list[int], world: int, sync: bool) -> None:
-    """One FSDP1 unit's __init__ on a rank whose module starts on the CPU: returns with its shard live."""
+def _unit_init(alloc: CachingAllocator, tensors: list[int], world: int, sync: bool, offload: bool = False) -> None:
+    """One FSDP1 unit's __init__ on a rank whose module starts on the CPU: returns with its shard live,
+    or, with CPUOffload(offload_params=True), with its shard moved to the host (_init_utils.py
+    _init_param_handle_from_params: `if state.cpu_offload.offload_params and handle.flat_param.device
+    != cpu_device: handle.flat_param_to(cpu_device)`), leaving only freed segments behind."""
     moved = [alloc.malloc(n) for n in tensors]  # _move_states_to_device, parameter by parameter
     if sync:
         in_flight, bucket, size = [], [], 0
@@ -64,26 +67,28 @@ def _unit_init(alloc: CachingAllocator, tensors: list[int], world: int, sync: bo
                 alloc.free(copy)
     total = sum(tensors)
     flat = alloc.malloc(total)
-    alloc.malloc(-(-total // world))  # this rank's shard, kept (FlatParamHandle.shard)
+    shard = alloc.malloc(-(-total // world))  # this rank's shard (FlatParamHandle.shard)
     alloc.free(flat)  # orig_storage._resize_(0)
+    if offload:
+        alloc.free(shard)
     for m in moved:  # managed_params goes out of scope with _init_param_handle_from_module
         alloc.free(m)
 
 
 @lru_cache(maxsize=64)
-def _init_replay(units: tuple[tuple[int, ...], ...], world: int, sync: bool) -> tuple[int, int]:
+def _init_replay(units: tuple[tuple[int, ...], ...], world: int, sync: bool, offload: bool) -> tuple[int, int]:
     alloc = CachingAllocator()
     for tensors in units:
-        _unit_init(alloc, list(tensors), world, sync)
+        _unit_init(alloc, list(tensors), world, sync, offload)
     return alloc.reserved_large, alloc.reserved
 
 
-def init_reserved(units: list[list[int]], world: int, sync: bool = True) -> tuple[int, int]:
+def init_reserved(units: list[list[int]], world: int, sync: bool = True, offload: bool = False) -> tuple[int, int]:
     """(large-pool bytes, all bytes) reserved on one rank's default stream after FSDP1 has wrapped
     `units` (each a list of parameter byte sizes, in wrap order: inner units first, the root last),
     starting from a model on the CPU. Only the large pool's segments can take training's tensors of
     over 1 MiB."""
-    return _init_replay(tuple(tuple(u) for u in units), world, sync)
+    return _init_replay(tuple(tuple(u) for u in units), world, sync, offload)
 
 
 # ---------------------------------------------------------------- the first training step's forward
@@ -147,10 +152,15 @@ def _linear(ops: _Ops, x: str, T: int, fan_in: int, fan_out: int, e: int, lora: 
     return total
 
 
-def _block(ops: _Ops, x: str, T: int, s, e: int, targets, quant: bool) -> str:
+def _block(ops: _Ops, x: str, T: int, s, e: int, targets, quant: bool, flash: bool = False) -> str:
     """One transformers 4.39 LlamaDecoderLayer forward under no_grad (a reentrant checkpoint's first
     pass): the sdpa attention path with a causal mask (q, k, v made .contiguous(), rotate_half RoPE) and
-    the gated MLP. Returns the block output, which stays alive (the next block's checkpointed input)."""
+    the gated MLP. Returns the block output, which stays alive (the next block's checkpointed input).
+
+    flash: LlamaFlashAttention2 instead (4.39 modeling_llama.py): q, k, v only transposed to
+    (b, s, heads, d), views whose last dimension is contiguous, which flash_attn_func takes without a
+    copy (flash_attn_interface.py maybe_contiguous copies only when stride(-1) != 1); its output
+    (b, s, heads, d) is reshaped to (b, s, hidden), a view."""
     h, qd, kvd, ffn = s.hidden, s.q_dim, s.kv_dim, s.dense_ffn
 
     def lin(inp, fi, fo, name):
@@ -170,13 +180,17 @@ def _block(ops: _Ops, x: str, T: int, s, e: int, targets, quant: bool) -> str:
         ops.free(tc, rs)
         embedded.append(emb)
     ops.free(q, k)
-    contiguous = []
-    for t, width in ((embedded[0], qd), (embedded[1], kvd), (v, kvd)):
-        c = ops.new(e * width * T)
-        ops.free(t)
-        contiguous.append(c)
-    attn = ops.new(e * qd * T)  # memory-efficient SDPA (a mask is given): output as (b, s, heads, d)
-    ops.free(*contiguous)
+    if flash:
+        attn = ops.new(e * qd * T)  # flash_attn_func's output (its fp32 softmax_lse is under 1 MiB)
+        ops.free(embedded[0], embedded[1], v)
+    else:
+        contiguous = []
+        for t, width in ((embedded[0], qd), (embedded[1], kvd), (v, kvd)):
+            c = ops.new(e * width * T)
+            ops.free(t)
+            contiguous.append(c)
+        attn = ops.new(e * qd * T)  # memory-efficient SDPA (a mask is given): output as (b, s, heads, d)
+        ops.free(*contiguous)
     o = lin(attn, qd, h, "o_proj")
     ops.free(attn, n1)
     r1 = ops.new(e * h * T)
@@ -195,15 +209,21 @@ def _block(ops: _Ops, x: str, T: int, s, e: int, targets, quant: bool) -> str:
     return out
 
 
-def forward_events(s, T: int, e: int, targets, quant: bool, lsm: int = 4) -> list[tuple]:
-    """The default stream's allocations of one step of fsdp_qlora's HF Llama, up to the loss peak:
-    embedding output, every checkpointed block under no_grad, the final norm (with grad: its fp32 input
-    is saved), the head and transformers 4.39's loss (`logits.float()`, a shifted .contiguous() copy,
-    log_softmax), then backward through the loss to log_softmax's gradient."""
+def forward_events(s, T: int, e: int, targets, quant: bool, lsm: int = 4, flash: bool = False,
+                   loss: str = "fp32-logits-kept") -> list[tuple]:
+    """The default stream's allocations of one step of an HF Llama (transformers 4.39 decoder layers),
+    up to the loss peak: embedding output, every checkpointed block under no_grad, the final norm (with
+    grad: its fp32 input is saved), the head and the loss, then backward through the loss to
+    log_softmax's gradient. loss:
+      fp32-logits-kept  transformers 4.39's (`logits.float()`, a shifted .contiguous() copy,
+                        log_softmax) with the fp32 logits kept by the loop (fsdp_qlora train.py);
+      fp32-upcast       the loss upcasts the 16-bit logits itself (transformers >= 4.46 ForCausalLMLoss)
+                        and the Trainer drops `outputs` when compute_loss returns: the logits and their
+                        fp32 copy are freed before backward."""
     ops = _Ops()
     x = ops.new(e * s.hidden * T)
     for _ in range(s.layers):
-        x = _block(ops, x, T, s, e, targets, quant)
+        x = _block(ops, x, T, s, e, targets, quant, flash)
     x32 = ops.new(4 * s.hidden * T)  # saved by pow / mul for backward
     sq = ops.new(4 * s.hidden * T)
     ops.free(sq)
@@ -213,6 +233,15 @@ def forward_events(s, T: int, e: int, targets, quant: bool, lsm: int = 4) -> lis
     final = ops.new(e * s.hidden * T)
     ops.free(cast)
     logits16 = ops.new(e * s.vocab * T)
+    if loss == "fp32-upcast":
+        upcast = ops.new(4 * s.vocab * T)  # logits.float() inside the loss
+        log_probs = ops.new(lsm * s.vocab * T)  # log_softmax's output, saved for backward
+        ops.free(upcast, final)  # the copy dies with the loss function
+        ops.free(logits16)  # compute_loss returns: `outputs` (the 16-bit logits) is dropped
+        grad_log_probs = ops.new(lsm * s.vocab * T)  # nll_loss backward
+        ops.new(lsm * s.vocab * T)  # log_softmax backward: the peak
+        del x32, log_probs, grad_log_probs  # live at the peak: named only for the reader
+        return ops.events
     logits = ops.new(4 * s.vocab * T)  # `logits = logits.float()`: kept in the output until after the step
     ops.free(logits16)
     # shift_logits is one position shorter per sequence; taken at full length (within 1 / seq_len).
@@ -237,20 +266,22 @@ def replay(events: list[tuple], alloc: CachingAllocator | None = None) -> Cachin
 
 
 @lru_cache(maxsize=64)
-def _step_replay(units: tuple[tuple[int, ...], ...], world: int, sync: bool, block_key: tuple) -> tuple[int, int]:
+def _step_replay(units: tuple[tuple[int, ...], ...], world: int, sync: bool, offload: bool,
+                 block_key: tuple) -> tuple[int, int]:
     alloc = CachingAllocator()
     for tensors in units:
-        _unit_init(alloc, list(tensors), world, sync)
+        _unit_init(alloc, list(tensors), world, sync, offload)
     init_large = alloc.reserved_large
-    shape, T, e, targets, quant, lsm = block_key
-    replay(forward_events(shape, T, e, targets, quant, lsm), alloc)
+    shape, T, e, targets, quant, lsm, flash, loss = block_key
+    replay(forward_events(shape, T, e, targets, quant, lsm, flash, loss), alloc)
     return init_large, alloc.reserved_large
 
 
 def step_reserved(units: list[list[int]], world: int, shape, tokens: int, e: int, targets, quant: bool,
-                  lsm: int = 4, sync: bool = True) -> tuple[int, int]:
+                  lsm: int = 4, sync: bool = True, offload: bool = False, flash: bool = False,
+                  loss: str = "fp32-logits-kept") -> tuple[int, int]:
     """(large-pool bytes reserved after the wrap, and at the loss's backward peak of the first step) on
     one rank's default stream: the wrap's replay followed by the step's forward in the same allocator,
     so the forward reuses what the wrap left cached where the sizes allow."""
-    return _step_replay(tuple(tuple(u) for u in units), world, sync,
-                        (shape, tokens, e, frozenset(targets), quant, lsm))
+    return _step_replay(tuple(tuple(u) for u in units), world, sync, offload,
+                        (shape, tokens, e, frozenset(targets), quant, lsm, flash, loss))

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from podkit.checks import activations as A
 from podkit.checks import fsdp1
+from podkit.checks.allocator import round_size, segment_size
 from podkit.checks.config import JobConfig
 from podkit.checks.gpus import GpuSpec
 from podkit.checks.models import ParamGroup
@@ -335,6 +336,8 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
     trainable = trainable_groups(job)
     n_trainable = sum(g.total for g in trainable)
     lora = f.lora
+    # FSDP1 wraps each LoRA linear as its own unit (the stack's policy) only when there are adapters.
+    lora_units = f.stack.lora_units and lora
     offload = c.offload
     notes: list[str] = []
     bf = A.block_facts(job, device)
@@ -394,8 +397,8 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
         elif f.fsdp_version == 1:
             # FSDP1's backward prefetch targets the handle that ended its forward just before this block:
             # with LoRA units that is one of this block's adapters; without, the block before.
-            n = min(1, L) if f.stack.lora_units else min(2, L)
-            why = "the block in backward" + ("" if f.stack.lora_units else " + the one prefetched")
+            n = min(1, L) if lora_units else min(2, L)
+            why = "the block in backward" + ("" if lora_units else " + the one prefetched")
         else:
             n, why = min(2, L), "current block + one prefetched"
         # The root module (embeddings, final norm, head) is not resharded after forward (FSDP2).
@@ -460,7 +463,16 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
     head_grad = sum(g.total for g in trainable if not g.per_layer and g.linear) if lora else (
         shape.vocab * shape.hidden)
     block_grad = sum(g.total for g in trainable if g.per_layer) // max(L, 1)
-    if grads_persist:
+    if grads_persist and f.fsdp_version == 1 and offload == "all":
+        # FSDP1 CPU offload: _offload_grad copies each reduce-scattered shard to flat_param._cpu_grad, but
+        # the GPU shard stays referenced as flat_param._saved_grad_shard until the post-backward callback
+        # (_finalize_params -> prepare_gradient_for_optim sets .grad = _cpu_grad and deletes it):
+        # torch/distributed/fsdp/_runtime_utils.py _accumulate_sharded_grad, _offload_grad.
+        start_grads = end_grads = [Part("grads", "sharded gradients, on the GPU until backward ends",
+                                        grads_all, f"{n_trainable:,} x {grad_bytes} B / {param_shards}: each "
+                                        "shard is copied to the host and kept until the post-backward callback",
+                                        transient=True)]
+    elif grads_persist:
         start_grads = end_grads = [full_grads]
     else:
         start_grads = [Part("grads", "gradients so far (head + last block)",
@@ -591,16 +603,32 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
         # inside this pool, not beside it. Sharded gradients are reduce-scatter outputs of the
         # post-backward stream.
         ag_pool = int(_root_stored_bytes(job, e) + min(2, L) * _layer_stored_bytes(job, e))
-        rs_pool = full_grads.bytes
-        if f.stack.fsdp_init_on_device and offload == "none" and shape.arch == "llama" and not shape.moe:
+        rs_pool = grads_all if offload == "all" else full_grads.bytes
+        if (f.stack.fsdp_init_on_device and offload in ("none", "all") and shape.arch == "llama" and not shape.moe
+                and f.loss in ("fp32-logits-kept", "fp32-upcast")):
             # Replay the wrap and the first step's forward up to the loss's backward peak through the
             # caching allocator's rules: the default stream's large pool never shrinks after that.
             _, init_pool = fsdp1.step_reserved(_fsdp1_units(job, e), param_shards, shape, T, e,
-                                               f.lora_targets, t.base_quant == "nf4", 4 if f.loss_upcast else e)
+                                               f.lora_targets, t.base_quant == "nf4", 4 if f.loss_upcast else e,
+                                               offload=offload == "all", flash=t.attention == "flash-attn",
+                                               loss=f.loss)
+    # FSDP1 makes the shard it all-gathers inside `with stream(pre_unshard_stream)` (_runtime_utils.py
+    # _unshard -> FlatParamHandle.pre_unshard) when it is not the resident one: CPU offload copies it to
+    # the GPU (flat_param_to(device)), mixed precision casts an fp32 shard to the compute dtype
+    # (_use_low_precision_shard allocates _mp_shard). Either is record_stream()ed to the unshard stream
+    # and freed once gathered (_all_gather_flat_param; post_unshard _free_low_precision_sharded_param).
+    # That stream's pool holds the root's shard (gathered first, never resharded after forward), which
+    # every smaller block shard then reuses; a block shard larger than the root's needs its own segment.
+    pre_unshard_pool = 0
+    cast_shard = t.precision.endswith("-mixed") and param_bytes != e
+    if f.fsdp_version == 1 and (offload == "all" or cast_shard):
+        root_shard = _round_segment(_root_stored_bytes(job, e) / param_shards)
+        block_shard = _round_segment(_layer_stored_bytes(job, e) / param_shards)
+        pre_unshard_pool = root_shard + (block_shard if block_shard > root_shard else 0)
     # FSDP1 shards each unit's flat parameter: a LoRA unit's shard, its AdamW states and the step's
     # temporaries are tensors of the shard's size; those of <= 1 MiB live in the small pool.
     small_static = small_step = 0
-    if f.fsdp_version == 1 and f.stack.lora_units and n_trainable:
+    if f.fsdp_version == 1 and lora_units and n_trainable:
         small = [g for g in trainable if -(-g.numel // param_shards) * resident_bytes <= MIB]
         share = sum(g.total for g in small) / n_trainable
         small_static = int(share * (n_trainable * resident_bytes // param_shards + optimizer.bytes))
@@ -633,6 +661,9 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
             at_loss = [holes] if name == "forward-end" and holes.bytes and not init_pool else []
             init_left = max(0, init_pool - default_stream - sum(p.bytes for p in at_loss))
             held = at_loss + [
+                Part("overhead", "FSDP1 pre-unshard stream pool (cached)", pre_unshard_pool,
+                     "the root's shard as all-gathered (copied from the host, or cast to the compute dtype); "
+                     "block shards reuse its block", where="pool"),
                 Part("overhead", "FSDP1 unshard-stream pool (cached)", max(0, ag_pool - gathered),
                      "the root and two blocks' flat parameters; the gathered weights above live in it", where="pool"),
                 Part("overhead", "FSDP1 post-backward stream pool (cached)", max(0, rs_pool - sharded_grads),
@@ -667,7 +698,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
     static = [params_resident] + quant_state + [optimizer] + paged_part + master
     fwd_grads = [full_grads] if grads_persist else []
     handoff = None
-    if f.fsdp_version == 1 and c.sharding == "zero3" and f.stack.lora_units and L > 1:
+    if f.fsdp_version == 1 and c.sharding == "zero3" and lora_units and L > 1:
         # FSDP1 registers a block's pre-backward hook (which gathers it) on its output in post-forward,
         # before the next block's pre-forward registers its reshard-only hook on that same tensor as its
         # input (_register_post_backward_reshard_only_hook): tensor hooks run in that order, so when the
@@ -718,6 +749,12 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
         approximate=shape.approximate,
         notes=notes,
     )
+
+
+def _round_segment(size: float) -> int:
+    """The cudaMalloc size of a request no cached block serves: 512 B rounding, then a 2 MiB (<= 1 MiB),
+    20 MiB (< 10 MiB) or 2 MiB-rounded segment (c10/cuda/CUDACachingAllocator.cpp get_allocation_size)."""
+    return segment_size(round_size(int(size)))
 
 
 def _embedding_only(job: JobConfig) -> int:

@@ -88,8 +88,9 @@ class Stack:
     copy-in stream) rather than FSDP1 flat parameters (accelerate's default fsdp_version 1, lightning's
     FSDPStrategy) or DeepSpeed ZeRO-3."""
     fsdp_init_on_device: bool = False
-    """FSDP1 wraps a model that starts on the CPU (sync_module_states from rank 0) and the loop resets
-    the peak counters after wrapping without empty_cache: the segments the wrap left stay reserved."""
+    """FSDP1 (FullyShardedDataParallel) wraps a model that starts on the CPU, moving each unit to the GPU
+    (device_id, sync_module_states), and nothing calls empty_cache after wrapping: the segments the
+    wrap left stay reserved through training (fsdp_qlora even resets the peak counters there)."""
     lora_units: bool = False
     """Each LoRA linear is its own FSDP unit (its flat parameter is the only one that trains), so a
     block's flat parameter holds only frozen weights and has no gradient."""
@@ -111,8 +112,21 @@ STACK_FACTS: dict[str, Stack] = {
         # selective policy; peft's TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING: llama/mistral/qwen2 ->
         # ["q_proj", "v_proj"]; peft >= 0.12 LoraConfig/get_peft_model autocast_adapter_dtype=True
         # upcasts adapters of a bf16/fp16 base to fp32.
+        # Its FSDP is accelerate's FullyShardedDataParallelPlugin, FSDP1 (FullyShardedDataParallel; the
+        # only one before accelerate 1.6 and the default after): accelerator.py prepare_model (0.28.0
+        # l.1406-1422) wraps with device_id=self.device, use_orig_params False and sync_module_states True
+        # by default (utils/dataclasses.py 0.28.0 __post_init__: FSDP_USE_ORIG_PARAMS "False",
+        # FSDP_SYNC_MODULE_STATES "True", then param_init_fn = to_empty(device)); the Trainer does not
+        # place an FSDP model on the GPU, so each unit's parameters are moved there by FSDP's
+        # _move_module_to_device, unit by unit, and nothing calls empty_cache between that wrap and
+        # training (Trainer._inner_training_loop frees memory before it, not after). With a LoRA
+        # PeftModel, Trainer._fsdp_qlora_plugin_updates (transformers 4.39 trainer.py) replaces the wrap
+        # policy by peft's fsdp_auto_wrap_policy (utils/other.py, v0.10.0 l.379-418): every leaf whose
+        # weight trains (each lora_A / lora_B Linear) is its own unit, _or_ each decoder layer.
         Stack("hf", "fp32-upcast", 0, 0, True, False, "block", ("q_proj", "v_proj"), "fp32", "foreach", False, True, True,
-              "transformers loss/loss_utils.py, trainer.py; peft utils/constants.py, tuners_utils.py"),
+              "transformers loss/loss_utils.py, trainer.py; peft utils/constants.py, tuners_utils.py, utils/other.py; "
+              "accelerate utils/dataclasses.py, accelerator.py",
+              fsdp_init_on_device=True, lora_units=True),
         # DeepSpeed via the HF Trainer integration: same model code and peft defaults; the optimizer
         # is DeepSpeed's (FusedAdam / ZeRO partitions), modelled by the sharding terms.
         Stack("deepspeed", "fp32-upcast", 0, 0, True, False, "block", ("q_proj", "v_proj"), "fp32", "fused", False, True, True,
@@ -193,7 +207,7 @@ class JobFacts:
     previous_outputs_kept: bool
     fsdp_version: int
     """The stack's FSDP where podkit models it by version: 2 (fully_shard), 1 (FullyShardedDataParallel,
-    with its wrap replayed: fsdp_qlora); 0 without FSDP or where the generic sharding model applies."""
+    with its wrap replayed: fsdp_qlora, hf); 0 without FSDP or where the generic sharding model applies."""
     quant_saves_input: bool
     """bitsandbytes < 0.43.2: MatMul4Bit keeps its input A as a plain ctx attribute until backward,
     which checkpointing's saved-tensor hooks cannot drop (only a reentrant checkpoint's no_grad
@@ -317,9 +331,9 @@ def resolve(train, cluster, shape) -> JobFacts:
                                else train.previous_outputs == "kept"),
         # bitsandbytes commit 9e753741 "fix QLoRA mem bug: delete useless buffered activation" (#1270),
         # first in 0.43.2; under a reentrant checkpoint the forward runs in no_grad and keeps nothing.
-        # FSDP1's replay and pools (checks/fsdp1.py) are applied where they were checked against
-        # published peaks: stacks whose wrap facts are known (fsdp_qlora); other FSDP1 stacks keep
-        # the generic model until they are.
+        # FSDP1's replay and pools (checks/fsdp1.py) apply to the stacks whose wrap facts are known from
+        # source (fsdp_qlora, hf via accelerate); other FSDP1 stacks (litgpt's lightning FSDPStrategy)
+        # keep the generic model until they are.
         fsdp_version=(2 if stack.fsdp2 else 1) if fsdp and (stack.fsdp2 or stack.fsdp_init_on_device) else 0,
         quant_saves_input=(old_bnb_4bit and not (ac != "none" and stack.reentrant)),
         quant_input_in_recompute=old_bnb_4bit and ac != "none",

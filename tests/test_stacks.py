@@ -75,9 +75,33 @@ def test_fsdp_stream_pools_are_reserved_not_allocated(job):
     assert est.total > est.reserved > est.allocated
 
 
-def test_fsdp1_and_zero3_stacks_keep_the_undereived_all_gather_pool(job):
-    # The hf stack shards through accelerate's FSDP1 flat parameters: the FSDP2 derivation does not apply.
-    est = estimate(job(model=LLAMA8B, train="checkpointing = 'full'\nstack = 'hf'",
+def test_hf_shards_with_fsdp1_flat_parameters_gathered_inside_their_pool(job):
+    # accelerate's FSDP plugin is FSDP1: the all-gather writes into the unsharded flat parameter, which
+    # lives in the unshard stream's pool (no FSDP2 copy-in buffer beside it). Full fine-tune, bf16-mixed
+    # (MixedPrecision param_dtype bf16 over fp32 shards), 8 GPUs, accelerate's decoder-layer wrap.
+    j = job(model=LLAMA8B, train="checkpointing = 'full'\nstack = 'hf'",
+            cluster="gpu = 'H100'\ngpus_per_node = 8\nsharding = 'zero3'")
+    assert j.facts.fsdp_version == 1
+    est = estimate(j)
+    root, block = (2 * V * H + H) * 2, (BLOCK_LINEAR + 2 * H) * 2  # as gathered: bf16
+
+    def part(label, phase):
+        return sum(p.bytes for p in est.phase_parts[phase] if p.label.startswith(label))
+
+    assert part("FSDP all-gather", "forward-end") == 0
+    # At the loss only the root is gathered; in backward the block and the one prefetched before it
+    # (BACKWARD_PRE: the handle that ran its forward just before, with no LoRA units in between).
+    assert part("unsharded weights", "forward-end") == root
+    assert part("unsharded weights", "backward") == root + 2 * block
+    assert part("FSDP1 unshard-stream pool", "step") == root + 2 * block
+    # Each unit's fp32 shard is cast to bf16 on the pre-unshard stream before its all-gather: that pool
+    # is the root's bf16 shard (2,101,354,496 / 8 = 262,669,312 B, a 126 x 2 MiB segment).
+    assert root // 8 == 262_669_312
+    assert part("FSDP1 pre-unshard stream pool", "step") == 126 * 2 * 1024 * 1024
+
+
+def test_deepspeed_zero3_keeps_the_undereived_all_gather_pool(job):
+    est = estimate(job(model=LLAMA8B, train="checkpointing = 'full'\nstack = 'deepspeed'",
                        cluster="gpu = 'H100'\ngpus_per_node = 8\nsharding = 'zero3'"))
     pool = sum(p.bytes for p in est.phase_parts["forward-end"] if p.label.startswith("FSDP all-gather"))
     assert pool == ((2 * V * H + H) + 2 * (BLOCK_LINEAR + 2 * H)) * 2

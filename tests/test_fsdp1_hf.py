@@ -1,0 +1,91 @@
+"""FSDP1 as the HF Trainer + accelerate run it, with the bytes derived by hand from the library sources.
+
+The peft doc's Llama-2-70B QLoRA (peft 6008f27 examples/sft, accelerate 0.28 FSDP1, transformers 4.39):
+h 8192, 80 blocks, 8 kv heads, ffn 28672, vocab 32000, LoRA r 8 on every block linear, bf16, 2 GPUs.
+"""
+
+from podkit.checks.allocator import MIB, CachingAllocator
+from podkit.checks.fsdp1 import _block, _Ops, _unit_init, forward_events, replay
+from podkit.checks.memory import estimate
+
+H, L, KV, F, V, R = 8192, 80, 1024, 28672, 32000, 8
+LINEARS = 2 * H * H + 2 * H * KV + 3 * H * F  # 855,638,016 weights per block
+ROOT = (2 * V * H + H) * 2  # embedding + head + final norm, bf16
+ADAPTERS = sum(i * R + R * o for i, o in [(H, H), (H, KV), (H, KV), (H, H), (H, F), (H, F), (F, H)])
+
+
+def qlora70b(job, offload="none", accum=2):
+    return job(model=f"hidden = {H}\nlayers = {L}\nheads = 64\nkv_heads = 8\nffn = {F}\nvocab = {V}\n"
+                     "tie_embeddings = false\narch = 'llama'",
+               train=f"stack = 'hf'\nprecision = 'bf16'\nlora_rank = {R}\nlora_targets = 'all-linear'\n"
+                     f"lora_dtype = 'compute'\nbase_quant = 'nf4'\nbitsandbytes = '0.43.0'\ncheckpointing = 'full'\n"
+                     f"attention = 'flash-attn'\nmicro_batch = 2\nseq_len = 2048\ngrad_accum = {accum}",
+               cluster=f"gpu = 'A100-80GB'\ngpus_per_node = 2\nsharding = 'zero3'\noffload = '{offload}'")
+
+
+def part(est, label, phase):
+    return sum(p.bytes for p in est.phase_parts[phase] if p.label.startswith(label))
+
+
+def test_hf_fsdp_is_fsdp1_with_each_lora_linear_its_own_unit(job):
+    j = qlora70b(job)
+    assert j.facts.fsdp_version == 1
+    est = estimate(j)
+    # A block's flat parameter holds only the packed 4-bit weights and the two bf16 norms; the adapters
+    # are units of their own (peft fsdp_auto_wrap_policy), so no adapter unit is the block prefetched in
+    # backward: the block in backward and the root are gathered.
+    block = LINEARS * 0.5 + 2 * H * 2 + ADAPTERS * 2
+    assert part(est, "unsharded weights", "forward-end") == ROOT
+    assert part(est, "FSDP1 unshard-stream pool", "step") == int(ROOT + 2 * block)
+    assert part(est, "FSDP all-gather", "forward-end") == 0  # no FSDP2 copy-in buffer
+
+
+def test_offloaded_unit_init_leaves_only_freed_segments():
+    # Two 100 MiB parameters, world 2: moved (2 x 100), one flattened broadcast bucket (200), the flat
+    # parameter (reuses that freed 200 MiB block), the shard (100); then flat_param_to(cpu) frees the
+    # shard too: the same 500 MiB reserved, nothing allocated.
+    a = CachingAllocator()
+    _unit_init(a, [100 * MIB, 100 * MIB], world=2, sync=True, offload=True)
+    assert a.reserved == 500 * MIB and a.allocated == 0
+
+
+def test_flash_attention_block_skips_the_qkv_contiguous_copies(job):
+    j = qlora70b(job)
+    T, e = 4096, 2
+    allocated = {}
+    for flash in (False, True):
+        ops = _Ops()
+        x = ops.new(e * H * T)
+        _block(ops, x, T, j.shape, e, frozenset(j.facts.lora_targets), True, flash)
+        allocated[flash] = sum(ev[2] for ev in ops.events if ev[0] == "a")
+    # SDPA's path copies q (8192 wide), k and v (1024 wide each) with .contiguous(); flash does not.
+    assert allocated[False] - allocated[True] == e * T * (H + 2 * KV)
+
+
+def test_trainer_loss_frees_the_logits_before_backward_and_leaves_the_16_bit_hole(job):
+    j = qlora70b(job)
+    T = 512
+    targets = frozenset(j.facts.lora_targets)
+    kept = replay(forward_events(j.shape, T, 2, targets, True, loss="fp32-logits-kept"))
+    trainer = replay(forward_events(j.shape, T, 2, targets, True, loss="fp32-upcast"))
+    # At log_softmax's backward the 4.39 loop still holds the fp32 logits (4 B per logit); the Trainer
+    # dropped `outputs` when compute_loss returned.
+    assert kept.allocated - trainer.allocated == 4 * V * T
+    # The 16-bit logits (2 B) and the fp32 copy (4 B) got segments of their own (each over 10 MiB, larger
+    # than any freed block); backward's first 4 B gradient takes the copy's, the second cannot use the
+    # 2 B one: it stays reserved, empty.
+    assert trainer.reserved_large - trainer.allocated >= 2 * V * T
+
+
+def test_cpu_offload_keeps_shard_copies_and_sharded_grads_on_the_gpu(job):
+    est = estimate(qlora70b(job, offload="all"))
+    assert part(est, "weights", "step") == 0 and part(est, "adamw states", "step") == 0
+    # The root's bf16 shard copied from the host before its all-gather: 1,048,592,384 / 2 = 524,296,192 B, just over 250 x 2 MiB: a 251 x 2 MiB
+    # segment on the pre-unshard stream (block shards, 216 MB, reuse it).
+    assert ROOT // 2 == 524_296_192
+    assert part(est, "FSDP1 pre-unshard stream pool", "step") == 251 * 2 * MIB
+    # Each reduce-scattered gradient shard stays on the GPU (flat_param._saved_grad_shard) after its copy
+    # to the host until the post-backward callback: all of them at the end of backward, none at the step.
+    grads = ADAPTERS * L * 2 // 2
+    assert part(est, "sharded gradients, on the GPU", "backward-end") == grads
+    assert sum(p.bytes for p in est.phase_parts["step"] if p.term == "grads") == 0
