@@ -482,7 +482,17 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
         end_grads = [Part("grads", "gradients so far (all but the embedding)",
                           max(0, n_trainable - (0 if lora else _embedding_only(job))) * grad_bytes // param_shards,
                           "at the first block's backward nearly every gradient exists", transient=True)]
-    if f.fsdp and f.fsdp_version == 1:
+    no_sync = f.fsdp_version == 1 and f.stack.fsdp_no_sync and t.grad_accum > 1 and n_trainable > 0
+    if no_sync:
+        # Every micro-step but the last runs under the root's no_sync(): FSDP1's post-backward hook returns
+        # before reduce-scattering (`if not state._sync_gradients: ... return`, _runtime_utils.py), so each
+        # flat parameter keeps its whole unsharded .grad, on the GPU even with CPU offload, until the
+        # synchronising micro-step's reduce-scatter (FullyShardedDataParallel.no_sync docstring: "FSDP will
+        # accumulate the full model gradients (instead of gradient shards) until the eventual sync").
+        unsynced = Part("grads", "unsharded gradients, accumulated under no_sync", n_trainable * grad_bytes,
+                        f"{n_trainable:,} x {grad_bytes} B, not divided by the {param_shards} ranks", transient=True)
+        start_grads = end_grads = [unsynced]
+    elif f.fsdp and f.fsdp_version == 1:
         # FSDP1 _reduce_grad reduce-scatters the unsharded .grad itself (F.pad copies it only when its
         # numel does not divide by the world size).
         rs = Part("grads", "unsharded block gradient", block_grad * grad_bytes,
@@ -696,7 +706,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
         return [Part("params", "autocast weight cache", label_bytes, cache_note, transient=True)] if label_bytes else []
 
     static = [params_resident] + quant_state + [optimizer] + paged_part + master
-    fwd_grads = [full_grads] if grads_persist else []
+    fwd_grads = [unsynced] if no_sync else [full_grads] if grads_persist else []
     handoff = None
     if f.fsdp_version == 1 and c.sharding == "zero3" and lora_units and L > 1:
         # FSDP1 registers a block's pre-backward hook (which gathers it) on its output in post-forward,

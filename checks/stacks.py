@@ -94,6 +94,9 @@ class Stack:
     lora_units: bool = False
     """Each LoRA linear is its own FSDP unit (its flat parameter is the only one that trains), so a
     block's flat parameter holds only frozen weights and has no gradient."""
+    fsdp_no_sync: bool = False
+    """Gradient accumulation runs every micro-step but the last under the FSDP root's no_sync(), so FSDP1
+    keeps whole unsharded gradients between them (accelerate's accumulate() without sync_each_batch)."""
 
 
 STACK_FACTS: dict[str, Stack] = {
@@ -123,10 +126,13 @@ STACK_FACTS: dict[str, Stack] = {
         # PeftModel, Trainer._fsdp_qlora_plugin_updates (transformers 4.39 trainer.py) replaces the wrap
         # policy by peft's fsdp_auto_wrap_policy (utils/other.py, v0.10.0 l.379-418): every leaf whose
         # weight trains (each lora_A / lora_B Linear) is its own unit, _or_ each decoder layer.
+        # Trainer.training_step runs under accelerator.accumulate(model), which enters model.no_sync() on
+        # every micro-step that does not sync (accelerate 0.28 accelerator.py l.1028-1033; sync_each_batch,
+        # default False, is the opt-out).
         Stack("hf", "fp32-upcast", 0, 0, True, False, "block", ("q_proj", "v_proj"), "fp32", "foreach", False, True, True,
               "transformers loss/loss_utils.py, trainer.py; peft utils/constants.py, tuners_utils.py, utils/other.py; "
               "accelerate utils/dataclasses.py, accelerator.py",
-              fsdp_init_on_device=True, lora_units=True),
+              fsdp_init_on_device=True, lora_units=True, fsdp_no_sync=True),
         # DeepSpeed via the HF Trainer integration: same model code and peft defaults; the optimizer
         # is DeepSpeed's (FusedAdam / ZeRO partitions), modelled by the sharding terms.
         Stack("deepspeed", "fp32-upcast", 0, 0, True, False, "block", ("q_proj", "v_proj"), "fp32", "fused", False, True, True,

@@ -78,7 +78,7 @@ def test_trainer_loss_frees_the_logits_before_backward_and_leaves_the_16_bit_hol
 
 
 def test_cpu_offload_keeps_shard_copies_and_sharded_grads_on_the_gpu(job):
-    est = estimate(qlora70b(job, offload="all"))
+    est = estimate(qlora70b(job, offload="all", accum=1))
     assert part(est, "weights", "step") == 0 and part(est, "adamw states", "step") == 0
     # The root's bf16 shard copied from the host before its all-gather: 1,048,592,384 / 2 = 524,296,192 B, just over 250 x 2 MiB: a 251 x 2 MiB
     # segment on the pre-unshard stream (block shards, 216 MB, reuse it).
@@ -87,5 +87,17 @@ def test_cpu_offload_keeps_shard_copies_and_sharded_grads_on_the_gpu(job):
     # Each reduce-scattered gradient shard stays on the GPU (flat_param._saved_grad_shard) after its copy
     # to the host until the post-backward callback: all of them at the end of backward, none at the step.
     grads = ADAPTERS * L * 2 // 2
-    assert part(est, "sharded gradients, on the GPU", "backward-end") == grads
+    assert part(est, "gradients so far", "backward-end") == grads
     assert sum(p.bytes for p in est.phase_parts["step"] if p.term == "grads") == 0
+
+
+def test_fsdp1_and_gradient_accumulation_keep_unsharded_gradients_under_no_sync(job):
+    # accelerate's accumulate() puts the first of 2 micro-steps under no_sync(): every adapter's whole
+    # bf16 gradient stays on the GPU (also with CPU offload) through the next micro-step's forward and
+    # backward; only the step sees the shards (none on the GPU with offload).
+    for offload in ("none", "all"):
+        est = estimate(qlora70b(job, offload=offload, accum=2))
+        for phase in ("forward-end", "backward", "backward-end"):
+            assert part(est, "unsharded gradients, accumulated under no_sync", phase) == ADAPTERS * L * 2
+        assert part(est, "unsharded gradients", "step") == 0
+    assert part(estimate(qlora70b(job, accum=1)), "unsharded gradients, accumulated", "backward") == 0
