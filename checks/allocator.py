@@ -21,6 +21,7 @@ max_split_size_mb and expandable segments are not modelled (both off by default)
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from dataclasses import dataclass, field
 
 MIB = 1 << 20
@@ -45,7 +46,7 @@ def segment_size(size: int) -> int:
     return -(-size // K_ROUND_LARGE) * K_ROUND_LARGE
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Block:
     segment: int
     offset: int
@@ -55,11 +56,38 @@ class _Block:
     free: bool = True
 
 
+@dataclass(slots=True)
+class _Pool:
+    """One pool's cached free blocks: sorted by (size, segment, offset) for best fit (the order of
+    the allocator's BlockComparatorSize), and indexed by where each starts and ends for merging."""
+
+    order: list = field(default_factory=list)
+    starts: dict = field(default_factory=dict)
+    ends: dict = field(default_factory=dict)
+
+    def add(self, b: _Block) -> None:
+        insort(self.order, (b.size, b.segment, b.offset))
+        self.starts[(b.segment, b.offset)] = b
+        self.ends[(b.segment, b.offset + b.size)] = b
+
+    def remove(self, b: _Block) -> None:
+        del self.order[bisect_left(self.order, (b.size, b.segment, b.offset))]
+        del self.starts[(b.segment, b.offset)]
+        del self.ends[(b.segment, b.offset + b.size)]
+
+    def best_fit(self, size: int) -> _Block | None:
+        i = bisect_left(self.order, (size,))
+        if i == len(self.order):
+            return None
+        _, segment, offset = self.order[i]
+        return self.starts[(segment, offset)]
+
+
 @dataclass
 class CachingAllocator:
     """Replays malloc/free; `reserved` only grows (nothing calls empty_cache)."""
 
-    free_blocks: dict = field(default_factory=dict)  # (small, stream) -> cached free blocks
+    free_blocks: dict = field(default_factory=dict)  # (small, stream) -> _Pool of cached free blocks
     reserved: int = 0
     reserved_large: int = 0
     """Of `reserved`, the large pool's segments (what requests over 1 MiB can use)."""
@@ -67,13 +95,18 @@ class CachingAllocator:
     peak_allocated: int = 0
     _segments: int = 0
 
+    def _pool(self, small: bool, stream: int) -> _Pool:
+        pool = self.free_blocks.get((small, stream))
+        if pool is None:
+            pool = self.free_blocks[(small, stream)] = _Pool()
+        return pool
+
     def malloc(self, size: int, stream: int = 0) -> _Block:
         size = round_size(size)
         small = size <= K_SMALL_SIZE
-        pool = self.free_blocks.setdefault((small, stream), [])
-        fits = [b for b in pool if b.size >= size]
-        if fits:
-            block = min(fits, key=lambda b: (b.size, b.segment, b.offset))
+        pool = self._pool(small, stream)
+        block = pool.best_fit(size)
+        if block is not None:
             pool.remove(block)
         else:
             seg = segment_size(size)
@@ -83,7 +116,7 @@ class CachingAllocator:
             self.reserved_large += 0 if small else seg
         rest = block.size - size
         if rest >= K_MIN_BLOCK if small else rest > K_SMALL_SIZE:
-            pool.append(_Block(block.segment, block.offset + size, rest, small, stream))
+            pool.add(_Block(block.segment, block.offset + size, rest, small, stream))
             block.size = size
         block.free = False
         self.allocated += block.size
@@ -93,10 +126,12 @@ class CachingAllocator:
     def free(self, block: _Block) -> None:
         block.free = True
         self.allocated -= block.size
-        pool = self.free_blocks.setdefault((block.small, block.stream), [])
-        for other in [b for b in pool if b.segment == block.segment]:
-            if other.offset + other.size == block.offset or block.offset + block.size == other.offset:
+        pool = self._pool(block.small, block.stream)
+        before = pool.ends.get((block.segment, block.offset))
+        after = pool.starts.get((block.segment, block.offset + block.size))
+        for other in (before, after):
+            if other is not None:
+                pool.remove(other)
                 block.offset = min(block.offset, other.offset)
                 block.size += other.size
-                pool.remove(other)
-        pool.append(block)
+        pool.add(block)

@@ -39,12 +39,39 @@ BROADCAST_BUCKET = 250 * 1024 * 1024
 BROADCASTS_IN_FLIGHT = 2
 
 
-def _unit_init(alloc: CachingAllocator, tensors: list[int], world: int, sync: bool, offload: bool = False) -> None:
+def quantized_load(alloc: CachingAllocator, root: list[int], weights: list[int]) -> list:
+    """transformers 4.39 from_pretrained of a bitsandbytes 4-bit model on each FSDP rank
+    (FSDP_CPU_RAM_EFFICIENT_LOADING): a quantized model skips the rank-0-only path
+    (modeling_utils.py l.3951 `not is_quantized`), the 4-bit quantizer's device map is
+    {"": current device} (quantizer_bnb_4bit.py update_device_map), so every 16-bit parameter (`root`,
+    byte sizes: embedding, head, norms) is placed on the GPU and kept, and each 4-bit weight (`weights`,
+    element counts, in load order) is quantized there and then moved to the host
+    (_load_state_dict_into_meta_model l.818-823: `value.data.to("cpu")`), its QuantState staying behind.
+    Per weight, bitsandbytes 0.43.0: Params4bit._quantize `w = self.data.contiguous().cuda(device)`
+    (2 B per weight); quantize_4bit allocates the fp32 absmax (4 B per 64) then the packed output (0.5 B);
+    double quantization (quantize_blockwise, blocksize 256) its fp32 absmax (4 B per 256 absmax) then the
+    uint8 absmax (1 B per 64), `del absmax`. Returns the kept 16-bit parameters' blocks."""
+    kept = [alloc.malloc(n) for n in root[:1]]  # the embedding comes first in the checkpoint
+    for n in weights:
+        w = alloc.malloc(2 * n)
+        absmax = alloc.malloc(4 * -(-n // 64))
+        packed = alloc.malloc(n // 2)
+        alloc.malloc(4 * -(-n // (64 * 256)))  # state2.absmax, kept
+        alloc.malloc(-(-n // 64))  # the uint8 absmax, kept
+        alloc.free(absmax)
+        alloc.free(w)
+        alloc.free(packed)  # the packed data went to the host
+    return kept + [alloc.malloc(n) for n in root[1:]]
+
+
+def _unit_init(alloc: CachingAllocator, tensors: list[int], world: int, sync: bool, offload: bool = False,
+               resident: list | None = None) -> None:
     """One FSDP1 unit's __init__ on a rank whose module starts on the CPU: returns with its shard live,
     or, with CPUOffload(offload_params=True), with its shard moved to the host (_init_utils.py
     _init_param_handle_from_params: `if state.cpu_offload.offload_params and handle.flat_param.device
     != cpu_device: handle.flat_param_to(cpu_device)`), leaving only freed segments behind."""
-    moved = [alloc.malloc(n) for n in tensors]  # _move_states_to_device, parameter by parameter
+    # _move_states_to_device, parameter by parameter; parameters already on the GPU (`resident`) stay.
+    moved = resident if resident is not None else [alloc.malloc(n) for n in tensors]
     if sync:
         in_flight, bucket, size = [], [], 0
         buckets = []
@@ -267,10 +294,11 @@ def replay(events: list[tuple], alloc: CachingAllocator | None = None) -> Cachin
 
 @lru_cache(maxsize=64)
 def _step_replay(units: tuple[tuple[int, ...], ...], world: int, sync: bool, offload: bool,
-                 block_key: tuple) -> tuple[int, int]:
+                 block_key: tuple, load: tuple[int, ...]) -> tuple[int, int]:
     alloc = CachingAllocator()
-    for tensors in units:
-        _unit_init(alloc, list(tensors), world, sync, offload)
+    root = quantized_load(alloc, list(units[-1]), list(load)) if load else None
+    for i, tensors in enumerate(units):
+        _unit_init(alloc, list(tensors), world, sync, offload, root if i == len(units) - 1 else None)
     init_large = alloc.reserved_large
     shape, T, e, targets, quant, lsm, flash, loss = block_key
     replay(forward_events(shape, T, e, targets, quant, lsm, flash, loss), alloc)
@@ -279,9 +307,11 @@ def _step_replay(units: tuple[tuple[int, ...], ...], world: int, sync: bool, off
 
 def step_reserved(units: list[list[int]], world: int, shape, tokens: int, e: int, targets, quant: bool,
                   lsm: int = 4, sync: bool = True, offload: bool = False, flash: bool = False,
-                  loss: str = "fp32-logits-kept") -> tuple[int, int]:
+                  loss: str = "fp32-logits-kept", load: tuple[int, ...] = ()) -> tuple[int, int]:
     """(large-pool bytes reserved after the wrap, and at the loss's backward peak of the first step) on
     one rank's default stream: the wrap's replay followed by the step's forward in the same allocator,
-    so the forward reuses what the wrap left cached where the sizes allow."""
+    so the forward reuses what the wrap left cached where the sizes allow. `load`: the 4-bit weights'
+    element counts when the model was quantized on the GPU while loading (quantized_load), whose
+    QuantStates and 16-bit root parameters are then already in the allocator when the wrap starts."""
     return _step_replay(tuple(tuple(u) for u in units), world, sync, offload,
-                        (shape, tokens, e, frozenset(targets), quant, lsm, flash, loss))
+                        (shape, tokens, e, frozenset(targets), quant, lsm, flash, loss), tuple(load))

@@ -621,7 +621,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
             _, init_pool = fsdp1.step_reserved(_fsdp1_units(job, e), param_shards, shape, T, e,
                                                f.lora_targets, t.base_quant == "nf4", 4 if f.loss_upcast else e,
                                                offload=offload == "all", flash=t.attention == "flash-attn",
-                                               loss=f.loss)
+                                               loss=f.loss, load=_quantized_load_order(job))
     # FSDP1 makes the shard it all-gathers inside `with stream(pre_unshard_stream)` (_runtime_utils.py
     # _unshard -> FlatParamHandle.pre_unshard) when it is not the resident one: CPU offload copies it to
     # the GPU (flat_param_to(device)), mixed precision casts an fp32 shard to the compute dtype
@@ -813,6 +813,19 @@ def _fsdp1_units(job: JobConfig, e: int) -> list[list[int]]:
     root = [g.rows * g.cols * (e if job.train.precision != "fp32" else 4) for g in s.param_groups()
             if not g.per_layer]
     return units + [root]
+
+
+def _quantized_load_order(job: JobConfig) -> tuple[int, ...]:
+    """The 4-bit weights' element counts in checkpoint order when the stack quantizes them on the GPU
+    while loading (empty otherwise): block by block, each block's keys sorted as safetensors stores them
+    (mlp.down/gate/up_proj, then self_attn.k/o/q/v_proj)."""
+    if not (job.facts.stack.quantized_load_on_gpu and job.train.base_quant == "nf4" and job.train.lora_rank):
+        return ()
+    path = {n: ("mlp." if n in ("gate_proj", "up_proj", "down_proj") else "self_attn.") + n
+            for n in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")}
+    block = sorted(((path.get(g.name, g.name), g.rows * g.cols) for g in job.shape.linear_groups()
+                    if g.count == job.shape.layers), key=lambda kv: kv[0])
+    return tuple(n for _, n in block) * job.shape.layers
 
 
 def _layer_stored_bytes(job: JobConfig, e: int) -> float:

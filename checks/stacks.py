@@ -94,6 +94,9 @@ class Stack:
     lora_units: bool = False
     """Each LoRA linear is its own FSDP unit (its flat parameter is the only one that trains), so a
     block's flat parameter holds only frozen weights and has no gradient."""
+    quantized_load_on_gpu: bool = False
+    """A 4-bit base is quantized on each rank's GPU while loading (transformers' bitsandbytes quantizer
+    with FSDP CPU-efficient loading), which keeps every QuantState and the 16-bit parameters there."""
     fsdp_no_sync: bool = False
     """Gradient accumulation runs every micro-step but the last under the FSDP root's no_sync(), so FSDP1
     keeps whole unsharded gradients between them (accelerate's accumulate() without sync_each_batch)."""
@@ -129,10 +132,13 @@ STACK_FACTS: dict[str, Stack] = {
         # Trainer.training_step runs under accelerator.accumulate(model), which enters model.no_sync() on
         # every micro-step that does not sync (accelerate 0.28 accelerator.py l.1028-1033; sync_each_batch,
         # default False, is the opt-out).
+        # A QLoRA base under FSDP is loaded by every rank, each 4-bit weight quantized on the GPU and its
+        # packed data moved to the host (transformers 4.39 modeling_utils.py l.818-823, l.3951;
+        # quantizers/quantizer_bnb_4bit.py update_device_map): checks/fsdp1.py quantized_load.
         Stack("hf", "fp32-upcast", 0, 0, True, False, "block", ("q_proj", "v_proj"), "fp32", "foreach", False, True, True,
               "transformers loss/loss_utils.py, trainer.py; peft utils/constants.py, tuners_utils.py, utils/other.py; "
               "accelerate utils/dataclasses.py, accelerator.py",
-              fsdp_init_on_device=True, lora_units=True, fsdp_no_sync=True),
+              fsdp_init_on_device=True, lora_units=True, fsdp_no_sync=True, quantized_load_on_gpu=True),
         # DeepSpeed via the HF Trainer integration: same model code and peft defaults; the optimizer
         # is DeepSpeed's (FusedAdam / ZeRO partitions), modelled by the sharding terms.
         Stack("deepspeed", "fp32-upcast", 0, 0, True, False, "block", ("q_proj", "v_proj"), "fp32", "fused", False, True, True,

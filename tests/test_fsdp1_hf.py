@@ -5,7 +5,7 @@ h 8192, 80 blocks, 8 kv heads, ffn 28672, vocab 32000, LoRA r 8 on every block l
 """
 
 from podkit.checks.allocator import MIB, CachingAllocator
-from podkit.checks.fsdp1 import _block, _Ops, _unit_init, forward_events, replay
+from podkit.checks.fsdp1 import _block, _Ops, _unit_init, forward_events, quantized_load, replay
 from podkit.checks.memory import estimate
 
 H, L, KV, F, V, R = 8192, 80, 1024, 28672, 32000, 8
@@ -101,3 +101,34 @@ def test_fsdp1_and_gradient_accumulation_keep_unsharded_gradients_under_no_sync(
             assert part(est, "unsharded gradients, accumulated under no_sync", phase) == ADAPTERS * L * 2
         assert part(est, "unsharded gradients", "step") == 0
     assert part(estimate(qlora70b(job, accum=1)), "unsharded gradients, accumulated", "backward") == 0
+
+
+def test_quantized_loading_keeps_the_quant_state_and_the_16_bit_root_on_the_gpu():
+    # One 2^28-weight linear quantized on the GPU between the embedding and the head (100 MiB each) and
+    # a 1 KiB norm: the bf16 weight (512 MiB), fp32 absmax (16 MiB), packed data (128 MiB), the nested
+    # absmax (64 KiB: small pool) and the uint8 absmax (4 MiB: under 10 MiB, a 20 MiB segment) each need
+    # a segment; the head then fits in the freed 128 MiB packed block.
+    a = CachingAllocator()
+    root = quantized_load(a, [100 * MIB, 1024, 100 * MIB], [1 << 28])
+    assert [b.size for b in root] == [100 * MIB, 1024, 100 * MIB]
+    assert a.reserved_large == (100 + 512 + 16 + 128 + 20) * MIB
+    assert a.allocated == (200 + 4) * MIB + 64 * 1024 + 1024
+
+
+def test_hf_qlora_wrap_starts_from_the_loaded_root_and_quant_state(job):
+    # The replay of the 70B QLoRA's load and wrap holds, after wrapping with CPU offload, exactly what
+    # stays on the GPU: every QuantState (uint8 absmax per 64 + fp32 per 16,384 weights), nothing else.
+    from podkit.checks.memory import _fsdp1_units, _quantized_load_order
+
+    j = qlora70b(job, offload="all")
+    load = _quantized_load_order(j)
+    assert len(load) == 7 * L and sum(load) == LINEARS * L
+    a = CachingAllocator()
+    root = quantized_load(a, _fsdp1_units(j, 2)[-1], list(load))
+    for tensors in _fsdp1_units(j, 2)[:-1]:
+        _unit_init(a, tensors, 2, True, offload=True)
+    _unit_init(a, _fsdp1_units(j, 2)[-1], 2, True, offload=True, resident=root)
+    quant_state = sum(-(-n // 64) + 4 * -(-n // (64 * 256)) for n in load)
+    assert a.allocated == sum(max(512, -(-b // 512) * 512) for b in
+                              [-(-n // 64) for n in load] + [4 * -(-n // (64 * 256)) for n in load])
+    assert abs(a.allocated - quant_state) < 512 * 2 * len(load)
