@@ -30,7 +30,7 @@ OFFLOAD = ("none", "optimizer", "all")
 GRAD_SCALER = ("auto", "on", "off")
 # Keys whose value may be a TOML array of strings as well as a string.
 LIST_KEYS = {"lora_targets", "sinks"}
-COUNT_OR_WORD_KEYS = {"reduce_bucket"}  # a word ("default", "auto") or a whole number
+COUNT_OR_WORD_KEYS = {"reduce_bucket", "fsdp_version"}  # a word ("default", "auto", "stack") or a whole number
 SINKS = ("tensorboard", "wandb")
 
 EXAMPLE_JOB = Path(__file__).parent / "examples" / "llama-3.2-1b-a10g.toml"
@@ -253,9 +253,16 @@ class ClusterConfig:
     """DeepSpeed ZeRO-3 zero_optimization.reduce_bucket_size, in elements: "default" (DeepSpeed's 5e8,
     also what accelerate's generated DeepSpeed config gets), "auto" (the HF Trainer / accelerate fill:
     hidden x hidden) or a number. Stage 3 keeps one contiguous-gradients buffer of that size."""
+    fsdp_version: str | int = "stack"
+    """Which FSDP shards (sharding zero2/zero3): "stack" (the stack's own: FSDP1 for hf, i.e. accelerate's
+    default, and fsdp_qlora; FSDP2 for podkit, torchtitan, torchtune), 1 or 2 (accelerate's
+    fsdp_config.fsdp_version, >= 1.6)."""
 
     def __post_init__(self):
         _finite("cluster", self)
+        if self.fsdp_version not in ("stack", 1, 2) or isinstance(self.fsdp_version, bool):
+            raise ConfigError("cluster.fsdp_version", f"must be 'stack', 1 or 2, got {self.fsdp_version!r}",
+                              "e.g. fsdp_version = 2 for accelerate's fsdp_version: 2")
         if not (self.reduce_bucket in ("default", "auto")
                 or (isinstance(self.reduce_bucket, int) and not isinstance(self.reduce_bucket, bool)
                     and self.reduce_bucket >= 0)):

@@ -852,7 +852,7 @@ def _all_gather_pool(job: JobConfig, e: int) -> int:
     root module's output while the first block's input and output are allocated."""
     world = job.cluster.world_size
     root, block = _root_stored_bytes(job, e), _layer_stored_bytes(job, e)
-    if not job.facts.stack.fsdp2:
+    if job.facts.fsdp_version != 2:
         # FSDP1 flat parameters and DeepSpeed ZeRO-3 gather differently; not derived from their source
         # here: the root module's and two blocks' gathered bytes.
         return int(root + min(2, job.shape.layers) * block)

@@ -316,6 +316,19 @@ def resolve(train, cluster, shape) -> JobFacts:
     default_impl = stack.adamw_impl if train.optimizer == "adamw" else "foreach"
     impl = default_impl if train.optimizer_impl == "stack" else train.optimizer_impl
     lora_dtype = stack.lora_dtype if train.lora_dtype == "stack" else train.lora_dtype
+    # FSDP by version where podkit models it: the stack's own, or the one the job names (accelerate's
+    # fsdp_version). FSDP1 needs the stack's wrap facts (fsdp_init_on_device: fsdp_qlora, hf).
+    fsdp_version = (2 if stack.fsdp2 else 1 if stack.fsdp_init_on_device else 0)
+    if cluster.fsdp_version != "stack":
+        from podkit.checks.errors import ConfigError
+
+        if cluster.fsdp_version == 1 and not stack.fsdp_init_on_device:
+            raise ConfigError("cluster.fsdp_version", f"stack {stack.name!r} does not shard with FSDP1 here",
+                              "leave it at 'stack' (FSDP1 is modelled for the hf and fsdp_qlora stacks)")
+        if cluster.fsdp_version == 2 and stack.name in ("deepspeed", "fsdp_qlora"):
+            raise ConfigError("cluster.fsdp_version", f"stack {stack.name!r} has no FSDP2",
+                              "leave it at 'stack'")
+        fsdp_version = cluster.fsdp_version
     old_bnb_4bit = (train.base_quant != "none" and bool(train.bitsandbytes)
                     and parse_version(train.bitsandbytes) < (0, 43, 2))
     return JobFacts(
@@ -346,7 +359,7 @@ def resolve(train, cluster, shape) -> JobFacts:
         # FSDP1's replay and pools (checks/fsdp1.py) apply to the stacks whose wrap facts are known from
         # source (fsdp_qlora, hf via accelerate); other FSDP1 stacks (litgpt's lightning FSDPStrategy)
         # keep the generic model until they are.
-        fsdp_version=(2 if stack.fsdp2 else 1) if fsdp and (stack.fsdp2 or stack.fsdp_init_on_device) else 0,
+        fsdp_version=fsdp_version if fsdp else 0,
         quant_saves_input=(old_bnb_4bit and not (ac != "none" and stack.reentrant)),
         quant_input_in_recompute=old_bnb_4bit and ac != "none",
         offloaded=cluster.offload != "none",

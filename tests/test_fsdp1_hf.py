@@ -132,3 +132,20 @@ def test_hf_qlora_wrap_starts_from_the_loaded_root_and_quant_state(job):
     assert a.allocated == sum(max(512, -(-b // 512) * 512) for b in
                               [-(-n // 64) for n in load] + [4 * -(-n // (64 * 256)) for n in load])
     assert abs(a.allocated - quant_state) < 512 * 2 * len(load)
+
+
+def test_fsdp_version_2_prices_accelerates_fully_shard_instead(job, tmp_path):
+    # accelerate >= 1.6 with fsdp_config.fsdp_version: 2 runs fully_shard: the importer says so and the
+    # job gets FSDP2's copy-in all-gather pool instead of FSDP1's unshard pool.
+    from podkit.checks.importers import build_job
+
+    yaml = tmp_path / "accelerate.yaml"
+    yaml.write_text("distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  fsdp_version: 2\n"
+                    "  fsdp_reshard_after_forward: true\n")
+    assert build_job(None, [str(yaml)], model_preset="llama-3.2-1b").job.cluster.fsdp_version == 2
+    j = job(model='preset = "llama-3.2-1b"', train="stack = 'hf'\ncheckpointing = 'full'",
+            cluster="gpu = 'H100'\ngpus_per_node = 2\nsharding = 'zero3'\nfsdp_version = 2")
+    assert j.facts.fsdp_version == 2
+    est = estimate(j)
+    assert part(est, "FSDP all-gather stream pool", "forward-end") > 0
+    assert part(est, "FSDP1 unshard-stream pool", "forward-end") == 0

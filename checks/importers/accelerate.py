@@ -45,6 +45,7 @@ def read(path: Path, data: dict) -> Imported:
             sharding = "zero3" if truthy(fsdp.get("fsdp_reshard_after_forward", True)) else "zero2"
             imp.set("fsdp_config.fsdp_reshard_after_forward", fsdp.get("fsdp_reshard_after_forward", True),
                     "cluster", "sharding", sharding)
+            imp.set("fsdp_config.fsdp_version", 2, "cluster", "fsdp_version", 2)
         else:
             strategy = str(fsdp.get("fsdp_sharding_strategy", "FULL_SHARD")).upper()
             sharding = SHARDING.get(strategy, "zero3")
