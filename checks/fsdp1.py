@@ -19,7 +19,10 @@ FSDP1 differs from FSDP2 (`fully_shard`) where memory is concerned (torch 2.2, t
 - initialisation (`_init_param_handle_from_module`) moves the unit's parameters to the GPU tensor by
   tensor, broadcasts them with sync_module_states, flattens them into one new tensor
   (`flatten_tensors_into_flat_param`: torch.cat) and clones this rank's shard, while
-  `managed_params` still holds the moved originals. The segments this leaves stay reserved: the
+  `managed_params` still holds the moved originals. The unit's buffers are moved and broadcast too,
+  but never flattened: they stay where they were moved. The broadcast goes through ProcessGroupNCCL,
+  whose collectives record the NCCL stream on their tensors, so the blocks it read are reused only
+  after a later host sync (see _unit_init). The segments this leaves stay reserved: the
   training loop resets the peak counters afterwards, and reset_peak_memory_stats keeps the current
   reserved bytes as the new peak.
 """
@@ -32,11 +35,31 @@ from podkit.checks.allocator import CachingAllocator
 
 # torch/distributed/fsdp/_init_utils.py: PARAM_BROADCAST_BUCKET_SIZE = int(250 * 1024 * 1024), passed to
 # dist._broadcast_coalesced (torch/csrc/distributed/c10d/comm.cpp broadcast_coalesced): buckets close
-# when their size reaches the limit (compute_bucket_assignment_by_size), at most 2 are in flight, and a
-# bucket of more than one tensor is flattened into a copy (torch/csrc/utils/tensor_flatten.h:
-# flatten_dense_tensors returns a view for a single tensor, at::cat otherwise).
+# when their size reaches the limit (compute_bucket_assignment_by_size, one bucket list per dtype, the
+# buckets then sorted by their first tensor), at most 2 are in flight, and a bucket of more than one
+# tensor is flattened into a copy (torch/csrc/utils/tensor_flatten.h: flatten_dense_tensors returns a
+# view for a single tensor, at::cat otherwise).
 BROADCAST_BUCKET = 250 * 1024 * 1024
 BROADCASTS_IN_FLIGHT = 2
+
+
+def _buckets(states: list[int], buffers: int, buffers_share_dtype: bool) -> list[list[int]]:
+    """Indices into `states` (the unit's buffers first, then its parameters: _sync_module_params_and_buffers
+    lists module.buffers() before the params) per broadcast bucket, in broadcast order."""
+    groups = [list(range(len(states)))] if buffers_share_dtype or not buffers else [
+        list(range(buffers)), list(range(buffers, len(states)))]
+    buckets = []
+    for group in groups:
+        bucket, size = [], 0
+        for i in group:
+            bucket.append(i)
+            size += states[i]
+            if size >= BROADCAST_BUCKET:
+                buckets.append(bucket)
+                bucket, size = [], 0
+        if bucket:
+            buckets.append(bucket)
+    return sorted(buckets, key=lambda b: b[0])
 
 
 def quantized_load(alloc: CachingAllocator, root: list[int], weights: list[int]) -> list:
@@ -65,33 +88,60 @@ def quantized_load(alloc: CachingAllocator, root: list[int], weights: list[int])
 
 
 def _unit_init(alloc: CachingAllocator, tensors: list[int], world: int, sync: bool, offload: bool = False,
-               resident: list | None = None) -> None:
+               resident: list | None = None, buffers: tuple[int, ...] = (), buffers_share_dtype: bool = False,
+               pending: list | None = None) -> None:
     """One FSDP1 unit's __init__ on a rank whose module starts on the CPU: returns with its shard live,
     or, with CPUOffload(offload_params=True), with its shard moved to the host (_init_utils.py
     _init_param_handle_from_params: `if state.cpu_offload.offload_params and handle.flat_param.device
-    != cpu_device: handle.flat_param_to(cpu_device)`), leaving only freed segments behind."""
-    # _move_states_to_device, parameter by parameter; parameters already on the GPU (`resident`) stay.
-    moved = resident if resident is not None else [alloc.malloc(n) for n in tensors]
+    != cpu_device: handle.flat_param_to(cpu_device)`), leaving only freed segments behind. Its buffers
+    are moved and broadcast but never flattened or sharded: they stay live.
+
+    `pending`, when given, holds blocks freed while ProcessGroupNCCL still owned them: its collectives
+    record the NCCL stream on their tensors (torch 2.2 ProcessGroupNCCL::collective, recordStream unless
+    TORCH_NCCL_AVOID_RECORD_STREAMS=1), so the allocator frees such a block only once an event on that
+    stream has completed (CUDACachingAllocator.cpp free -> insert_events; process_events at each malloc).
+    The broadcast is taken to be still running when its buffer is dropped (work.wait() only makes the
+    default stream wait; a block's ~100 MiB over PCIe takes milliseconds, the host reaches the unit's
+    torch.cat within about one: a timing assumption, not a rule), so the unit's flat parameter and
+    shard cannot reuse it; the next parameter move's blocking copy (.to(device): cudaMemcpyAsync +
+    cudaStreamSynchronize on the default stream, which waits for the NCCL stream) completes it, and
+    from the request after that move on the block is free."""
+
+    def move(n: int):
+        block = alloc.malloc(n)
+        if pending:
+            for freed in pending:
+                alloc.free(freed)
+            pending.clear()
+        return block
+
+    # _move_states_to_device: parameters (those already on the GPU, `resident`, stay), then buffers.
+    moved = resident if resident is not None else [move(n) for n in tensors]
+    kept = [move(n) for n in buffers]
+    states = list(buffers) + list(tensors)
+    state_blocks = kept + list(moved)
+    nccl_used = set()
     if sync:
-        in_flight, bucket, size = [], [], 0
-        buckets = []
-        for n in tensors:
-            bucket.append(n)
-            size += n
-            if size >= BROADCAST_BUCKET:
-                buckets.append(bucket)
-                bucket, size = [], 0
-        if bucket:
-            buckets.append(bucket)
-        for b in buckets:
-            if len(in_flight) >= BROADCASTS_IN_FLIGHT:
-                copy = in_flight.pop(0)
-                if copy:
-                    alloc.free(copy)
-            in_flight.append(alloc.malloc(sum(b)) if len(b) > 1 else None)
-        for copy in in_flight:
-            if copy:
+        in_flight: list = []
+
+        def finish(copy) -> None:
+            if copy is None:
+                return
+            if pending is None:
                 alloc.free(copy)
+            else:
+                pending.append(copy)
+
+        for bucket in _buckets(states, len(buffers), buffers_share_dtype):
+            if len(in_flight) >= BROADCASTS_IN_FLIGHT:
+                finish(in_flight.pop(0))
+            if len(bucket) > 1:
+                in_flight.append(alloc.malloc(sum(states[i] for i in bucket)))
+            else:  # broadcast in place: the moved tensor itself is handed to NCCL
+                in_flight.append(None)
+                nccl_used.add(id(state_blocks[bucket[0]]))
+        for copy in in_flight:
+            finish(copy)
     total = sum(tensors)
     flat = alloc.malloc(total)
     shard = alloc.malloc(-(-total // world))  # this rank's shard (FlatParamHandle.shard)
@@ -99,23 +149,45 @@ def _unit_init(alloc: CachingAllocator, tensors: list[int], world: int, sync: bo
     if offload:
         alloc.free(shard)
     for m in moved:  # managed_params goes out of scope with _init_param_handle_from_module
-        alloc.free(m)
+        if pending is not None and id(m) in nccl_used:
+            pending.append(m)
+        else:
+            alloc.free(m)
+
+
+Unit = tuple[tuple[int, ...], tuple[int, ...]]
+"""An FSDP1 unit as the replay sees it: its parameters' byte sizes and its buffers' byte sizes."""
+
+
+def _wrap(alloc: CachingAllocator, units: tuple[Unit, ...], world: int, sync: bool, offload: bool,
+          buffers_share_dtype: bool, nccl_events: bool, root: list | None = None) -> None:
+    pending: list | None = [] if nccl_events else None
+    for i, (params, buffers) in enumerate(units):
+        _unit_init(alloc, list(params), world, sync, offload, root if i == len(units) - 1 else None,
+                   buffers, buffers_share_dtype, pending)
+    # A dist.barrier() after wrapping synchronises the device (ProcessGroupNCCL::barrier's wait:
+    # cudaDeviceSynchronize; fsdp_qlora train.py calls it): what the last broadcasts held is free.
+    for block in pending or []:
+        alloc.free(block)
 
 
 @lru_cache(maxsize=64)
-def _init_replay(units: tuple[tuple[int, ...], ...], world: int, sync: bool, offload: bool) -> tuple[int, int]:
+def _init_replay(units: tuple[Unit, ...], world: int, sync: bool, offload: bool, buffers_share_dtype: bool,
+                 nccl_events: bool) -> tuple[int, int]:
     alloc = CachingAllocator()
-    for tensors in units:
-        _unit_init(alloc, list(tensors), world, sync, offload)
+    _wrap(alloc, units, world, sync, offload, buffers_share_dtype, nccl_events)
     return alloc.reserved_large, alloc.reserved
 
 
-def init_reserved(units: list[list[int]], world: int, sync: bool = True, offload: bool = False) -> tuple[int, int]:
+def init_reserved(units: list[Unit], world: int, sync: bool = True, offload: bool = False,
+                  buffers_share_dtype: bool = False, nccl_events: bool = True) -> tuple[int, int]:
     """(large-pool bytes, all bytes) reserved on one rank's default stream after FSDP1 has wrapped
-    `units` (each a list of parameter byte sizes, in wrap order: inner units first, the root last),
-    starting from a model on the CPU. Only the large pool's segments can take training's tensors of
-    over 1 MiB."""
-    return _init_replay(tuple(tuple(u) for u in units), world, sync, offload)
+    `units` ((parameter byte sizes, buffer byte sizes) each, in wrap order: inner units first, the root
+    last), starting from a model on the CPU. Only the large pool's segments can take training's tensors
+    of over 1 MiB. `buffers_share_dtype`: the buffers have the parameters' dtype (one broadcast bucket
+    list); `nccl_events`: frees of blocks a broadcast used wait for the NCCL stream (see _unit_init)."""
+    return _init_replay(tuple((tuple(p), tuple(b)) for p, b in units), world, sync, offload,
+                        buffers_share_dtype, nccl_events)
 
 
 # ---------------------------------------------------------------- the first training step's forward
@@ -293,25 +365,27 @@ def replay(events: list[tuple], alloc: CachingAllocator | None = None) -> Cachin
 
 
 @lru_cache(maxsize=64)
-def _step_replay(units: tuple[tuple[int, ...], ...], world: int, sync: bool, offload: bool,
-                 block_key: tuple, load: tuple[int, ...]) -> tuple[int, int]:
+def _step_replay(units: tuple[Unit, ...], world: int, sync: bool, offload: bool,
+                 block_key: tuple, load: tuple[int, ...], buffers_share_dtype: bool, nccl_events: bool) -> tuple[int, int]:
     alloc = CachingAllocator()
-    root = quantized_load(alloc, list(units[-1]), list(load)) if load else None
-    for i, tensors in enumerate(units):
-        _unit_init(alloc, list(tensors), world, sync, offload, root if i == len(units) - 1 else None)
+    root = quantized_load(alloc, list(units[-1][0]), list(load)) if load else None
+    _wrap(alloc, units, world, sync, offload, buffers_share_dtype, nccl_events, root)
     init_large = alloc.reserved_large
     shape, T, e, targets, quant, lsm, flash, loss = block_key
     replay(forward_events(shape, T, e, targets, quant, lsm, flash, loss), alloc)
     return init_large, alloc.reserved_large
 
 
-def step_reserved(units: list[list[int]], world: int, shape, tokens: int, e: int, targets, quant: bool,
+def step_reserved(units: list[Unit], world: int, shape, tokens: int, e: int, targets, quant: bool,
                   lsm: int = 4, sync: bool = True, offload: bool = False, flash: bool = False,
-                  loss: str = "fp32-logits-kept", load: tuple[int, ...] = ()) -> tuple[int, int]:
+                  loss: str = "fp32-logits-kept", load: tuple[int, ...] = (), buffers_share_dtype: bool = False,
+                  nccl_events: bool = True) -> tuple[int, int]:
     """(large-pool bytes reserved after the wrap, and at the loss's backward peak of the first step) on
     one rank's default stream: the wrap's replay followed by the step's forward in the same allocator,
     so the forward reuses what the wrap left cached where the sizes allow. `load`: the 4-bit weights'
     element counts when the model was quantized on the GPU while loading (quantized_load), whose
-    QuantStates and 16-bit root parameters are then already in the allocator when the wrap starts."""
-    return _step_replay(tuple(tuple(u) for u in units), world, sync, offload,
-                        (shape, tokens, e, frozenset(targets), quant, lsm, flash, loss), tuple(load))
+    QuantStates and 16-bit root parameters are then already in the allocator when the wrap starts.
+    `units`, `buffers_share_dtype` and `nccl_events` as for init_reserved."""
+    return _step_replay(tuple((tuple(p), tuple(b)) for p, b in units), world, sync, offload,
+                        (shape, tokens, e, frozenset(targets), quant, lsm, flash, loss), tuple(load),
+                        buffers_share_dtype, nccl_events)

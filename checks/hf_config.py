@@ -152,6 +152,7 @@ def _decoder(k: _Keys, mt: str, name: str) -> ModelShape:
         attn_softcap=float(k.get("attn_logit_softcapping", 50.0 if mt == "gemma2" else 0.0)),
         moe=moe,
         mla=mla,
+        rope_positions=k.get("max_position_embeddings", 0),
     )
 
 

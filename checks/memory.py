@@ -375,6 +375,10 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
     # rank holds every layer's quantization state on the GPU.
     quant_state = [Part("params", "4-bit quantization state (absmax), on every GPU", qstate,
                         "bitsandbytes QuantState per quantized weight: not a parameter, never sharded")] if qstate else []
+    rope = _rope_cache_bytes(job)
+    rope_caches = [Part("params", "rotary cos/sin caches (buffers), on every GPU", rope,
+                        f"{L} layers x 2 x {shape.rope_positions} positions x {shape.d_head} x {f.rope_cache_bytes} B: "
+                        "transformers 4.38-4.39 keeps them as buffers, FSDP never shards buffers")] if rope else []
     master = []
     if t.stack == "deepspeed" and c.sharding == "zero3":
         # DeepSpeedZeroOptimizer_Stage3.__init__ (deepspeed/runtime/zero/stage3.py, v0.14.0 l.488-492):
@@ -621,7 +625,8 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
             _, init_pool = fsdp1.step_reserved(_fsdp1_units(job, e), param_shards, shape, T, e,
                                                f.lora_targets, t.base_quant == "nf4", 4 if f.loss_upcast else e,
                                                offload=offload == "all", flash=t.attention == "flash-attn",
-                                               loss=f.loss, load=_quantized_load_order(job))
+                                               loss=f.loss, load=_quantized_load_order(job),
+                                               buffers_share_dtype=f.rope_cache_bytes == e)
     # FSDP1 makes the shard it all-gathers inside `with stream(pre_unshard_stream)` (_runtime_utils.py
     # _unshard -> FlatParamHandle.pre_unshard) when it is not the resident one: CPU offload copies it to
     # the GPU (flat_param_to(device)), mixed precision casts an fp32 shard to the compute dtype
@@ -643,6 +648,9 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
         share = sum(g.total for g in small) / n_trainable
         small_static = int(share * (n_trainable * resident_bytes // param_shards + optimizer.bytes))
         small_step = int(share * step_temp.bytes)
+    if f.fsdp_version == 1:
+        # bitsandbytes' absmax tensors and the rotary buffers of <= 1 MiB are small-pool blocks too.
+        small_static += _small_state_bytes(job)
     # Reserved but empty at the loss: segments too small for any logits tensor. A checkpointed block's
     # first forward runs under no_grad, so its temporaries are freed, and their blocks are smaller than
     # the loss's (best fit cannot hand a block to a bigger request); likewise the loss's own hole.
@@ -705,7 +713,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
     def cache(label_bytes: int) -> list[Part]:
         return [Part("params", "autocast weight cache", label_bytes, cache_note, transient=True)] if label_bytes else []
 
-    static = [params_resident] + quant_state + [optimizer] + paged_part + master
+    static = [params_resident] + quant_state + rope_caches + [optimizer] + paged_part + master
     fwd_grads = [unsynced] if no_sync else [full_grads] if grads_persist else []
     handoff = None
     if f.fsdp_version == 1 and c.sharding == "zero3" and lora_units and L > 1:
@@ -789,11 +797,12 @@ def _stored_per_value(job: JobConfig, g: ParamGroup, e: int) -> float:
     return e if t.precision != "fp32" else 4
 
 
-def _fsdp1_units(job: JobConfig, e: int) -> list[list[int]]:
-    """FSDP1 units in wrap order with their parameters' byte sizes: per block, each LoRA linear's
-    lora_A and lora_B (when they are units of their own), then the block's other parameters; the root
-    (embedding, final norm, head) last (torch/distributed/fsdp/wrap.py _recursive_wrap wraps children
-    before their parent)."""
+def _fsdp1_units(job: JobConfig, e: int) -> list[tuple[list[int], list[int]]]:
+    """FSDP1 units in wrap order with their parameters' and buffers' byte sizes: per block, each LoRA
+    linear's lora_A and lora_B (when they are units of their own), then the block's other parameters
+    and its rotary buffers (inv_freq, cos, sin, in registration order); the root (embedding, final
+    norm, head) last (torch/distributed/fsdp/wrap.py _recursive_wrap wraps children before their
+    parent)."""
     s, r = job.shape, job.train.lora_rank
     adapter = job.facts.adapter_bytes or e
     block: list[int] = []
@@ -809,10 +818,36 @@ def _fsdp1_units(job: JobConfig, e: int) -> list[list[int]]:
         block += [size] * per
         if r and job.facts.stack.lora_units and g.linear and targeted(g.name, job.facts.lora_targets):
             lora += [g.rows * r * adapter, r * g.cols * adapter] * per
-    units = ([[n] for n in lora] + [block]) * s.layers
+    rb = job.facts.rope_cache_bytes
+    buffers = [s.d_head // 2 * rb] + [s.rope_positions * s.d_head * rb] * 2 if _rope_cache_bytes(job) else []
+    units = ([([n], []) for n in lora] + [(block, buffers)]) * s.layers
     root = [g.rows * g.cols * (e if job.train.precision != "fp32" else 4) for g in s.param_groups()
             if not g.per_layer]
-    return units + [root]
+    return units + [(root, [])]
+
+
+def _rope_cache_bytes(job: JobConfig) -> int:
+    """The rotary cos/sin buffers of every layer (JobFacts.rope_cache_bytes): transformers 4.39
+    LlamaRotaryEmbedding.__init__ registers `_cos_cached` and `_sin_cached` of (max_position_embeddings,
+    head_dim) per attention layer (modeling_llama.py l.104-113), MistralRotaryEmbedding `cos_cached`
+    and `sin_cached` (modeling_mistral.py l.104-116)."""
+    s = job.shape
+    return s.layers * 2 * s.rope_positions * s.d_head * job.facts.rope_cache_bytes
+
+
+def _small_state_bytes(job: JobConfig) -> int:
+    """Bytes of the static non-parameter tensors that the caching allocator serves from its small pool
+    (<= 1 MiB each): bitsandbytes' absmax (uint8 per 64 weights) and nested absmax (fp32 per 256 of
+    those) per quantized weight, and the rotary cos/sin buffers."""
+    small = 0
+    for g, _, quantized in _frozen_storage(job):
+        if quantized and job.train.base_quant == "nf4":
+            per_tensor = [g.numel // 64, -(-g.numel // (64 * 256)) * 4]
+            small += g.count * sum(n for n in per_tensor if n <= MIB)
+    s, rb = job.shape, job.facts.rope_cache_bytes
+    if rb and s.rope_positions * s.d_head * rb <= MIB:
+        small += _rope_cache_bytes(job)
+    return small
 
 
 def _quantized_load_order(job: JobConfig) -> tuple[int, ...]:

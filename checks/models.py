@@ -180,6 +180,9 @@ class ModelShape:
     head_dim: int = 0  # 0: hidden // heads
     qkv_bias: bool = False  # Qwen2 puts a bias on q, k and v
     positions: int = 0  # learned position embeddings (GPT-2); 0 for RoPE
+    rope_positions: int = 0
+    """max_position_embeddings of a RoPE model (0: not given). Only transformers 4.38-4.39 size memory
+    by it: their Llama/Mistral rotary embeddings keep cos/sin tables that long as buffers."""
     approximate: bool = False  # shapes inferred from a parameter count only
     params_override: int = 0  # the stated total when shapes are inferred
     family: str = ""
@@ -211,6 +214,9 @@ class ModelShape:
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"model.{key}", f"must be a positive integer, got {value!r}")
+        if not isinstance(self.rope_positions, int) or isinstance(self.rope_positions, bool) or self.rope_positions < 0:
+            raise ConfigError("model", f"max_position_embeddings must be a positive integer, got {self.rope_positions!r}",
+                              "fix it in the model's config.json")
         if not isinstance(self.head_dim, int) or self.head_dim < 0:
             raise ConfigError("model.head_dim", f"must be a positive integer (0: hidden // heads), got {self.head_dim!r}")
         if self.arch not in ("llama", "gpt2"):

@@ -2,7 +2,8 @@
 Hub (https://huggingface.co/<repo>/blob/main/config.json), read by the same code as a user's file.
 
 Keys a config leaves to transformers' defaults are left out here too (Gemma 3's text_config relies
-on Gemma3TextConfig's vocab_size and head_dim). tests/test_models.py checks every total against
+on Gemma3TextConfig's vocab_size and head_dim). max_position_embeddings is given where a modelled
+stack sizes memory by it (fsdp_qlora's transformers 4.39 keeps rotary tables that long: Llama 2, Mistral). tests/test_models.py checks every total against
 the published one.
 """
 
@@ -32,8 +33,10 @@ CONFIGS: dict[str, tuple[str, dict]] = {
                   {"model_type": "gpt2", "n_embd": 1024, "n_layer": 24, "n_head": 16, "n_positions": 1024,
                    "vocab_size": 50257}),
     # ---- Llama
-    "llama-2-7b": ("meta-llama/Llama-2-7b-hf", {"model_type": "llama", **_llama(4096, 32, 32, 32, 11008, 32000)}),
-    "llama-2-13b": ("meta-llama/Llama-2-13b-hf", {"model_type": "llama", **_llama(5120, 40, 40, 40, 13824, 32000)}),
+    "llama-2-7b": ("meta-llama/Llama-2-7b-hf", {"model_type": "llama", **_llama(4096, 32, 32, 32, 11008, 32000,
+                                                                                    max_position_embeddings=4096)}),
+    "llama-2-13b": ("meta-llama/Llama-2-13b-hf", {"model_type": "llama", **_llama(5120, 40, 40, 40, 13824, 32000,
+                                                                                      max_position_embeddings=4096)}),
     "llama-3.2-1b": ("meta-llama/Llama-3.2-1B",
                      {"model_type": "llama", **_llama(2048, 16, 32, 8, 8192, 128256, tie=True, head_dim=64)}),
     "llama-3.2-3b": ("meta-llama/Llama-3.2-3B",
@@ -45,7 +48,8 @@ CONFIGS: dict[str, tuple[str, dict]] = {
     "llama-3.1-405b": ("meta-llama/Llama-3.1-405B",
                        {"model_type": "llama", **_llama(16384, 126, 128, 8, 53248, 128256)}),
     # ---- Mistral
-    "mistral-7b": ("mistralai/Mistral-7B-v0.1", {"model_type": "mistral", **_llama(4096, 32, 32, 8, 14336, 32000)}),
+    "mistral-7b": ("mistralai/Mistral-7B-v0.1", {"model_type": "mistral", **_llama(4096, 32, 32, 8, 14336, 32000,
+                                                                                    max_position_embeddings=32768)}),
     "mistral-nemo-12b": ("mistralai/Mistral-Nemo-Base-2407",
                          {"model_type": "mistral", **_llama(5120, 40, 32, 8, 14336, 131072, head_dim=128)}),
     "mistral-small-24b": ("mistralai/Mistral-Small-24B-Base-2501",

@@ -100,6 +100,11 @@ class Stack:
     fsdp_no_sync: bool = False
     """Gradient accumulation runs every micro-step but the last under the FSDP root's no_sync(), so FSDP1
     keeps whole unsharded gradients between them (accelerate's accumulate() without sync_each_batch)."""
+    rope_cache_buffers: bool = False
+    """The stack's transformers (4.38-4.39) gives every attention layer cos/sin tables of
+    max_position_embeddings x head_dim as buffers (LlamaRotaryEmbedding `_cos_cached`/`_sin_cached`
+    "for BC", MistralRotaryEmbedding `cos_cached`/`sin_cached`, in torch.get_default_dtype() at
+    construction): on the GPU of every rank, never sharded (FSDP moves buffers, it does not flatten them)."""
 
 
 STACK_FACTS: dict[str, Stack] = {
@@ -175,7 +180,7 @@ STACK_FACTS: dict[str, Stack] = {
         Stack("fsdp_qlora", "fp32-logits-kept", 0, 0, True, True, "block",
               ("k_proj", "q_proj", "v_proj", "up_proj", "down_proj", "gate_proj"), "compute", "foreach", False, True, True,
               "AnswerDotAI/fsdp_qlora train.py 50efa1e; transformers 4.39 modeling_llama.py; torch 2.2 FSDP1",
-              fsdp_init_on_device=True, lora_units=True),
+              fsdp_init_on_device=True, lora_units=True, rope_cache_buffers=True),
         # torchtune: CEWithChunkedOutputLoss(num_output_chunks=8), upcast per chunk
         # (torchtune/modules/loss/ce_chunked_output_loss.py), and the recipes `del logits` before
         # backward (recipes/lora_finetune_single_device.py _loss_step); LoRA recipes target q, v, output_proj
@@ -229,6 +234,8 @@ class JobFacts:
     (which runs with grad enabled, reentrant or not): alive until that block's backward ends."""
     offloaded: bool
     """Optimizer states (and with 'all' parameters) live on the host."""
+    rope_cache_bytes: int = 0
+    """Bytes per value of the stack's rotary cos/sin buffers (Stack.rope_cache_buffers); 0: none."""
 
     @property
     def bnb_unsupported(self) -> bool:
@@ -363,4 +370,10 @@ def resolve(train, cluster, shape) -> JobFacts:
         quant_saves_input=(old_bnb_4bit and not (ac != "none" and stack.reentrant)),
         quant_input_in_recompute=old_bnb_4bit and ac != "none",
         offloaded=cluster.offload != "none",
+        # The default dtype when the model was built: fsdp_qlora train.py 50efa1e builds a QLoRA model
+        # with AutoModelForCausalLM.from_config(cfg) (no torch_dtype: float32) and a LoRA/full one with
+        # from_pretrained(torch_dtype=...), bfloat16 for --precision bf16 (transformers sets it as the
+        # default dtype while the model is constructed, modeling_utils _set_default_torch_dtype).
+        rope_cache_bytes=(0 if not stack.rope_cache_buffers or not shape.rope_positions
+                          else 4 if train.base_quant != "none" or train.precision != "bf16" else 2),
     )

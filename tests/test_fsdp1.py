@@ -6,8 +6,8 @@ Llama-2-7B (h 4096, 32 blocks, MHA, ffn 11008, vocab 32000) as Answer.AI's fsdp_
 
 from podkit.checks import activations as A
 from podkit.checks.allocator import MIB, CachingAllocator, segment_size
-from podkit.checks.fsdp1 import _unit_init, forward_events, replay
-from podkit.checks.memory import estimate
+from podkit.checks.fsdp1 import BROADCAST_BUCKET, _buckets, _unit_init, forward_events, init_reserved, replay
+from podkit.checks.memory import _fsdp1_units, _small_state_bytes, estimate
 
 H, L, F, V, R = 4096, 32, 11008, 32000, 64
 LINEARS = 4 * H * H + 3 * H * F  # 202,375,168 weights per block
@@ -64,6 +64,32 @@ def test_fsdp1_unit_init_keeps_moved_params_flat_and_shard_at_once(job):
     assert b.reserved == (300 + 300 + 150) * MIB
 
 
+def test_a_broadcast_buffer_is_reused_only_after_the_next_parameter_move_synchronises():
+    # ProcessGroupNCCL records its stream on the broadcast's flat copy: freed while the broadcast runs,
+    # it cannot serve the unit's own flat parameter and shard. Unit 1: moved 100 + 100 MiB, the copy
+    # 200 (then pending), the flat parameter 200 (a new segment), the shard 100 (another): 700 MiB.
+    a, pending = CachingAllocator(), []
+    _unit_init(a, [100 * MIB, 100 * MIB], world=2, sync=True, pending=pending)
+    assert a.reserved == (100 + 100 + 200 + 200 + 100) * MIB and len(pending) == 1
+    # Unit 2 moves 100, 200, 200 MiB: the first move takes a freed 100 MiB original; its blocking copy
+    # completes the broadcast, so the two 200 MiB moves find the flat's block and the copy's block.
+    _unit_init(a, [100 * MIB, 200 * MIB, 200 * MIB], world=2, sync=False, pending=pending)
+    assert not pending
+    assert a.reserved == (700 + 500 + 250) * MIB  # only unit 2's flat (500) and shard (250) are new
+
+
+def test_buffers_go_first_and_in_their_own_buckets_when_their_dtype_differs():
+    # _sync_module_params_and_buffers lists buffers, then parameters; compute_bucket_assignment_by_size
+    # keeps one bucket list per dtype and closes a bucket once it reaches 250 MiB.
+    states = [2 * MIB, 2 * MIB, 100 * MIB, 200 * MIB]  # two fp32 buffers, two bf16 parameters
+    assert _buckets(states, 2, buffers_share_dtype=False) == [[0, 1], [2, 3]]
+    assert _buckets(states, 2, buffers_share_dtype=True) == [[0, 1, 2, 3]]
+    assert _buckets([BROADCAST_BUCKET, MIB, MIB], 0, False) == [[0], [1, 2]]
+    a = CachingAllocator()
+    _unit_init(a, [100 * MIB], world=2, sync=True, buffers=(2 * MIB, 2 * MIB))
+    assert a.allocated == 50 * MIB + 4 * MIB  # the shard and both buffers stay
+
+
 # ---- FSDP1 semantics ----------------------------------------------------------------------------
 
 
@@ -115,3 +141,31 @@ def test_forward_replay_peaks_with_the_loss_in_new_segments(job):
     # The 16-bit logits' 2 B/logit block cannot hold any 4 B/logit tensor: reserved exceeds the live
     # loss tensors by at least that block.
     assert a.reserved_large - a.allocated >= 2 * logits
+
+
+def test_rotary_caches_of_transformers_439_are_buffers_on_every_gpu(job):
+    # LlamaRotaryEmbedding (4.38/4.39) registers _cos_cached and _sin_cached of 4096 x 128 in the default
+    # dtype per layer: float32 for fsdp_qlora's QLoRA model (from_config), bf16 for its LoRA one.
+    caches = part(estimate(qlora(job)), "rotary cos/sin caches", "step")
+    assert caches == L * 2 * 4096 * 128 * 4  # 128 MiB, on top of the sharded weights
+    assert part(estimate(qlora(job, quant="none")), "rotary cos/sin caches", "step") == L * 2 * 4096 * 128 * 2
+
+
+def test_absmax_and_1_mib_caches_are_small_pool_blocks(job):
+    # Per attention linear 4096 x 4096 / 64 = 262,144 B of uint8 absmax and 1,024 fp32 nested absmax;
+    # per MLP linear 704,512 B and 2,752 x 4 B: all <= 1 MiB. The fp32 caches (2 MiB) are large-pool.
+    per_layer = 4 * (H * H // 64 + H * H // 16384 * 4) + 3 * (H * F // 64 + H * F // 16384 * 4)
+    assert _small_state_bytes(qlora(job)) == L * per_layer
+    assert _small_state_bytes(qlora(job, quant="none")) == L * 2 * 4096 * 128 * 2  # 1 MiB each: small
+
+
+def test_wrap_replay_reserves_what_the_write_up_reports_after_wrapping(job):
+    # benchmarks_03_2024.md (fsdp_qlora 05ed9f2): QLoRA bs1 ctx512 reports reserved_after_model_wrap
+    # = 3.72 GiB on rank 0. The replay (units with their rotary buffers, NCCL-held broadcast copies)
+    # plus the QuantState that rank 0 moves back to the GPU while wrapping (small-pool blocks).
+    j = qlora(job)
+    _, reserved = init_reserved(_fsdp1_units(j, 2), 2, buffers_share_dtype=False)
+    quant_state = part(estimate(j), "4-bit quantization state", "step")
+    assert abs((reserved + quant_state) / 2**30 / 3.72 - 1) < 0.02
+    _, without_events = init_reserved(_fsdp1_units(j, 2), 2, nccl_events=False)
+    assert (without_events + quant_state) / 2**30 < 3.72 * 0.92  # the buffers alone do not get there

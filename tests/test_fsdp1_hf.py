@@ -124,10 +124,11 @@ def test_hf_qlora_wrap_starts_from_the_loaded_root_and_quant_state(job):
     load = _quantized_load_order(j)
     assert len(load) == 7 * L and sum(load) == LINEARS * L
     a = CachingAllocator()
-    root = quantized_load(a, _fsdp1_units(j, 2)[-1], list(load))
-    for tensors in _fsdp1_units(j, 2)[:-1]:
+    units = [params for params, _ in _fsdp1_units(j, 2)]  # (parameters, buffers): the hf stack has no buffers
+    root = quantized_load(a, units[-1], list(load))
+    for tensors in units[:-1]:
         _unit_init(a, tensors, 2, True, offload=True)
-    _unit_init(a, _fsdp1_units(j, 2)[-1], 2, True, offload=True, resident=root)
+    _unit_init(a, units[-1], 2, True, offload=True, resident=root)
     quant_state = sum(-(-n // 64) + 4 * -(-n // (64 * 256)) for n in load)
     assert a.allocated == sum(max(512, -(-b // 512) * 512) for b in
                               [-(-n // 64) for n in load] + [4 * -(-n // (64 * 256)) for n in load])
