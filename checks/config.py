@@ -169,6 +169,10 @@ class TrainConfig:
     bitsandbytes: str = ""
     """The bitsandbytes release the job runs, when it matters: before 0.43.2 its 4-bit matmul kept every
     input alive until backward (bitsandbytes commit 9e753741, #1270); "" = a current release."""
+    torch: str = ""
+    """The torch release the job runs, when it matters: before 2.5 FSDP2 allocated each reduce-scatter
+    input on its reduce-scatter stream (moved to the default stream by pytorch PR #129721, after the 2.4
+    branch cut); "" = a current release. A nightly is named by its release, e.g. "2.4.0"."""
     previous_outputs: str = "stack"
     """Whether the previous step's outputs (and so its graph) are still bound during a forward:
     "stack" | "kept" (litgpt's fit) | "freed" (also when the peak is a first step, as lit-gpt 2023
@@ -216,6 +220,8 @@ class TrainConfig:
             raise ConfigError("train.lora_dropout", f"must be in [0, 1), got {self.lora_dropout}", "e.g. 0.05")
         if self.bitsandbytes and not stacks.parse_version(self.bitsandbytes):
             raise ConfigError("train.bitsandbytes", f"{self.bitsandbytes!r} is not a version", "e.g. \"0.42.0\"")
+        if self.torch and not stacks.parse_version(self.torch):
+            raise ConfigError("train.torch", f"{self.torch!r} is not a version", "e.g. \"2.4.0\"")
         if isinstance(self.lora_targets, list) and not all(isinstance(n, str) for n in self.lora_targets):
             raise ConfigError("train.lora_targets", "must be a list of module names", "e.g. [\"q_proj\", \"v_proj\"]")
         for key in ("micro_batch", "grad_accum", "seq_len"):

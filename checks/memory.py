@@ -610,6 +610,9 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
     if f.fsdp:
         ag_pool = _all_gather_pool(job, e)
         rs_pool = max(2 * block_grad * e, full_grads.bytes)
+        if f.rs_input_on_rs_stream:
+            rs_pool = full_grads.bytes + _rs_input_segments(block_grad, n_trainable - L * block_grad,
+                                                            grad_bytes, param_shards)
     if f.fsdp_version == 1:
         # The unshard stream's pool holds the root, the block in use and the block freed just before
         # it, whose block is reusable only once the compute stream has passed record_stream's event
@@ -697,6 +700,9 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
             held = [p for p in held if p.bytes]
         elif f.fsdp:
             sharded_grads = sum(p.bytes for p in tensors if p.term == "grads" and not p.label.startswith("unsharded"))
+            if f.rs_input_on_rs_stream:
+                # The block's reduce-scatter input counted among the tensors lives in that stream's pool.
+                sharded_grads += sum(p.bytes // 2 for p in tensors if p.label.endswith("+ reduce-scatter input"))
             # The all-gather lands in flat output buffers that copy-out then splits into the unsharded
             # parameters (foreach_all_gather_copy_out): the cached flat buffers come on top of them.
             held = [Part("overhead", "FSDP all-gather stream pool (cached)", ag_pool,
@@ -704,7 +710,9 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
                          "plus that block's copy-in input and output, cached on the copy-in stream",
                          where="pool"),
                     Part("overhead", "FSDP reduce-scatter stream pool (cached)", max(0, rs_pool - sharded_grads),
-                         "every sharded gradient is a reduce-scatter output, held by that stream", where="pool")]
+                         "every sharded gradient is a reduce-scatter output, held by that stream"
+                         + ("; before torch 2.5 also the fp32 inputs: one block's segment and the root's"
+                            if f.rs_input_on_rs_stream else ""), where="pool")]
             held = [p for p in held if p.bytes]
         if f.fsdp_version != 1 and name == "forward-end" and holes.bytes:
             held = held + [holes]
@@ -872,6 +880,23 @@ def _layer_stored_bytes(job: JobConfig, e: int) -> float:
 
 def _root_stored_bytes(job: JobConfig, e: int) -> float:
     return sum(g.total * _stored_per_value(job, g, e) for g in job.shape.param_groups() if not g.per_layer)
+
+
+def _rs_input_segments(block_params: int, root_params: int, reduce_bytes: int, world: int) -> int:
+    """Bytes the reduce-scatter stream's pool caches for FSDP2's inputs before torch 2.5, on top of the
+    sharded gradients (the outputs). foreach_reduce (torch 2.4 _fsdp_collectives.py) allocates, inside
+    `with torch.cuda.stream(reduce_scatter_stream)`, the flat input (unsharded numel in reduce_dtype),
+    then the output (input / world) while the input lives, and frees the input on return. Caching
+    allocator rules (best fit per stream, a free block split only from its start, segments never
+    released): each block's input reuses the previous block's freed segment, so every block output gets
+    a segment of its own; the root module reduce-scatters last (its post-backward runs at the end of
+    backward) and its input, bigger than a block's, takes a new segment; its output then fits in the
+    freed block-input segment when it is no bigger. The peak stays reserved from the first step on."""
+    block_in, root_in = block_params * reduce_bytes, root_params * reduce_bytes
+    if root_in <= block_in:
+        return block_in  # the root's input splits the block-input segment; its output is a new one
+    root_out = root_in // world
+    return block_in + root_in - (root_out if root_out <= block_in else 0)
 
 
 def _all_gather_pool(job: JobConfig, e: int) -> int:

@@ -236,6 +236,9 @@ class JobFacts:
     """Optimizer states (and with 'all' parameters) live on the host."""
     rope_cache_bytes: int = 0
     """Bytes per value of the stack's rotary cos/sin buffers (Stack.rope_cache_buffers); 0: none."""
+    rs_input_on_rs_stream: bool = False
+    """FSDP2 before torch 2.5: foreach_reduce allocated the fp32 reduce-scatter input inside `with
+    torch.cuda.stream(reduce_scatter_stream)`, so that stream's pool caches the largest inputs too."""
 
     @property
     def bnb_unsupported(self) -> bool:
@@ -376,4 +379,8 @@ def resolve(train, cluster, shape) -> JobFacts:
         # default dtype while the model is constructed, modeling_utils _set_default_torch_dtype).
         rope_cache_bytes=(0 if not stack.rope_cache_buffers or not shape.rope_positions
                           else 4 if train.base_quant != "none" or train.precision != "bf16" else 2),
+        # pytorch PR #129721 "[FSDP2] Ran reduce-scatter copy-in in default stream" (2024-06-27, after
+        # the 2.4 branch cut) moved the input's allocation out of the reduce-scatter stream.
+        rs_input_on_rs_stream=(fsdp and fsdp_version == 2 and bool(train.torch)
+                               and parse_version(train.torch) < (2, 5)),
     )

@@ -24,6 +24,7 @@ def test_example_job_loads():
     ('[train]\nmicro_batch=1', "[model]", "missing"),
     ('[model]\nhidden=512\nlayers=2', "model", "lack heads, ffn, vocab"),
     ('[model]\npreset=', "", "not valid TOML"),
+    ('[model]\npreset="llama-3.2-1b"\n[train]\ntorch="nightly"', "train.torch", "not a version"),
 ])
 def test_bad_config_names_field_and_fix(text, field, needle):
     with pytest.raises(ConfigError) as info:

@@ -75,6 +75,38 @@ def test_fsdp_stream_pools_are_reserved_not_allocated(job):
     assert est.total > est.reserved > est.allocated
 
 
+def test_fsdp2_before_torch_2_5_caches_reduce_scatter_inputs_on_their_stream(job):
+    # torch 2.4 foreach_reduce allocates the flat fp32 reduce-scatter input inside
+    # `with torch.cuda.stream(reduce_scatter_stream)` (pytorch PR #129721 moved it to the default stream
+    # for 2.5). Per stream, best fit: block k's input (218,112,000 x 4 B) reuses block k+1's freed
+    # segment, so each block's output (1/8 of it) gets its own; the root (embeddings + head + final norm)
+    # reduce-scatters last, its 4.2 GB input takes a new segment and its output (1/8) fits in the freed
+    # block-input segment.
+    def rs_pool(torch_version, phase="forward-end"):
+        version = f"\ntorch = '{torch_version}'" if torch_version else ""
+        est = estimate(job(model=LLAMA8B, train="stack = 'torchtitan'\nseq_len = 8192\ncheckpointing = 'selective'"
+                           + version, cluster="gpu = 'A100-80GB'\ngpus_per_node = 8\nsharding = 'zero3'"))
+        return est, part(est, "FSDP reduce-scatter stream pool", phase)
+
+    block, root = BLOCK_LINEAR + 2 * H, 2 * V * H + H
+    outputs = L * block * 4 // 8 + root * 4 // 8
+    assert outputs == P_8B * 4 // 8
+    old, old_pool = rs_pool("2.4.0")
+    new, new_pool = rs_pool("")
+    assert new_pool == outputs and rs_pool("2.5.0")[1] == outputs
+    # No gradient exists at the loss: the whole pool is cached and empty.
+    assert old_pool == (outputs - root * 4 // 8) + block * 4 + root * 4  # 8,564,948,992 B
+    assert old.reserved - new.reserved == old_pool - new_pool
+    assert old.allocated == new.allocated  # the pool holds no tensor then
+    # In backward the block's input being reduce-scattered lives in that pool, not beside it.
+    assert part(old, "FSDP reduce-scatter stream pool", "backward") < old_pool
+    # Only FSDP2 stacks: FSDP1 (hf) has its own reduce-scatter path.
+    sharded = "gpu = 'A100-80GB'\ngpus_per_node = 8\nsharding = 'zero3'"
+    assert job(model=LLAMA8B, train="stack = 'torchtitan'\ntorch = '2.4.0'", cluster=sharded).facts.rs_input_on_rs_stream
+    assert not job(model=LLAMA8B, train="stack = 'hf'\ntorch = '2.4.0'", cluster=sharded).facts.rs_input_on_rs_stream
+    assert not job(model=LLAMA8B, train="stack = 'torchtitan'\ntorch = '2.4.0'").facts.rs_input_on_rs_stream
+
+
 def test_hf_shards_with_fsdp1_flat_parameters_gathered_inside_their_pool(job):
     # accelerate's FSDP plugin is FSDP1: the all-gather writes into the unsharded flat parameter, which
     # lives in the unshard stream's pool (no FSDP2 copy-in buffer beside it). Full fine-tune, bf16-mixed
