@@ -706,8 +706,8 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
             # The all-gather lands in flat output buffers that copy-out then splits into the unsharded
             # parameters (foreach_all_gather_copy_out): the cached flat buffers come on top of them.
             held = [Part("overhead", "FSDP all-gather stream pool (cached)", ag_pool,
-                         "the root module's flat all-gather output, held until the first block's copy-out, "
-                         "plus that block's copy-in input and output, cached on the copy-in stream",
+                         "the copy-in stream's segments: the root module's flat input and output, then the "
+                         "first block's input (in the root input's freed segment) and output",
                          where="pool"),
                     Part("overhead", "FSDP reduce-scatter stream pool (cached)", max(0, rs_pool - sharded_grads),
                          "every sharded gradient is a reduce-scatter output, held by that stream"
@@ -908,8 +908,8 @@ def _all_gather_pool(job: JobConfig, e: int) -> int:
     flat output of world x shard (all_gather_copy_in: the input is a narrow() view of the output), and
     drops the input at `del param_all_gather_inputs`. In forward, wait_for_unshard keeps the previous
     group's result in comm_ctx.all_gather_state and frees it only after the next group's all-gather
-    (_fsdp_param_group.py wait_for_unshard, "Defer free to allow for overlap"), so the peak is the
-    root module's output while the first block's input and output are allocated."""
+    (_fsdp_param_group.py wait_for_unshard, "Defer free to allow for overlap"): the root module's
+    output is still held while the first block's input and output are allocated."""
     world = job.cluster.world_size
     root, block = _root_stored_bytes(job, e), _layer_stored_bytes(job, e)
     if job.facts.fsdp_version != 2:
@@ -918,10 +918,22 @@ def _all_gather_pool(job: JobConfig, e: int) -> int:
         return int(root + min(2, job.shape.layers) * block)
     cast = job.train.precision.endswith("-mixed") or job.cluster.offload == "all"
     root_in, block_in = (root / world, block / world) if cast else (0.0, 0.0)
-    pairs = [root_in + root, root + block_in + block]
-    if job.shape.layers > 1:
-        pairs.append(block + block_in + block)
-    return int(max(pairs))
+    # Reserved is the pool's segments, not its live peak: the caching allocator never releases a
+    # segment, and best fit reuses a freed block only for a request it can hold, split from its start.
+    # The root's input and output take the first two segments; the input is freed (del) before block 0's
+    # copy-in, which then splits that segment; block 0's output (the root's is still held) goes in what
+    # is left of it if it fits, else in a new segment. Later groups fit in these: the root's output is
+    # freed in block 0's wait_for_unshard, before block 1's all-gather.
+    segments = root_in + root
+    left = root_in
+    if block_in <= left:
+        left -= block_in
+    else:
+        segments += block_in
+        left = 0.0
+    if block > left:
+        segments += block
+    return int(segments)
 
 
 def _allocation_sizes(job: JobConfig, phase: str, parts: list[Part], stored: dict, head: dict, T: int,

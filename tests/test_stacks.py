@@ -61,10 +61,12 @@ def test_fsdp_stream_pools_are_reserved_not_allocated(job):
     def pools(phase):
         return {p.label: p.bytes for p in est.phase_parts[phase] if p.where == "pool"}
 
-    # FSDP2 (podkit's smoke runs fully_shard): on the copy-in stream the root's flat bf16 output is
-    # still held (all_gather_state) while block 0's flat bf16 input (its fp32 shard cast, 1/8) and
-    # flat output are allocated: root + block / 8 + block, in bf16.
-    ag = (root * 2) + (block * 2) / 8 + block * 2
+    # FSDP2 (podkit's smoke runs fully_shard): the copy-in stream's segments. The root's flat bf16
+    # input (its fp32 shard cast, 1/8) and flat output come first; the input is freed before block 0's
+    # copy-in, whose input (block / 8) splits that segment; block 0's output cannot use the rest
+    # (root / 8 - block / 8 < block) while the root's output is still held (all_gather_state), so it
+    # takes a third segment: root / 8 + root + block, in bf16. Segments are never released.
+    ag = (root * 2) / 8 + root * 2 + block * 2
     assert pools("forward-end")["FSDP all-gather stream pool (cached)"] == int(ag)
     # Every sharded fp32 gradient is a reduce-scatter output: the pool is cached while no gradient
     # exists (forward) and in use, so not extra, at the step.
@@ -105,6 +107,19 @@ def test_fsdp2_before_torch_2_5_caches_reduce_scatter_inputs_on_their_stream(job
     assert job(model=LLAMA8B, train="stack = 'torchtitan'\ntorch = '2.4.0'", cluster=sharded).facts.rs_input_on_rs_stream
     assert not job(model=LLAMA8B, train="stack = 'hf'\ntorch = '2.4.0'", cluster=sharded).facts.rs_input_on_rs_stream
     assert not job(model=LLAMA8B, train="stack = 'torchtitan'\ntorch = '2.4.0'").facts.rs_input_on_rs_stream
+
+
+def test_fsdp2_all_gather_segments_when_a_block_outgrows_the_root(job):
+    # A small vocabulary: the block's flat input no longer fits in the root's freed input segment, so
+    # each of the four copy-in allocations (root in, root out, block in, block out) is a segment.
+    j = job(model="hidden = 1024\nlayers = 2\nheads = 8\nffn = 4096\nvocab = 256",
+            train="stack = 'torchtitan'\nseq_len = 512", cluster="gpu = 'H100'\ngpus_per_node = 8\nsharding = 'zero3'")
+    groups = j.shape.param_groups()
+    root = sum(g.total for g in groups if not g.per_layer) * 2
+    block = sum(g.total for g in groups if g.per_layer) // 2 * 2
+    assert block / 8 > root / 8
+    pool = sum(p.bytes for p in estimate(j).phase_parts["forward-end"] if p.label.startswith("FSDP all-gather"))
+    assert pool == int(root / 8 + root + block / 8 + block)
 
 
 def test_hf_shards_with_fsdp1_flat_parameters_gathered_inside_their_pool(job):
