@@ -8,6 +8,7 @@ import pytest
 
 from podkit.checks import activations as A
 from podkit.checks.advisor import advise
+from podkit.checks.allocator import CachingAllocator, segment_size
 from podkit.checks.kernels import sdpa_backend
 from podkit.checks.gpus import lookup
 from podkit.checks.memory import GIB, NF4_BYTES, PAGED_MIN_NUMEL, estimate, trainable_groups, trainable_params
@@ -99,6 +100,20 @@ def test_fsdp2_before_torch_2_5_caches_reduce_scatter_inputs_on_their_stream(job
     # No gradient exists at the loss: the whole pool is cached and empty.
     assert old_pool == (outputs - root * 4 // 8) + block * 4 + root * 4  # 8,564,948,992 B
     assert old.reserved - new.reserved == old_pool - new_pool
+    # The same through podkit's caching-allocator replay (checks/allocator.py): three steps of
+    # foreach_reduce's order on the reduce-scatter stream (input, output, free input; blocks 31..0, then
+    # the root), the gradients (outputs) freed by zero_grad before the next step: the same segments,
+    # each rounded up to 2 MiB (podkit counts that rounding in its own "allocator rounding" part).
+    alloc = CachingAllocator()
+    for _ in range(3):
+        grads = []
+        for numel in [block] * L + [root]:
+            rs_in = alloc.malloc(numel * 4, stream=1)
+            grads.append(alloc.malloc(numel * 4 // 8, stream=1))
+            alloc.free(rs_in)
+        for g in grads:
+            alloc.free(g)
+    assert alloc.reserved == L * segment_size(block * 4 // 8) + segment_size(block * 4) + segment_size(root * 4)
     assert old.allocated == new.allocated  # the pool holds no tensor then
     # In backward the block's input being reduce-scattered lives in that pool, not beside it.
     assert part(old, "FSDP reduce-scatter stream pool", "backward") < old_pool
