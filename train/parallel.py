@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import inspect
+import itertools
 import os
 from dataclasses import dataclass
 
@@ -84,9 +86,18 @@ def shard(model: torch.nn.Module, sharding: str, offload: str, mixed_dtype: torc
 def wrap_ddp(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    # Rank 0's replica, broadcast tensor by tensor in place. DDP's own init sync packs them into a
+    # coalesced buffer that the communication thread frees a moment after the collective completes,
+    # so an allocator reading right after wrapping sometimes still held it: the smoke then measured
+    # DDP's buckets twice their size and the optimizer states at half (the split is what it reports).
+    with torch.no_grad():
+        for tensor in itertools.chain(model.parameters(), model.buffers()):
+            dist.broadcast(tensor, src=0)
+    # init_sync (torch >= 2.4) skips the coalesced broadcast; older torch repeats it, harmlessly.
+    sync = {"init_sync": False} if "init_sync" in inspect.signature(DDP.__init__).parameters else {}
     # Gradients are views into DDP's buckets: one copy of the gradients, not two.
     ids = [device.index] if device.type == "cuda" else None
-    return DDP(model, device_ids=ids, gradient_as_bucket_view=True)
+    return DDP(model, device_ids=ids, gradient_as_bucket_view=True, **sync)
 
 
 def grad_sync(model: torch.nn.Module, sync: bool):
