@@ -53,6 +53,10 @@ def test_nccl_by_interconnect_by_hand():
     assert nccl_bytes(lookup("A10G"), 1, 1)[0] == 0
 
 
+def device_only(est):
+    return sum(p.bytes for p in est.parts if p.where == "device")
+
+
 def test_estimate_counts_workspaces_as_allocated_and_the_rest_as_device_only(job):
     one = estimate(job(cluster="gpu = 'H100'"))
     eight = estimate(job(cluster="gpu = 'H100'\ngpus_per_node = 8"))
@@ -62,7 +66,6 @@ def test_estimate_counts_workspaces_as_allocated_and_the_rest_as_device_only(job
             assert [p.where for p in ws] == ["tensor"], phase
             ctx = [p for p in parts if p.label == "CUDA context"]
             assert [p.where for p in ctx] == ["device"], phase
-    device_only = lambda est: sum(p.bytes for p in est.parts if p.where == "device")  # noqa: E731
     assert device_only(one) == CONTEXT
     # DDP over 8 H100 SXM adds one communicator's buffers; the tensors stay those of one replica.
     assert device_only(eight) - device_only(one) == (256 + 24 * 3 * 12 + 16 * 2 * 6 * 8) * MIB
