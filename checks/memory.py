@@ -27,6 +27,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from podkit.checks import activations as A
+from podkit.checks import device_overhead
 from podkit.checks import fsdp1
 from podkit.checks.allocator import round_size, segment_size
 from podkit.checks.config import JobConfig
@@ -38,15 +39,8 @@ GIB = 1 << 30
 MIB = 1 << 20
 TERMS = ("params", "grads", "optimizer", "activations", "loss", "overhead")
 
-# Device-side constants. Rough by nature; each is what a bare PyTorch process shows on NVIDIA
-# datacenter cards with CUDA 12 lazy module loading (CUDA_MODULE_LOADING=LAZY, the default since
-# CUDA 11.7 in PyTorch): nvidia-smi memory.used minus torch.cuda.memory_reserved().
-CUDA_CONTEXT = 512 * MIB
-# cuBLAS/cuBLASLt workspaces (CUBLAS_WORKSPACE_CONFIG default :4096:8 = 32 MiB on Hopper) and
-# cuDNN scratch.
-LIBRARY_WORKSPACES = 64 * MIB
-# NCCL's communicator buffers (NCCL_BUFFSIZE = 4 MiB per channel, per peer, send and receive).
-NCCL_BUFFERS = 384 * MIB
+# What the process holds besides its training tensors (CUDA context, cuBLAS workspaces, NCCL):
+# checks/device_overhead.py, each figure with its source.
 # Host RAM a training process needs besides offloaded tensors: CUDA/torch libraries, pinned
 # staging buffers, the data pipeline.
 HOST_PROCESS_BASELINE = 3 * GIB
@@ -593,13 +587,10 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
                              "the loop rebinds its outputs only after this forward", transient=True))
 
     # ---- overhead and allocator pools -----------------------------------------------------------
-    device_only = [Part("overhead", "CUDA context", CUDA_CONTEXT, "driver context and kernels, lazy loading",
-                        where="device"),
-                   Part("overhead", "cuBLAS / cuDNN workspaces", LIBRARY_WORKSPACES, "library scratch buffers",
-                        where="device")]
-    if world > 1:
-        device_only.append(Part("overhead", "NCCL buffers", NCCL_BUFFERS, "communicator buffers per GPU",
-                                where="device"))
+    # A CPU run calls no cuBLAS: its tensors are the step's alone.
+    device_only = [Part("overhead", o.label, o.bytes, o.formula, where=o.where)
+                   for o in device_overhead.overheads(gpu, c.gpus_per_node, c.nodes)
+                   if device == "cuda" or o.where == "device"]
     # FSDP2 allocates all-gather outputs on its all-gather stream and the reduce-scatter output, which
     # becomes the sharded .grad, on its reduce-scatter stream (torch/distributed/fsdp/_fully_shard/
     # _fsdp_collectives.py: only the reduce-scatter *input* moved to the default stream, PR #129721).
