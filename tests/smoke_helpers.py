@@ -38,3 +38,19 @@ def smoke(tmp_path: Path, *args: str, timeout: int = 240) -> tuple[subprocess.Co
     summary_path = out / run_id / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
     return proc, summary
+
+
+# A user's own training script for `bin/smoke -- COMMAND`: a tiny regression that learns in seconds;
+# `{extra}` is one more statement inside its loop (a crash, a hang, a print).
+USER_LOOP = """
+import sys, torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+x = torch.randn(256, 16); y = x.sum(1, keepdim=True)
+for step in range(1000):
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    opt.zero_grad(); loss.backward(); opt.step()
+    {extra}
+print("SCRIPT RAN TO ITS END")
+"""

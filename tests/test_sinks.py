@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.smoke_helpers import ROOT, USER_LOOP
 
 
 def smoke(tmp_path, *args, env=None):
@@ -88,16 +88,7 @@ def test_wandb_without_a_key_is_refused_before_the_run(tmp_path):
 
 # ---------------------------------------------------------------- bin/smoke -- COMMAND (the user's script)
 
-TINY_TRAIN = """
-import torch
-torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
-opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-x = torch.randn(256, 16); y = x.sum(1, keepdim=True)
-for step in range(1000):
-    loss = torch.nn.functional.mse_loss(model(x), y)
-    opt.zero_grad(); loss.backward(); opt.step()
-"""
+TINY_TRAIN = USER_LOOP.format(extra="")
 
 
 def script_smoke(tmp_path, *args, env=None):

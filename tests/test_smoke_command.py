@@ -17,23 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.smoke_helpers import ROOT
+from tests.smoke_helpers import ROOT, USER_LOOP as LOOP
 
 PY = sys.executable
 SMOKE = ROOT / "bin" / "smoke"
-
-LOOP = """
-import sys, torch
-torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
-opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-x = torch.randn(256, 16); y = x.sum(1, keepdim=True)
-for step in range(1000):
-    loss = torch.nn.functional.mse_loss(model(x), y)
-    opt.zero_grad(); loss.backward(); opt.step()
-    {extra}
-print("SCRIPT RAN TO ITS END")
-"""
 
 
 def script(tmp_path: Path, name: str, text: str) -> str:
