@@ -375,6 +375,7 @@ def trace(job: JobConfig, steps: int = 2, device_kind: str = "cuda",
                 counter.switch_off()
         del buckets
     finally:
+        counter.switch_off()  # a no-op unless the trace failed while counting: leaves resize_ as torch's
         if gc_was_enabled:
             gc.enable()
         if fsdp or ddp:
