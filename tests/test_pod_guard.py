@@ -91,13 +91,21 @@ def alive(pid: int) -> bool:
 
 
 def test_idle_stop_waits_for_the_job_then_stops_the_pod_through_runpod(world):
-    up = world.up("--idle-stop", "0.2", "--accept-new", "--json")  # 12 s without a podkit job
+    # Armed by `up` with an idle time no test machine can reach, so the job below is running before the
+    # short guard exists: a loaded machine that takes seconds to start `pod run` cannot make it fire early.
+    up = world.up("--idle-stop", "30", "--accept-new", "--json")
     assert up.returncode == 0, up.stderr
-    run = world.pod("run", "g", "--detach", "--id", "busy", "--", "sleep", "15")  # longer than the idle time
-    assert run.returncode == 0, run.stderr
     guard = json.loads(up.stdout)["guard"]
-    assert guard["alive"] and guard["status"] == "watching" and guard["conditions"] == "idle-stop 0.2 min"
+    assert guard["alive"] and guard["status"] == "watching" and guard["conditions"] == "idle-stop 30 min"
+    first = world.guard_pid()
+    run = world.pod("run", "g", "--detach", "--id", "busy", "--", "sleep", "12")
+    assert run.returncode == 0, run.stderr
+    rearm = world.pod("guard", "g", "--idle-stop", "0.2", "--json")  # 12 s without a podkit job; replaces the first
+    assert rearm.returncode == 0, rearm.stderr
+    assert json.loads(rearm.stdout)["guard"]["conditions"] == "idle-stop 0.2 min"
+    assert wait_for(lambda: not alive(first), 10), "the replaced watchdog kept running"
     pid = world.guard_pid()
+    assert pid != first
     # a listed, stoppable process with the key in its environment, never in its argv
     assert KEY not in Path(f"/proc/{pid}/cmdline").read_text()
     assert f"PODKIT_GUARD={POD_ID}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
