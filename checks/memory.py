@@ -153,8 +153,20 @@ class MemoryEstimate:
         return max(self.phase_reserved(p) for p in self.phase_parts)
 
     @property
+    def device_only(self) -> int:
+        """What the device holds outside torch's allocator at the peak (context, NCCL, managed memory)."""
+        return sum(p.bytes for p in self.parts if p.where == "device")
+
+    @property
     def fits(self) -> bool:
         return self.total <= self.capacity
+
+    @property
+    def tensors_fit(self) -> bool:
+        """The live tensors alone fit: the caching allocator frees its cached blocks and retries when a
+        cudaMalloc fails (c10/cuda/CUDACachingAllocator.cpp, malloc: release_cached_blocks), so a job
+        over on reserved can still run, slower, unless fragmentation leaves no block big enough."""
+        return self.allocated + self.device_only <= self.capacity
 
     @property
     def headroom(self) -> float:

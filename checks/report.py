@@ -45,6 +45,7 @@ class Preflight:
                 "headroom_allocated": round(est.headroom_allocated, 4),
                 "gpu_capacity": est.capacity,
                 "fits": est.fits,
+                "tensors_fit": est.tensors_fit,
                 "headroom": round(est.headroom, 4),
                 "peak_phase": est.peak_phase,
                 "phases": est.phases,

@@ -37,7 +37,12 @@ def memory_fit(job: JobConfig, est: MemoryEstimate, suggestions: list[Suggestion
             f"allocated {gib(est.allocated)}, reserved {gib(est.reserved)})")
     fix = f"e.g. {suggestions[0].describe()}" if suggestions else ""
     if not est.fits:
-        return CheckResult("memory.fit", FAIL, f"does not fit: {used}", fix or "no lever found: use a larger GPU")
+        why = f"does not fit: {used}"
+        if est.tensors_fit:  # say so: such jobs run on some cards, OOM on others, and step slowly
+            why += (f"; the live tensors alone ({gib(est.allocated + est.device_only)}) would fit, so it can only "
+                    "run by the allocator emptying its cache at every failed cudaMalloc (slow, and fragmentation "
+                    "can still OOM it)")
+        return CheckResult("memory.fit", FAIL, why, fix or "no lever found: use a larger GPU")
     if est.headroom < HEADROOM:
         return CheckResult("memory.fit", WARN, f"fits with only {est.headroom:.0%} headroom: {used}",
                            fix or "keep batches from growing: fragmentation alone can eat this")

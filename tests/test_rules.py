@@ -179,3 +179,22 @@ def test_host_probe_reads_this_machine():
     assert probed.packages["click"] and probed.disk_free and probed.disk_free > 0
     if not probed.gpus:  # a CPU machine: the reason is recorded, no arch list is read
         assert probed.nvml_status and probed.torch_archs == []
+
+
+def test_memory_fit_says_when_only_the_cache_is_over(job):
+    """A job over the card on reserved whose live tensors fit: still a fail (the fit is judged on reserved),
+    and the line says the tensors alone fit; one whose tensors are over too does not say so."""
+    for seq in range(256, 16384, 128):  # LoRA on a 1B: about 0.75 GiB of tensors more per 128 tokens
+        j = job(train=f"micro_batch = 2\nseq_len = {seq}\nprecision = 'bf16-mixed'\nlora_rank = 16", cluster="gpu = 'A10G'")
+        est = estimate(j)
+        if not est.fits:
+            break
+    else:
+        pytest.fail("no sequence length went over the card")
+    assert est.allocated + est.device_only <= est.capacity < est.total  # the first length over: only the cache is
+    assert est.tensors_fit
+    result = rules.memory_fit(j, est, [])
+    assert result.status == "fail" and f"live tensors alone ({rules.gib(est.allocated + est.device_only)}) would fit" in result.message
+    far = job(model='preset = "llama-3.1-8b"', train="micro_batch = 8\nseq_len = 4096", cluster="gpu = 'A10G'")
+    est = estimate(far)
+    assert not est.tensors_fit and "live tensors" not in rules.memory_fit(far, est, []).message
