@@ -87,7 +87,7 @@ def block_facts(job, device: str = "cuda") -> BlockFacts:
         # FSDP's MixedPrecisionPolicy gathers it in bf16, a LoRA base and pure bf16 store it so.
         norm_weight_bytes=4 if t.precision == "fp32" or (f.autocast and not lora) else e,
         targets=frozenset(f.lora_targets), lora_rank=t.lora_rank, lora_dropout=f.lora_dropout > 0,
-        adapter_bytes=adapter, adapter_input_cast=f.stack.name in ("hf", "deepspeed", "fsdp_qlora"),
+        adapter_bytes=adapter, adapter_input_cast=f.stack.adapter_input_cast,
         kernel=attention_kernel(job, device), gqa=shape.kv_heads != shape.heads and not f.stack.repeat_kv,
         repeat_kv=shape.kv_heads != shape.heads and f.stack.repeat_kv,
         fused_qkv=f.stack.fused_qkv,

@@ -76,12 +76,19 @@ def main(config: str, gpu: str | None, as_json: bool, no_probe: bool, traced: bo
         result = run_preflight(config, gpu, probe=not no_probe, job=imported.job if imported else None)
     except ConfigError as exc:
         _bad_input(exc, as_json)
-    trace = None
+    trace = replica_est = None
     if traced:
+        # The trace runs the smoke step, podkit's replica of the job's stack: it is set beside the
+        # analytic estimate of that replica, and what the replica leaves out is said with it.
+        from podkit.checks import memory, stacks
+
+        replica = result.job.as_replica()
         try:
-            trace = run_traced(result.job)
+            trace = run_traced(replica)
         except ConfigError as exc:
             _bad_input(exc, as_json)
+        trace["replica_leaves_out"] = stacks.left_out(result.job.train, result.job.cluster, result.job.facts)
+        replica_est = memory.estimate(replica)
     if as_json:
         data = result.to_json()
         if imported is not None:
@@ -89,7 +96,7 @@ def main(config: str, gpu: str | None, as_json: bool, no_probe: bool, traced: bo
         if trace is not None:
             from podkit.checks.traced_report import comparison
 
-            data["traced"] = {**trace, "comparison": comparison(result.estimate, trace)}
+            data["traced"] = {**trace, "comparison": comparison(replica_est, trace)}
         click.echo(strict_json.dumps(data, indent=2))
     else:
         from rich.console import Console
@@ -99,7 +106,7 @@ def main(config: str, gpu: str | None, as_json: bool, no_probe: bool, traced: bo
         if trace is not None:
             from podkit.checks.traced_report import render
 
-            render(console, result.estimate, trace)
+            render(console, replica_est, trace)
     sys.exit(0 if result.ok else EXIT_FAILED)
 
 

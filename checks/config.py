@@ -340,13 +340,22 @@ class JobConfig:
     smoke: SmokeConfig = field(default_factory=SmokeConfig)
     source: str = ""
     """Where it was read from."""
+    replica: bool = False
+    """The job as bin/smoke's replica runs it (stacks.replica_stack): what its run is compared with."""
     shape: models.ModelShape = field(init=False, repr=False)
     facts: stacks.JobFacts = field(init=False, repr=False)
     """Derived facts (sharding, autocast, loss, checkpointing policy, LoRA targets): decided here once."""
 
     def __post_init__(self):
         self.shape = self.model.shape(self.base_dir)
-        self.facts = stacks.resolve(self.train, self.cluster, self.shape)
+        self.facts = stacks.resolve(self.train, self.cluster, self.shape, self.replica)
+
+    def as_replica(self) -> "JobConfig":
+        """This job as bin/smoke's replica runs it; stacks.left_out(...) says what that leaves out."""
+        job = self.replace(cluster={"offload": "all"} if self.cluster.offload == "optimizer" else {})
+        job.replica = True
+        job.facts = stacks.resolve(job.train, job.cluster, job.shape, True)
+        return job
 
     @property
     def base_dir(self) -> Path:
@@ -370,10 +379,10 @@ class JobConfig:
             parts[name] = dataclasses.replace(current, **sections.get(name, {}))
         job = JobConfig.__new__(JobConfig)
         job.model, job.train, job.cluster, job.smoke = parts["model"], parts["train"], parts["cluster"], parts["smoke"]
-        job.source = self.source
+        job.source, job.replica = self.source, self.replica
         # The model section is unchanged by every lever, so its shape carries over unresolved.
         job.shape = self.shape if "model" not in sections else job.model.shape(job.base_dir)
-        job.facts = stacks.resolve(job.train, job.cluster, job.shape)
+        job.facts = stacks.resolve(job.train, job.cluster, job.shape, job.replica)
         return job
 
 

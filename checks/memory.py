@@ -352,7 +352,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
     param_bytes = _param_bytes(job)
     if offload == "all":
         resident_bytes = 0  # parameters live on the host; FSDP gathers them per block
-    elif offload == "optimizer" or (t.stack == "deepspeed" and t.precision.endswith("-mixed")):
+    elif offload == "optimizer" or (f.stack.deepspeed_engine and t.precision.endswith("-mixed")):
         # ZeRO-Offload / DeepSpeed's 16-bit engine: the GPU holds the 16-bit weights, the fp32
         # master copy lives with the optimizer (on the host for offload, in its states otherwise).
         resident_bytes = e
@@ -386,7 +386,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
                         f"{L} layers x 2 x {shape.rope_positions} positions x {shape.d_head} x {f.rope_cache_bytes} B: "
                         "transformers 4.38-4.39 keeps them as buffers, FSDP never shards buffers")] if rope else []
     master = []
-    if t.stack == "deepspeed" and c.sharding == "zero3":
+    if f.stack.deepspeed_engine and c.sharding == "zero3":
         # DeepSpeedZeroOptimizer_Stage3.__init__ (deepspeed/runtime/zero/stage3.py, v0.14.0 l.488-492):
         # with contiguous_gradients (default True, runtime/zero/config.py l.94) it keeps
         # torch.empty(reduce_bucket_size, dtype=self.dtype) on the GPU for the whole run. The bucket
@@ -396,7 +396,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
                   else int(c.reduce_bucket))
         master.append(Part("grads", "DeepSpeed ZeRO-3 gradient bucket (contiguous_gradients)", bucket * e,
                            f"reduce_bucket_size {bucket:,} x {e} B"))
-    if t.stack == "deepspeed" and t.precision.endswith("-mixed") and offload == "none":
+    if f.stack.deepspeed_engine and t.precision.endswith("-mixed") and offload == "none":
         master.append(Part("optimizer", "fp32 master weights (DeepSpeed optimizer)", n_trainable * 4 // optim_shards,
                            f"{n_trainable:,} x 4 B / {optim_shards}"))
     fwd_params: list[Part] = []
@@ -456,9 +456,9 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
         )
 
     # ---- grads ------------------------------------------------------------------------------
-    grad_bytes = param_bytes if t.stack != "deepspeed" else e
+    grad_bytes = param_bytes if not f.stack.deepspeed_engine else e
     grads_all = n_trainable * grad_bytes // param_shards if f.fsdp else n_trainable * grad_bytes // (
-        optim_shards if t.stack == "deepspeed" and c.sharding in ("zero2",) else 1)
+        optim_shards if f.stack.deepspeed_engine and c.sharding in ("zero2",) else 1)
     ddp = world > 1 and not f.fsdp
     grads_persist = ddp or t.grad_accum > 1
     grads_on_gpu = offload == "none"

@@ -13,6 +13,7 @@ smoke run all read `job.facts`, so prediction and run cannot drift apart.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 STACKS = ("podkit", "hf", "deepspeed", "torchtitan", "litgpt", "torchtune", "fsdp_qlora")
@@ -105,6 +106,13 @@ class Stack:
     max_position_embeddings x head_dim as buffers (LlamaRotaryEmbedding `_cos_cached`/`_sin_cached`
     "for BC", MistralRotaryEmbedding `cos_cached`/`sin_cached`, in torch.get_default_dtype() at
     construction): on the GPU of every rank, never sharded (FSDP moves buffers, it does not flatten them)."""
+    adapter_input_cast: bool = False
+    """peft's lora.Linear casts the adapter's input to the adapter dtype when they differ and no
+    autocast is on (peft tuners/lora/layer.py Linear.forward `x = self._cast_input_dtype(x, ...)`)."""
+    deepspeed_engine: bool = False
+    """DeepSpeed's engine trains the module in 16 bits with the fp32 master copy inside its optimizer
+    (runtime/bf16_optimizer.py, zero/stage_1_and_2.py, zero/stage3.py), 16-bit gradients, and its own
+    ZeRO-3 gradient bucket."""
 
 
 STACK_FACTS: dict[str, Stack] = {
@@ -143,11 +151,13 @@ STACK_FACTS: dict[str, Stack] = {
         Stack("hf", "fp32-upcast", 0, 0, True, False, "block", ("q_proj", "v_proj"), "fp32", "foreach", False, True, True,
               "transformers loss/loss_utils.py, trainer.py; peft utils/constants.py, tuners_utils.py, utils/other.py; "
               "accelerate utils/dataclasses.py, accelerator.py",
-              fsdp_init_on_device=True, lora_units=True, fsdp_no_sync=True, quantized_load_on_gpu=True),
+              fsdp_init_on_device=True, lora_units=True, fsdp_no_sync=True, quantized_load_on_gpu=True,
+              adapter_input_cast=True),
         # DeepSpeed via the HF Trainer integration: same model code and peft defaults; the optimizer
         # is DeepSpeed's (FusedAdam / ZeRO partitions), modelled by the sharding terms.
         Stack("deepspeed", "fp32-upcast", 0, 0, True, False, "block", ("q_proj", "v_proj"), "fp32", "fused", False, True, True,
-              "transformers integrations/deepspeed.py; deepspeed runtime/zero"),
+              "transformers integrations/deepspeed.py; deepspeed runtime/zero",
+              adapter_input_cast=True, deepspeed_engine=True),
         # torchtitan: activation_checkpoint.mode = "selective" with selective_ac_option = "op" saves
         # the ops in _save_list and every second mm (torchtitan/models/llama3/infra/parallelize.py
         # _apply_ac_to_transformer_block); loss = cross_entropy(pred.flatten(0, 1).float(), ...)
@@ -180,7 +190,7 @@ STACK_FACTS: dict[str, Stack] = {
         Stack("fsdp_qlora", "fp32-logits-kept", 0, 0, True, True, "block",
               ("k_proj", "q_proj", "v_proj", "up_proj", "down_proj", "gate_proj"), "compute", "foreach", False, True, True,
               "AnswerDotAI/fsdp_qlora train.py 50efa1e; transformers 4.39 modeling_llama.py; torch 2.2 FSDP1",
-              fsdp_init_on_device=True, lora_units=True, rope_cache_buffers=True),
+              fsdp_init_on_device=True, lora_units=True, rope_cache_buffers=True, adapter_input_cast=True),
         # torchtune: CEWithChunkedOutputLoss(num_output_chunks=8), upcast per chunk
         # (torchtune/modules/loss/ce_chunked_output_loss.py), and the recipes `del logits` before
         # backward (recipes/lora_finetune_single_device.py _loss_step); LoRA recipes target q, v, output_proj
@@ -289,9 +299,53 @@ def parse_version(text: str) -> tuple[int, ...]:
         return ()
 
 
-def resolve(train, cluster, shape) -> JobFacts:
-    """Derive the job's facts from its train and cluster sections (already validated) and the model."""
+# What bin/smoke's replica (train/model.py, step.py, parallel.py) cannot reproduce of a stack: each
+# Stack field it leaves out, and what the replica does instead. Everything else (loss, checkpointing
+# policy, LoRA targets/dtype/dropout, optimizer kernel, k/v repeat, reentrant recompute, peft's input
+# cast) it has an option for, so its run measures those facts as the prediction prices them.
+REPLICA_LEAVES_OUT = {
+    "previous_outputs_kept": "the previous step's outputs are not kept bound into the next forward",
+    "fused_qkv": "q, k and v are three linears, not views of one fused output",
+    "quant_from_fp16": "the 4-bit base is quantized from the compute dtype, not from fp16",
+    "quantize_head": "the LM head stays 16-bit",
+    "fsdp_init_on_device": "sharding is FSDP2's fully_shard per block, not FSDP1's wrap",
+    "lora_units": "LoRA weights shard inside their block, not as their own FSDP units",
+    "quantized_load_on_gpu": "the 4-bit base is not loaded through transformers' quantizer",
+    "fsdp_no_sync": "gradient accumulation reduce-scatters every micro-step (no no_sync)",
+    "rope_cache_buffers": "no rotary cos/sin buffers",
+    "deepspeed_engine": "fp32 weights and gradients with torch's optimizer, not DeepSpeed's 16-bit engine",
+}
+
+
+def replica_stack(stack: Stack) -> Stack:
+    """The stack as bin/smoke's replica runs it: its model- and loop-level facts, podkit's FSDP2."""
+    return dataclasses.replace(stack, fsdp2=True, **{name: False for name in REPLICA_LEAVES_OUT})
+
+
+def left_out(train, cluster, facts: JobFacts) -> list[str]:
+    """What the replica's run of this job does not reproduce, where it matters to this job."""
     stack = STACK_FACTS[train.stack]
+    fsdp_only = ("fsdp_init_on_device", "lora_units", "fsdp_no_sync")
+    quant_only = ("quant_from_fp16", "quantize_head", "quantized_load_on_gpu")
+    out = []
+    for name, text in REPLICA_LEAVES_OUT.items():
+        on = facts.previous_outputs_kept if name == "previous_outputs_kept" else getattr(stack, name)
+        if not on or (name in fsdp_only and facts.fsdp_version != 1) or (
+                name in quant_only and train.base_quant == "none") or (name == "lora_units" and not facts.lora) or (
+                name == "fsdp_no_sync" and train.grad_accum == 1):
+            continue
+        out.append(f"{name}: {text}")
+    if facts.fsdp_version == 1 and not any(n.startswith("fsdp_init_on_device") for n in out):
+        out.append(f"fsdp_version 1: {REPLICA_LEAVES_OUT['fsdp_init_on_device']}")
+    if cluster.offload == "optimizer":
+        out.append("offload 'optimizer': FSDP2's CPUOffloadPolicy offloads the parameters too (run as 'all')")
+    return out
+
+
+def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
+    """Derive the job's facts from its train and cluster sections (already validated) and the model;
+    `replica`: as bin/smoke's replica runs it (replica_stack)."""
+    stack = replica_stack(STACK_FACTS[train.stack]) if replica else STACK_FACTS[train.stack]
     arch = shape.arch
     # The block linears LoRA can adapt, as named in the model (routed experts are 3-D parameters in
     # transformers 5.x, not nn.Linear modules, so peft never adapts them).
@@ -307,7 +361,7 @@ def resolve(train, cluster, shape) -> JobFacts:
     # them in the compute dtype, optimizer offload leaves only compute-dtype weights on the GPU
     # (ZeRO-Offload), and DeepSpeed's bf16/fp16 engine keeps 16-bit module weights with the fp32
     # master copy inside the optimizer (deepspeed/runtime/bf16_optimizer.py).
-    autocast = mixed and not fsdp and cluster.offload == "none" and train.stack != "deepspeed"
+    autocast = mixed and not fsdp and cluster.offload == "none" and not stack.deepspeed_engine
     if train.checkpointing == "none":
         ac = "none"
     elif train.checkpointing == "full":
@@ -329,7 +383,7 @@ def resolve(train, cluster, shape) -> JobFacts:
     # FSDP by version where podkit models it: the stack's own, or the one the job names (accelerate's
     # fsdp_version). FSDP1 needs the stack's wrap facts (fsdp_init_on_device: fsdp_qlora, hf).
     fsdp_version = (2 if stack.fsdp2 else 1 if stack.fsdp_init_on_device else 0)
-    if cluster.fsdp_version != "stack":
+    if cluster.fsdp_version != "stack" and not replica:
         from podkit.checks.errors import ConfigError
 
         if cluster.fsdp_version == 1 and not stack.fsdp_init_on_device:
@@ -362,8 +416,8 @@ def resolve(train, cluster, shape) -> JobFacts:
         bnb_optimizer=train.optimizer in ("adamw8bit", "paged_adamw8bit", "paged_adamw", "lion", "lion8bit"),
         paged_optimizer=train.optimizer.startswith("paged_"),
         quantize_head=stack.quantize_head and train.base_quant != "none",
-        previous_outputs_kept=(stack.previous_outputs_kept if train.previous_outputs == "stack"
-                               else train.previous_outputs == "kept"),
+        previous_outputs_kept=not replica and (stack.previous_outputs_kept if train.previous_outputs == "stack"
+                                               else train.previous_outputs == "kept"),
         # bitsandbytes commit 9e753741 "fix QLoRA mem bug: delete useless buffered activation" (#1270),
         # first in 0.43.2; under a reentrant checkpoint the forward runs in no_grad and keeps nothing.
         # FSDP1's replay and pools (checks/fsdp1.py) apply to the stacks whose wrap facts are known from

@@ -63,6 +63,9 @@ def render(console, est: MemoryEstimate, traced: dict) -> None:
         console.print("attention kernel: " + "; ".join(f"{k} ({v})" for k, v in traced["sdpa"].items()))
     for note in traced.get("notes", []):
         console.print(f"[yellow]traced:[/] {note}")
+    if traced.get("replica_leaves_out"):
+        console.print("[yellow]traced:[/] the smoke step is podkit's replica of the stack, set beside the "
+                      "analytic estimate of that replica; it leaves out: " + "; ".join(traced["replica_leaves_out"]))
 
 
 def _pct(x: float | None) -> str:

@@ -179,6 +179,17 @@ def test_moe_model_refused_by_the_dense_replica(tmp_path):
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
+def test_a_cpu_run_that_cannot_fit_in_host_ram_is_refused_before_launch(tmp_path):
+    """The bundled 70B, 8-GPU example on CPU: eight replicas of about 150 GiB each cannot fit in any
+    test machine's RAM (the check reads /proc/meminfo); refused in one line, no torchrun launched."""
+    proc, s = smoke(tmp_path, "--config", str(ROOT / "checks" / "examples" / "llama-3.1-70b-8xh100.toml"),
+                    "--device", "cpu", timeout=60)
+    assert proc.returncode == 2 and s is None, proc.stderr
+    line = proc.stderr.strip()
+    assert "a CPU run of this job needs about" in line and "(8 process(es))" in line and "available here" in line
+    assert len(line.splitlines()) == 1 and "launching" not in line
+
+
 def test_offload_without_fsdp_refused(tmp_path):
     job = tiny_job(tmp_path, cluster={"offload": '"optimizer"', "sharding": '"zero1"'})
     proc, _ = smoke(tmp_path, "--config", str(job))
@@ -195,3 +206,23 @@ def test_secrets_stay_out_of_the_env_record(tmp_path):
     assert json.loads(record)["env"]["PYTORCH_ALLOC_CONF"] == "expandable_segments:True"
     for f in (out / "s").iterdir():
         assert b"hf_secret_value" not in f.read_bytes()
+
+
+@pytest.mark.parametrize("train, left_out", [
+    ({"optimizer_impl": '"foreach"'}, []),  # foreach's step temporaries are in the step's peak, not the states
+    ({"precision": '"bf16-mixed"', "stack": '"deepspeed"'}, ["deepspeed_engine"]),
+    ({"stack": '"litgpt"'}, ["previous_outputs_kept", "fused_qkv"]),
+])
+def test_the_run_is_compared_with_the_replica_it_runs(tmp_path, train, left_out):
+    """bin/smoke runs podkit's replica with the stack facts it can reproduce, and is compared with the
+    prediction for exactly that: the optimizer kernel the job names, no DeepSpeed 16-bit engine, no
+    litgpt fused qkv. What it leaves out of the stack is in the summary (and the log)."""
+    proc, s = smoke(tmp_path, "--config", str(tiny_job(tmp_path, train)), "--steps", "5")
+    assert s is not None, proc.stderr
+    assert [x.split(":")[0] for x in s["replica_leaves_out"]] == left_out
+    said = [line for line in proc.stderr.splitlines() if "runs podkit's replica of stack" in line]
+    assert said == ([] if not left_out else [said[0]]) and all(x in "".join(said) for x in s["replica_leaves_out"])
+    r = rows(s)
+    for term in ("params", "grads", "optimizer", "peak in step", "peak allocated"):
+        assert abs(r[term]["error"]) < 0.10, r[term]
+    assert not [w for w in s["warnings"] if w.startswith(("params", "grads", "optimizer", "peak in step"))]

@@ -7,6 +7,7 @@ ffn 14336, vocab 128256, untied; per block 218,103,808 linear weights + 8,192 no
 import pytest
 
 from podkit.checks import activations as A
+from podkit.checks import stacks
 from podkit.checks.advisor import advise
 from podkit.checks.allocator import CachingAllocator, segment_size
 from podkit.checks.kernels import sdpa_backend
@@ -457,3 +458,39 @@ def test_deepspeed_zero3_keeps_its_reduce_bucket_on_the_gpu(job):
     # Not ZeRO-3, or not DeepSpeed: no such buffer.
     other = estimate(job(model=LLAMA8B, cluster="gpu = 'H100'\ngpus_per_node = 8\nsharding = 'zero3'"))
     assert part(other, "DeepSpeed ZeRO-3 gradient bucket", "step") == 0
+
+
+def test_the_replica_keeps_what_the_smoke_model_runs_and_drops_the_engines(job):
+    """job.as_replica(): the stack's loss, checkpointing, LoRA and optimizer facts stay (train/step.py
+    model_options has an option for each); FSDP1, DeepSpeed's 16-bit engine, litgpt's loop and fused
+    qkv go, and stacks.left_out names each where it matters to the job."""
+    hf = job(train="stack = 'hf'\nlora_rank = 8\ncheckpointing = 'full'\ngrad_accum = 2",
+             cluster="gpus_per_node = 2\nsharding = 'zero3'")
+    rep = hf.as_replica()
+    assert hf.facts.fsdp_version == 1 and rep.facts.fsdp_version == 2 and rep.replica
+    for name in ("loss", "ac_policy", "lora_targets", "lora_dtype", "optimizer_impl", "autocast"):
+        assert getattr(rep.facts, name) == getattr(hf.facts, name), name
+    assert rep.facts.stack.adapter_input_cast and rep.facts.stack.reentrant  # peft's cast, HF's reentrant AC
+    assert rep.replace(train={"micro_batch": 2}).facts.fsdp_version == 2  # levers keep it a replica
+    assert [x.split(":")[0] for x in stacks.left_out(hf.train, hf.cluster, hf.facts)] == [
+        "fsdp_init_on_device", "lora_units", "fsdp_no_sync"]
+
+    ds = job(train="stack = 'deepspeed'\nprecision = 'bf16-mixed'")
+    assert not ds.facts.autocast and ds.as_replica().facts.autocast  # the replica autocasts fp32 weights
+    n = ds.shape.params
+
+    def per_param(j) -> dict[str, float]:  # bytes per parameter of each lasting step-phase part
+        return {p.label: p.bytes / n for p in estimate(j).phase_parts["step"] if p.term in ("params", "grads", "optimizer")}
+
+    # DeepSpeed's engine: 2 B weights and gradients, fp32 master (4 B) and AdamW (8 B) in its optimizer;
+    # the replica trains fp32 weights (4 B) and gradients (4 B) with torch's AdamW (8 B), no master.
+    assert per_param(ds) == {"weights": 2, "gradients": 2, "adamw states": 8, "fp32 master weights (DeepSpeed optimizer)": 4}
+    assert per_param(ds.as_replica()) == {"weights": 4, "gradients": 4, "adamw states": 8}
+
+    lit = job(train="stack = 'litgpt'")
+    assert lit.facts.previous_outputs_kept and not lit.as_replica().facts.previous_outputs_kept
+    off = job(cluster="gpus_per_node = 2\nsharding = 'zero3'\noffload = 'optimizer'")
+    assert off.as_replica().cluster.offload == "all"
+    assert stacks.left_out(off.train, off.cluster, off.facts) == [
+        "offload 'optimizer': FSDP2's CPUOffloadPolicy offloads the parameters too (run as 'all')"]
+    assert stacks.left_out(job().train, job().cluster, job().facts) == []  # podkit's own: nothing

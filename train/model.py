@@ -81,6 +81,9 @@ class ModelOptions:
     reentrant: bool = False
     """Block checkpointing with use_reentrant=True (HF gradient_checkpointing's default): the forward
     runs under no_grad; op-level policies need the non-reentrant implementation."""
+    adapter_input_cast: bool = False
+    """peft's rule: cast the adapter's input to the adapter dtype whenever they differ, autocast or not
+    (peft tuners_utils._cast_input_dtype); podkit's own casts only outside autocast."""
 
     def __post_init__(self):
         for name, value, choices in (("attention", self.attention, ATTENTION), ("loss", self.loss, LOSSES),
@@ -124,13 +127,15 @@ class LoRALinear(nn.Module):
 
     As peft's lora.Linear.forward (peft 0.13, tuners/lora/layer.py): the input is cast to the
     adapter's dtype when they differ, dropout (a mask and the dropped copy, both saved) comes before
-    A, and the sum is cast back to the base output's dtype.
+    A, and the sum is cast back to the base output's dtype. peft casts under autocast too (an fp32 copy
+    that autocast casts back for lora_A); podkit's own adapters (`cast_always` off) skip that copy.
     """
 
     def __init__(self, base: nn.Module, fan_in: int, fan_out: int, rank: int, dtype: torch.dtype,
-                 dropout: float = 0.0):
+                 dropout: float = 0.0, cast_always: bool = False):
         super().__init__()
         self.base = base
+        self.cast_always = cast_always
         self.lora_A = nn.Linear(fan_in, rank, bias=False, dtype=dtype)
         self.lora_B = nn.Linear(rank, fan_out, bias=False, dtype=dtype)
         self.dropout = nn.Dropout(dropout) if dropout else nn.Identity()
@@ -143,7 +148,7 @@ class LoRALinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         result = self.base(x)
         a = self.lora_A.weight
-        if x.dtype != a.dtype and not torch.is_autocast_enabled(x.device.type):
+        if x.dtype != a.dtype and (self.cast_always or not torch.is_autocast_enabled(x.device.type)):
             x = x.to(a.dtype)
         return (result + self.lora_B(self.lora_A(self.dropout(x))) * self.scale).to(result.dtype)
 
@@ -407,7 +412,8 @@ def build(shape: ModelShape, opts: ModelOptions, precision: str) -> Decoder:
         def linear(name, fan_in, fan_out, bias=False):
             if opts.lora_rank and name in opts.lora_targets:
                 base = _base_linear(fan_in, fan_out, bias, opts.base_quant if name != "lm_head" else "none", frozen)
-                return LoRALinear(base, fan_in, fan_out, opts.lora_rank, adapter, opts.lora_dropout)
+                return LoRALinear(base, fan_in, fan_out, opts.lora_rank, adapter, opts.lora_dropout,
+                                  opts.adapter_input_cast)
             if opts.lora_rank:
                 return _base_linear(fan_in, fan_out, bias, opts.base_quant if name != "lm_head" else "none", frozen)
             return nn.Linear(fan_in, fan_out, bias=bias, dtype=trainable)

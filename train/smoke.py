@@ -9,6 +9,7 @@ only the monitor's cheap samples run, every profile_every steps.
 from __future__ import annotations
 
 import errno
+import importlib.metadata
 import importlib.util
 import logging
 import math
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from podkit.checks import advisor, gpus, memory, rules
+from podkit.checks import advisor, gpus, memory, rules, stacks
 from podkit.checks import strict_json
 from podkit.checks.config import JobConfig
 from podkit.checks.errors import ConfigError
@@ -125,9 +126,44 @@ def check_runnable(job: JobConfig, device: torch.device) -> None:
     if job.shape.kv_heads != job.shape.heads and t.attention == "sdpa" and not _torch_at_least(2, 5):
         raise ConfigError("train.attention", f"torch {torch.__version__} SDPA lacks grouped-query attention",
                           "use torch >= 2.5, or attention = 'eager'")
+    if device.type == "cpu":
+        # Every process of a CPU run holds its own replica in host RAM: refuse up front what would get
+        # a rank killed by the kernel's OOM killer minutes in (and starve the rest of the machine).
+        procs = c.gpus_per_node if c.world_size > 1 or c.sharding != "none" else 1
+        need = memory.estimate(job.as_replica().replace(cluster={"gpus_per_node": procs, "nodes": 1}),
+                               device="cpu").allocated * procs
+        free = host_ram_available()
+        if free is not None and need > free:
+            raise ConfigError("model", f"a CPU run of this job needs about {need / 2**30:.1f} GiB of RAM "
+                              f"({procs} process(es)), and {free / 2**30:.1f} GiB is available here",
+                              "run it on a GPU pod (make deploy), or smoke a smaller model or batch on CPU")
     if device.type == "cuda" and c.gpus_per_node > torch.cuda.device_count():
         raise ConfigError("cluster.gpus_per_node", f"{c.gpus_per_node} asked for, this machine has "
                           f"{torch.cuda.device_count()} GPU(s)", "lower cluster.gpus_per_node")
+
+
+def host_ram_available() -> int | None:
+    """MemAvailable from /proc/meminfo (Linux's estimate of what new allocations can take without
+    swapping); None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def installed_versions() -> dict[str, str]:
+    """train.torch / train.bitsandbytes for the libraries this process runs (facts that changed
+    between their releases, checks/stacks.py)."""
+    out = {"torch": torch.__version__.split("+")[0]}
+    try:
+        out["bitsandbytes"] = importlib.metadata.version("bitsandbytes")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    return {k: v for k, v in out.items() if stacks.parse_version(v)}
 
 
 @dataclass
@@ -152,8 +188,18 @@ class SmokeRun:
         # The job's own world when that is what runs (every node under bin/pod run --nodes), else
         # the processes that are here (one node's, or a torchrun the user sized differently).
         whole = world.size == job.cluster.world_size
-        self.pred_job = job.replace(cluster={"gpu": self.gpu.name, "nodes": job.cluster.nodes if whole else 1,
-                                             "gpus_per_node": job.cluster.gpus_per_node if whole else world.size})
+        # What runs is podkit's replica with the job's stack facts it can reproduce (checks/stacks.py
+        # replica_stack), on the torch and bitsandbytes installed here: that is what the run is compared
+        # with, and what it leaves out of the user's stack is said once, in the log and the summary.
+        self.left_out = stacks.left_out(job.train, job.cluster, job.facts)
+        self.pred_job = job.as_replica().replace(
+            cluster={"gpu": self.gpu.name, "nodes": job.cluster.nodes if whole else 1,
+                     "gpus_per_node": job.cluster.gpus_per_node if whole else world.size},
+            train=installed_versions())
+        self.facts = self.pred_job.facts
+        if self.left_out and world.rank == 0:
+            log.warning("bin/smoke runs podkit's replica of stack %s, compared with the prediction for that "
+                        "replica; it leaves out: %s", job.facts.stack.name, "; ".join(self.left_out))
         self.estimate = memory.estimate(self.pred_job, device=device.type)
         self.probe = make_probe(device)
         self.phases = PhasePeaks(self.probe)
@@ -173,8 +219,8 @@ class SmokeRun:
     # ------------------------------------------------------------------ building
     def _build(self):
         t, c, dev = self.t, self.c, self.device
-        fsdp = self.job.facts.fsdp
-        model = model_mod.build(self.job.shape, step_mod.model_options(self.job), t.precision)
+        fsdp = self.facts.fsdp
+        model = model_mod.build(self.job.shape, step_mod.model_options(self.pred_job), t.precision)
         if isinstance(self.probe, TensorCounter):
             self.probe.switch_on()  # count the weights as they are materialised
         if fsdp:
@@ -192,9 +238,10 @@ class SmokeRun:
         total, trainable = model_mod.count_params(self.raw_model)
         self.params, self.trainable = total, trainable
         self.optimizer = optim_mod.build_optimizer(model, t.optimizer, t.lr, t.weight_decay, dev,
-                                                   zero1=c.sharding == "zero1" and self.world.distributed)
-        self.autocast = self.job.facts.autocast
-        self.scaler = torch.amp.GradScaler(dev.type) if self.job.facts.grad_scaler else None
+                                                   zero1=c.sharding == "zero1" and self.world.distributed,
+                                                   impl=self.facts.optimizer_impl)
+        self.autocast = self.facts.autocast
+        self.scaler = torch.amp.GradScaler(dev.type) if self.facts.grad_scaler else None
         dataset = str(self.job.path(t.dataset)) if t.dataset else ""
         self.data = data_mod.make_stream(dataset, self.job.shape.vocab, t.seq_len, t.micro_batch,
                                          self.job.smoke.seed, self.world.rank)
@@ -423,6 +470,8 @@ class SmokeRun:
             "predicted_reserved": self.estimate.reserved,
             "predicted_device": self.estimate.total,
             "predicted_phase": self.estimate.peak_phase,
+            "stack": self.job.facts.stack.name,
+            "replica_leaves_out": self.left_out,
             "limit": limit,
             "capacity": torch.cuda.get_device_properties(self.device).total_memory if self.device.type == "cuda" else None,
             "tokens_per_s": mon.get("tokens_per_s") and mon["tokens_per_s"] * self.world.size,

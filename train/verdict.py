@@ -39,8 +39,9 @@ class Row:
 def comparison(est: MemoryEstimate, marks: dict[str, int], peaks: dict[str, int], rises: dict[str, int],
                peak_allocated: int | None, device_peak: int | None, device_type: str,
                peak_reserved: int | None = None) -> list[Row]:
-    def tensors(term: str, phase: str) -> int:
-        return sum(p.bytes for p in est.phase_parts[phase] if p.term == term and p.where == "tensor")
+    def tensors(term: str, phase: str, lasting: bool = False) -> int:
+        return sum(p.bytes for p in est.phase_parts[phase]
+                   if p.term == term and p.where == "tensor" and not (lasting and p.transient))
 
     m = marks.get
     rows = [Row("params", tensors("params", "step"), m("materialized"), "weights as stored (this rank's shard)")]
@@ -49,7 +50,8 @@ def comparison(est: MemoryEstimate, marks: dict[str, int], peaks: dict[str, int]
         rows.append(Row("grads", tensors("grads", "step"), m("grads_ready") - m("step_start") + buckets,
                         "added by step 3's backward" + (" (incl. DDP buckets)" if buckets else "")))
     if m("step_start") is not None and m("wrapped") is not None:
-        rows.append(Row("optimizer", tensors("optimizer", "step"), m("step_start") - m("wrapped"),
+        # the states: the step's temporaries (foreach) are in the step's peak, not left behind
+        rows.append(Row("optimizer", tensors("optimizer", "step", lasting=True), m("step_start") - m("wrapped"),
                         "states left by steps 1-2 (paged states are outside the allocator)"))
     fwd_extra = tensors("params", "forward-end") - tensors("params", "step")
     rows.append(Row("activations + loss", tensors("activations", "forward-end") + tensors("loss", "forward-end")
