@@ -211,8 +211,10 @@ def test_loss_bytes_per_logit(job, stack, loss, per_logit):
 
 def test_old_bitsandbytes_keeps_quantized_inputs_even_under_checkpointing(job):
     def acts(bnb, stack, ckpt):
+        # transformers 4.39 (bitsandbytes 0.42's time): the Trainer's checkpoint is reentrant by default.
         j = job(model=LLAMA8B, train=f"lora_rank = 16\nbase_quant = 'nf4'\nprecision = 'bf16'\nseq_len = 512\n"
-                                      f"stack = '{stack}'\ncheckpointing = '{ckpt}'\nbitsandbytes = '{bnb}'")
+                                      f"stack = '{stack}'\ncheckpointing = '{ckpt}'\nbitsandbytes = '{bnb}'\n"
+                                      f"transformers = '4.39.3'")
         return part(estimate(j), "saved activations", "forward-end")
 
     # Inputs of q/k/v (one shared normed tensor, h), gate/up (h), down (ffn), bf16; o_proj's input is
@@ -233,7 +235,8 @@ def test_old_bitsandbytes_keeps_quantized_inputs_while_a_checkpointed_block_reco
     # down's input (ffn), bf16; o_proj's input is the attention output SDPA keeps anyway.
     def in_backward(bnb):
         j = job(model=LLAMA8B, train=f"lora_rank = 16\nbase_quant = 'nf4'\nprecision = 'bf16'\nseq_len = 512\n"
-                                      f"stack = 'hf'\ncheckpointing = 'full'\nbitsandbytes = '{bnb}'")
+                                      f"stack = 'hf'\ncheckpointing = 'full'\nbitsandbytes = '{bnb}'\n"
+                                      f"transformers = '4.39.3'")
         return part(estimate(j), "one block in backward", "backward")
 
     assert in_backward("0.43.0") - in_backward("0.43.2") == 512 * (2 * H + F) * 2
