@@ -116,13 +116,14 @@ STACK_FACTS: dict[str, Stack] = {
         # (AdamW(fused=True)), LoRA on every block linear in the optimizer's dtype.
         Stack("podkit", "fp32-upcast", 0, 0, True, False, "matmuls", ("all",), "param", "fused", False, False, False,
               "podkit train/model.py, train/optim.py, train/parallel.py (fully_shard per block)", fsdp2=True),
-        # transformers >= 4.46 (LlamaForCausalLM.forward -> self.loss_function = ForCausalLMLoss in
-        # loss/loss_utils.py: `logits = logits.float()` inside the loss, labels shifted by padding, not
-        # the logits); Trainer's default optim "adamw_torch" = torch.optim.AdamW with foreach picked on
-        # CUDA (torch/optim/optimizer.py _default_to_fused_or_foreach); gradient_checkpointing is
-        # per decoder layer and reentrant unless gradient_checkpointing_kwargs says otherwise
-        # (modeling_utils.gradient_checkpointing_enable: {"use_reentrant": True}), no op-level
-        # selective policy; peft's TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING: llama/mistral/qwen2 ->
+        # The loss, the Trainer's AdamW kernel, reentrancy and rotary buffers below are a current
+        # transformers' and follow train.transformers (transformers_facts): >= 4.49 (LlamaForCausalLM.forward
+        # -> self.loss_function = ForCausalLMLoss in loss/loss_utils.py: `logits = logits.float()` inside
+        # the loss, labels shifted by padding, not the logits); Trainer's default optim "adamw_torch" =
+        # torch.optim.AdamW with foreach picked on CUDA (torch/optim/optimizer.py
+        # _default_to_fused_or_foreach), "adamw_torch_fused" from 4.54 with torch >= 2.8;
+        # gradient_checkpointing is per decoder layer, reentrant before 5.0 unless
+        # gradient_checkpointing_kwargs says otherwise, no op-level selective policy; peft's TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING: llama/mistral/qwen2 ->
         # ["q_proj", "v_proj"]; peft >= 0.12 LoraConfig/get_peft_model autocast_adapter_dtype=True
         # upcasts adapters of a bf16/fp16 base to fp32.
         # Its FSDP is accelerate's FullyShardedDataParallelPlugin, FSDP1 (FullyShardedDataParallel; the
