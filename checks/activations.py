@@ -332,14 +332,25 @@ def loss_bytes(job, tokens_per_sequence: int) -> LossBytes:
     lsm = 4 if f.loss_upcast else e  # the log-softmax output autograd keeps
     copy = 4 / n if f.loss_upcast and e != 4 else 0  # one chunk's fp32 copy, alive while its CE runs
     if f.loss == "fp32-logits-kept":
-        # transformers <= 4.44: logits.float() in the model, shift_logits = logits[..., :-1, :]
+        # transformers <= 4.45: logits.float() in the model, shift_logits = logits[..., :-1, :]
         # .contiguous(), CrossEntropyLoss on it; the fp32 logits are returned and kept.
+        kept = 4
         fwd = 4 + 4 + 4
-        bwd = 4 + lsm + 2 * lsm
+        bwd = kept + lsm + 2 * lsm
         # The 16-bit logits are freed by `.float()`; every later tensor of the loss (the shifted copy,
         # log-softmax, its gradient in and out) is 4 B per logit, so the caching allocator cannot hand
         # their block to any of them (best fit needs a block at least as big): it stays cached, empty.
-        return LossBytes(fwd, bwd, 4, "fp32 logits kept, shifted copy, fp32 log-softmax", hole=e if e < 4 else 0)
+        return LossBytes(fwd, bwd, kept, "fp32 logits kept, shifted copy, fp32 log-softmax", hole=e if e < 4 else 0)
+    if f.loss == "fp32-upcast-shifted":
+        # transformers 4.46-4.48 loss_utils.ForCausalLMLoss: `logits = logits.float()`, then
+        # shift_logits = logits[..., :-1, :].contiguous(), cross_entropy on it. The model's 16-bit logits
+        # live in `outputs` until compute_loss returns; the fp32 copy and the shifted copy die with the
+        # loss function. At fp32 `.float()` is the tensor itself, no copy.
+        fwd = e + (4 if e != 4 else 0) + 4 + lsm
+        bwd = 3 * lsm
+        # Both 4 B blocks are free again before backward and take its two 4 B gradients; the 16-bit
+        # logits' block cannot hold either (as for fp32-upcast below).
+        return LossBytes(fwd, bwd, 0, "fp32 copy, shifted fp32 copy, fp32 log-softmax", hole=e if e < 4 else 0)
     kept = e if f.logits_kept else 0
     # Forward: every chunk's logits, every chunk's log-softmax output, one chunk's fp32 copy.
     fwd = e + lsm + copy

@@ -85,10 +85,14 @@ class ModelConfig:
     """llama (RMSNorm, RoPE, SwiGLU, GQA) or gpt2 (LayerNorm, learned positions, GELU)."""
     name: str = ""
     """Display name for explicit dimensions."""
+    max_position_embeddings: int = 0
+    """With explicit dimensions: the config's max_position_embeddings (0: not given). Only the transformers
+    releases that keep rotary cos/sin tables that long as buffers size memory by it (train.transformers)."""
 
     def __post_init__(self):
         _finite("model", self)
-        dims = [k for k in ("layers", "heads", "kv_heads", "ffn", "vocab", "head_dim") if getattr(self, k)]
+        dims = [k for k in ("layers", "heads", "kv_heads", "ffn", "vocab", "head_dim", "max_position_embeddings")
+                if getattr(self, k)]
         for key in dims + ["hidden"] * bool(self.hidden):
             if getattr(self, key) < 0:
                 raise ConfigError(f"model.{key}", f"must be a positive integer, got {getattr(self, key)}")
@@ -127,7 +131,7 @@ class ModelConfig:
         return models.ModelShape(
             self.name or "custom", self.hidden, self.layers, self.heads, self.kv_heads or self.heads,
             self.ffn, self.vocab, self.tie_embeddings, arch=self.arch, head_dim=self.head_dim,
-            qkv_bias=self.qkv_bias,
+            qkv_bias=self.qkv_bias, rope_positions=self.max_position_embeddings,
         )
 
 
@@ -165,7 +169,8 @@ class TrainConfig:
     bitsandbytes) | deepspeed | torchtitan | litgpt | torchtune | fsdp_qlora (Answer.AI's FSDP1 +
     QLoRA train.py). Sets the defaults below."""
     loss: str = "stack"
-    """Loss implementation: "stack" | fp32-upcast | fp32-logits-kept | chunked | fused | native."""
+    """Loss implementation: "stack" | fp32-upcast | fp32-logits-kept | fp32-upcast-shifted | chunked |
+    fused | native (checks/stacks.py LOSSES says what each keeps)."""
     bitsandbytes: str = ""
     """The bitsandbytes release the job runs, when it matters: before 0.43.2 its 4-bit matmul kept every
     input alive until backward (bitsandbytes commit 9e753741, #1270); "" = a current release."""
@@ -173,6 +178,12 @@ class TrainConfig:
     """The torch release the job runs, when it matters: before 2.5 FSDP2 allocated each reduce-scatter
     input on its reduce-scatter stream (moved to the default stream by pytorch PR #129721, after the 2.4
     branch cut); "" = a current release. A nightly is named by its release, e.g. "2.4.0"."""
+    transformers: str = ""
+    """The transformers release the hf stack runs, when it matters ("" = a current release): it decides the
+    loss path (4.46-4.48 also copy the fp32 logits shifted), the Trainer's default AdamW
+    kernel (fused from 4.54 with torch >= 2.8, else foreach), the checkpointing default (reentrant before
+    5.0) and the per-layer rotary cos/sin buffers (Llama <= 4.40 but 4.38.0-4.38.1, Mistral <= 4.41,
+    Qwen2 <= 4.44, Mixtral <= 4.47). checks/stacks.py transformers_facts cites each line."""
     previous_outputs: str = "stack"
     """Whether the previous step's outputs (and so its graph) are still bound during a forward:
     "stack" | "kept" (litgpt's fit) | "freed" (also when the peak is a first step, as lit-gpt 2023
@@ -222,6 +233,13 @@ class TrainConfig:
             raise ConfigError("train.bitsandbytes", f"{self.bitsandbytes!r} is not a version", "e.g. \"0.42.0\"")
         if self.torch and not stacks.parse_version(self.torch):
             raise ConfigError("train.torch", f"{self.torch!r} is not a version", "e.g. \"2.4.0\"")
+        if self.transformers:
+            release = stacks.parse_version(self.transformers)
+            if not release:
+                raise ConfigError("train.transformers", f"{self.transformers!r} is not a version", "e.g. \"4.39.3\"")
+            if release < stacks.TRANSFORMERS_OLDEST:
+                raise ConfigError("train.transformers", f"{self.transformers} is older than podkit models",
+                                  "give 4.31.0 or later, or leave it empty for a current release")
         if isinstance(self.lora_targets, list) and not all(isinstance(n, str) for n in self.lora_targets):
             raise ConfigError("train.lora_targets", "must be a list of module names", "e.g. [\"q_proj\", \"v_proj\"]")
         for key in ("micro_batch", "grad_accum", "seq_len"):

@@ -316,7 +316,9 @@ def forward_events(s, T: int, e: int, targets, quant: bool, lsm: int = 4, flash:
     log_softmax's gradient. loss:
       fp32-logits-kept  transformers 4.39's (`logits.float()`, a shifted .contiguous() copy,
                         log_softmax) with the fp32 logits kept by the loop (fsdp_qlora train.py);
-      fp32-upcast       the loss upcasts the 16-bit logits itself (transformers >= 4.46 ForCausalLMLoss)
+      fp32-upcast-shifted  transformers 4.46-4.48 ForCausalLMLoss: the loss upcasts the 16-bit logits
+                        and shifts a .contiguous() copy of them; both die with the loss function;
+      fp32-upcast       the loss upcasts the 16-bit logits itself (transformers >= 4.49 ForCausalLMLoss)
                         and the Trainer drops `outputs` when compute_loss returns: the logits and their
                         fp32 copy are freed before backward."""
     ops = _Ops()
@@ -332,10 +334,11 @@ def forward_events(s, T: int, e: int, targets, quant: bool, lsm: int = 4, flash:
     final = ops.new(e * s.hidden * T)
     ops.free(cast)
     logits16 = ops.new(e * s.vocab * T)
-    if loss == "fp32-upcast":
+    if loss in ("fp32-upcast", "fp32-upcast-shifted"):
         upcast = ops.new(4 * s.vocab * T)  # logits.float() inside the loss
+        shifted = ops.new(4 * s.vocab * T) if loss == "fp32-upcast-shifted" else None  # full length, as below
         log_probs = ops.new(lsm * s.vocab * T)  # log_softmax's output, saved for backward
-        ops.free(upcast, final)  # the copy dies with the loss function
+        ops.free(upcast, shifted, final)  # the copies die with the loss function
         ops.free(logits16)  # compute_loss returns: `outputs` (the 16-bit logits) is dropped
         grad_log_probs = ops.new(lsm * s.vocab * T)  # nll_loss backward
         ops.new(lsm * s.vocab * T)  # log_softmax backward: the peak

@@ -384,7 +384,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
     rope = _rope_cache_bytes(job)
     rope_caches = [Part("params", "rotary cos/sin caches (buffers), on every GPU", rope,
                         f"{L} layers x 2 x {shape.rope_positions} positions x {shape.d_head} x {f.rope_cache_bytes} B: "
-                        "transformers 4.38-4.39 keeps them as buffers, FSDP never shards buffers")] if rope else []
+                        "the stack's transformers keeps them as buffers, FSDP never shards buffers")] if rope else []
     master = []
     if f.stack.deepspeed_engine and c.sharding == "zero3":
         # DeepSpeedZeroOptimizer_Stage3.__init__ (deepspeed/runtime/zero/stage3.py, v0.14.0 l.488-492):
@@ -625,7 +625,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
         ag_pool = int(_root_stored_bytes(job, e) + min(2, L) * _layer_stored_bytes(job, e))
         rs_pool = grads_all if offload == "all" else full_grads.bytes
         if (f.stack.fsdp_init_on_device and offload in ("none", "all") and shape.arch == "llama" and not shape.moe
-                and f.loss in ("fp32-logits-kept", "fp32-upcast")):
+                and f.loss in ("fp32-logits-kept", "fp32-upcast-shifted", "fp32-upcast")):
             # Replay the wrap and the first step's forward up to the loss's backward peak through the
             # caching allocator's rules: the default stream's large pool never shrinks after that.
             _, init_pool = fsdp1.step_reserved(_fsdp1_units(job, e), param_shards, shape, T, e,
@@ -841,7 +841,8 @@ def _rope_cache_bytes(job: JobConfig) -> int:
     """The rotary cos/sin buffers of every layer (JobFacts.rope_cache_bytes): transformers 4.39
     LlamaRotaryEmbedding.__init__ registers `_cos_cached` and `_sin_cached` of (max_position_embeddings,
     head_dim) per attention layer (modeling_llama.py l.104-113), MistralRotaryEmbedding `cos_cached`
-    and `sin_cached` (modeling_mistral.py l.104-116)."""
+    and `sin_cached` (modeling_mistral.py l.104-116); the releases that do are in
+    stacks.transformers_facts."""
     s = job.shape
     return s.layers * 2 * s.rope_positions * s.d_head * job.facts.rope_cache_bytes
 

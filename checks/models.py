@@ -181,8 +181,8 @@ class ModelShape:
     qkv_bias: bool = False  # Qwen2 puts a bias on q, k and v
     positions: int = 0  # learned position embeddings (GPT-2); 0 for RoPE
     rope_positions: int = 0
-    """max_position_embeddings of a RoPE model (0: not given). Only transformers 4.38-4.39 size memory
-    by it: their Llama/Mistral rotary embeddings keep cos/sin tables that long as buffers."""
+    """max_position_embeddings of a RoPE model (0: not given). Only the transformers releases whose rotary
+    embeddings keep cos/sin tables that long as buffers size memory by it (stacks.transformers_facts)."""
     approximate: bool = False  # shapes inferred from a parameter count only
     params_override: int = 0  # the stated total when shapes are inferred
     family: str = ""

@@ -21,11 +21,13 @@ STACKS = ("podkit", "hf", "deepspeed", "torchtitan", "litgpt", "torchtune", "fsd
 # How the loss turns the last hidden state into a scalar, and what it keeps alive:
 #   fp32-upcast       cross_entropy(logits.float()): bf16 logits, an fp32 copy, fp32 log-softmax
 #   fp32-logits-kept  the model upcasts logits to fp32 and returns them; the caller keeps them
-#                     referenced until backward (transformers <= 4.44 LlamaForCausalLM)
+#                     referenced until backward (transformers <= 4.45 LlamaForCausalLM under fsdp_qlora's loop)
+#   fp32-upcast-shifted  loss_utils.ForCausalLMLoss of transformers 4.46-4.48: upcast inside the loss,
+#                     then a shifted .contiguous() fp32 copy; the 16-bit logits die with `outputs`
 #   chunked           head + cross-entropy in chunks along the sequence, upcast per chunk
 #   fused             fused linear + cross-entropy kernel: no full logits tensor at all
 #   native            cross_entropy on the compute-dtype logits, no upcast (litgpt)
-LOSSES = ("fp32-upcast", "fp32-logits-kept", "chunked", "fused", "native")
+LOSSES = ("fp32-upcast", "fp32-logits-kept", "fp32-upcast-shifted", "chunked", "fused", "native")
 
 # What activation checkpointing keeps:
 #   none      everything autograd saves
@@ -122,13 +124,14 @@ STACK_FACTS: dict[str, Stack] = {
         # (AdamW(fused=True)), LoRA on every block linear in the optimizer's dtype.
         Stack("podkit", "fp32-upcast", 0, 0, True, False, "matmuls", ("all",), "param", "fused", False, False, False,
               "podkit train/model.py, train/optim.py, train/parallel.py (fully_shard per block)", fsdp2=True),
-        # transformers >= 4.46 (LlamaForCausalLM.forward -> self.loss_function = ForCausalLMLoss in
-        # loss/loss_utils.py: `logits = logits.float()` inside the loss, labels shifted by padding, not
-        # the logits); Trainer's default optim "adamw_torch" = torch.optim.AdamW with foreach picked on
-        # CUDA (torch/optim/optimizer.py _default_to_fused_or_foreach); gradient_checkpointing is
-        # per decoder layer and reentrant unless gradient_checkpointing_kwargs says otherwise
-        # (modeling_utils.gradient_checkpointing_enable: {"use_reentrant": True}), no op-level
-        # selective policy; peft's TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING: llama/mistral/qwen2 ->
+        # The loss, the Trainer's AdamW kernel, reentrancy and rotary buffers below are a current
+        # transformers' and follow train.transformers (transformers_facts): >= 4.49 (LlamaForCausalLM.forward
+        # -> self.loss_function = ForCausalLMLoss in loss/loss_utils.py: `logits = logits.float()` inside
+        # the loss, labels shifted by padding, not the logits); Trainer's default optim "adamw_torch" =
+        # torch.optim.AdamW with foreach picked on CUDA (torch/optim/optimizer.py
+        # _default_to_fused_or_foreach), "adamw_torch_fused" from 4.54 with torch >= 2.8;
+        # gradient_checkpointing is per decoder layer, reentrant before 5.0 unless
+        # gradient_checkpointing_kwargs says otherwise, no op-level selective policy; peft's TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING: llama/mistral/qwen2 ->
         # ["q_proj", "v_proj"]; peft >= 0.12 LoraConfig/get_peft_model autocast_adapter_dtype=True
         # upcasts adapters of a bf16/fp16 base to fp32.
         # Its FSDP is accelerate's FullyShardedDataParallelPlugin, FSDP1 (FullyShardedDataParallel; the
@@ -245,7 +248,11 @@ class JobFacts:
     offloaded: bool
     """Optimizer states (and with 'all' parameters) live on the host."""
     rope_cache_bytes: int = 0
-    """Bytes per value of the stack's rotary cos/sin buffers (Stack.rope_cache_buffers); 0: none."""
+    """Bytes per value of the rotary cos/sin buffers every attention layer keeps (Stack.rope_cache_buffers,
+    or the hf stack's transformers release: transformers_facts); 0: none."""
+    reentrant: bool = False
+    """Activation checkpointing runs with use_reentrant=True (Stack.reentrant, or the hf stack's
+    transformers release: transformers_facts)."""
     rs_input_on_rs_stream: bool = False
     """FSDP2 before torch 2.5: foreach_reduce allocated the fp32 reduce-scatter input inside `with
     torch.cuda.stream(reduce_scatter_stream)`, so that stream's pool caches the largest inputs too."""
@@ -299,6 +306,69 @@ def parse_version(text: str) -> tuple[int, ...]:
         return ()
 
 
+# The oldest transformers release train.transformers accepts: Llama 2's (4.31.0). Before it Llama's
+# rotary tables were built in fp32 whatever the model's dtype (4.28-4.30 modeling_llama.py: no .to(dtype)).
+TRANSFORMERS_OLDEST = (4, 31)
+
+
+@dataclass(frozen=True)
+class TransformersFacts:
+    """The hf stack's facts that changed between transformers releases, each read in that release's own
+    source (its PyPI wheel); the lines are cited in transformers_facts."""
+
+    loss: str
+    adamw_impl: str
+    reentrant: bool
+    rope_buffers: bool
+
+
+def transformers_facts(version: str, torch: str, family: str) -> TransformersFacts:
+    """The facts of a transformers release ("" = a current one) under a torch release ("" = current),
+    for a model of this model_type ("" = explicit dimensions, a Llama)."""
+    v = parse_version(version) if version else (99,)
+    # Loss. <= 4.45 LlamaForCausalLM.forward: `logits = logits.float()`, shift_logits = logits[..., :-1, :]
+    # .contiguous(), CrossEntropyLoss (4.45.0 modeling_llama.py l.1219-1229), and the Trainer drops
+    # `outputs` when compute_loss returns: per logit 4 (fp32 logits, the 16-bit ones freed by .float())
+    # + 4 (shifted copy) + 4 (log-softmax) at the forward peak, 3 x 4 at log_softmax's backward: the
+    # same 12 B allocated and 2 + 3 x 4 B of segments as fp32-upcast (max(2 + 4 + 4, 3 x 4)), so it is
+    # priced as that. 4.46.0 moved the loss to loss/loss_utils.py ForCausalLMLoss (l.36-46: upcast, then
+    # the shifted copy, while the 16-bit logits live on in `outputs`): 2 + 4 + 4 + 4 = 14 B. 4.49.0 pads
+    # the labels instead (l.39 `labels = nn.functional.pad(labels, (0, 1), value=ignore_index)`).
+    loss = "fp32-upcast-shifted" if (4, 46) <= v < (4, 49) else "fp32-upcast"
+    # Trainer's default optim: "adamw_hf" (transformers' own AdamW, a Python loop over parameters) until
+    # PR #25109 made it "adamw_torch" in 4.32.0; PR #37358 (4.54.0 training_args.py l.1286-1291):
+    # "adamw_torch_fused" when is_torch_greater_or_equal_than_2_8 (pytorch_utils.py: "2.8", accept_dev).
+    # "adamw_torch" is torch.optim.AdamW without foreach/fused arguments: foreach on CUDA. adamw_hf is
+    # priced as torch's for-loop (the importers' mapping): it makes one temporary per tensor (4.31.0
+    # optimization.py l.468 `denom = exp_avg_sq.sqrt().add_(eps)`), torch's two, so one largest tensor high.
+    t = parse_version(torch) if torch else (99,)
+    impl = "for-loop" if v < (4, 32) else "fused" if v >= (4, 54) and t >= (2, 8) else "foreach"
+    # gradient_checkpointing_enable's default kwargs: {} in 4.37.2 (torch's checkpoint default, which is
+    # use_reentrant=True through torch 2.13), {"use_reentrant": True} in 4.39.3 (modeling_utils.py l.2115)
+    # through 4.57.1, {"use_reentrant": False} from 5.0.0 (l.3099).
+    reentrant = v < (5,)
+    # Rotary cos/sin tables of max_position_embeddings x head_dim registered as non-persistent buffers
+    # by every attention layer's rotary module, in torch.get_default_dtype() at construction:
+    #   Llama  cos_cached/sin_cached (4.37.2 modeling_llama.py l.145-146); none in 4.38.0-4.38.1; _cos_cached/
+    #          _sin_cached "for BC" in 4.38.2-4.40.x (4.39.3 modeling_llama.py l.104-113); none from 4.41.0
+    #   Mistral cos_cached/sin_cached through 4.41.x (4.41.2 modeling_mistral.py l.104-115), none from 4.42.0
+    #   Qwen2  cos_cached/sin_cached through 4.44.x (4.44.2 modeling_qwen2.py l.150-161), none from 4.45.0
+    #   Mixtral cos_cached/sin_cached through 4.47.x (4.47.1 modeling_mixtral.py l.200-201), none from 4.48.0
+    # Other model types keep only inv_freq (Gemma's 4.38-4.39 rotary has no table).
+    if family in ("", "llama"):
+        rope = v < (4, 38) or (4, 38, 2) <= v < (4, 41)
+    elif family == "mistral":
+        rope = v < (4, 42)
+    elif family == "qwen2":
+        rope = v < (4, 45)
+    elif family == "mixtral":
+        rope = v < (4, 48)
+    else:
+        rope = False
+    return TransformersFacts(loss, impl, reentrant, rope)
+
+
+
 # What bin/smoke's replica (train/model.py, step.py, parallel.py) cannot reproduce of a stack: each
 # Stack field it leaves out, and what the replica does instead. Everything else (loss, checkpointing
 # policy, LoRA targets/dtype/dropout, optimizer kernel, k/v repeat, reentrant recompute, peft's input
@@ -329,7 +399,8 @@ def left_out(train, cluster, facts: JobFacts) -> list[str]:
     quant_only = ("quant_from_fp16", "quantize_head", "quantized_load_on_gpu")
     out = []
     for name, text in REPLICA_LEAVES_OUT.items():
-        on = facts.previous_outputs_kept if name == "previous_outputs_kept" else getattr(stack, name)
+        on = (facts.previous_outputs_kept if name == "previous_outputs_kept" else facts.rope_cache_bytes
+              if name == "rope_cache_buffers" else getattr(stack, name))
         if not on or (name in fsdp_only and facts.fsdp_version != 1) or (
                 name in quant_only and train.base_quant == "none") or (name == "lora_units" and not facts.lora) or (
                 name == "fsdp_no_sync" and train.grad_accum == 1):
@@ -347,6 +418,13 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
     `replica`: as bin/smoke's replica runs it (replica_stack)."""
     stack = replica_stack(STACK_FACTS[train.stack]) if replica else STACK_FACTS[train.stack]
     arch = shape.arch
+    stack_loss, stack_impl, reentrant = stack.loss, stack.adamw_impl, stack.reentrant
+    rope_buffers = stack.rope_cache_buffers
+    if stack.name == "hf":
+        # The Trainer + transformers model facts of the job's transformers release (train.transformers).
+        tf = transformers_facts(train.transformers, train.torch, shape.family if arch == "llama" else "gpt2")
+        stack_loss, stack_impl, reentrant, rope_buffers = tf.loss, tf.adamw_impl, tf.reentrant, tf.rope_buffers
+        rope_buffers = rope_buffers and not replica  # the replica has no rotary buffers (replica_stack)
     # The block linears LoRA can adapt, as named in the model (routed experts are 3-D parameters in
     # transformers 5.x, not nn.Linear modules, so peft never adapts them).
     linears = tuple(dict.fromkeys(g.name for g in shape.linear_groups())) or (
@@ -368,16 +446,17 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
         ac = "block"
     else:
         ac = stack.selective
-    loss = stack.loss if train.loss == "stack" else train.loss
-    native = stack.loss == loss  # the stack's own loss: its chunking, upcast and lifetime
+    loss = stack_loss if train.loss == "stack" else train.loss
+    native = stack_loss == loss  # the stack's own loss: its chunking, upcast and lifetime
     chunk_tokens = stack.loss_chunk_tokens if loss == "chunked" else 0
     # A chunked loss asked of a stack that has none: torchtune's 8 chunks, upcast per chunk.
     chunks = (stack.loss_chunks or (0 if chunk_tokens else 8)) if loss == "chunked" else 0
-    upcast = stack.loss_upcast if native else loss in ("fp32-upcast", "fp32-logits-kept", "chunked")
+    upcast = stack.loss_upcast if native else loss in ("fp32-upcast", "fp32-logits-kept", "fp32-upcast-shifted",
+                                                       "chunked")
     kept = stack.logits_kept if native else loss == "fp32-logits-kept"
     # The stack's AdamW kernel; torch SGD defaults to foreach on CUDA (torch/optim/optimizer.py
     # _default_to_fused_or_foreach: fused only when asked for), as podkit's train/optim.py also asks.
-    default_impl = stack.adamw_impl if train.optimizer == "adamw" else "foreach"
+    default_impl = stack_impl if train.optimizer == "adamw" else "foreach"
     impl = default_impl if train.optimizer_impl == "stack" else train.optimizer_impl
     lora_dtype = stack.lora_dtype if train.lora_dtype == "stack" else train.lora_dtype
     # FSDP by version where podkit models it: the stack's own, or the one the job names (accelerate's
@@ -424,15 +503,22 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
         # source (fsdp_qlora, hf via accelerate); other FSDP1 stacks (litgpt's lightning FSDPStrategy)
         # keep the generic model until they are.
         fsdp_version=fsdp_version if fsdp else 0,
-        quant_saves_input=(old_bnb_4bit and not (ac != "none" and stack.reentrant)),
+        quant_saves_input=(old_bnb_4bit and not (ac != "none" and reentrant)),
         quant_input_in_recompute=old_bnb_4bit and ac != "none",
         offloaded=cluster.offload != "none",
         # The default dtype when the model was built: fsdp_qlora train.py 50efa1e builds a QLoRA model
         # with AutoModelForCausalLM.from_config(cfg) (no torch_dtype: float32) and a LoRA/full one with
         # from_pretrained(torch_dtype=...), bfloat16 for --precision bf16 (transformers sets it as the
         # default dtype while the model is constructed, modeling_utils _set_default_torch_dtype).
-        rope_cache_bytes=(0 if not stack.rope_cache_buffers or not shape.rope_positions
-                          else 4 if train.base_quant != "none" or train.precision != "bf16" else 2),
+        # The hf stack loads with from_pretrained(torch_dtype=...): a LoRA/QLoRA base in the compute dtype
+        # (podkit's frozen base, memory.frozen_groups), a full fine-tune in its parameters' dtype (fp32
+        # masters unless pure bf16).
+        rope_cache_bytes=(0 if not rope_buffers or not shape.rope_positions
+                          else (4 if train.base_quant != "none" or train.precision != "bf16" else 2)
+                          if stack.name != "hf"
+                          else (4 if train.precision == "fp32" else 2) if lora
+                          else 2 if train.precision == "bf16" else 4),
+        reentrant=reentrant,
         # pytorch PR #129721 "[FSDP2] Ran reduce-scatter copy-in in default stream" (2024-06-27, after
         # the 2.4 branch cut) moved the input's allocation out of the reduce-scatter stream.
         rs_input_on_rs_stream=(fsdp and fsdp_version == 2 and bool(train.torch)

@@ -56,6 +56,13 @@ CASES = [
     ("host-ram-inf-json", "preflight", ["-c", "j.toml", "--json"], {"j.toml": job(cluster={"host_ram_gb": "inf"})},
      "cluster.host_ram_gb"),
     ("host-ram-negative", "preflight", ["-c", "j.toml"], {"j.toml": job(cluster={"host_ram_gb": "-1"})}, "cluster.host_ram_gb"),
+    # -- bin/preflight: a release that is not a version, or older than podkit models
+    ("transformers-word", "preflight", ["-c", "j.toml"], {"j.toml": job(train={"transformers": "'latest'"})},
+     "train.transformers"),
+    ("transformers-too-old", "preflight", ["-c", "j.toml"], {"j.toml": job(train={"transformers": "'4.30.2'"})},
+     "train.transformers"),
+    ("max-positions-with-preset", "preflight", ["-c", "j.toml"], {"j.toml": job(model={"max_position_embeddings": "4096"})},
+     "model.hidden"),
     ("reduce-bucket-word", "preflight", ["-c", "j.toml"], {"j.toml": job(cluster={"reduce_bucket": "'big'"})},
      "cluster.reduce_bucket"),
     ("reduce-bucket-negative", "preflight", ["-c", "j.toml"], {"j.toml": job(cluster={"reduce_bucket": "-1"})},

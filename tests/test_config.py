@@ -25,6 +25,8 @@ def test_example_job_loads():
     ('[model]\nhidden=512\nlayers=2', "model", "lack heads, ffn, vocab"),
     ('[model]\npreset=', "", "not valid TOML"),
     ('[model]\npreset="llama-3.2-1b"\n[train]\ntorch="nightly"', "train.torch", "not a version"),
+    ('[model]\npreset="llama-3.2-1b"\n[train]\ntransformers="main"', "train.transformers", "not a version"),
+    ('[model]\npreset="llama-3.2-1b"\n[train]\ntransformers="4.28.0"', "train.transformers", "older than podkit models"),
 ])
 def test_bad_config_names_field_and_fix(text, field, needle):
     with pytest.raises(ConfigError) as info:

@@ -76,6 +76,10 @@ def test_trainer_defaults_apply_where_the_file_is_silent(tmp_path):
     assert any("adamw_torch_fused" in w for w in imp.files[0].warnings)
     explicit = write(tmp_path, "args2.json", json.dumps({"output_dir": "o", "optim": "adamw_torch"}))
     assert build_job(None, [explicit], model_preset="llama-3.2-1b").job.facts.optimizer_impl == "foreach"
+    # The file does not say which transformers ran it: a job that does gets that release's default
+    # (adamw_torch, foreach, before 4.54).
+    old = write(tmp_path, "old.toml", '[model]\npreset = "llama-3.2-1b"\n[train]\ntransformers = "4.39.3"\n')
+    assert build_job(str(old), [f]).job.facts.optimizer_impl == "foreach"
 
 
 def test_peft_adapter_config_and_bnb_quantization(tmp_path):

@@ -212,8 +212,10 @@ def test_loss_bytes_per_logit(job, stack, loss, per_logit):
 
 def test_old_bitsandbytes_keeps_quantized_inputs_even_under_checkpointing(job):
     def acts(bnb, stack, ckpt):
+        # transformers 4.39 (bitsandbytes 0.42's time): the Trainer's checkpoint is reentrant by default.
         j = job(model=LLAMA8B, train=f"lora_rank = 16\nbase_quant = 'nf4'\nprecision = 'bf16'\nseq_len = 512\n"
-                                      f"stack = '{stack}'\ncheckpointing = '{ckpt}'\nbitsandbytes = '{bnb}'")
+                                      f"stack = '{stack}'\ncheckpointing = '{ckpt}'\nbitsandbytes = '{bnb}'\n"
+                                      f"transformers = '4.39.3'")
         return part(estimate(j), "saved activations", "forward-end")
 
     # Inputs of q/k/v (one shared normed tensor, h), gate/up (h), down (ffn), bf16; o_proj's input is
@@ -234,7 +236,8 @@ def test_old_bitsandbytes_keeps_quantized_inputs_while_a_checkpointed_block_reco
     # down's input (ffn), bf16; o_proj's input is the attention output SDPA keeps anyway.
     def in_backward(bnb):
         j = job(model=LLAMA8B, train=f"lora_rank = 16\nbase_quant = 'nf4'\nprecision = 'bf16'\nseq_len = 512\n"
-                                      f"stack = 'hf'\ncheckpointing = 'full'\nbitsandbytes = '{bnb}'")
+                                      f"stack = 'hf'\ncheckpointing = 'full'\nbitsandbytes = '{bnb}'\n"
+                                      f"transformers = '4.39.3'")
         return part(estimate(j), "one block in backward", "backward")
 
     assert in_backward("0.43.0") - in_backward("0.43.2") == 512 * (2 * H + F) * 2
@@ -486,6 +489,11 @@ def test_the_replica_keeps_what_the_smoke_model_runs_and_drops_the_engines(job):
     # the replica trains fp32 weights (4 B) and gradients (4 B) with torch's AdamW (8 B), no master.
     assert per_param(ds) == {"weights": 2, "gradients": 2, "adamw states": 8, "fp32 master weights (DeepSpeed optimizer)": 4}
     assert per_param(ds.as_replica()) == {"weights": 4, "gradients": 4, "adamw states": 8}
+
+    old_hf = job(model='preset = "llama-2-7b"', train="stack = 'hf'\ntransformers = '4.39.0'")
+    assert old_hf.facts.rope_cache_bytes and not old_hf.as_replica().facts.rope_cache_bytes
+    assert old_hf.as_replica().facts.reentrant  # transformers 4.39's reentrant AC, which the replica runs
+    assert [x.split(":")[0] for x in stacks.left_out(old_hf.train, old_hf.cluster, old_hf.facts)] == ["rope_cache_buffers"]
 
     lit = job(train="stack = 'litgpt'")
     assert lit.facts.previous_outputs_kept and not lit.as_replica().facts.previous_outputs_kept

@@ -113,7 +113,7 @@ def _tiny_model(seq: int = 32, **opts):
     return model_mod.materialize(model, torch.device("cpu"), 0)
 
 
-@pytest.mark.parametrize("loss", ["fp32-logits-kept", "chunked", "fused"])
+@pytest.mark.parametrize("loss", ["fp32-logits-kept", "fp32-upcast-shifted", "chunked", "fused"])
 def test_losses_match_the_plain_loss_and_its_gradients(loss):
     x, y = torch.randint(512, (2, 32)), torch.randint(512, (2, 32))
     ref, other = _tiny_model(), _tiny_model(loss=loss, loss_chunks=3)
@@ -179,6 +179,38 @@ def test_repeated_kv_and_reentrant_checkpointing():
     assert reentrant == pytest.approx(block, rel=0.05) and reentrant < native / 2
     with pytest.raises(ValueError, match="reentrant"):
         model_mod.ModelOptions(ac_policy="op-sac", reentrant=True)
+
+
+def _loss_peaks(loss: str, precision: str) -> tuple[int, int]:
+    """Peak bytes above the start in forward and in backward, counted by real torch on the CPU."""
+    torch.manual_seed(0)
+    model = model_mod.build(shape_of("tiny"), model_mod.ModelOptions(max_seq_len=128, loss=loss), precision)
+    model = model_mod.materialize(model, torch.device("cpu"), 0)
+    x, y = torch.randint(512, (4, 128)), torch.randint(512, (4, 128))
+    counter = TensorCounter()
+    counter.switch_on()
+    try:
+        counter.reset_peak()
+        before = counter.allocated()
+        out = model(x, y)
+        forward = counter.window_peak() - before
+        counter.reset_peak()
+        out.backward()
+        backward = counter.window_peak() - before
+    finally:
+        counter.switch_off()
+    return forward, backward
+
+
+def test_transformers_4_46_loss_copies_the_fp32_logits_it_shifts():
+    """transformers 4.46-4.48 ForCausalLMLoss: upcast, then shift_logits = logits[..., :-1, :].contiguous():
+    4 B per logit more than >= 4.49's upcast at the forward peak (2 + 4 + 4 + 4 against 2 + 4 + 4 in
+    bf16), none at backward's (3 x 4); at fp32 `.float()` is the tensor itself (4 + 4 + 4 against 4 + 4).
+    The analytic loss (checks/activations.py loss_bytes) says the same."""
+    logits = 4 * 128 * 512
+    for precision in ("bf16", "fp32"):
+        (f0, b0), (f1, b1) = _loss_peaks("fp32-upcast", precision), _loss_peaks("fp32-upcast-shifted", precision)
+        assert (f1 - f0, b1 - b0) == (4 * logits, 0), precision
 
 
 def test_chunked_and_fused_losses_save_less_than_kept_logits():

@@ -5,6 +5,8 @@
 - fp32-logits-kept (HF transformers 4.3x-4.4x LlamaForCausalLM.forward: `logits = logits.float()`,
   returned in CausalLMOutputWithPast): the fp32 logits stay referenced by the output until the
   caller drops it after backward.
+- fp32-upcast-shifted (transformers 4.46-4.48 loss/loss_utils.py ForCausalLMLoss): the loss upcasts
+  the 16-bit logits, then cross-entropies a shifted .contiguous() copy of the fp32 ones.
 - chunked (torchtune CEWithChunkedOutputLoss, torchtune/modules/loss/ce_chunked_output_loss.py:
   the model returns the head's output in `num_output_chunks` = 8 chunks along the sequence and
   each chunk is upcast and cross-entropied with reduction="sum"; litgpt's chunked_cross_entropy in
@@ -30,6 +32,14 @@ def plain(logits: torch.Tensor, targets: torch.Tensor, upcast: bool = True) -> t
     """cross_entropy over every position; upcast: on an fp32 copy of the logits (else their own dtype)."""
     flat = logits.view(-1, logits.shape[-1])
     return F.cross_entropy(flat.float() if upcast else flat, targets.reshape(-1))
+
+
+def shifted_copy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """transformers <= 4.48's `shift_logits = logits[..., :-1, :].contiguous()` then cross_entropy: a copy
+    of the fp32 logits. The targets here are already the next tokens, so the copy is taken at full
+    length (transformers' is one position per sequence shorter)."""
+    copy = logits.clone(memory_format=torch.contiguous_format)
+    return F.cross_entropy(copy.view(-1, copy.shape[-1]), targets.reshape(-1))
 
 
 def chunked(x: torch.Tensor, head, targets: torch.Tensor, chunks: int, upcast: bool = True,

@@ -30,7 +30,7 @@ LORA_ALPHA = 16
 
 ATTENTION = ("sdpa", "flash-attn", "eager")
 SDPA_KERNELS = ("auto", "flash", "efficient", "math")
-LOSSES = ("fp32-upcast", "fp32-logits-kept", "chunked", "fused", "native")
+LOSSES = ("fp32-upcast", "fp32-logits-kept", "fp32-upcast-shifted", "chunked", "fused", "native")
 AC_POLICIES = ("none", "matmuls", "op-sac", "block")
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
 LORA_DTYPES = ("param", "fp32", "compute")
@@ -331,6 +331,8 @@ class Decoder(nn.Module):
             weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
             return losses.fused(x, weight, targets, self.opts.loss_chunks)
         logits = self._head(x)
+        if loss == "fp32-upcast-shifted":
+            return losses.shifted_copy(logits.float(), targets)  # the 16-bit logits stay in this frame
         if loss == "fp32-logits-kept":
             logits = logits.float()
             self.kept_logits = logits  # the caller's output object holds it until after backward

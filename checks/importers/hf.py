@@ -49,8 +49,9 @@ def _checkpointing(imp: Imported, data: dict, key: str = "gradient_checkpointing
     if "gradient_checkpointing_kwargs" in data:
         reentrant = kwargs.get("use_reentrant", True)
         if on and not reentrant:
-            imp.warnings.append("gradient_checkpointing_kwargs.use_reentrant = false: podkit models the Trainer's "
-                                "reentrant default; the two differ only for bitsandbytes < 0.43.2 (train.bitsandbytes)")
+            imp.warnings.append("gradient_checkpointing_kwargs.use_reentrant = false: podkit models the release's "
+                                "default (reentrant before transformers 5.0, train.transformers); the two differ only "
+                                "for bitsandbytes < 0.43.2 (train.bitsandbytes)")
         imp.mapped.append(f"gradient_checkpointing_kwargs = {kwargs!r} (read: use_reentrant = {reentrant})")
 
 
@@ -120,12 +121,13 @@ def read_trainer(path: Path, data: dict) -> Imported:
     if "optim" in data:
         map_optimizer(imp, "optim", str(data["optim"]))
     else:
-        # transformers 5.23 training_args.py: default_optim = "adamw_torch_fused" when torch >= 2.8, else
-        # "adamw_torch" (foreach); the current pair is assumed.
+        # The Trainer's default optim depends on the release (training_args.py: "adamw_torch_fused" from
+        # transformers 4.54 with torch >= 2.8, "adamw_torch" before), which the file does not record: the
+        # kernel stays the hf stack's, which follows train.transformers and train.torch.
         imp.default("optim", "adamw_torch_fused", "train", "optimizer", "adamw")
-        imp.default("optim", "adamw_torch_fused", "train", "optimizer_impl", "fused")
-        imp.warnings.append("optim not set: the Trainer's default adamw_torch_fused (transformers 5 with torch >= 2.8) "
-                            "is assumed; older releases default to adamw_torch (set optim to say which)")
+        imp.warnings.append("optim not set: the Trainer's default, adamw_torch_fused with transformers >= 4.54 and "
+                            "torch >= 2.8 (a current pair unless the job sets train.transformers / train.torch), "
+                            "adamw_torch (foreach) before")
     handled.add("optim")
     _checkpointing(imp, data)
     handled |= {"gradient_checkpointing", "gradient_checkpointing_kwargs"}

@@ -1,0 +1,125 @@
+"""train.transformers: the hf stack's facts that changed between transformers releases, with the bytes
+derived by hand from each release's source (checks/stacks.py transformers_facts cites the lines).
+
+Shapes: Llama-3.2-1B (h 2048, 16 layers, vocab 128256, tied: 1,235,814,400 parameters, the embedding
+128256 x 2048 = 262,668,288 the largest tensor); Llama-2-7B (32 layers, head_dim 128,
+max_position_embeddings 4096); Mistral-7B (32 layers, head_dim 128, max_position_embeddings 32768).
+"""
+
+import pytest
+
+from podkit.checks import activations as A
+from podkit.checks.memory import estimate, trainable_params
+
+P_1B, EMBED_1B = 1_235_814_400, 128_256 * 2048
+V_3 = 128_256
+
+
+def part(est, label, phase):
+    return sum(p.bytes for p in est.phase_parts[phase] if p.label.startswith(label))
+
+
+# ---- 1. the Trainer's default AdamW kernel ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("transformers,torch,impl,step_bytes", [
+    # adamw_hf until 4.32 (transformers' own AdamW loop), priced as torch's for-loop: 2 x the embedding, fp32.
+    ("4.31.0", "", "for-loop", 2 * EMBED_1B * 4),
+    # adamw_torch = torch.optim.AdamW, foreach on CUDA: _foreach_sqrt of every fp32 exp_avg_sq at once.
+    ("4.32.0", "", "foreach", P_1B * 4),
+    ("4.53.3", "2.9.0", "foreach", P_1B * 4),
+    ("4.54.0", "2.7.1", "foreach", P_1B * 4),  # fused only from torch 2.8
+    ("4.54.0", "2.8.0", "fused", 0),          # adamw_torch_fused: updates in place
+    ("4.57.1", "", "fused", 0),
+    ("", "", "fused", 0),                     # a current transformers with a current torch
+])
+def test_trainer_default_adamw_kernel_follows_transformers_and_torch(job, transformers, torch, impl, step_bytes):
+    j = job(train=f"stack = 'hf'\ntransformers = '{transformers}'\ntorch = '{torch}'")
+    assert trainable_params(j) == P_1B
+    assert j.facts.optimizer_impl == impl
+    assert part(estimate(j), "step temporaries", "step") == step_bytes
+    # An explicit kernel (a script that builds its own torch.optim.AdamW) wins over the Trainer's default.
+    j = job(train=f"stack = 'hf'\ntransformers = '{transformers}'\ntorch = '{torch}'\noptimizer_impl = 'foreach'")
+    assert part(estimate(j), "step temporaries", "step") == P_1B * 4
+
+
+# ---- 2. rotary cos/sin tables kept as buffers by every attention layer ------------------------------
+
+
+LLAMA2_7B_TABLES = 32 * 2 * 4096 * 128  # layers x (cos, sin) x max_position_embeddings x head_dim
+
+
+@pytest.mark.parametrize("transformers,kept", [
+    ("4.31.0", True), ("4.37.2", True),   # cos_cached / sin_cached from _set_cos_sin_cache
+    ("4.38.0", False), ("4.38.1", False),  # 4.38.0-4.38.1 compute cos/sin per forward, no table
+    ("4.38.2", True), ("4.39.3", True), ("4.40.2", True),  # _cos_cached / _sin_cached "for BC"
+    ("4.41.0", False), ("", False),
+])
+def test_llama_rotary_buffers_by_release(job, transformers, kept):
+    lora = job(model='preset = "llama-2-7b"', train=f"stack = 'hf'\nlora_rank = 8\ntransformers = '{transformers}'")
+    # A LoRA base is loaded in the compute dtype (bf16): torch.get_default_dtype() while it is built.
+    assert part(estimate(lora), "rotary cos/sin", "step") == (LLAMA2_7B_TABLES * 2 if kept else 0)
+    if kept:
+        # A full fine-tune under bf16-mixed keeps fp32 weights, so it was built in fp32: 4 B per value.
+        full = job(model='preset = "llama-2-7b"', train=f"stack = 'hf'\ntransformers = '{transformers}'")
+        assert part(estimate(full), "rotary cos/sin", "step") == LLAMA2_7B_TABLES * 4
+
+
+def test_rotary_buffers_are_on_every_gpu_and_other_families_end_elsewhere(job):
+    # FSDP1 flattens parameters only: each rank keeps every layer's tables whole.
+    sharded = job(model='preset = "llama-2-7b"',
+                  train="stack = 'hf'\nlora_rank = 8\nprecision = 'bf16'\ntransformers = '4.39.3'",
+                  cluster="gpu = 'A100-80GB'\ngpus_per_node = 2\nsharding = 'zero3'")
+    assert part(estimate(sharded), "rotary cos/sin", "step") == LLAMA2_7B_TABLES * 2
+    # Mistral kept its cos_cached / sin_cached through 4.41.x, 32768 positions long.
+    for transformers, kept in (("4.41.2", True), ("4.42.0", False)):
+        j = job(model='preset = "mistral-7b"', train=f"stack = 'hf'\nlora_rank = 8\ntransformers = '{transformers}'")
+        assert part(estimate(j), "rotary cos/sin", "step") == (32 * 2 * 32768 * 128 * 2 if kept else 0)
+    # Explicit dimensions size them by model.max_position_embeddings (the peft doc's Llama-2-70B).
+    j = job(model="hidden = 8192\nlayers = 80\nheads = 64\nkv_heads = 8\nffn = 28672\nvocab = 32000\n"
+                  "max_position_embeddings = 4096",
+            train="stack = 'hf'\nlora_rank = 8\nprecision = 'bf16'\ntransformers = '4.39.0'")
+    assert part(estimate(j), "rotary cos/sin", "step") == 80 * 2 * 4096 * 128 * 2
+
+
+# ---- 3. the loss path ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("transformers,loss,forward,per_logit", [
+    # <= 4.45: the model's fp32 logits (the 16-bit ones freed by .float()) + the shifted fp32 copy +
+    # log-softmax = 12 B; backward 3 x 4 B: the same peak as >= 4.49's max(2 + 4 + 4, 3 x 4) = 12.
+    ("4.39.3", "fp32-upcast", 10, 12),
+    # 4.46-4.48 ForCausalLMLoss: the 16-bit logits (still in `outputs`) 2 + fp32 copy 4 + shifted copy 4
+    # + log-softmax 4 = 14 B at the forward peak.
+    ("4.46.0", "fp32-upcast-shifted", 14, 14),
+    ("4.48.3", "fp32-upcast-shifted", 14, 14),
+    ("4.49.0", "fp32-upcast", 10, 12),  # labels padded, no logits copy
+    ("", "fp32-upcast", 10, 12),
+])
+def test_loss_path_follows_the_release(job, transformers, loss, forward, per_logit):
+    j = job(model='preset = "llama-3.2-3b"',
+            train=f"stack = 'hf'\nprecision = 'bf16'\nseq_len = 1024\ntransformers = '{transformers}'")
+    assert j.facts.loss == loss and j.facts.loss_upcast
+    lb = A.loss_bytes(j, 1024)
+    assert (lb.forward, lb.backward, lb.kept, lb.hole) == (forward, 12, 0, 2)
+    assert part(estimate(j), "loss:", "forward-end") == per_logit * V_3 * 1024
+
+
+# ---- 4. reentrant checkpointing by default before transformers 5 --------------------------------------
+
+
+def test_checkpointing_is_reentrant_before_transformers_5(job):
+    H, QD, F, L = 2048, 2048, 8192, 16
+
+    def acts(transformers):
+        j = job(train="stack = 'hf'\nlora_rank = 16\nbase_quant = 'nf4'\nprecision = 'bf16'\nseq_len = 512\n"
+                      f"checkpointing = 'full'\nbitsandbytes = '0.43.0'\ntransformers = '{transformers}'")
+        return j.facts.reentrant, part(estimate(j), "saved activations", "forward-end")
+
+    # gradient_checkpointing_enable: use_reentrant True through 4.57, False from 5.0.0. bitsandbytes
+    # < 0.43.2 keeps each 4-bit matmul's input in ctx until backward, which only a reentrant
+    # checkpoint's no_grad forward avoids: q/k/v's normed input (h), o_proj's input (q_dim), gate/up's
+    # (h) and down's (ffn), bf16, for every layer.
+    (old, kept_old), (new, kept_new) = acts("4.57.1"), acts("5.0.0")
+    assert old and not new
+    assert kept_new - kept_old == L * 512 * (2 * H + QD + F) * 2
