@@ -45,6 +45,10 @@ def test_default_run_passes_with_every_output(tmp_path):
         assert r[term]["measured"] > 0
         assert abs(r[term]["error"]) < 0.10, r[term]
     assert s["tokens_per_s"] > 0 and s["mfu"] is None  # no MFU without a GPU peak to divide by
+    # strict JSON: every null says why (device memory, MFU, the card's limit and capacity on a CPU)
+    nulls = {f"/{k}" for k, v in s.items() if v is None}
+    assert {"/mfu", "/device_peak", "/capacity"} <= nulls <= set(s["null_reasons"]), s["null_reasons"]
+    assert s["null_reasons"]["/mfu"] == "no peak FLOPS to divide by on a CPU"
     assert (run / "memory.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     snap = pickle.loads((run / "memory_snapshot.pickle").read_bytes())
     assert any(e["action"] == "alloc" for e in snap["device_traces"][0])

@@ -492,6 +492,7 @@ class SmokeRun:
             "prediction_error": next((r.to_json()["error"] for r in rows if r.name == "peak allocated"), None),
             "duration_s": round(time.time() - self.started, 2),
         }
+        self.summary["null_reasons"] = self._null_reasons()
         if verdict.status == "oom":
             self.summary["suggestions"] = [
                 {"changes": {name: [old, new] for name, old, new in s.changes}, "total": s.estimate.total,
@@ -501,6 +502,26 @@ class SmokeRun:
         if self.run_dir:
             self._write_outputs(rows)
         return verdict
+
+    def _null_reasons(self) -> dict[str, str]:
+        """Why each unknown value of the summary is null (strict JSON: null and a reason)."""
+        cpu = self.device.type != "cuda"
+        why = {
+            "loss_first": "no step finished", "loss_last": "no step finished",
+            "loss_floor": "train.dataset is real data: no known entropy floor",
+            "peak_allocated": "no memory reading was taken", "peak_reserved":
+                "a CPU run counts tensors: there is no caching allocator" if cpu else "no memory reading was taken",
+            "device_peak": "a CPU run has no device memory (NVML)" if cpu
+                else "NVML gave no reading (nvidia-ml-py missing, or no access to the device)",
+            "limit": "no smoke.peak_limit_gb, and a CPU has no card capacity",
+            "capacity": "a CPU run has no card capacity",
+            "tokens_per_s": "no step was timed", "step_time": "no step was timed",
+            "mfu": "no peak FLOPS to divide by on a CPU" if cpu
+                else f"no peak FLOPS for {self.t.precision} on {self.gpu.name} in the GPU catalog",
+            "prediction_error": "no measured peak to compare",
+            "run_id": "no run directory (a rank other than 0)",
+        }
+        return {f"/{k}": why[k] for k, v in self.summary.items() if v is None and k in why}
 
     def _limit(self) -> int | None:
         if self.job.smoke.peak_limit_gb:
