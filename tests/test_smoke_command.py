@@ -46,6 +46,8 @@ def test_plain_torch_loop_stops_after_n_steps_and_passes(tmp_path):
                                                                   "loss_fell": True}
     # parameters (1,153 fp32 = 4.6 KB) + the input batch and activations (>= 256 x 64 x 4 B) counted on CPU
     assert 60_000 < s["peak_allocated"] < 5_000_000
+    nulls = {f"/{k}" for k, v in s.items() if v is None}  # strict JSON: each null says why
+    assert {"/mfu", "/predicted", "/device_peak"} <= nulls <= set(s["null_reasons"]), s["null_reasons"]
     run = tmp_path / "runs" / "r"
     log = (run / "smoke.log").read_text()
     assert "SCRIPT RAN TO ITS END" not in log  # stopped at step 20 of 1000

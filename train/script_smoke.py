@@ -198,6 +198,19 @@ def summarize(command, code: int | None, how: str, run_dir: RunDir, steps: int, 
             tokens = job.train.micro_batch * job.train.grad_accum * job.train.seq_len
             summary["tokens_per_s"] = tokens / summary["step_time"]
         summary["warnings"] += prediction_warnings(rows)
+    why = {  # strict JSON: every null says why
+        "loss_first": "no optimizer step was seen", "loss_last": "no optimizer step was seen",
+        "peak_allocated": "no rank reported a memory reading", "peak_reserved":
+            "no caching allocator on a CPU run" if not cuda else "no rank reported a memory reading",
+        "device_peak": "a CPU run has no device memory (NVML)" if not cuda else "NVML gave no reading",
+        "step_time": "no optimizer step was timed",
+        "tokens_per_s": "no job config (--from/--config) gives the tokens per step" if job is None
+            else "no optimizer step was timed",
+        "mfu": "your command's FLOPS per step are not known to podkit",
+        "predicted": "no job config (--from/--config) to predict from",
+        "exit_code": "the command did not end by itself",
+    }
+    summary["null_reasons"] = {f"/{k}": why[k] for k, v in summary.items() if v is None and k in why}
     return summary
 
 
