@@ -230,3 +230,41 @@ def test_the_run_is_compared_with_the_replica_it_runs(tmp_path, train, left_out)
     for term in ("params", "grads", "optimizer", "peak in step", "peak allocated"):
         assert abs(r[term]["error"]) < 0.10, r[term]
     assert not [w for w in s["warnings"] if w.startswith(("params", "grads", "optimizer", "peak in step"))]
+
+
+def test_a_rank_killed_from_outside_is_a_failed_run_not_an_interrupted_one(tmp_path):
+    """SIGKILL one of two gloo ranks mid-run (what the kernel's OOM killer does): rank 0 sees the broken
+    connection (or torchrun's SIGTERM), and the launcher, which nobody signalled, reports a failed run
+    (exit 1) whose first reason names the rank that died without a word and the OOM killer, never a
+    Ctrl-C 'interrupted' (130)."""
+    job = tiny_job(tmp_path, cluster={"gpus_per_node": 2}, smoke={"steps": 5000})
+    out = tmp_path / "runs"
+    proc = subprocess.Popen([str(ROOT / "bin" / "smoke"), "--config", str(job), "--output-dir", str(out),
+                             "--run-id", "k"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def rank1() -> int | None:
+        for d in os.listdir("/proc"):
+            try:
+                env = open(f"/proc/{d}/environ", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            if b"PODKIT_RUN_ID=k" in env and b"LOCAL_RANK=1" in env and b"PODKIT_LAUNCHER=1" in env:
+                steps = out / "k" / "metrics.rank1.jsonl"
+                if steps.exists() and steps.read_text().count("\n") >= 3:  # training, not starting up
+                    return int(d)
+        return None
+
+    try:
+        deadline = time.time() + 120
+        while (pid := rank1()) is None:
+            assert time.time() < deadline and proc.poll() is None, "rank 1 never started training"
+            time.sleep(0.2)
+        os.kill(pid, signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, err[-2000:]
+    s = json.loads((out / "k" / "summary.json").read_text())
+    assert s["status"] == "failed" and s["reasons"][0].startswith("rank 1 died without an error"), s["reasons"]
+    assert "out-of-memory killer" in s["reasons"][0] and "interrupted" not in err.splitlines()[-1]

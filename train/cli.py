@@ -305,6 +305,18 @@ def _launch_torchrun(job, root: Path, run_id: str, as_json: bool, nodes: int = 1
     if summary is None:
         click.echo(f"smoke: torchrun exited {code} without a summary; see {root / run_id}", err=True)
         return 1
+    if summary.get("status") in ("interrupted", "failed") and code != 0:
+        # Nobody signalled this launcher, yet torchrun failed: another rank died and torchrun stopped the rest
+        # (rank 0 then reads SIGTERM, or a peer's broken connection). A rank whose log ends without an error
+        # or a stop was killed from outside, most often by the kernel's OOM killer.
+        killed = _ranks_killed_outright(root / run_id)
+        if killed or summary["status"] == "interrupted":
+            first = (f"rank {', '.join(map(str, killed))} died without an error in its log (smoke.rank<N>.log): "
+                     "killed from outside (SIGKILL), most often by the kernel's out-of-memory killer; see `dmesg`"
+                     if killed else f"another rank died and torchrun (exit {code}) stopped the rest; see {root / run_id}")
+            rest = summary.get("reasons", []) if summary["status"] == "failed" else []
+            summary = dict(summary, status="failed", reasons=[first, *rest])
+            summary_path.write_text(strict_json.dumps(summary, indent=2))
     if summary.get("status") == "running":
         click.echo(f"smoke: torchrun exited {code} before rank 0 finished; see {root / run_id}/smoke.log", err=True)
         return 1
@@ -312,6 +324,19 @@ def _launch_torchrun(job, root: Path, run_id: str, as_json: bool, nodes: int = 1
     from podkit.train.verdict import EXIT_CODES
 
     return EXIT_CODES.get(summary.get("status"), 1)
+
+
+def _ranks_killed_outright(run_path: Path) -> list[int]:
+    """Ranks (> 0) whose log has neither a Python error nor a stop: they ended without a word."""
+    killed = []
+    for log_file in sorted(run_path.glob("smoke.rank*.log")):
+        text = log_file.read_text(errors="replace")
+        if not any(mark in text for mark in ("Traceback", "run failed", "interrupted", "out of memory")):
+            try:
+                killed.append(int(log_file.name[len("smoke.rank"):-len(".log")]))
+            except ValueError:
+                continue
+    return killed
 
 
 WORKER_BOOT = ('import sys; sys.path[:1] = [] if sys.path[:1] == [""] else sys.path[:1]; '
