@@ -88,9 +88,13 @@ def test_a_rerun_waits_for_an_install_still_holding_the_lock(tmp_path):
     shutil.rmtree(project)
 
 
-def test_the_probe_and_the_plan_see_the_torch_in_the_project_venv(tmp_path):
+def test_the_probe_and_the_plan_see_the_torch_in_the_project_venv(tmp_path, monkeypatch):
     """An image without torch: envsetup put torch into .venv, and the plan must see it there."""
     from podkit.envsetup.resolve import resolve
+
+    # The probe also tries `command -v python3`: with the suite's venv activated that is a torch python.
+    monkeypatch.setenv("PATH", os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep)
+                                               if not p.startswith(sys.prefix)))
 
     image_python = shutil.which("python3", path="/usr/bin:/usr/local/bin")
     if subprocess.run([image_python, "-c", "import torch"], capture_output=True).returncode == 0:
