@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from podkit.checks import strict_json
+from podkit.checks import gpus as gpu_catalog, strict_json
 from podkit.checks.config import EXAMPLE_JOB, load_job
 from podkit.checks.command import OneLineCommand
 from podkit.checks.errors import ConfigError
@@ -43,7 +43,8 @@ def run_preflight(config: str, gpu: str | None, probe: bool, job=None):
 @click.command(cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--config", "-c", "config", default=str(EXAMPLE_JOB), show_default="the bundled example job",
               help="Job TOML file (see checks/examples/).")
-@click.option("--gpu", help="GPU catalog name to predict for, overriding [cluster].gpu (e.g. H100, A10G, RTX4090).")
+@click.option("--gpu", help=f"GPU to predict for, overriding [cluster].gpu: a catalog name ({gpu_catalog.catalog_names()}) "
+                           f"or the name nvidia-smi shows; short names mean one card: {gpu_catalog.short_name_meanings()}.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 @click.option("--no-probe", is_flag=True, help="Skip looking at this machine (env, packages, GPU, disk).")
 @click.option("--traced", is_flag=True,

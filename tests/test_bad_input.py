@@ -140,6 +140,7 @@ CASES = [
     ("gpu-gh200", "preflight", ["--gpu", "GH200"], {}, "GH200"),
     ("gpu-empty", "preflight", ["--gpu", ""], {}, "cluster.gpu"),
     ("gpu-h1000-suggests-h100", "preflight", ["--gpu", "H1000"], {}, "'H100'"),
+    ("gpu-size-not-the-cards", "preflight", ["--gpu", "H100 96GB"], {}, "no catalog card of that size"),
     ("gpu-in-config-unknown", "preflight", ["-c", "j.toml"], {"j.toml": job(cluster={"gpu": '"GH200"'})}, "GH200"),
     # -- usage errors
     ("preflight-unknown-option", "preflight", ["--bogus"], {}, "bin/preflight"),

@@ -55,6 +55,14 @@ def test_gpu_override():
     assert data["gpu"]["name"] == "H100-SXM" and data["memory"]["gpu_capacity"] == 81559 * 2**20
 
 
+def test_h100_nvl_in_the_config_is_predicted_for_its_94gb(tmp_path):
+    """It was mapped silently to the 80 GB H100 PCIe (the review's finding 4)."""
+    job = tmp_path / "nvl.toml"
+    job.write_text('[model]\npreset = "llama-3.2-1b"\n[cluster]\ngpu = "H100 NVL"\n')
+    data = json.loads(preflight("--config", str(job), "--json", "--no-probe").stdout)
+    assert data["gpu"]["name"] == "H100-NVL" and data["memory"]["gpu_capacity"] == 95830 * 2**20
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--config", "/nonexistent/job.toml"], "does not exist"),
     (["--gpu", "H1OO"], "unknown GPU 'H1OO'"),
