@@ -142,6 +142,26 @@ CASES = [
     ("gpu-h1000-suggests-h100", "preflight", ["--gpu", "H1000"], {}, "'H100'"),
     ("gpu-size-not-the-cards", "preflight", ["--gpu", "H100 96GB"], {}, "no catalog card of that size"),
     ("gpu-in-config-unknown", "preflight", ["-c", "j.toml"], {"j.toml": job(cluster={"gpu": '"GH200"'})}, "GH200"),
+    # -- --from: values the tools themselves refuse, and a misspelt KIND
+    # DeepSpeed's ZeroStageEnum (runtime/zero/config.py) is 0-3; 4 was clamped to zero3, -1 indexed it.
+    ("from-deepspeed-stage-4", "preflight", ["--from", "ds.json", "--model", "tiny"],
+     {"ds.json": '{"zero_optimization": {"stage": 4}}'}, "zero_optimization.stage: must be 0, 1, 2 or 3"),
+    ("from-deepspeed-stage-minus-1", "preflight", ["--from", "ds.json", "--model", "tiny"],
+     {"ds.json": '{"zero_optimization": {"stage": -1}}'}, "zero_optimization.stage: must be 0, 1, 2 or 3"),
+    ("from-accelerate-zero-stage-5", "preflight", ["--from", "acc.yaml", "--model", "tiny"],
+     {"acc.yaml": "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 5\n"},
+     "deepspeed_config.zero_stage: must be 0, 1, 2 or 3"),
+    # transformers TrainingArguments.__post_init__: "At most one of fp16 and bf16 can be True".
+    ("from-trainer-bf16-and-fp16", "preflight", ["--from", "args.json", "--model", "tiny"],
+     {"args.json": '{"per_device_train_batch_size": 2, "bf16": true, "fp16": true}'}, "bf16, fp16: both are true"),
+    ("from-model-contradicts-file", "preflight", ["--from", "args.json", "--model", "tiny"],
+     {"args.json": '{"model_name_or_path": "Qwen/Qwen2.5-7B", "per_device_train_batch_size": 1}'},
+     "args.json names the model (model.preset = 'qwen2.5-7b'), --model says 'tiny'"),
+    ("from-unknown-kind", "preflight", ["--from", "foo:args.json"], {"args.json": '{"bf16": true}'},
+     "unknown kind 'foo'"),
+    ("smoke-from-model-contradicts-file", "smoke", ["--from", "args.json", "--model", "tiny"],
+     {"args.json": '{"model_name_or_path": "Qwen/Qwen2.5-7B", "per_device_train_batch_size": 1}'},
+     "names the model"),
     # -- usage errors
     ("preflight-unknown-option", "preflight", ["--bogus"], {}, "bin/preflight"),
     ("preflight-gpu-without-value", "preflight", ["--gpu"], {}, "bin/preflight"),

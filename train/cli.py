@@ -82,7 +82,7 @@ def _fail(message: str | ConfigError, as_json: bool = False) -> None:
 @click.option("--inject-fault", default="", hidden=True, help="Test hook: nan:STEP or oom:STEP.")
 @click.option("--from", "from_files", multiple=True, metavar="[KIND:]FILE",
               help="With -- COMMAND: your own configs (as bin/preflight --from), to print predicted vs measured.")
-@click.option("--model", "model_preset", default=None, help="With --from: the model preset when no file names it.")
+@click.option("--model", "model_preset", default=None, help="With --from: the model preset when no file names it (refused when one does).")
 @click.option("--timeout", type=float, default=None, help="With -- COMMAND: stop it after this many seconds.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def main(config, steps, device, output_dir, run_id, as_json, sink, inject_fault, from_files=(), model_preset=None,
