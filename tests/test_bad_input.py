@@ -115,6 +115,8 @@ CASES = [
     ("unknown-optimizer", "preflight", ["-c", "j.toml"], {"j.toml": job(train={"optimizer": '"adamm"'})},
      "train.optimizer"),
     ("unknown-key", "preflight", ["-c", "j.toml"], {"j.toml": job(train={"micro_bacth": "2"})}, "micro_batch"),
+    ("key-in-the-wrong-section", "preflight", ["-c", "j.toml"], {"j.toml": job(train={"offload": '"optimizer"'})},
+     "`offload` is a [cluster] key (move it under [cluster])"),
     ("unknown-section", "preflight", ["-c", "j.toml"], {"j.toml": job() + "[trian]\nx = 1\n"}, "[trian]"),
     ("wrong-type", "preflight", ["-c", "j.toml"], {"j.toml": job(train={"seq_len": '"long"'})}, "train.seq_len"),
     ("bool-for-int", "preflight", ["-c", "j.toml"], {"j.toml": job(train={"micro_batch": "true"})}, "train.micro_batch"),
