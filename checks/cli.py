@@ -28,7 +28,7 @@ def run_preflight(config: str, gpu: str | None, probe: bool, job=None):
     if gpu is not None:
         gpus.lookup(gpu)  # '' included: an empty --gpu is an error, not "the config's GPU"
         job = job.replace(cluster={"gpu": gpu})
-    facts = HostFacts.probe(job.train.output_dir, gpu_probe=probe) if probe else HostFacts(env={}, packages={})
+    facts = HostFacts.probe(job.train.output_dir, gpu_probe=probe) if probe else HostFacts.unprobed()
     if probe and not gpu and facts.gpus:
         # On the pod itself, the GPU that is there beats the one the config names.
         try:
@@ -46,7 +46,8 @@ def run_preflight(config: str, gpu: str | None, probe: bool, job=None):
 @click.option("--gpu", help=f"GPU to predict for, overriding [cluster].gpu: a catalog name ({gpu_catalog.catalog_names()}) "
                            f"or the name nvidia-smi shows; short names mean one card: {gpu_catalog.short_name_meanings()}.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
-@click.option("--no-probe", is_flag=True, help="Skip looking at this machine (env, packages, GPU, disk).")
+@click.option("--no-probe", is_flag=True,
+              help="Skip looking at this machine: its checks (env, packages, GPU, driver, disk) report skip.")
 @click.option("--traced", is_flag=True,
               help="Also run the training step at full size on fake tensors (needs torch; a CPU is enough; "
                    "tens of seconds) and show its phases beside the analytic ones.")

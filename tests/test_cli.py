@@ -55,6 +55,17 @@ def test_gpu_override():
     assert data["gpu"]["name"] == "H100-SXM" and data["memory"]["gpu_capacity"] == 81559 * 2**20
 
 
+def test_no_probe_reports_machine_checks_as_skipped():
+    """It used to say deps.installed 'missing here: torch, ...' and env.alloc_conf 'not set' having looked at nothing."""
+    data = json.loads(preflight("--no-probe", "--json").stdout)
+    checks = {c["id"]: c for c in data["checks"]}
+    for check_id in ("env.alloc_conf", "deps.installed", "gpu.arch", "gpu.driver", "disk.free"):
+        assert checks[check_id]["status"] == "skip" and checks[check_id]["message"] == "not probed (--no-probe)"
+    assert checks["memory.fit"]["status"] == "pass"
+    probed = {c["id"]: c for c in json.loads(preflight("--json").stdout)["checks"]}
+    assert probed["env.alloc_conf"]["status"] == "pass" and probed["disk.free"]["status"] != "skip"
+
+
 def test_h100_nvl_in_the_config_is_predicted_for_its_94gb(tmp_path):
     """It was mapped silently to the 80 GB H100 PCIe (the review's finding 4)."""
     job = tmp_path / "nvl.toml"
