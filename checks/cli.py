@@ -65,6 +65,9 @@ def main(config: str, gpu: str | None, as_json: bool, no_probe: bool, traced: bo
     Reads the job config, predicts params, grads, optimizer states, activations, the loss
     spike and overhead at the step's peak, says whether it fits and which changes make it
     fit, and checks precision, kernels, sharding, the allocator env and this machine.
+
+    Exit codes: 0 every check passed (warnings allowed), 1 a check failed, 2 bad input;
+    with --rank-gpus, 0 when some offered GPU type fits the job and is for rent, 1 when none does.
     """
     imported = None
     try:

@@ -139,3 +139,27 @@ def test_moe_reports_total_and_active_parameters(tmp_path):
     assert model["family"] == "qwen3_moe"
     text = preflight("--config", str(job))
     assert "30.53B params, 3.35B active per token" in " ".join(text.stdout.split())
+
+
+def _description(tool: str, *args: str) -> str:
+    """A command's --help up to its options: the part that says what it does."""
+    out = subprocess.run([str(ROOT / "bin" / tool), *args, "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    words = lambda text: " ".join(text.split())  # click wraps lines: compare across them
+    return words(out.stdout.split("\nOptions:")[0]), words(out.stdout)
+
+
+def test_help_texts_name_every_mode_and_exit_code():
+    from podkit.train.verdict import EXIT_CODES
+
+    pod, _ = _description("pod")
+    for sub in ("up ", "down ", "ls ", "gpus ", "guard ", "deploy", "fetch-logs", "Exit codes"):
+        assert sub in pod, sub
+    smoke, full = _description("smoke")
+    assert "-- COMMAND" in smoke and "smoke.min_loss_drop" in smoke
+    # The exit codes the help lists are the ones the verdict uses (train/verdict.py EXIT_CODES).
+    assert all(f"{code} {'out of memory' if s == 'oom' else s}" in smoke for s, code in EXIT_CODES.items()), smoke
+    assert "2 bad input" in smoke and "the job whose replica is trained" in full  # --from works without a command
+    preflight_help, full = _description("preflight")
+    assert "Exit codes: 0 every check passed" in preflight_help and "1 a check failed, 2 bad input" in preflight_help
+    assert "H100 = H100-SXM" in full and "H100-NVL" in full
