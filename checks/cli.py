@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from podkit.checks import strict_json
+from podkit.checks import gpus as gpu_catalog, strict_json
 from podkit.checks.config import EXAMPLE_JOB, load_job
 from podkit.checks.command import OneLineCommand
 from podkit.checks.errors import ConfigError
@@ -28,7 +28,7 @@ def run_preflight(config: str, gpu: str | None, probe: bool, job=None):
     if gpu is not None:
         gpus.lookup(gpu)  # '' included: an empty --gpu is an error, not "the config's GPU"
         job = job.replace(cluster={"gpu": gpu})
-    facts = HostFacts.probe(job.train.output_dir, gpu_probe=probe) if probe else HostFacts(env={}, packages={})
+    facts = HostFacts.probe(job.train.output_dir, gpu_probe=probe) if probe else HostFacts.unprobed()
     if probe and not gpu and facts.gpus:
         # On the pod itself, the GPU that is there beats the one the config names.
         try:
@@ -43,16 +43,18 @@ def run_preflight(config: str, gpu: str | None, probe: bool, job=None):
 @click.command(cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--config", "-c", "config", default=str(EXAMPLE_JOB), show_default="the bundled example job",
               help="Job TOML file (see checks/examples/).")
-@click.option("--gpu", help="GPU catalog name to predict for, overriding [cluster].gpu (e.g. H100, A10G, RTX4090).")
+@click.option("--gpu", help=f"GPU to predict for, overriding [cluster].gpu: a catalog name ({gpu_catalog.catalog_names()}) "
+                           f"or the name nvidia-smi shows; short names mean one card: {gpu_catalog.short_name_meanings()}.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
-@click.option("--no-probe", is_flag=True, help="Skip looking at this machine (env, packages, GPU, disk).")
+@click.option("--no-probe", is_flag=True,
+              help="Skip looking at this machine: its checks (env, packages, GPU, driver, disk) report skip.")
 @click.option("--traced", is_flag=True,
               help="Also run the training step at full size on fake tensors (needs torch; a CPU is enough; "
                    "tens of seconds) and show its phases beside the analytic ones.")
 @click.option("--from", "from_files", multiple=True, metavar="[KIND:]FILE",
               help="Read the job from your own configs (repeatable): TrainingArguments/SFTConfig, peft, "
                    "bitsandbytes, DeepSpeed JSON, accelerate or axolotl YAML, torchtitan TOML; over --config if given.")
-@click.option("--model", "model_preset", default=None, help="With --from: the model preset when no file names it.")
+@click.option("--model", "model_preset", default=None, help="With --from: the model preset when no file names it (refused when one does).")
 @click.option("--emit-toml", is_flag=True, help="With --from: print the resulting job TOML and exit.")
 @click.option("--rank-gpus", "rank_gpus", metavar="PRICES",
               help="Rank the GPU types in PRICES (bin/pod gpus --json; - for stdin) where the job fits, cheapest per hour first.")
@@ -63,6 +65,9 @@ def main(config: str, gpu: str | None, as_json: bool, no_probe: bool, traced: bo
     Reads the job config, predicts params, grads, optimizer states, activations, the loss
     spike and overhead at the step's peak, says whether it fits and which changes make it
     fit, and checks precision, kernels, sharding, the allocator env and this machine.
+
+    Exit codes: 0 every check passed (warnings allowed), 1 a check failed, 2 bad input;
+    with --rank-gpus, 0 when some offered GPU type fits the job and is for rent, 1 when none does.
     """
     imported = None
     try:

@@ -414,6 +414,11 @@ def _build(section: str, cls, raw: Any):
     kwargs = {}
     for key, value in raw.items():
         if key not in fields:
+            elsewhere = [f"[{name}]" for name, other in SECTIONS.items()
+                         if name != section and key in {f.name for f in dataclasses.fields(other)}]
+            if elsewhere:  # the right key in the wrong table: say where it goes, not every key of this one
+                raise ConfigError(f"{section}.{key}", f"unknown key: `{key}` is a {' / '.join(elsewhere)} key",
+                                  f"move it under {elsewhere[0]}")
             hint = closest(key, fields)
             raise ConfigError(f"{section}.{key}", "unknown key", hint or "known: " + ", ".join(fields))
         expected = type(fields[key].default)

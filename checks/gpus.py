@@ -68,7 +68,14 @@ CATALOG: dict[str, GpuSpec] = {
         GpuSpec("A100-80GB", 81920, (8, 0), 312, 312, 2039),
         GpuSpec("H100-PCIe", 81559, (9, 0), 756, 756, 2000),
         GpuSpec("H100-SXM", 81559, (9, 0), 989, 989, 3350),
+        # The H100 NVL is its own card, not an H100 PCIe: 94 GB HBM3 at 3.9 TB/s, BF16/FP16 tensor
+        # 1,671 TFLOPS with sparsity (NVIDIA H100 datasheet, "H100 NVL" column), halved for dense;
+        # nvidia-smi reports memory.total 95830 MiB.
+        GpuSpec("H100-NVL", 95830, (9, 0), 835, 835, 3900),
         GpuSpec("H200", 143771, (9, 0), 989, 989, 4800),
+        # H200 NVL (PCIe, NVLink bridge): the H200's 141 GB at 4.8 TB/s but BF16/FP16 tensor 1,671 TFLOPS
+        # with sparsity, not the SXM's 1,979 (NVIDIA H200 datasheet, "H200 NVL" column); memory.total 143771 MiB.
+        GpuSpec("H200-NVL", 143771, (9, 0), 835, 835, 4800),
         GpuSpec("B200", 183359, (10, 0), 2250, 2250, 8000),
     ]
 }
@@ -78,8 +85,9 @@ CATALOG: dict[str, GpuSpec] = {
 # so the more specific rules come first (a10g before a10, l40s before l4).
 _RULES: list[tuple[tuple[str, ...], str]] = [
     (("h100", "pcie"), "h100-pcie"),
-    (("h100", "nvl"), "h100-pcie"),
+    (("h100", "nvl"), "h100-nvl"),
     (("h100",), "h100-sxm"),
+    (("h200", "nvl"), "h200-nvl"),
     (("h200",), "h200"),
     (("b200",), "b200"),
     (("a100", "40gb"), "a100-40gb"),
@@ -100,6 +108,19 @@ _RULES: list[tuple[tuple[str, ...], str]] = [
 
 
 FAMILIES = ("H100", "A100", "RTX3090", "RTX4090", "RTX5090")
+# Short names that stand for one card of several: --gpu's help says which.
+SHORT_NAMES = ("H100", "A100", "V100")
+# A stated size ('H100 96GB') must be the card's within this fraction, or the name is not that card.
+_STATED_MEMORY_TOLERANCE = 0.10
+
+
+def short_name_meanings() -> str:
+    """'H100 = H100-SXM (80 GiB), ...': what each short name in SHORT_NAMES resolves to."""
+    return ", ".join(f"{s} = {lookup(s).name} ({lookup(s).memory_mib / 1024:.0f} GiB)" for s in SHORT_NAMES)
+
+
+def catalog_names() -> str:
+    return ", ".join(g.name for g in CATALOG.values())
 
 
 def _part_pattern(part: str) -> str:
@@ -119,8 +140,22 @@ def lookup(name: str) -> GpuSpec:
         # 'a10' must not match 'a1000': a part ending in a digit may not run on into more digits; nor
         # may one starting with a letter be the tail of a longer word ('h200' is not 'gh200').
         if all(re.search(_part_pattern(part), words) for part in parts):
-            return CATALOG[target]
+            spec = CATALOG[target]
+            _check_stated_memory(name, words, spec)
+            return spec
     names = [g.name for g in CATALOG.values()]
     # Family names too, so 'H1000' is close to 'H100' rather than to 'V100'.
     hint = closest(name, names + list(FAMILIES)) or "known: " + ", ".join(names)
     raise ConfigError("cluster.gpu", f"unknown GPU {name!r}", hint)
+
+
+def _check_stated_memory(name: str, words: str, spec: GpuSpec) -> None:
+    """A name that states its memory ('H100 96GB', 'RTX 4090 48GB') is refused when the matched card
+    has another size: predicting for the catalog's card would mis-size it silently."""
+    stated = re.search(r"(?<!\d)(\d{2,3}) ?gb\b", words)
+    if not stated:
+        return
+    gb, card_gib = int(stated.group(1)), spec.memory_mib / 1024
+    if abs(card_gib - gb) > _STATED_MEMORY_TOLERANCE * gb:
+        raise ConfigError("cluster.gpu", f"{name!r} has {gb} GB, but the catalog's {spec.name} has {card_gib:.0f} GiB: "
+                          "no catalog card of that size", "known: " + catalog_names())

@@ -43,6 +43,11 @@ class HostFacts:
     disk_free: int | None = None  # bytes free where runs are written
     disk_blocked: str = ""  # why runs cannot be written there at all (an ancestor is a file, read-only)
     cpu_count: int = 1
+    probed: bool = True  # False: nothing was looked at (preflight --no-probe), so no machine check can judge
+
+    @classmethod
+    def unprobed(cls) -> "HostFacts":
+        return cls(env={}, packages={}, probed=False)
 
     @classmethod
     def probe(cls, output_dir: str = "runs", gpu_probe: bool = True) -> "HostFacts":

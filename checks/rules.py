@@ -337,6 +337,16 @@ def dataset(job: JobConfig) -> CheckResult:
     return CheckResult("data.path", PASS, f"{p} ({p.stat().st_size:,} bytes)")
 
 
+def machine_checks(job: JobConfig, facts: HostFacts) -> list[CheckResult]:
+    """The checks that judge this machine; skipped, not judged on empty facts, when it was not looked at."""
+    checks = [("env.alloc_conf", lambda: alloc_conf(facts)), ("env.tokenizers", lambda: tokenizers(job, facts)),
+              ("deps.installed", lambda: dependencies(job, facts)), ("gpu.arch", lambda: gpu_arch(facts)),
+              ("gpu.driver", lambda: gpu_driver(facts)), ("disk.free", lambda: disk_space(job, facts))]
+    if not facts.probed:
+        return [CheckResult(check_id, SKIP, "not probed (--no-probe)") for check_id, _ in checks]
+    return [check() for _, check in checks]
+
+
 def run_checks(job: JobConfig, est: MemoryEstimate, facts: HostFacts,
                suggestions: list[Suggestion]) -> list[CheckResult]:
     return [
@@ -348,11 +358,6 @@ def run_checks(job: JobConfig, est: MemoryEstimate, facts: HostFacts,
         flash_attention(job),
         bnb_sharding(job),
         sharding_world(job),
-        alloc_conf(facts),
-        tokenizers(job, facts),
-        dependencies(job, facts),
-        gpu_arch(facts),
-        gpu_driver(facts),
-        disk_space(job, facts),
+        *machine_checks(job, facts),
         dataset(job),
     ]

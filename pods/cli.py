@@ -120,7 +120,22 @@ def guarded(fn):
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
-    """Pods: deploy code and environment, run commands detached, fetch logs back."""
+    """Pods: rent them on RunPod, deploy code and environment, run commands detached, fetch logs back.
+
+    \b
+    RunPod (key: RUNPOD_API_KEY or .podkit/env):
+      up      create a pod, wait for SSH, record it in pods.toml
+      down    stop it (volume kept) or --terminate it
+      ls      the account's pods, with each podkit pod's cost guard
+      gpus    GPU types, memory and price per hour
+    Any SSH host: deploy, run (detached), attach, stop, jobs, probe, fetch-logs.
+    Cost: guard shows, arms or cancels the watchdog that stops a pod (after
+      a smoke run, after HOURS, or when idle).
+
+    Exit codes: 0 ok, 1 envsetup/preflight or the remote command failed, 2 bad input or a
+    connection fault, 130 interrupted; run (without --detach) and attach exit with the
+    job's own code.
+    """
 
 
 @main.command("deploy")

@@ -55,6 +55,25 @@ def test_gpu_override():
     assert data["gpu"]["name"] == "H100-SXM" and data["memory"]["gpu_capacity"] == 81559 * 2**20
 
 
+def test_no_probe_reports_machine_checks_as_skipped():
+    """It used to say deps.installed 'missing here: torch, ...' and env.alloc_conf 'not set' having looked at nothing."""
+    data = json.loads(preflight("--no-probe", "--json").stdout)
+    checks = {c["id"]: c for c in data["checks"]}
+    for check_id in ("env.alloc_conf", "deps.installed", "gpu.arch", "gpu.driver", "disk.free"):
+        assert checks[check_id]["status"] == "skip" and checks[check_id]["message"] == "not probed (--no-probe)"
+    assert checks["memory.fit"]["status"] == "pass"
+    probed = {c["id"]: c for c in json.loads(preflight("--json").stdout)["checks"]}
+    assert probed["env.alloc_conf"]["status"] == "pass" and probed["disk.free"]["status"] != "skip"
+
+
+def test_h100_nvl_in_the_config_is_predicted_for_its_94gb(tmp_path):
+    """It was mapped silently to the 80 GB H100 PCIe (the review's finding 4)."""
+    job = tmp_path / "nvl.toml"
+    job.write_text('[model]\npreset = "llama-3.2-1b"\n[cluster]\ngpu = "H100 NVL"\n')
+    data = json.loads(preflight("--config", str(job), "--json", "--no-probe").stdout)
+    assert data["gpu"]["name"] == "H100-NVL" and data["memory"]["gpu_capacity"] == 95830 * 2**20
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--config", "/nonexistent/job.toml"], "does not exist"),
     (["--gpu", "H1OO"], "unknown GPU 'H1OO'"),
@@ -120,3 +139,27 @@ def test_moe_reports_total_and_active_parameters(tmp_path):
     assert model["family"] == "qwen3_moe"
     text = preflight("--config", str(job))
     assert "30.53B params, 3.35B active per token" in " ".join(text.stdout.split())
+
+
+def _description(tool: str, *args: str) -> str:
+    """A command's --help up to its options: the part that says what it does."""
+    out = subprocess.run([str(ROOT / "bin" / tool), *args, "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    words = lambda text: " ".join(text.split())  # click wraps lines: compare across them
+    return words(out.stdout.split("\nOptions:")[0]), words(out.stdout)
+
+
+def test_help_texts_name_every_mode_and_exit_code():
+    from podkit.train.verdict import EXIT_CODES
+
+    pod, _ = _description("pod")
+    for sub in ("up ", "down ", "ls ", "gpus ", "guard ", "deploy", "fetch-logs", "Exit codes"):
+        assert sub in pod, sub
+    smoke, full = _description("smoke")
+    assert "-- COMMAND" in smoke and "smoke.min_loss_drop" in smoke
+    # The exit codes the help lists are the ones the verdict uses (train/verdict.py EXIT_CODES).
+    assert all(f"{code} {'out of memory' if s == 'oom' else s}" in smoke for s, code in EXIT_CODES.items()), smoke
+    assert "2 bad input" in smoke and "the job whose replica is trained" in full  # --from works without a command
+    preflight_help, full = _description("preflight")
+    assert "Exit codes: 0 every check passed" in preflight_help and "1 a check failed, 2 bad input" in preflight_help
+    assert "H100 = H100-SXM" in full and "H100-NVL" in full

@@ -21,6 +21,10 @@ def test_required_gpus_are_catalogued(name):
     ("NVIDIA A100 80GB PCIe", "A100-80GB"),
     ("NVIDIA H100 80GB HBM3", "H100-SXM"),
     ("NVIDIA H100 PCIe", "H100-PCIe"),
+    ("NVIDIA H100 NVL", "H100-NVL"),
+    ("H100 NVL", "H100-NVL"),
+    ("NVIDIA H200 NVL", "H200-NVL"),
+    ("NVIDIA H200", "H200"),
     ("NVIDIA GeForce RTX 4090", "RTX4090"),
     ("NVIDIA GeForce RTX 5090", "RTX5090"),
     ("Tesla T4", "T4"),
@@ -46,3 +50,25 @@ def test_unknown_gpu_is_refused_not_guessed():
 
 def test_catalog_names_are_unique_keys():
     assert all(key == gpu.name.lower() for key, gpu in CATALOG.items())
+
+
+def test_h100_nvl_is_its_own_94gb_card():
+    """The review found 'H100 NVL' predicted as an 80 GB H100 PCIe. NVIDIA's H100 datasheet: 94 GB
+    HBM3, 3.9 TB/s, 1,671 BF16 TFLOPS with sparsity (835 dense), Hopper sm90."""
+    nvl, pcie = lookup("H100 NVL"), lookup("H100 PCIe")
+    assert nvl.memory_mib == 95830 and nvl.memory_mib > pcie.memory_mib
+    assert nvl.sm == 90 and nvl.bf16_tflops == 835 and nvl.bandwidth_gbs == 3900
+    assert lookup("H200 NVL").bf16_tflops < lookup("H200").bf16_tflops  # the NVL runs at a lower power limit
+
+
+@pytest.mark.parametrize("name", ["H100 96GB", "H100 94GB", "H100 80GB NVL", "RTX 4090 48GB",
+                                  "A100 32GB"])
+def test_a_stated_size_the_matched_card_lacks_is_refused(name):
+    with pytest.raises(ConfigError, match="no catalog card of that size"):
+        lookup(name)
+
+
+def test_short_names_say_which_card_they_mean():
+    from podkit.checks.gpus import short_name_meanings
+
+    assert "H100 = H100-SXM (80 GiB)" in short_name_meanings() and "A100 = A100-80GB" in short_name_meanings()

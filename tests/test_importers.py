@@ -325,3 +325,12 @@ def test_bad_input_is_one_line_exit_2(tmp_path, args, needle):
     out = preflight(*args)
     assert out.returncode == 2, out.stdout + out.stderr
     assert needle in out.stderr and len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+
+
+def test_a_path_with_a_colon_that_exists_is_still_a_file(tmp_path):
+    """'foo:FILE' with an unknown kind is refused as one, but a file really named so is read."""
+    odd = tmp_path / "run:3.json"
+    odd.write_text(json.dumps({"zero_optimization": {"stage": 3}}))
+    assert build_job(None, [str(odd)], model_preset="llama-3.2-1b").job.cluster.sharding == "zero3"
+    with pytest.raises(ConfigError, match="unknown kind 'dpsd'"):
+        build_job(None, [f"dpsd:{odd}"], model_preset="llama-3.2-1b")

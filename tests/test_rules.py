@@ -174,6 +174,20 @@ def test_dataset_path(job, tmp_path):
     assert rules.dataset(job(train=f"dataset = '{data}'")).status == "pass"
 
 
+MACHINE_CHECKS = ["env.alloc_conf", "env.tokenizers", "deps.installed", "gpu.arch", "gpu.driver", "disk.free"]
+
+
+def test_unprobed_machine_checks_skip_instead_of_judging_empty_facts(job):
+    """--no-probe looked at nothing: 'missing here: torch' or 'not set' would be claims about this machine."""
+    j = job(model='preset = "gpt2-124m"', train="data_workers = 2")
+    results = {r.id: r for r in rules.run_checks(j, estimate(j), HostFacts.unprobed(), [])}
+    assert all(results[i].status == "skip" and results[i].message == "not probed (--no-probe)" for i in MACHINE_CHECKS)
+    # The job's own checks still run, and probed facts are still judged.
+    assert results["memory.fit"].status == "pass"
+    probed = {r.id: r for r in rules.run_checks(j, estimate(j), facts(packages={}), [])}
+    assert probed["deps.installed"].status == "warn" and "missing here: torch" in probed["deps.installed"].message
+
+
 def test_host_probe_reads_this_machine():
     probed = HostFacts.probe("runs")
     assert probed.packages["click"] and probed.disk_free and probed.disk_free > 0

@@ -75,3 +75,19 @@ def test_full_disk_leaves_a_final_summary(tmp_path):
     assert any("ENOSPC" in r for r in summary["reasons"]), summary["reasons"]
     assert (tmp_path / "copy" / "smoke.log").exists() and (tmp_path / "copy" / "config.toml").exists()
     assert "Traceback" not in out.stderr
+
+
+def test_a_plot_failure_with_an_empty_message_still_says_what_failed(tmp_path):
+    """The review saw 'memory plot failed: ' with nothing after it: a MemoryError's str() is empty.
+    The MemoryError is injected into plot.draw (a real one cannot be provoked on demand); the run is real."""
+    code = ("import sys; from podkit.train import plot\n"
+            "def draw(*a, **k): raise MemoryError()\n"
+            "plot.draw = draw\n"
+            "from podkit.train.cli import main\n"
+            "sys.argv = ['bin/smoke'] + sys.argv[1:]; main(prog_name='bin/smoke')\n")
+    out = subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "-c", code, "--config", str(TINY), "--steps", "3",
+                          "--device", "cpu", "--output-dir", str(tmp_path / "runs"), "--run-id", "r"],
+                         capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert out.returncode in (0, 1), out.stderr[-2000:]
+    assert "memory plot failed: MemoryError()" in out.stderr, out.stderr[-2000:]
+    assert strict_load(tmp_path / "runs" / "r" / "summary.json")["steps"] == 3  # the summary is still written

@@ -81,17 +81,26 @@ def _fail(message: str | ConfigError, as_json: bool = False) -> None:
                    "environment); repeatable; adds to [smoke] sinks.")
 @click.option("--inject-fault", default="", hidden=True, help="Test hook: nan:STEP or oom:STEP.")
 @click.option("--from", "from_files", multiple=True, metavar="[KIND:]FILE",
-              help="With -- COMMAND: your own configs (as bin/preflight --from), to print predicted vs measured.")
-@click.option("--model", "model_preset", default=None, help="With --from: the model preset when no file names it.")
+              help="Your own configs (as bin/preflight --from): the job whose replica is trained, or with -- COMMAND "
+                   "the prediction your command is measured against.")
+@click.option("--model", "model_preset", default=None, help="With --from: the model preset when no file names it (refused when one does).")
 @click.option("--timeout", type=float, default=None, help="With -- COMMAND: stop it after this many seconds.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def main(config, steps, device, output_dir, run_id, as_json, sink, inject_fault, from_files=(), model_preset=None,
          timeout=None, command=()) -> None:
-    """Train the job for 100 profiled steps and compare measured memory with the prediction.
+    """Train the job for smoke.steps (100) profiled steps and compare measured memory with the prediction.
 
-    Ends with a verdict: pass when there was no OOM and no NaN, the loss fell clearly and the
-    peak stayed under the limit. Everything lands in runs/<run-id>/: config.toml, env.json,
-    metrics.jsonl, summary.json, memory.png, memory_snapshot.pickle and smoke.log.
+    With `bin/smoke [OPTIONS] -- COMMAND...` it runs your own training command instead and
+    measures it (against the job of --config / --from when given; --timeout stops a hang).
+
+    Ends with a verdict: pass when there was no OOM and no NaN, the loss fell by
+    smoke.min_loss_drop of the first loss (0.2; a quarter of it for the built-in LoRA run; 0.05
+    for your own command without a job) and the peak stayed under smoke.peak_limit_gb (default: the card). Everything lands in
+    runs/<run-id>/: config.toml, env.json, metrics.jsonl, summary.json, memory.png,
+    memory_snapshot.pickle and smoke.log.
+
+    Exit codes: 0 pass, 1 failed (NaN, the loss did not fall, over the peak limit, a crash, a
+    --timeout), 2 bad input, 3 out of memory, 130 interrupted.
     """
     from podkit.train import parallel
 

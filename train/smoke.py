@@ -542,7 +542,7 @@ class SmokeRun:
         except plot.PlotUnavailable as exc:
             log.warning("memory.png not drawn: %s; every other output is written", exc)
         except Exception as exc:  # the plot must never cost the summary
-            log.warning("memory plot failed: %s", exc)
+            log.warning("memory plot failed: %r", exc)  # repr: a MemoryError's str() is empty
         rd.close()
         if self.sinks is not None:
             self.sinks.close(self.summary)

@@ -11,6 +11,7 @@ checks.config like any job file, so `--emit-toml` prints exactly what is predict
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -21,7 +22,7 @@ except ImportError:  # Python 3.10
     import tomli as tomllib
 
 from podkit.checks.config import JobConfig, load_job, parse_job
-from podkit.checks.errors import ConfigError
+from podkit.checks.errors import ConfigError, closest
 from podkit.checks.importers import accelerate, axolotl, deepspeed, hf, torchtitan
 from podkit.checks.importers.imported import Imported
 
@@ -74,8 +75,15 @@ def read_data(path: Path) -> dict:
 def import_file(spec: str) -> list[Imported]:
     """One --from value ("FILE" or "KIND:FILE"), and the DeepSpeed files it names."""
     kind = ""
-    if ":" in spec and spec.split(":", 1)[0] in KINDS:
+    prefix = spec.split(":", 1)[0] if ":" in spec else ""
+    if prefix in KINDS:
         kind, spec = spec.split(":", 1)
+    elif re.fullmatch(r"[A-Za-z][\w-]*", prefix) and not Path(spec).expanduser().exists():
+        # 'foo:cfg.json' is a KIND:FILE with a misspelt kind, not a file named that ('a:b.json' that
+        # exists is still read as a path).
+        hint = closest(prefix, KINDS)
+        raise ConfigError("--from", f"unknown kind {prefix!r} in {spec!r}",
+                          (hint + " " if hint else "") + "known: " + ", ".join(KINDS))
     path = Path(spec).expanduser()
     data = read_data(path)
     if kind:
@@ -141,7 +149,7 @@ def build_job(config: str | None, specs: list[str], model_preset: str | None = N
         if imp.sections["model"]:
             if "model" in setters and setters["model"][0] != imp.sections["model"]:
                 raise ConfigError("--from", f"{imp.path.name} names the model {imp.sections['model']} but "
-                                  f"{setters['model'][1]} names {setters['model'][0]}", "give one model, or --model")
+                                  f"{setters['model'][1]} names {setters['model'][0]}", "make the files name one model")
             setters["model"] = (imp.sections["model"], imp.path.name)
             sections["model"] = dict(imp.sections["model"])
         for name in ("train", "cluster", "smoke"):
@@ -161,6 +169,12 @@ def build_job(config: str | None, specs: list[str], model_preset: str | None = N
             if dotted not in setters and key not in sections[section]:
                 sections[section][key] = value
     if model_preset:
+        if "model" in setters:
+            # --model is for files that name no model (a DeepSpeed JSON, an accelerate YAML); one that
+            # does is the job's model, and a preset in its place would predict another job.
+            (key, value), = setters["model"][0].items()
+            raise ConfigError("--model", f"{setters['model'][1]} names the model (model.{key} = {value!r}), "
+                              f"--model says {model_preset!r}", "drop --model, or the model from that file")
         sections["model"] = {"preset": model_preset}
     if not sections["model"]:
         raise ConfigError("model", "none of the --from files names the model",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from podkit.checks.importers import deepspeed
 from podkit.checks.importers.imported import Imported, integer, truthy
 
 # FSDP1 sharding strategies by name or by their number (torch ShardingStrategy enum starts at 1),
@@ -66,8 +67,10 @@ def read(path: Path, data: dict) -> Imported:
             linked = Path(ds["deepspeed_config_file"]).expanduser()
             imp.linked.append((linked if linked.is_absolute() else path.parent / linked, None))
         if "zero_stage" in ds:
-            stage = integer(path, "deepspeed_config.zero_stage", ds["zero_stage"])
-            imp.set("deepspeed_config.zero_stage", stage, "cluster", "sharding", ("none", "zero1", "zero2", "zero3")[min(stage, 3)])
+            # accelerate hands zero_stage to DeepSpeed's zero_optimization.stage (utils/dataclasses.py
+            # DeepSpeedPlugin: "Possible options are 0,1,2,3; Default will be taken from environment variable").
+            stage, sharding = deepspeed.zero_sharding(path, "deepspeed_config.zero_stage", ds["zero_stage"])
+            imp.set("deepspeed_config.zero_stage", stage, "cluster", "sharding", sharding)
         if ds.get("offload_param_device") in ("cpu", "nvme"):
             imp.set("deepspeed_config.offload_param_device", ds["offload_param_device"], "cluster", "offload", "all")
         elif ds.get("offload_optimizer_device") in ("cpu", "nvme"):

@@ -11,12 +11,27 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from podkit.checks.errors import ConfigError
 from podkit.checks.importers.imported import Imported, integer, truthy
 
 MARKS = ("zero_optimization", "train_micro_batch_size_per_gpu", "train_batch_size", "zero_allow_untested_optimizer")
 # What the HF Trainer fills each "auto" from (integrations/deepspeed.py trainer_config_process).
 AUTO_SOURCES = {"train.micro_batch": "per_device_train_batch_size", "train.grad_accum": "gradient_accumulation_steps",
                 "train.precision": "bf16 / fp16", "train.grad_clip": "max_grad_norm"}
+
+
+# deepspeed/runtime/zero/config.py ZeroStageEnum: disabled 0, optimizer_states 1, gradients 2, weights 3;
+# DeepSpeedZeroConfig(stage=...) refuses any other value.
+ZERO_SHARDING = ("none", "zero1", "zero2", "zero3")
+
+
+def zero_sharding(path: Path, key: str, value) -> tuple[int, str]:
+    """A ZeRO stage as DeepSpeed reads it, and podkit's cluster.sharding for it."""
+    stage = integer(path, key, value)
+    if not 0 <= stage < len(ZERO_SHARDING):
+        raise ConfigError(f"{path.name}: {key}", f"must be 0, 1, 2 or 3 (DeepSpeed's ZeroStageEnum), got {stage}",
+                          "set the ZeRO stage you run")
+    return stage, ZERO_SHARDING[stage]
 
 
 def looks_like(data: dict) -> bool:
@@ -64,8 +79,8 @@ def read(path: Path, data: dict) -> Imported:
         if stage == "auto":
             imp.unresolved["cluster.sharding"] = "zero_optimization.stage = \"auto\""
         else:
-            stage = integer(path, "zero_optimization.stage", stage)
-            imp.set("zero_optimization.stage", stage, "cluster", "sharding", ("none", "zero1", "zero2", "zero3")[min(stage, 3)])
+            stage, sharding = zero_sharding(path, "zero_optimization.stage", stage)
+            imp.set("zero_optimization.stage", stage, "cluster", "sharding", sharding)
         opt_dev = (zero.get("offload_optimizer") or {}).get("device", "none")
         par_dev = (zero.get("offload_param") or {}).get("device", "none")
         if par_dev in ("cpu", "nvme"):

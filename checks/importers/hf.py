@@ -116,6 +116,11 @@ def read_trainer(path: Path, data: dict) -> Imported:
     take("max_grad_norm", "train", "grad_clip", float)
     take("dataloader_num_workers", "train", "data_workers", num("dataloader_num_workers"))
     take("seed", "smoke", "seed", num("seed"))
+    if truthy(data.get("bf16")) and truthy(data.get("fp16")):
+        # transformers training_args.py TrainingArguments.__post_init__ raises "At most one of fp16 and bf16
+        # can be True, but not both": the Trainer never runs such a file.
+        raise ConfigError(f"{path.name}: bf16, fp16", "both are true; TrainingArguments allows at most one",
+                          "keep bf16 (Ampere or newer) or fp16, not both")
     precision_from_flags(imp, data)
     handled |= {"bf16", "fp16"}
     if "optim" in data:
