@@ -87,8 +87,8 @@ def main(config: str, gpu: str | None, as_json: bool, no_probe: bool, traced: bo
         # analytic estimate of that replica, and what the replica leaves out is said with it.
         from podkit.checks import memory, stacks
 
-        replica = result.job.as_replica()
         try:
+            replica = result.job.as_replica()
             trace = run_traced(replica)
         except ConfigError as exc:
             _bad_input(exc, as_json)

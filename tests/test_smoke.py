@@ -194,10 +194,17 @@ def test_a_cpu_run_that_cannot_fit_in_host_ram_is_refused_before_launch(tmp_path
     assert len(line.splitlines()) == 1 and "launching" not in line
 
 
-def test_offload_without_fsdp_refused(tmp_path):
-    job = tiny_job(tmp_path, cluster={"offload": '"optimizer"', "sharding": '"zero1"'})
+@pytest.mark.parametrize("sharding", ["zero1", "zero2"])
+def test_offload_without_full_sharding_refused(tmp_path, sharding):
+    """The replica offloads through FSDP2's CPUOffloadPolicy, parameters included: zero3 only, said in
+    one line that asks for zero3 (zero2 used to end in a line asking for the offload it already had)."""
+    job = tiny_job(tmp_path, cluster={"offload": '"optimizer"', "sharding": f'"{sharding}"', "gpus_per_node": 2})
     proc, _ = smoke(tmp_path, "--config", str(job))
-    assert proc.returncode == 2 and "CPUOffloadPolicy" in proc.stderr
+    assert proc.returncode == 2 and "CPUOffloadPolicy" in proc.stderr and "set cluster.sharding = 'zero3'" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    traced = subprocess.run([str(ROOT / "bin" / "preflight"), "-c", str(job), "--no-probe", "--traced"],
+                            capture_output=True, text=True, timeout=120)
+    assert traced.returncode == 2 and "set cluster.sharding = 'zero3'" in traced.stderr and "Traceback" not in traced.stderr
 
 
 def test_secrets_stay_out_of_the_env_record(tmp_path):

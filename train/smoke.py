@@ -115,9 +115,8 @@ def check_runnable(job: JobConfig, device: torch.device) -> None:
             raise ConfigError("train.attention", "flash-attn runs on CUDA GPUs only", "use attention = 'sdpa' on CPU")
         if "flash-attn" in need and importlib.util.find_spec("flash_attn") is None:
             raise ConfigError("train.attention", "flash-attn is not installed here", FLASH_ATTN_INSTALL)
-    if c.offload != "none" and c.sharding not in ("zero2", "zero3"):
-        raise ConfigError("cluster.offload", "bin/smoke offloads through FSDP2's CPUOffloadPolicy",
-                          "set cluster.sharding = 'zero2' or 'zero3'")
+    if c.offload != "none":
+        job.as_replica()  # FSDP2's CPUOffloadPolicy moves the parameters too: zero3 only (one clear line)
     bnb = rules.bnb_sharding(job)
     if bnb.status == rules.FAIL:
         raise ConfigError("train.optimizer", bnb.message, bnb.fix)
