@@ -641,7 +641,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
     # That stream's pool holds the root's shard (gathered first, never resharded after forward), which
     # every smaller block shard then reuses; a block shard larger than the root's needs its own segment.
     pre_unshard_pool = 0
-    cast_shard = t.precision.endswith("-mixed") and param_bytes != e
+    cast_shard = f.fsdp_param_cast and param_bytes != e
     if f.fsdp_version == 1 and (offload == "all" or cast_shard):
         root_shard = _round_segment(_root_stored_bytes(job, e) / param_shards)
         block_shard = _round_segment(_layer_stored_bytes(job, e) / param_shards)
@@ -920,7 +920,7 @@ def _all_gather_pool(job: JobConfig, e: int) -> int:
         # FSDP1 flat parameters and DeepSpeed ZeRO-3 gather differently; not derived from their source
         # here: the root module's and two blocks' gathered bytes.
         return int(root + min(2, job.shape.layers) * block)
-    cast = job.train.precision.endswith("-mixed") or job.cluster.offload == "all"
+    cast = job.facts.fsdp_param_cast or job.cluster.offload == "all"
     root_in, block_in = (root / world, block / world) if cast else (0.0, 0.0)
     # Reserved is the pool's segments, not its live peak: the caching allocator never releases a
     # segment, and best fit reuses a freed block only for a request it can hold, split from its start.

@@ -38,6 +38,12 @@ AC_POLICIES = ("none", "matmuls", "op-sac", "block")
 OPTIMIZER_IMPLS = ("fused", "foreach", "for-loop")
 LORA_DTYPES = ("param", "fp32", "compute")  # param: the precision's trainable dtype (podkit)
 
+# bitsandbytes' optimizers: (states per parameter, bits per state value) for tensors of at least
+# min_8bit_size values (bitsandbytes optim/adamw.py, lion.py: Optimizer2State / Optimizer1State with
+# optim_bits 8 or 32). Read by the job's facts, the smoke run's optimizer and the traced emulation.
+BNB_OPTIMIZERS = {"adamw8bit": (2, 8), "paged_adamw8bit": (2, 8), "paged_adamw": (2, 32), "lion": (1, 32),
+                  "lion8bit": (1, 8)}
+
 LLAMA_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 GPT2_LINEARS = ("c_attn", "attn.c_proj", "c_fc", "mlp.c_proj")
 
@@ -247,6 +253,12 @@ class JobFacts:
     (which runs with grad enabled, reentrant or not): alive until that block's backward ends."""
     offloaded: bool
     """Optimizer states (and with 'all' parameters) live on the host."""
+    fsdp_param_cast: bool = False
+    """FSDP gathers the parameters cast to the compute dtype (FSDP2 MixedPrecisionPolicy param_dtype,
+    FSDP1 MixedPrecision): fp32 shards of a -mixed precision under sharding."""
+    process_group: bool = False
+    """The run needs a process group: more than one rank, or sharding even on one GPU (FSDP needs one);
+    bin/smoke then launches gpus_per_node ranks per node under torchrun."""
     rope_cache_bytes: int = 0
     """Bytes per value of the rotary cos/sin buffers every attention layer keeps (Stack.rope_cache_buffers,
     or the hf stack's transformers release: transformers_facts); 0: none."""
@@ -492,7 +504,7 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
         fsdp=fsdp,
         autocast=autocast,
         grad_scaler=train.grad_scaler == "on" or (train.grad_scaler == "auto" and train.precision == "fp16-mixed"),
-        bnb_optimizer=train.optimizer in ("adamw8bit", "paged_adamw8bit", "paged_adamw", "lion", "lion8bit"),
+        bnb_optimizer=train.optimizer in BNB_OPTIMIZERS,
         paged_optimizer=train.optimizer.startswith("paged_"),
         quantize_head=stack.quantize_head and train.base_quant != "none",
         previous_outputs_kept=not replica and (stack.previous_outputs_kept if train.previous_outputs == "stack"
@@ -506,6 +518,8 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
         quant_saves_input=(old_bnb_4bit and not (ac != "none" and reentrant)),
         quant_input_in_recompute=old_bnb_4bit and ac != "none",
         offloaded=cluster.offload != "none",
+        fsdp_param_cast=fsdp and mixed,
+        process_group=cluster.world_size > 1 or cluster.sharding != "none",
         # The default dtype when the model was built: fsdp_qlora train.py 50efa1e builds a QLoRA model
         # with AutoModelForCausalLM.from_config(cfg) (no torch_dtype: float32) and a LoRA/full one with
         # from_pretrained(torch_dtype=...), bfloat16 for --precision bf16 (transformers sets it as the

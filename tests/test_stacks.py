@@ -502,3 +502,16 @@ def test_the_replica_keeps_what_the_smoke_model_runs_and_drops_the_engines(job):
     assert stacks.left_out(off.train, off.cluster, off.facts) == [
         "offload 'optimizer': FSDP2's CPUOffloadPolicy offloads the parameters too (run as 'all')"]
     assert stacks.left_out(job().train, job().cluster, job().facts) == []  # podkit's own: nothing
+
+
+def test_process_group_and_fsdp_param_cast_are_decided_once(job):
+    """bin/smoke launches torchrun, and FSDP gathers compute-dtype parameters, by these two facts; the
+    memory model's FSDP pools read the same cast fact."""
+    assert not job().facts.process_group
+    assert job(cluster="gpus_per_node = 2").facts.process_group  # DDP over two ranks
+    one = job(cluster="sharding = 'zero3'")
+    assert one.facts.process_group and one.cluster.world_size == 1  # FSDP needs a group even on one GPU
+    zero3 = job(train="precision = 'bf16-mixed'", cluster="gpus_per_node = 2\nsharding = 'zero3'")
+    assert zero3.facts.fsdp_param_cast and not zero3.facts.autocast
+    assert not job(train="precision = 'bf16'", cluster="gpus_per_node = 2\nsharding = 'zero3'").facts.fsdp_param_cast
+    assert not job(train="precision = 'bf16-mixed'", cluster="gpus_per_node = 2").facts.fsdp_param_cast  # DDP autocasts

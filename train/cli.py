@@ -148,8 +148,7 @@ def main(config, steps, device, output_dir, run_id, as_json, sink, inject_fault,
         _fail(exc, as_json)
 
     run_id = run_id or new_run_id(job.source)
-    distributed = job.cluster.world_size > 1 or job.cluster.sharding != "none"
-    if distributed and not parallel.under_torchrun():
+    if job.facts.process_group and not parallel.under_torchrun():
         sys.exit(_launch_torchrun(job, root, run_id, as_json, nodes))
     sys.exit(_run(job, path, target, root, run_id, fault, as_json))
 

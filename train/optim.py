@@ -13,6 +13,7 @@ import math
 import torch
 
 from podkit.checks.errors import ConfigError
+from podkit.checks.stacks import BNB_OPTIMIZERS
 
 BNB_INSTALL = "make deploy installs it on a pod (envsetup); here: .venv/bin/pip install bitsandbytes"
 
@@ -43,7 +44,7 @@ def optimizer_class(name: str, device: torch.device, impl: str = "fused"):
             raise ConfigError("optimizer_impl", f"unknown AdamW implementation {impl!r}", " | ".join(ADAMW_IMPLS))
         kind = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for-loop": {"foreach": False}}[impl]
         return torch.optim.AdamW, {"betas": (0.9, 0.95), **kind}
-    if name in ("adamw8bit", "paged_adamw8bit", "paged_adamw", "lion", "lion8bit"):
+    if name in BNB_OPTIMIZERS:
         try:
             import bitsandbytes as bnb
         except ImportError:

@@ -128,9 +128,8 @@ def check_runnable(job: JobConfig, device: torch.device) -> None:
     if device.type == "cpu":
         # Every process of a CPU run holds its own replica in host RAM: refuse up front what would get
         # a rank killed by the kernel's OOM killer minutes in (and starve the rest of the machine).
-        procs = c.gpus_per_node if c.world_size > 1 or c.sharding != "none" else 1
-        need = memory.estimate(job.as_replica().replace(cluster={"gpus_per_node": procs, "nodes": 1}),
-                               device="cpu").allocated * procs
+        procs = c.gpus_per_node  # torchrun's ranks on this node (one without a process group)
+        need = memory.estimate(job.as_replica(), device="cpu").allocated * procs  # per rank x this node's ranks
         free = host_ram_available()
         if free is not None and need > free:
             raise ConfigError("model", f"a CPU run of this job needs about {need / 2**30:.1f} GiB of RAM "
@@ -223,7 +222,7 @@ class SmokeRun:
         if isinstance(self.probe, TensorCounter):
             self.probe.switch_on()  # count the weights as they are materialised
         if fsdp:
-            mixed = model_mod.compute_dtype(t.precision) if self.job.train.mixed else None
+            mixed = model_mod.compute_dtype(t.precision) if self.facts.fsdp_param_cast else None
             parallel.shard(model, c.sharding, c.offload, mixed)
         # Each rank initialises its own shard; DDP then broadcasts rank 0's replica.
         model = model_mod.materialize(model, torch.device("cpu") if c.offload != "none" else dev,

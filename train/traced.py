@@ -46,6 +46,7 @@ import torch
 
 from podkit.checks.config import JobConfig
 from podkit.checks.errors import ConfigError
+from podkit.checks.stacks import BNB_OPTIMIZERS
 from podkit.checks.kernels import attention_kernel
 from podkit.train import model as model_mod
 from podkit.train import optim as optim_mod
@@ -325,7 +326,7 @@ def trace(job: JobConfig, steps: int = 2, device_kind: str = "cuda",
             _fake_world(world)
         model = model_mod.build(job.shape, opts, t.precision)  # meta, outside the fake mode
         if fsdp:
-            mixed = model_mod.compute_dtype(t.precision) if t.mixed else None
+            mixed = model_mod.compute_dtype(t.precision) if job.facts.fsdp_param_cast else None
             parallel.shard(model, c.sharding, "none", mixed)
 
         counter.category = "params"
@@ -434,9 +435,8 @@ def _optimizer(model, job: JobConfig, impl: str, zero1: bool):
     t = job.train
     if job.facts.bnb_optimizer:
         groups = optim_mod.param_groups(model, t.weight_decay)
-        return EmulatedBnbAdamW(groups, lr=t.lr, paged=job.facts.paged_optimizer,
-                                bits=32 if t.optimizer in ("paged_adamw", "lion") else 8,
-                                states=1 if t.optimizer.startswith("lion") else 2)
+        states, bits = BNB_OPTIMIZERS[t.optimizer]
+        return EmulatedBnbAdamW(groups, lr=t.lr, paged=job.facts.paged_optimizer, bits=bits, states=states)
     return optim_mod.build_optimizer(model, t.optimizer, t.lr, t.weight_decay, torch.device("cpu"),
                                      zero1=zero1, impl=impl)
 
