@@ -418,8 +418,6 @@ def left_out(train, cluster, facts: JobFacts) -> list[str]:
                 name == "fsdp_no_sync" and train.grad_accum == 1):
             continue
         out.append(f"{name}: {text}")
-    if facts.fsdp_version == 1 and not any(n.startswith("fsdp_init_on_device") for n in out):
-        out.append(f"fsdp_version 1: {REPLICA_LEAVES_OUT['fsdp_init_on_device']}")
     if cluster.offload == "optimizer":
         out.append("offload 'optimizer': FSDP2's CPUOffloadPolicy offloads the parameters too (run as 'all')")
     return out
@@ -436,7 +434,7 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
         # The Trainer + transformers model facts of the job's transformers release (train.transformers).
         tf = transformers_facts(train.transformers, train.torch, shape.family if arch == "llama" else "gpt2")
         stack_loss, stack_impl, reentrant, rope_buffers = tf.loss, tf.adamw_impl, tf.reentrant, tf.rope_buffers
-        rope_buffers = rope_buffers and not replica  # the replica has no rotary buffers (replica_stack)
+    rope_buffers = rope_buffers and not replica  # the replica has none, whichever release decided them
     # The block linears LoRA can adapt, as named in the model (routed experts are 3-D parameters in
     # transformers 5.x, not nn.Linear modules, so peft never adapts them).
     linears = tuple(dict.fromkeys(g.name for g in shape.linear_groups())) or (

@@ -22,6 +22,11 @@ def clean(obj: Any, path: str = "", reasons: dict[str, str] | None = None) -> An
     return obj
 
 
+def null_reasons(obj: dict, why: dict[str, str]) -> dict[str, str]:
+    """For each top-level key of obj that is null and has a reason in why: its path -> the reason."""
+    return {f"/{k}": why[k] for k, v in obj.items() if v is None and k in why}
+
+
 def dumps(obj: Any, **kwargs) -> str:
     """json.dumps that never writes NaN/Infinity: nulls, with the reasons beside them."""
     reasons: dict[str, str] = {}

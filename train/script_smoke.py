@@ -22,6 +22,7 @@ import threading
 import time
 from pathlib import Path
 
+from podkit.checks import strict_json
 from podkit.checks.errors import ConfigError
 from podkit.train.outputs import RunDir, resolved_toml
 from podkit.train.verdict import EXIT_CODES, Row, judge, prediction_warnings
@@ -210,7 +211,7 @@ def summarize(command, code: int | None, how: str, run_dir: RunDir, steps: int, 
         "predicted": "no job config (--from/--config) to predict from",
         "exit_code": "the command did not end by itself",
     }
-    summary["null_reasons"] = {f"/{k}": why[k] for k, v in summary.items() if v is None and k in why}
+    summary["null_reasons"] = strict_json.null_reasons(summary, why)
     return summary
 
 

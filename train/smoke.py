@@ -115,8 +115,7 @@ def check_runnable(job: JobConfig, device: torch.device) -> None:
             raise ConfigError("train.attention", "flash-attn runs on CUDA GPUs only", "use attention = 'sdpa' on CPU")
         if "flash-attn" in need and importlib.util.find_spec("flash_attn") is None:
             raise ConfigError("train.attention", "flash-attn is not installed here", FLASH_ATTN_INSTALL)
-    if c.offload != "none":
-        job.as_replica()  # FSDP2's CPUOffloadPolicy moves the parameters too: zero3 only (one clear line)
+    replica = job.as_replica()  # refuses an offload FSDP2's CPUOffloadPolicy cannot run (zero3 only)
     bnb = rules.bnb_sharding(job)
     if bnb.status == rules.FAIL:
         raise ConfigError("train.optimizer", bnb.message, bnb.fix)
@@ -129,7 +128,7 @@ def check_runnable(job: JobConfig, device: torch.device) -> None:
         # Every process of a CPU run holds its own replica in host RAM: refuse up front what would get
         # a rank killed by the kernel's OOM killer minutes in (and starve the rest of the machine).
         procs = c.gpus_per_node  # torchrun's ranks on this node (one without a process group)
-        need = memory.estimate(job.as_replica(), device="cpu").allocated * procs  # per rank x this node's ranks
+        need = memory.estimate(replica, device="cpu").allocated * procs  # per rank x this node's ranks
         free = host_ram_available()
         if free is not None and need > free:
             raise ConfigError("model", f"a CPU run of this job needs about {need / 2**30:.1f} GiB of RAM "
@@ -519,7 +518,7 @@ class SmokeRun:
             "prediction_error": "no measured peak to compare",
             "run_id": "no run directory (a rank other than 0)",
         }
-        return {f"/{k}": why[k] for k, v in self.summary.items() if v is None and k in why}
+        return strict_json.null_reasons(self.summary, why)
 
     def _limit(self) -> int | None:
         if self.job.smoke.peak_limit_gb:
