@@ -239,39 +239,45 @@ def test_the_run_is_compared_with_the_replica_it_runs(tmp_path, train, left_out)
     assert not [w for w in s["warnings"] if w.startswith(("params", "grads", "optimizer", "peak in step"))]
 
 
-def test_a_rank_killed_from_outside_is_a_failed_run_not_an_interrupted_one(tmp_path):
+@pytest.mark.parametrize("also_rank0", [False, True], ids=["rank1", "rank1-and-rank0"])
+def test_a_rank_killed_from_outside_is_a_failed_run_not_an_interrupted_one(tmp_path, also_rank0):
     """SIGKILL one of two gloo ranks mid-run (what the kernel's OOM killer does): rank 0 sees the broken
     connection (or torchrun's SIGTERM), and the launcher, which nobody signalled, reports a failed run
     (exit 1) whose first reason names the rank that died without a word and the OOM killer, never a
-    Ctrl-C 'interrupted' (130)."""
+    Ctrl-C 'interrupted' (130). When rank 0 is killed too it never writes its results (its summary.json
+    still says "running", as CI once saw when torchrun's stop reached rank 0 first): the launcher still
+    leaves a final status, the reason and the steps rank 0 logged."""
     job = tiny_job(tmp_path, cluster={"gpus_per_node": 2}, smoke={"steps": 5000})
     out = tmp_path / "runs"
     proc = subprocess.Popen([str(ROOT / "bin" / "smoke"), "--config", str(job), "--output-dir", str(out),
                              "--run-id", "k"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-    def rank1() -> int | None:
+    def rank(n: int) -> int | None:
         for d in os.listdir("/proc"):
             try:
                 env = open(f"/proc/{d}/environ", "rb").read().split(b"\0")
             except OSError:
                 continue
-            if b"PODKIT_RUN_ID=k" in env and b"LOCAL_RANK=1" in env and b"PODKIT_LAUNCHER=1" in env:
-                steps = out / "k" / "metrics.rank1.jsonl"
+            if b"PODKIT_RUN_ID=k" in env and f"LOCAL_RANK={n}".encode() in env and b"PODKIT_LAUNCHER=1" in env:
+                steps = out / "k" / ("metrics.jsonl" if n == 0 else f"metrics.rank{n}.jsonl")
                 if steps.exists() and steps.read_text().count("\n") >= 3:  # training, not starting up
                     return int(d)
         return None
 
     try:
         deadline = time.time() + 120
-        while (pid := rank1()) is None:
-            assert time.time() < deadline and proc.poll() is None, "rank 1 never started training"
+        while None in (victims := [rank(1), *([rank(0)] if also_rank0 else [])]):
+            assert time.time() < deadline and proc.poll() is None, "the ranks never started training"
             time.sleep(0.2)
-        os.kill(pid, signal.SIGKILL)
+        for victim in victims:
+            os.kill(victim, signal.SIGKILL)
         _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 1, err[-2000:]
     s = json.loads((out / "k" / "summary.json").read_text())
-    assert s["status"] == "failed" and s["reasons"][0].startswith("rank 1 died without an error"), s["reasons"]
+    assert s["status"] == "failed" and s["reasons"][0].startswith("rank 1 died without an error"), s
     assert "out-of-memory killer" in s["reasons"][0] and "interrupted" not in err.splitlines()[-1]
+    logged = sum('"loss"' in line for line in (out / "k" / "metrics.jsonl").read_text().splitlines())
+    assert s["steps"] == logged >= 3 and "smoke: failed" in err

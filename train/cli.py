@@ -313,25 +313,56 @@ def _launch_torchrun(job, root: Path, run_id: str, as_json: bool, nodes: int = 1
     if summary is None:
         click.echo(f"smoke: torchrun exited {code} without a summary; see {root / run_id}", err=True)
         return 1
-    if summary.get("status") in ("interrupted", "failed") and code != 0:
-        # Nobody signalled this launcher, yet torchrun failed: another rank died and torchrun stopped the rest
-        # (rank 0 then reads SIGTERM, or a peer's broken connection). A rank whose log ends without an error
-        # or a stop was killed from outside, most often by the kernel's OOM killer.
-        killed = _ranks_killed_outright(root / run_id)
-        if killed or summary["status"] == "interrupted":
-            first = (f"rank {', '.join(map(str, killed))} died without an error in its log (smoke.rank<N>.log): "
-                     "killed from outside (SIGKILL), most often by the kernel's out-of-memory killer; see `dmesg`"
-                     if killed else f"another rank died and torchrun (exit {code}) stopped the rest; see {root / run_id}")
-            rest = summary.get("reasons", []) if summary["status"] == "failed" else []
-            summary = dict(summary, status="failed", reasons=[first, *rest])
-            summary_path.write_text(strict_json.dumps(summary, indent=2))
-    if summary.get("status") == "running":
-        click.echo(f"smoke: torchrun exited {code} before rank 0 finished; see {root / run_id}/smoke.log", err=True)
-        return 1
+    if summary.get("status") in ("interrupted", "failed", "running") and code != 0:
+        summary = _failed_under_torchrun(summary, code, root / run_id)
+        summary_path.write_text(strict_json.dumps(summary, indent=2))
+    elif summary.get("status") == "running":  # torchrun exited 0 yet rank 0 never wrote its results
+        summary = dict(summary, status="failed", steps=_steps_logged(root / run_id),
+                       reasons=[f"torchrun exited {code} before rank 0 wrote its results; see {root / run_id}/smoke.log"])
+        summary_path.write_text(strict_json.dumps(summary, indent=2))
     _report(summary, root / run_id, as_json)
     from podkit.train.verdict import EXIT_CODES
 
     return EXIT_CODES.get(summary.get("status"), 1)
+
+
+def _failed_under_torchrun(summary: dict, code: int, run_path: Path) -> dict:
+    """Rank 0's summary once torchrun failed and nobody signalled this launcher: another rank died and
+    torchrun stopped the rest (rank 0 then reads SIGTERM, or a peer's broken connection). A rank whose log
+    ends without an error or a stop was killed from outside, most often by the kernel's OOM killer. Rank 0
+    may itself have been stopped before it wrote its results (its summary still says "running"): the run
+    still ends with a final status and a reason."""
+    status = summary.get("status")
+    killed = _ranks_killed_outright(run_path)
+    if status == "failed" and not killed:
+        return summary  # rank 0 said why itself
+    if killed:
+        first = (f"rank {', '.join(map(str, killed))} died without an error in its log (smoke.rank<N>.log): "
+                 "killed from outside (SIGKILL), most often by the kernel's out-of-memory killer; see `dmesg`")
+    elif status == "running":
+        first = f"torchrun exited {code} before rank 0 wrote its results; see {run_path}/smoke.log"
+    else:
+        first = f"another rank died and torchrun (exit {code}) stopped the rest; see {run_path}"
+    rest = summary.get("reasons", []) if status == "failed" else []
+    out = dict(summary, status="failed", reasons=[first, *rest])
+    if status == "running":
+        out["steps"] = _steps_logged(run_path)
+    return out
+
+
+def _steps_logged(run_path: Path) -> int:
+    """Steps rank 0 logged before it stopped: metrics.jsonl's step lines (its profile lines say "profile")."""
+    try:
+        lines = (run_path / "metrics.jsonl").read_text(errors="replace").splitlines()
+    except OSError:
+        return 0
+    steps = 0
+    for line in lines:
+        try:
+            steps += "loss" in json.loads(line)
+        except (json.JSONDecodeError, TypeError):  # a last line cut short by the kill
+            continue
+    return steps
 
 
 def _ranks_killed_outright(run_path: Path) -> list[int]:
