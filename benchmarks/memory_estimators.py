@@ -52,7 +52,7 @@ JOBS = {
 
 
 def accelerate_style(job) -> int:
-    dtype_bytes = 4 if job.train.precision == "fp32" else 2
+    dtype_bytes = job.train.compute_bytes
     return job.shape.params * dtype_bytes * 4
 
 

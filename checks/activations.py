@@ -70,12 +70,12 @@ class BlockFacts:
 
 def block_facts(job, device: str = "cuda") -> BlockFacts:
     t, f, shape = job.train, job.facts, job.shape
-    e = 4 if t.precision == "fp32" else 2
+    e = t.compute_bytes
     lora = f.lora
     # The residual stream is fp32 when the embedding weight is fp32 and nothing casts it down:
     # fp32 jobs, and mixed precision with fp32 weights on the GPU (autocast). LoRA bases, pure bf16
     # and FSDP's bf16 gathered parameters give a 16-bit stream.
-    stream = 4 if t.precision == "fp32" or (f.autocast and not lora) else e
+    stream = 4 if f.autocast and not lora else e
     adapter = f.adapter_bytes or e
     return BlockFacts(
         hidden=shape.hidden, q_dim=shape.q_dim, kv_dim=shape.kv_dim, ffn=shape.dense_ffn, heads=shape.heads,
@@ -85,7 +85,7 @@ def block_facts(job, device: str = "cuda") -> BlockFacts:
         quant_saves_input=f.quant_saves_input, autocast=f.autocast,
         # The dtype the norm weight is used in: fp32 masters only where autocast runs on fp32 weights;
         # FSDP's MixedPrecisionPolicy gathers it in bf16, a LoRA base and pure bf16 store it so.
-        norm_weight_bytes=4 if t.precision == "fp32" or (f.autocast and not lora) else e,
+        norm_weight_bytes=stream,
         targets=frozenset(f.lora_targets), lora_rank=t.lora_rank, lora_dropout=f.lora_dropout > 0,
         adapter_bytes=adapter, adapter_input_cast=f.stack.adapter_input_cast,
         kernel=attention_kernel(job, device), gqa=shape.kv_heads != shape.heads and not f.stack.repeat_kv,
@@ -320,7 +320,7 @@ class LossBytes:
 def loss_bytes(job, tokens_per_sequence: int) -> LossBytes:
     """Per logit, from how the stack computes the loss (job.facts.loss)."""
     f = job.facts
-    e = 4 if job.train.precision == "fp32" else 2
+    e = job.train.compute_bytes
     if f.loss == "fused":
         # A fused linear + cross-entropy (Liger's LigerFusedLinearCrossEntropyFunction) computes the
         # logits and their gradient chunk by chunk inside forward: no full logits tensor survives.

@@ -258,6 +258,11 @@ class TrainConfig:
     def mixed(self) -> bool:
         return self.precision.endswith("-mixed")
 
+    @property
+    def compute_bytes(self) -> int:
+        """Bytes per element of the compute dtype (matmul inputs and outputs): 4 for fp32, 2 for bf16/fp16."""
+        return 4 if self.precision == "fp32" else 2
+
 
 @dataclass
 class ClusterConfig:

@@ -51,6 +51,6 @@ def attention_kernel(job, device: str = "cuda") -> str:
     if t.attention == "eager":
         return "eager"
     shape = job.shape
-    compute = 4 if t.precision == "fp32" else 2
+    compute = t.compute_bytes
     gqa = shape.kv_heads != shape.heads and not job.facts.stack.repeat_kv  # repeated k/v: plain MHA
     return sdpa_backend(job.gpu, compute, shape.d_head, gqa, bf16=t.precision.startswith("bf16"))

@@ -206,7 +206,7 @@ def frozen_groups(job: JobConfig) -> list[tuple[ParamGroup, float]]:
     never update), the block linears quantized by bitsandbytes for QLoRA."""
     if not job.train.lora_rank:
         return []
-    quant, e = job.train.base_quant, _compute_bytes(job)
+    quant, e = job.train.base_quant, job.train.compute_bytes
     out = []
     head_too = job.facts.quantize_head
     for g in job.shape.param_groups():
@@ -235,10 +235,6 @@ def _quant_state_bytes(job: JobConfig) -> int:
     """The nf4 base's quantization state: absmax per 64 weights (uint8 plus fp32 per 256 with double
     quantization, fp32 without), bitsandbytes functional.quantize_4bit."""
     return int(sum(g.total * (per - 0.5) for g, per, q in _frozen_storage(job) if q))
-
-
-def _compute_bytes(job: JobConfig) -> int:
-    return 4 if job.train.precision == "fp32" else 2
 
 
 def _param_bytes(job: JobConfig) -> int:
@@ -335,7 +331,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
     t, c, f = job.train, job.cluster, job.facts
     shape = job.shape
     T, L = t.micro_batch * t.seq_len, shape.layers
-    e = _compute_bytes(job)
+    e = job.train.compute_bytes
     world = c.world_size
     param_shards = world if f.fsdp else 1
     optim_shards = world if c.sharding != "none" else 1
@@ -805,7 +801,7 @@ def _stored_per_value(job: JobConfig, g: ParamGroup, e: int) -> float:
     if t.lora_rank and t.base_quant != "none" and g.linear and g.per_layer:
         # Only the packed 4-bit parameter is gathered; its QuantState stays on the module.
         return 0.5 if t.base_quant == "nf4" else 1 + 4 / g.rows
-    return e if t.precision != "fp32" else 4
+    return e
 
 
 def _fsdp1_units(job: JobConfig, e: int) -> list[tuple[list[int], list[int]]]:
@@ -825,14 +821,14 @@ def _fsdp1_units(job: JobConfig, e: int) -> list[tuple[list[int], list[int]]]:
         if g.linear and job.train.base_quant != "none" and r:
             size = int(g.rows * g.cols * _packed_bytes(job))
         else:
-            size = g.rows * g.cols * (e if job.train.precision != "fp32" else 4)
+            size = g.rows * g.cols * e
         block += [size] * per
         if r and job.facts.stack.lora_units and g.linear and targeted(g.name, job.facts.lora_targets):
             lora += [g.rows * r * adapter, r * g.cols * adapter] * per
     rb = job.facts.rope_cache_bytes
     buffers = [s.d_head // 2 * rb] + [s.rope_positions * s.d_head * rb] * 2 if _rope_cache_bytes(job) else []
     units = ([([n], []) for n in lora] + [(block, buffers)]) * s.layers
-    root = [g.rows * g.cols * (e if job.train.precision != "fp32" else 4) for g in s.param_groups()
+    root = [g.rows * g.cols * e for g in s.param_groups()
             if not g.per_layer]
     return units + [(root, [])]
 

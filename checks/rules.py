@@ -113,7 +113,7 @@ def flash_attention(job: JobConfig) -> CheckResult:
         if kernel == "math":
             # torch's SDPA falls back to its math kernel (sdp_utils.cpp): no flash for fp32 or
             # pre-sm80, no memory-efficient kernel for grouped-query attention.
-            scores = shape.heads * t.seq_len * t.seq_len * t.micro_batch * (4 if t.precision == "fp32" else 2)
+            scores = shape.heads * t.seq_len * t.seq_len * t.micro_batch * t.compute_bytes
             why = ("fp32 with grouped-query attention" if t.precision == "fp32" and shape.kv_heads != shape.heads
                    else f"{t.precision} on sm{gpu.sm}")
             return CheckResult("attention.kernel", WARN,
@@ -302,7 +302,7 @@ def gpu_driver(facts: HostFacts) -> CheckResult:
 
 def checkpoint_bytes(job: JobConfig) -> int:
     """A resumable checkpoint: weights in bf16 (or the trainable adapters) plus fp32 optimizer states."""
-    weights = trainable_params(job) * (4 if job.train.precision == "fp32" else 2)
+    weights = trainable_params(job) * job.train.compute_bytes
     return weights + optimizer_bytes(job, trainable_groups(job), 4)
 
 

@@ -495,7 +495,7 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
         lora=lora,
         lora_targets=resolve_targets(train.lora_targets, linears, default_targets) if lora else (),
         lora_dtype=lora_dtype,
-        adapter_bytes=(0 if not lora else 4 if lora_dtype == "fp32" or train.precision == "fp32"
+        adapter_bytes=(0 if not lora else 4 if lora_dtype == "fp32" or train.compute_bytes == 4
                        else 2 if lora_dtype == "compute" or train.precision == "bf16" else 4),
         lora_dropout=train.lora_dropout if lora else 0.0,
         optimizer_impl=impl,
@@ -528,7 +528,7 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
         rope_cache_bytes=(0 if not rope_buffers or not shape.rope_positions
                           else (4 if train.base_quant != "none" or train.precision != "bf16" else 2)
                           if stack.name != "hf"
-                          else (4 if train.precision == "fp32" else 2) if lora
+                          else train.compute_bytes if lora
                           else 2 if train.precision == "bf16" else 4),
         reentrant=reentrant,
         # pytorch PR #129721 "[FSDP2] Ran reduce-scatter copy-in in default stream" (2024-06-27, after
