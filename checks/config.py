@@ -179,10 +179,10 @@ class TrainConfig:
     input on its reduce-scatter stream (moved to the default stream by pytorch PR #129721, after the 2.4
     branch cut); "" = a current release. A nightly is named by its release, e.g. "2.4.0"."""
     transformers: str = ""
-    """The transformers release the hf stack runs, when it matters ("" = a current release): it decides the
-    loss path (4.46-4.48 also copy the fp32 logits shifted), the Trainer's default AdamW
-    kernel (fused from 4.54 with torch >= 2.8, else foreach), the checkpointing default (reentrant before
-    5.0) and the per-layer rotary cos/sin buffers (Llama <= 4.40 but 4.38.0-4.38.1, Mistral <= 4.41,
+    """The transformers release the hf and deepspeed stacks run, when it matters ("" = a current
+    release): it decides the loss path (4.46-4.48 also copy the fp32 logits shifted), the Trainer's
+    default AdamW kernel under hf (fused from 4.54 with torch >= 2.8, else foreach; DeepSpeed steps its
+    own partitions), the checkpointing default (reentrant before 5.0) and the per-layer rotary cos/sin buffers (Llama <= 4.40 but 4.38.0-4.38.1, Mistral <= 4.41,
     Qwen2 <= 4.44, Mixtral <= 4.47). checks/stacks.py transformers_facts cites each line."""
     previous_outputs: str = "stack"
     """Whether the previous step's outputs (and so its graph) are still bound during a forward:

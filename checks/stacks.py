@@ -121,6 +121,11 @@ class Stack:
     """DeepSpeed's engine trains the module in 16 bits with the fp32 master copy inside its optimizer
     (runtime/bf16_optimizer.py, zero/stage_1_and_2.py, zero/stage3.py), 16-bit gradients, and its own
     ZeRO-3 gradient bucket."""
+    transformers_release: bool = False
+    """The model, its loss and gradient_checkpointing_enable are transformers' at the job's release
+    (train.transformers): transformers_facts decides the loss path, the reentrant default and the rotary
+    tables in place of this Stack's loss, reentrant and rope_cache_buffers (and, where the Trainer builds
+    the optimizer, not DeepSpeed, its default AdamW kernel: Stack.deepspeed_engine)."""
 
 
 STACK_FACTS: dict[str, Stack] = {
@@ -161,12 +166,13 @@ STACK_FACTS: dict[str, Stack] = {
               "transformers loss/loss_utils.py, trainer.py; peft utils/constants.py, tuners_utils.py, utils/other.py; "
               "accelerate utils/dataclasses.py, accelerator.py",
               fsdp_init_on_device=True, lora_units=True, fsdp_no_sync=True, quantized_load_on_gpu=True,
-              adapter_input_cast=True),
-        # DeepSpeed via the HF Trainer integration: same model code and peft defaults; the optimizer
-        # is DeepSpeed's (FusedAdam / ZeRO partitions), modelled by the sharding terms.
+              adapter_input_cast=True, transformers_release=True),
+        # DeepSpeed via the HF Trainer integration: the same transformers model, loss and checkpointing
+        # (so the same train.transformers facts) and peft defaults; the step runs inside DeepSpeed's
+        # optimizer wrapper on its flat fp32 partitions (FusedAdam / ZeRO), modelled by the sharding terms.
         Stack("deepspeed", "fp32-upcast", 0, 0, True, False, "block", ("q_proj", "v_proj"), "fp32", "fused", False, True, True,
               "transformers integrations/deepspeed.py; deepspeed runtime/zero",
-              adapter_input_cast=True, deepspeed_engine=True),
+              adapter_input_cast=True, deepspeed_engine=True, transformers_release=True),
         # torchtitan: activation_checkpoint.mode = "selective" with selective_ac_option = "op" saves
         # the ops in _save_list and every second mm (torchtitan/models/llama3/infra/parallelize.py
         # _apply_ac_to_transformer_block); loss = cross_entropy(pred.flatten(0, 1).float(), ...)
@@ -261,10 +267,10 @@ class JobFacts:
     bin/smoke then launches gpus_per_node ranks per node under torchrun."""
     rope_cache_bytes: int = 0
     """Bytes per value of the rotary cos/sin buffers every attention layer keeps (Stack.rope_cache_buffers,
-    or the hf stack's transformers release: transformers_facts); 0: none."""
+    or the transformers release of the hf and deepspeed stacks: transformers_facts); 0: none."""
     reentrant: bool = False
-    """Activation checkpointing runs with use_reentrant=True (Stack.reentrant, or the hf stack's
-    transformers release: transformers_facts)."""
+    """Activation checkpointing runs with use_reentrant=True (Stack.reentrant, or the transformers
+    release of the hf and deepspeed stacks: transformers_facts)."""
     rs_input_on_rs_stream: bool = False
     """FSDP2 before torch 2.5: foreach_reduce allocated the fp32 reduce-scatter input inside `with
     torch.cuda.stream(reduce_scatter_stream)`, so that stream's pool caches the largest inputs too."""
@@ -325,8 +331,8 @@ TRANSFORMERS_OLDEST = (4, 31)
 
 @dataclass(frozen=True)
 class TransformersFacts:
-    """The hf stack's facts that changed between transformers releases, each read in that release's own
-    source (its PyPI wheel); the lines are cited in transformers_facts."""
+    """The facts of the hf and deepspeed stacks that changed between transformers releases, each read
+    in that release's own source (its PyPI wheel); the lines are cited in transformers_facts."""
 
     loss: str
     adamw_impl: str
@@ -430,10 +436,12 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
     arch = shape.arch
     stack_loss, stack_impl, reentrant = stack.loss, stack.adamw_impl, stack.reentrant
     rope_buffers = stack.rope_cache_buffers
-    if stack.name == "hf":
-        # The Trainer + transformers model facts of the job's transformers release (train.transformers).
+    if stack.transformers_release:
+        # The transformers model and Trainer facts of the job's release (train.transformers).
         tf = transformers_facts(train.transformers, train.torch, shape.family if arch == "llama" else "gpt2")
-        stack_loss, stack_impl, reentrant, rope_buffers = tf.loss, tf.adamw_impl, tf.reentrant, tf.rope_buffers
+        stack_loss, reentrant, rope_buffers = tf.loss, tf.reentrant, tf.rope_buffers
+        if not stack.deepspeed_engine:
+            stack_impl = tf.adamw_impl
     rope_buffers = rope_buffers and not replica  # the replica has none, whichever release decided them
     # The block linears LoRA can adapt, as named in the model (routed experts are 3-D parameters in
     # transformers 5.x, not nn.Linear modules, so peft never adapts them).
@@ -524,11 +532,12 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
         # default dtype while the model is constructed, modeling_utils _set_default_torch_dtype).
         # The hf stack loads with from_pretrained(torch_dtype=...): a LoRA/QLoRA base in the compute dtype
         # (podkit's frozen base, memory.frozen_groups), a full fine-tune in its parameters' dtype (fp32
-        # masters unless pure bf16).
+        # masters unless pure bf16). DeepSpeed's 16-bit engine holds the module in the compute dtype,
+        # buffers included (runtime/engine.py _configure_distributed_model: module.bfloat16() / .half()).
         rope_cache_bytes=(0 if not rope_buffers or not shape.rope_positions
                           else (4 if train.base_quant != "none" or train.precision != "bf16" else 2)
-                          if stack.name != "hf"
-                          else train.compute_bytes if lora
+                          if not stack.transformers_release
+                          else train.compute_bytes if lora or stack.deepspeed_engine
                           else 2 if train.precision == "bf16" else 4),
         reentrant=reentrant,
         # pytorch PR #129721 "[FSDP2] Ran reduce-scatter copy-in in default stream" (2024-06-27, after

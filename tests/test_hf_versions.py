@@ -123,3 +123,33 @@ def test_checkpointing_is_reentrant_before_transformers_5(job):
     (old, kept_old), (new, kept_new) = acts("4.57.1"), acts("5.0.0")
     assert old and not new
     assert kept_new - kept_old == L * 512 * (2 * H + QD + F) * 2
+
+
+# ---- 5. the deepspeed stack runs the same transformers model --------------------------------------------
+
+
+def test_deepspeed_stack_follows_the_release_but_steps_with_deepspeeds_optimizer(job):
+    """The HF Trainer under DeepSpeed runs the transformers model, loss and gradient_checkpointing of the
+    job's release, as the hf stack does; the optimizer step runs inside DeepSpeed's wrapper on its flat
+    partitions, so the Trainer's default AdamW kernel (foreach before 4.54) does not apply."""
+    def ds(transformers, **extra):
+        rest = "".join(f"\n{k} = '{v}'" for k, v in extra.items())
+        return job(model="hidden = 8192\nlayers = 80\nheads = 64\nkv_heads = 8\nffn = 28672\nvocab = 32000\n"
+                         "max_position_embeddings = 4096",
+                   train=f"stack = 'deepspeed'\nlora_rank = 8\nprecision = 'bf16-mixed'\nseq_len = 1024\n"
+                         f"checkpointing = 'full'\ntransformers = '{transformers}'{rest}",
+                   cluster="gpu = 'A100-80GB'\ngpus_per_node = 2\nsharding = 'zero3'")
+
+    old, shifted, current = ds("4.39.0"), ds("4.47.1"), ds("")
+    assert (old.facts.reentrant, shifted.facts.reentrant, current.facts.reentrant) == (True, True, False)
+    assert (old.facts.loss, shifted.facts.loss, current.facts.loss) == ("fp32-upcast", "fp32-upcast-shifted",
+                                                                        "fp32-upcast")
+    assert {j.facts.optimizer_impl for j in (old, shifted, current)} == {"fused"}
+    # 4.39's Llama tables, whole on both ranks (ZeRO-3 partitions parameters, not buffers), in the 16-bit
+    # dtype DeepSpeed's bf16 engine holds the module in: 80 x 2 x 4096 x 128 x 2 B.
+    assert part(estimate(old), "rotary cos/sin", "step") == 80 * 2 * 4096 * 128 * 2
+    assert part(estimate(shifted), "rotary cos/sin", "step") == 0
+    # 4.46-4.48's loss keeps the 16-bit logits beside the fp32 copy and its shifted copy: 14 B per logit
+    # at the forward peak, against a current release's 12 (its backward's 3 x 4 B; test 3 above).
+    assert part(estimate(shifted), "loss:", "forward-end") - part(estimate(current), "loss:", "forward-end") \
+        == (14 - 12) * 32000 * 1024
