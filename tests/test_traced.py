@@ -238,6 +238,13 @@ def test_lora_targets_dropout_and_dtype():
     tokens, h = 2 * 64, shape.hidden
     # At least q, k, v and gate/up's inputs: an fp32 dropped copy and a bool mask each.
     assert dropped - plain >= shape.layers * 4 * tokens * h * (4 + 1)
+    # The mask is a bool, as CUDA's fused native_dropout saves it, on the CPU too (where F.dropout would
+    # save an fp32 noise tensor: 4 B per value, not 1).
+    x = torch.randn(64, 32, requires_grad=True)
+    out = model_mod.Dropout(0.1)(x)
+    saved = [getattr(out.grad_fn, n) for n in dir(out.grad_fn) if n.startswith("_saved_")]
+    assert [t.dtype for t in saved if isinstance(t, torch.Tensor)] == [torch.bool]
+    assert torch.nn.functional.dropout(x, 0.1).grad_fn._saved_other.dtype == torch.float32
 
 
 # ---------------------------------------------------------------- full size

@@ -122,6 +122,20 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
+class Dropout(nn.Module):
+    """nn.Dropout as a GPU runs it, on every device: ATen's dropout takes the fused native_dropout, which
+    saves a bool mask for backward, only for CUDA inputs (aten/src/ATen/native/Dropout.cpp,
+    is_fused_kernel_acceptable); on a CPU it saves a mask in the input's dtype (4x the bytes for fp32).
+    Calling native_dropout directly makes the CPU smoke and the fake-tensor trace keep what a GPU keeps."""
+
+    def __init__(self, p: float):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.native_dropout(x, self.p, True)[0] if self.training else x
+
+
 class LoRALinear(nn.Module):
     """A frozen base linear plus a trainable low-rank update (Hu et al. 2021): W x + B A drop(x) * alpha/r.
 
@@ -138,7 +152,7 @@ class LoRALinear(nn.Module):
         self.cast_always = cast_always
         self.lora_A = nn.Linear(fan_in, rank, bias=False, dtype=dtype)
         self.lora_B = nn.Linear(rank, fan_out, bias=False, dtype=dtype)
-        self.dropout = nn.Dropout(dropout) if dropout else nn.Identity()
+        self.dropout = Dropout(dropout) if dropout else nn.Identity()
         self.scale = LORA_ALPHA / rank
 
     @property
