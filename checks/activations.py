@@ -20,11 +20,17 @@ records what autograd saves given the job's facts. The rules that decide it are 
   selective activation checkpointing (torch.utils.checkpoint.create_selective_checkpoint_contexts)
   keeps the outputs of the ops its policy marks MUST_SAVE, whatever autograd would have saved.
 
+The same walk records each op's inputs, outputs and saved tensors, so a block's backward is replayed
+too: its recompute (checkpointed blocks), then its nodes in reverse, each allocating its inputs'
+gradients and then releasing what it saved, as autograd's engine does (backward_intermediates_per_token,
+recompute_transient_per_token).
+
 The result is bytes per token of one block (and of the head), which memory.py multiplies out.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 from podkit.checks.kernels import attention_kernel
@@ -37,6 +43,24 @@ class Tensor:
 
     label: str
     bytes: float
+    dtype_bytes: float = 0.0
+    grad: bool = True
+    """Backward computes a gradient for it (activations do; masks and statistics do not)."""
+
+
+@dataclass(eq=False)
+class Op:
+    """One autograd node of the forward: the tensors it takes gradients for, its outputs, what it saves,
+    and what its backward allocates and frees inside the call (beyond its inputs' gradients)."""
+
+    inputs: tuple
+    outputs: tuple
+    saved: tuple
+    scratch: float = 0.0
+    add: bool = False
+    """An addition: AddBackward hands the output's gradient itself to an input of the same dtype."""
+    holds: tuple = ()
+    """Tensors a Python local keeps alive until this op runs (the forward function has not returned)."""
 
 
 @dataclass(frozen=True)
@@ -103,97 +127,149 @@ class Trace:
     ctx_kept: dict = field(default_factory=dict)  # id -> Tensor, kept outside autograd's saved tensors
     matmuls: list = field(default_factory=list)  # mm / addmm outputs, in call order
     attention_out: list = field(default_factory=list)  # SDPA flash/efficient outputs
+    ops: list = field(default_factory=list)  # autograd nodes in creation order
+    output: Tensor | None = None  # the block's output (its gradient starts the block's backward)
 
-    def new(self, label: str, width: float, dtype_bytes: float) -> Tensor:
-        return Tensor(label, width * dtype_bytes)
+    def new(self, label: str, width: float, dtype_bytes: float, grad: bool = True) -> Tensor:
+        return Tensor(label, width * dtype_bytes, dtype_bytes, grad)
 
     def save(self, *tensors: Tensor) -> None:
         for t in tensors:
             self.saved[id(t)] = t
+
+    def hold(self, *tensors: Tensor) -> None:
+        """Keep tensors alive through the last op recorded: a function's argument lives until it returns."""
+        last = self.ops[-1]
+        self.ops[-1] = Op(last.inputs, last.outputs, last.saved, last.scratch, last.add, last.holds + tensors)
+
+    def op(self, inputs, outputs, saved=(), scratch: float = 0.0, add: bool = False, holds=()) -> None:
+        self.ops.append(Op(tuple(inputs), tuple(outputs), tuple(saved), scratch, add, tuple(holds)))
+        self.save(*saved)
 
     # ---- ops -----------------------------------------------------------------------------
     def rmsnorm(self, x: Tensor, name: str) -> Tensor:
         """LlamaRMSNorm: x.float(); x * rsqrt(mean(x^2) + eps); weight * x.to(input_dtype)."""
         f = self.facts
         xf = x if x.bytes == 4 * f.hidden else self.new(f"{name}: fp32 upcast", f.hidden, 4)
-        self.save(xf, self.new(f"{name}: rsqrt", 1, 4))
+        if xf is not x:
+            self.op([x], [xf])
         xn = self.new(f"{name}: normalised", f.hidden, 4)
+        # x * rsqrt(x.pow(2).mean() + eps): the product's and pow's backward each give x a gradient,
+        # one alive beside the other until they are summed.
+        self.op([xf], [xn], saved=(xf, self.new(f"{name}: rsqrt", 1, 4, grad=False)), scratch=4 * f.hidden)
         xc = xn if f.stream == 4 else self.new(f"{name}: normalised, cast back", f.hidden, f.stream)
-        if f.weights_trainable:  # weight * x saves x only for the weight's gradient
-            self.save(xc)
+        if xc is not xn:
+            self.op([xn], [xc])
         out_bytes = max(f.stream, f.norm_weight_bytes)  # type promotion of weight * x
-        return self.new(f"{name}: output", f.hidden, out_bytes)
+        out = self.new(f"{name}: output", f.hidden, out_bytes)
+        # weight * x saves x only for the weight's gradient; LlamaRMSNorm's locals (the fp32 input and
+        # the normalised x) live until it returns.
+        self.op([xc], [out], saved=(xc,) if f.weights_trainable else (), holds=(xf, xn))
+        return out
 
     def linear(self, x: Tensor, fan_in: int, fan_out: int, name: str) -> Tensor:
         f = self.facts
         inp = x
         if f.autocast and x.bytes == 4 * fan_in:  # autocast's per-call cast of an fp32 input
             inp = self.new(f"{name}: autocast input cast", fan_in, f.e)
-        if f.weights_trainable:
-            self.save(inp)
+            self.op([x], [inp])
+        out = self.new(f"{name}: output", fan_out, f.e)
+        self.op([inp], [out], saved=(inp,) if f.weights_trainable else ())
         if f.quant_saves_input:
             self.save(inp)
-            self.ctx_kept[id(inp)] = inp
-        out = self.new(f"{name}: output", fan_out, f.e)
+            self.ctx_kept[id(inp)] = inp  # a ctx attribute: alive until the graph itself is freed
         self.matmuls.append(out)
         if not targeted(name, f.targets):
             return out
         a_in = x
+        # The forward's argument and the cast copy peft rebinds its local x to live until it returns.
+        cast_local = (x,)
         if f.adapter_input_cast and x.bytes != f.adapter_bytes * fan_in:
             a_in = self.new(f"{name}: input cast to adapter dtype", fan_in, f.adapter_bytes)
+            self.op([x], [a_in])
+            cast_local = (x, a_in)
         if f.lora_dropout:
-            self.save(self.new(f"{name}: dropout mask", fan_in, 1))
-            a_in = self.new(f"{name}: dropout output", fan_in, a_in.bytes / fan_in)
+            dropped = self.new(f"{name}: dropout output", fan_in, a_in.dtype_bytes)
+            self.op([a_in], [dropped], saved=(self.new(f"{name}: dropout mask", fan_in, 1, grad=False),))
+            a_in = dropped
         if f.autocast and a_in.bytes == 4 * fan_in:
-            a_in = self.new(f"{name}: lora_A autocast cast", fan_in, f.e)
-        self.save(a_in)
+            cast = self.new(f"{name}: lora_A autocast cast", fan_in, f.e)
+            self.op([a_in], [cast])
+            a_in = cast
         ab = f.e if f.autocast else f.adapter_bytes
         a_out = self.new(f"{name}: lora_A output", f.lora_rank, ab)
+        self.op([a_in], [a_out], saved=(a_in,))
         self.matmuls.append(a_out)
-        self.save(a_out)
-        self.matmuls.append(self.new(f"{name}: lora_B output", fan_out, ab))
-        return self.new(f"{name}: base + adapter", fan_out, f.e)
+        b_out = self.new(f"{name}: lora_B output", fan_out, ab)
+        self.op([a_out], [b_out], saved=(a_out,))
+        self.matmuls.append(b_out)
+        # peft: result = result + lora_B(lora_A(dropout(x))) * scaling, then result.to(the base's dtype)
+        scaled = self.new(f"{name}: lora_B output x scaling", fan_out, ab)
+        self.op([b_out], [scaled])
+        total = self.new(f"{name}: base + adapter", fan_out, max(f.e, ab))
+        self.op([out, scaled], [total], add=True, holds=cast_local)
+        if total.dtype_bytes == f.e:
+            return total
+        back = self.new(f"{name}: base + adapter, cast back", fan_out, f.e)
+        self.op([total], [back])
+        return back
 
     def attention(self, y: Tensor) -> Tensor:
         f = self.facts
         h, qd, kvd = f.hidden, f.q_dim, f.kv_dim
-        self.linear(y, h, qd, "q_proj")
-        self.linear(y, h, kvd, "k_proj")
+        q0 = self.linear(y, h, qd, "q_proj")
+        k0 = self.linear(y, h, kvd, "k_proj")
         v = self.linear(y, h, kvd, "v_proj")
-        # RoPE (q * cos + rotate_half(q) * sin) saves only cos/sin, shared buffers.
+        # RoPE (q * cos + rotate_half(q) * sin) saves only cos/sin, shared buffers; its backward sums
+        # two gradients of q.
         q = self.new("q after RoPE", qd, f.e)
+        self.op([q0], [q], scratch=qd * f.e)
         k = self.new("k after RoPE", kvd, f.e)
+        self.op([k0], [k], scratch=kvd * f.e)
+        kept_v = v  # what the kernel's saved v keeps alive
         if f.repeat_kv:  # hidden_states[:, :, None].expand(...).reshape(...): a full-width copy each
-            k = self.new("k repeated to every head", qd, f.e)
-            v = self.new("v repeated to every head", qd, f.e)
+            rk, rv = self.new("k repeated to every head", qd, f.e), self.new("v repeated to every head", qd, f.e)
+            self.op([k], [rk])
+            self.op([v], [rv])
+            k, v, kept_v = rk, rv, rv
         elif f.fused_qkv:
             # v is still a view of the fused qkv output: saving it keeps the q and k parts alive too.
-            v = self.new("fused qkv output (v is a view of it)", qd + 2 * kvd, f.e)
+            kept_v = self.new("fused qkv output (v is a view of it)", qd + 2 * kvd, f.e, grad=False)
+        out = self.new("attention output", qd, f.e)
+        # The s x s weights' gradient and the scores' gradient computed from it (softmax backward).
+        scores_grad = f.heads * f.seq_len * (4 + f.e)
         if f.kernel in ("flash", "efficient"):
-            out = self.new("attention output", qd, f.e)
-            lse = self.new("attention logsumexp", f.heads, 4)
-            self.save(q, k, v, out, lse)
+            lse = self.new("attention logsumexp", f.heads, 4, grad=False)
+            # flash-attn 2 mha_bwd (csrc/flash_attn/flash_api.cpp, vendored by torch) allocates softmax_d
+            # (heads) and dq_accum (q width) in fp32, and under GQA dk/dv expanded to every query head.
+            scratch = 4 * (f.heads + qd) + (2 * qd * f.e if f.gqa else 0) if f.kernel == "flash" else 0
+            self.op([q, k, v], [out], saved=(q, k, kept_v, out, lse), scratch=scratch)
             self.attention_out += [out, lse]
         elif f.kernel == "math":
             # aten _scaled_dot_product_attention_math: k/v repeated to every head for GQA, q and k
             # scaled by sqrt(scale), softmax(q k^T) kept for backward, then @ v.
-            rep_v = self.new("v repeated to every head", qd, f.e) if f.gqa else v
-            probs = self.new("attention weights s x s (math kernel)", f.heads * f.seq_len, f.e)
-            self.save(self.new("q scaled", qd, f.e), self.new("k scaled (repeated)", qd, f.e), rep_v, probs)
-            out = self.new("attention output", qd, f.e)
+            rep_v = self.new("v repeated to every head", qd, f.e, grad=False) if f.gqa else kept_v
+            probs = self.new("attention weights s x s (math kernel)", f.heads * f.seq_len, f.e, grad=False)
+            self.op([q, k, v], [out], saved=(self.new("q scaled", qd, f.e, grad=False),
+                                             self.new("k scaled (repeated)", qd, f.e, grad=False), rep_v, probs),
+                    scratch=scores_grad)
         else:  # eager: HF's repeat_kv, fp32 softmax, probabilities cast back for probs @ v
-            rep_k = self.new("k repeated", qd, f.e) if f.gqa else k
-            rep_v = self.new("v repeated", qd, f.e) if f.gqa else v
-            self.save(q, rep_k, rep_v)
-            self.save(self.new("softmax output fp32 (s x s)", f.heads * f.seq_len, 4))
+            rep_k = self.new("k repeated", qd, f.e, grad=False) if f.gqa else k
+            rep_v = self.new("v repeated", qd, f.e, grad=False) if f.gqa else kept_v
+            saved = [q, rep_k, rep_v, self.new("softmax output fp32 (s x s)", f.heads * f.seq_len, 4, grad=False)]
             if f.e != 4:
-                self.save(self.new("attention weights cast back (s x s)", f.heads * f.seq_len, f.e))
-            out = self.new("attention output", qd, f.e)
+                saved.append(self.new("attention weights cast back (s x s)", f.heads * f.seq_len, f.e, grad=False))
+            self.op([q, k, v], [out], saved=saved, scratch=scores_grad)
         # flash and memory-efficient kernels allocate their output as (b, s, heads, d) and return a
         # transposed view, so out.transpose(1, 2).reshape(b, s, -1) (HF: .contiguous()) is a view;
         # the math and eager outputs are (b, heads, s, d) and get copied.
-        o_in = out if f.kernel in ("flash", "efficient") else self.new("attention output made contiguous", qd, f.e)
-        return self.linear(o_in, qd, h, "o_proj")
+        o_in = out
+        if f.kernel not in ("flash", "efficient"):
+            o_in = self.new("attention output made contiguous", qd, f.e)
+            self.op([out], [o_in])
+        res = self.linear(o_in, qd, h, "o_proj")
+        self.hold(y)
+        return res
 
     def mlp(self, y: Tensor, ffn: int = 0, prefix: str = "", per_token: float = 1.0) -> Tensor:
         """A gated MLP over `per_token` copies of each token (top_k for routed experts)."""
@@ -202,9 +278,12 @@ class Trace:
         gate = self.linear(y, f.hidden, ffn * per_token, prefix + "gate_proj")
         up = self.linear(y, f.hidden, ffn * per_token, prefix + "up_proj")
         act = self.new(prefix + "silu(gate)", ffn * per_token, f.e)
-        self.save(gate, act, up)  # SiluBackward keeps its input; the product keeps both factors
+        self.op([gate], [act], saved=(gate,))  # SiluBackward keeps its input
         prod = self.new(prefix + "silu(gate) * up", ffn * per_token, f.e)
-        return self.linear(prod, ffn * per_token, f.hidden * per_token, prefix + "down_proj")
+        self.op([act, up], [prod], saved=(act, up))  # the product keeps both factors
+        out = self.linear(prod, ffn * per_token, f.hidden * per_token, prefix + "down_proj")
+        self.hold(y)
+        return out
 
     def moe_mlp(self, y: Tensor) -> Tensor:
         """transformers' sparse MoE block (MixtralSparseMoeBlock, Qwen2/3MoeSparseMoeBlock, DeepSeek
@@ -213,24 +292,33 @@ class Trace:
         over its tokens, its output scaled by the routing weight (kept for that weight's gradient
         when the router trains); shared experts run on every token."""
         f, m = self.facts, self.facts.moe
-        self.linear(y, f.hidden, m.experts, "router")
-        self.save(self.new("router softmax (fp32)", m.experts, 4))
+        logits = self.linear(y, f.hidden, m.experts, "router")
+        probs = self.new("router softmax (fp32)", m.experts, 4)
+        self.op([logits], [probs], saved=(probs,))
         routed = self.new("tokens gathered per expert", f.hidden * m.top_k, f.e)
+        self.op([y], [routed])
         out = self.mlp(routed, m.expert_ffn, "experts.", per_token=m.top_k)
-        if f.weights_trainable:
-            self.save(out)  # expert output x routing weight: the weight's gradient needs it
+        weighted = self.new("expert output x routing weight", f.hidden * m.top_k, f.e)
+        # The routing weight's gradient needs the expert output (when the router trains).
+        self.op([out, probs], [weighted], saved=(out,) if f.weights_trainable else ())
+        parts = [weighted]
         if m.shared_experts or m.shared_ffn:
-            self.mlp(y, m.shared_ffn, "shared_expert.")
-        return self.new("MoE output", f.hidden, f.e)
+            parts.append(self.mlp(y, m.shared_ffn, "shared_expert."))
+        res = self.new("MoE output", f.hidden, f.e)
+        self.op(parts, [res])
+        return res
 
 
 def _walk_block(facts: BlockFacts, moe_layer: bool = False) -> tuple[Trace, Tensor]:
     tr = Trace(facts)
     x = tr.new("block input (residual stream)", facts.hidden, facts.stream)
-    tr.attention(tr.rmsnorm(x, "input_layernorm"))
+    attn = tr.attention(tr.rmsnorm(x, "input_layernorm"))
     x2 = tr.new("residual stream after attention", facts.hidden, facts.stream)
+    tr.op([x, attn], [x2], add=True)
     y2 = tr.rmsnorm(x2, "post_attention_layernorm")
-    tr.moe_mlp(y2) if moe_layer else tr.mlp(y2)
+    mlp = tr.moe_mlp(y2) if moe_layer else tr.mlp(y2)
+    tr.output = tr.new("block output (residual stream)", facts.hidden, facts.stream)
+    tr.op([x2, mlp], [tr.output], add=True)
     return tr, x
 
 
@@ -266,13 +354,99 @@ def ctx_kept_per_token(facts: BlockFacts, moe_layer: bool = False) -> float:
 
 
 def backward_intermediates_per_token(facts: BlockFacts, moe_layer: bool = False) -> float:
-    """Gradient tensors alive while one block is backpropagated: the residual gradient in and out,
-    and in SwiGLU's backward d(product), d(silu), d(up), d(gate) with three alive at once; the
-    eager/math kernels also hold the gradient of the s x s weights."""
-    f = facts
-    scores = f.heads * f.seq_len * (4 + f.e) if f.kernel in ("eager", "math") else 0
-    ffn = f.moe.top_k * f.moe.expert_ffn + f.moe.shared_ffn if moe_layer else f.ffn
-    return 2 * f.stream * f.hidden + 3 * f.e * ffn + scores
+    """The most one block's backward holds beyond the saved tensors it starts with, per token: its ops
+    replayed in reverse with autograd's engine rules (torch/csrc/autograd/engine.cpp, one device
+    thread): nodes run in decreasing sequence number, i.e. the reverse of the forward's creation
+    order; a node allocates its inputs' gradients while its output gradients and every unreleased
+    saved tensor are alive, plus what its kernel allocates inside the call (Op.scratch); then it
+    releases its saved tensors (release_variables(), no retain_graph) and its output gradients. A
+    gradient reaching a tensor that already has one is summed into it (InputBuffer::accumulate, in
+    place), and AddBackward hands the output's gradient itself to an input of the same dtype.
+    Attributes a node keeps outside its saved tensors (bitsandbytes < 0.43.2's ctx.tensors) live
+    until the graph is freed, after backward."""
+    tr, _ = _walk_block(facts, moe_layer)
+    last_user: dict[int, int] = {}
+    saved: dict[int, Tensor] = {}
+    for i, op in enumerate(tr.ops):
+        for t in op.saved:
+            saved[id(t)] = t
+            last_user[id(t)] = min(last_user.get(id(t), i), i)
+    start = sum(t.bytes for t in saved.values()) + sum(t.bytes for k, t in tr.ctx_kept.items() if k not in saved)
+    live_saved = start
+    # Gradient buffers: tensor id -> buffer id; buffer id -> [bytes, references].
+    ids = itertools.count(1)
+    buffers: dict[int, list] = {0: [tr.output.bytes, 1]}
+    grad_of: dict[int, int] = {id(tr.output): 0}
+    live_grads = tr.output.bytes
+    peak = live_saved + live_grads
+
+    def drop(buf: int) -> float:
+        buffers[buf][1] -= 1
+        return buffers.pop(buf)[0] if buffers[buf][1] == 0 else 0.0
+
+    for i in range(len(tr.ops) - 1, -1, -1):
+        op = tr.ops[i]
+        outs = [grad_of[id(o)] for o in op.outputs if id(o) in grad_of]
+        if outs:
+            fresh = 0.0
+            summed = []  # new buffers summed into an existing gradient, freed after the node
+            for t in op.inputs:
+                if not t.grad:
+                    continue
+                alias = op.add and len(outs) == 1 and t.dtype_bytes == op.outputs[0].dtype_bytes
+                if id(t) in grad_of:
+                    if not alias:
+                        fresh += t.bytes
+                        summed.append(t.bytes)
+                    continue
+                if alias:
+                    buffers[outs[0]][1] += 1
+                    grad_of[id(t)] = outs[0]
+                else:
+                    fresh += t.bytes
+                    buf = next(ids)
+                    buffers[buf] = [t.bytes, 1]
+                    grad_of[id(t)] = buf
+            peak = max(peak, live_saved + live_grads + fresh + op.scratch)
+            live_grads += fresh - sum(summed)
+            for o in op.outputs:
+                if id(o) in grad_of:
+                    live_grads -= drop(grad_of.pop(id(o)))
+        for t in op.saved:
+            if last_user[id(t)] == i and id(t) in saved and id(t) not in tr.ctx_kept:
+                live_saved -= saved.pop(id(t)).bytes
+    return peak - start
+
+
+def recompute_transient_per_token(facts: BlockFacts, moe_layer: bool = False) -> float:
+    """The most a checkpointed block's recompute holds beyond its saved tensors and its input, per token.
+    The recompute runs the block's forward again with grad enabled (torch/utils/checkpoint.py,
+    non-reentrant: every tensor autograd saves is kept for the backward that asked for it; reentrant:
+    the graph the recomputed forward builds keeps them) and, with early stopping (the default), stops
+    right after the last saved tensor is packed. Each op's outputs are allocated while its inputs are
+    alive, and an intermediate dies after its last consumer unless it is saved or a Python local or
+    argument still holds it (Op.holds: peft's fp32 copy of down_proj's input lives until its forward
+    returns); so near the end of the recompute almost every saved tensor exists beside the last ops'
+    own intermediates, and beside the gradient of the block's output that set the recompute off."""
+    tr, x = _walk_block(facts, moe_layer)
+    last_save = max((i for i, op in enumerate(tr.ops) if op.saved), default=-1)
+    last_use: dict[int, int] = {}
+    for i, op in enumerate(tr.ops):
+        for t in (*op.inputs, *op.holds):
+            last_use[id(t)] = i
+    kept = set(tr.saved) | {id(x)}
+    live = {id(x): x.bytes}
+    peak = x.bytes
+    for i, op in enumerate(tr.ops[:last_save + 1]):
+        for t in (*op.outputs, *op.saved):
+            live.setdefault(id(t), t.bytes)
+        peak = max(peak, sum(live.values()))
+        for t in (*op.inputs, *op.holds):
+            if last_use[id(t)] == i and id(t) not in kept:
+                live.pop(id(t), None)
+    settled = x.bytes + sum(t.bytes for k, t in tr.saved.items() if k != id(x))
+    # The gradient of the block's output, which reached the block and set off the recompute, is alive.
+    return max(0.0, peak - settled) + tr.output.bytes
 
 
 def block_forward_transient_per_token(facts: BlockFacts) -> float:

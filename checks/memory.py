@@ -6,8 +6,9 @@ et al., ZeRO, SC'20, with the dynamic part resolved in time):
 
   forward-end  end of forward, start of backward: every saved activation plus the loss spike
                (logits, their fp32 upcast, log-softmax and its gradient);
-  backward     backward through the last block: saved activations, that block recomputed (when
-               checkpointed) and its gradient intermediates, gradients accumulated so far;
+  backward     backward through the last block: the blocks' saved activations (the head's are
+               released by then), that block recomputed (when checkpointed) and the most its
+               recompute and its nodes in reverse order hold at once, gradients accumulated so far;
   step         optimizer step: every gradient plus optimizer states and step temporaries.
 
 Activations are counted tensor by tensor from what autograd saves for backward in a Llama block
@@ -567,10 +568,20 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
         f"({L} blocks x {stored_pt:,.0f} B + head {head_pt:,.0f} B) per token x {T:,} tokens",
         transient=True,
     )
+    # Once backward reaches the blocks, the head's and the final norm's nodes have run and released
+    # their saved tensors (torch/csrc/autograd/engine.cpp: without retain_graph, a node's
+    # release_variables() runs right after it): only the blocks' remain.
+    block_activations = Part("activations", "blocks' saved activations", int(L * stored_pt * T),
+                             f"{L} blocks x {stored_pt:,.0f} B per token x {T:,} tokens "
+                             "(the head's were released by its backward)", transient=True)
     first_block = Part("activations", "first block's saved activations", int(stored_pt * T),
                        f"{stored_pt:,.0f} B per token x {T:,}", transient=True)
     recompute = int((none_pt - stored_pt) * T) if f.ac_policy != "none" else 0
-    grad_inter = int(max(A.backward_intermediates_per_token(bf, m) for m, _ in kinds) * T)
+    # A checkpointed block's backward starts with its recompute, whose last ops hold their own
+    # intermediates beside nearly every saved tensor; then the backward itself (gradients).
+    grad_inter = int(max(max(A.backward_intermediates_per_token(bf, m),
+                             A.recompute_transient_per_token(bf_re, m) if f.ac_policy != "none" else 0)
+                         for m, _ in kinds) * T)
     in_backward = Part("activations", "one block in backward", recompute + grad_inter,
                        (f"recomputed block {none_pt - stored_pt:,.0f} B + " if recompute else "")
                        + f"gradient intermediates, per token x {T:,}", transient=True)
@@ -735,16 +746,16 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
         grad_in = Part("activations", "gradient of the block's input", T * shape.hidden * bf.stream,
                        f"{shape.hidden} x {bf.stream} B per token x {T:,}", transient=True)
         candidate = phase("backward", static + [both] + fwd_params[1:] + cache(cache_bwd) + start_grads
-                          + kept_logits + [activations, grad_in])
+                          + kept_logits + [block_activations, grad_in])
         in_block = phase("backward", static + fwd_params + cache(cache_bwd) + start_grads + kept_logits
-                         + [activations, in_backward])
+                         + [block_activations, in_backward])
         allocated = [sum(p.bytes for p in parts if p.where == "tensor") for parts in (candidate, in_block)]
         handoff = candidate if allocated[0] > allocated[1] else None
     phases = {
         "forward-end": phase("forward-end", static + ([at_loss] + fwd_params[1:] if f.fsdp else fwd_params)
                              + cache(cache_fwd) + fwd_grads + [activations, loss] + previous + loss_hole),
         "backward": phase("backward", static + fwd_params + cache(cache_bwd) + start_grads + kept_logits
-                          + [activations, in_backward]),
+                          + [block_activations, in_backward]),
         **({"backward": handoff} if handoff else {}),
         "backward-end": phase("backward-end", static + fwd_params[:1] + cache(cache_end) + end_grads + kept_logits
                               + [first_block, in_backward]),

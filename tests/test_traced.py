@@ -53,6 +53,64 @@ def test_trace_matches_the_real_cpu_step(tmp_path, train):
         assert abs(fake - real) / real < 0.02, (mark, real, fake)
 
 
+@pytest.mark.parametrize("train", [
+    'precision = "fp32"\ncheckpointing = "full"',
+    'precision = "bf16-mixed"\ncheckpointing = "full"\nlora_rank = 8\nlora_targets = "all-linear"\n'
+    'lora_dropout = 0.1\nstack = "hf"',
+    # Chunked: a small loss backward, so that the traced backward peak is the blocks' (the whole-logits
+    # loss backward is the analytic forward-end moment).
+    'precision = "fp32"\ncheckpointing = "none"\nlora_rank = 8\nlora_dropout = 0.1\nloss = "chunked"',
+], ids=["full-ft-checkpointed", "peft-lora-dropout-checkpointed", "lora-dropout"])
+def test_the_block_backward_follows_autograd_s_order_and_python_s_lifetimes(train):
+    """The analytic backward of a block (checks/activations.py: the recompute's forward, then the ops in
+    reverse, saved tensors released as each node runs, peft's fp32 input copy alive until its forward
+    returns) against the CPU trace of the same step, which the test above holds to a real CPU run.
+    At this size the block dominates: the old per-block sum (every saved tensor plus every gradient
+    intermediate at once, the head's saved tensors kept) read +12% on the first job and, missing the
+    recompute's own intermediates, -19% on the second."""
+    job = _job("tiny", f"micro_batch = 8\nseq_len = 128\n{train}")
+    traced = trace(job, device_kind="cpu")
+    est = memory.estimate(job, device="cpu")
+    analytic = max(sum(p.bytes for p in est.phase_parts[m] if p.term != "overhead") for m in ("backward", "backward-end"))
+    assert abs(analytic - traced.phases["backward"].peak) / traced.phases["backward"].peak < 0.05
+
+
+def test_the_head_s_saved_tensors_are_gone_once_backward_reaches_the_blocks():
+    """The LM head's and the final norm's nodes run (and release what they saved) before any block's."""
+    job = _job("llama-3.2-1b", 'precision = "bf16-mixed"\nseq_len = 1024\ncheckpointing = "full"')
+    est = memory.estimate(job)
+    T, L = 1024, 16
+    [fwd] = [p for p in est.phase_parts["forward-end"] if p.label.startswith("saved activations")]
+    [bwd] = [p for p in est.phase_parts["backward"] if p.label.startswith("blocks' saved activations")]
+    # Full checkpointing keeps each block's fp32 input (4h); the head keeps the final residual (4h),
+    # its normalised fp32 copy (4h), rsqrt (4) and the lm_head's bf16 input (2h).
+    assert bwd.bytes == L * 4 * 2048 * T
+    assert fwd.bytes - bwd.bytes == (4 * 2048 + 4 * 2048 + 4 + 2 * 2048) * T
+
+
+def test_backward_until_the_blocks_counts_as_the_forward_phase():
+    """PhasePeaks.fold_into: what backward holds before it reaches the blocks (the loss's gradients) is
+    the forward phase's peak and rise; the backward phase's window restarts there."""
+    from podkit.train.memprobe import PhasePeaks
+
+    counter = TensorCounter(trace_limit=0)
+    phases = PhasePeaks(counter)
+    with counter:
+        kept = torch.empty(1000, dtype=torch.uint8)
+        with phases.phase("forward"):
+            acts = torch.empty(4000, dtype=torch.uint8)
+        with phases.phase("backward"):
+            loss_grads = torch.empty(8000, dtype=torch.uint8)
+            del loss_grads
+            hidden_grad = torch.empty(500, dtype=torch.uint8)  # what reaches the last block
+            phases.fold_into("forward")
+            block_grads = torch.empty(2000, dtype=torch.uint8)
+    assert phases.peaks["forward"] == 1000 + 4000 + 8000
+    assert phases.rises["forward"] == 4000 + 8000
+    assert phases.peaks["backward"] == 1000 + 4000 + 500 + 2000
+    del kept, acts, hidden_grad, block_grads
+
+
 def test_terms_at_the_boundaries_are_the_job_s_tensors():
     """fp32 AdamW at step start: weights and two states; when gradients are ready, one more copy."""
     job = _job("tiny", 'precision = "fp32"\nseq_len = 64\nmicro_batch = 2')

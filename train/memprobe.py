@@ -312,17 +312,29 @@ class PhasePeaks:
         self.rises: dict[str, int] = {}  # phase -> highest peak minus the level at its start
         self.marks: dict[str, int] = {}
         self.enabled = True
+        self._starts: dict[str, int] = {}  # phase -> allocated when it last began
 
     def mark(self, name: str) -> None:
         if self.enabled and name not in self.marks:
             self.marks[name] = self.probe.allocated()
+
+    def fold_into(self, name: str) -> None:
+        """Count the open window's peak so far as phase `name`'s, and restart the window: when backward
+        reaches the blocks, what it held until then (the loss's backward, the head's) belongs to the
+        loss spike that checks/memory.py prices at forward-end, not to the blocks' backward."""
+        if self.enabled:
+            peak = self.probe.window_peak()
+            self.peaks[name] = max(self.peaks.get(name, 0), peak)
+            if name in self._starts:
+                self.rises[name] = max(self.rises.get(name, 0), peak - self._starts[name])
+            self.probe.reset_peak()
 
     @contextlib.contextmanager
     def phase(self, name: str):
         if not self.enabled:
             yield
             return
-        start = self.probe.allocated()
+        start = self._starts[name] = self.probe.allocated()
         self.probe.reset_peak()
         try:
             yield

@@ -16,6 +16,7 @@ The model is created on the meta device and materialised once, straight on the t
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -324,6 +325,8 @@ class Decoder(nn.Module):
         self.register_buffer("rope_cos", torch.empty(opts.max_seq_len, shape.d_head), persistent=False)
         self.register_buffer("rope_sin", torch.empty(opts.max_seq_len, shape.d_head), persistent=False)
         self.kept_logits: torch.Tensor | None = None
+        self.on_blocks_backward: Callable[[], None] | None = None
+        """Called when backward reaches the blocks (the loss's, the head's and the final norm's nodes done)."""
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The mean next-token loss, computed as opts.loss says (train/losses.py)."""
@@ -334,6 +337,8 @@ class Decoder(nn.Module):
             x.requires_grad_(True)
         for block in self.layers:
             x = self._run_block(block, x)
+        if self.on_blocks_backward is not None and x.requires_grad:
+            x.register_hook(self._blocks_backward)
         x = self.norm(x)
         loss = self.opts.loss
         if loss == "chunked":
@@ -353,6 +358,9 @@ class Decoder(nn.Module):
         if self.opts.logits_kept:
             self.kept_logits = logits
         return losses.plain(logits, targets, upcast=loss != "native" and self.opts.loss_upcast)
+
+    def _blocks_backward(self, grad: torch.Tensor) -> None:
+        self.on_blocks_backward()
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.embed_tokens.weight) if self.lm_head is None else self.lm_head(x)

@@ -60,6 +60,10 @@ def optimizer_step(parts: StepParts, phases, on_loss: Callable[[torch.Tensor], t
     `on_loss` may replace each micro-step's loss before backward (bin/smoke's fault injection).
     """
     model, opt, scaler = parts.model, parts.optimizer, parts.scaler
+    if hasattr(parts.raw_model, "on_blocks_backward") and hasattr(phases, "fold_into"):
+        # The measured forward runs until backward reaches the blocks: the loss spike checks/memory.py
+        # prices at forward-end includes the loss's backward.
+        parts.raw_model.on_blocks_backward = lambda: phases.fold_into("forward")
     loss_sum = None
     for micro in range(parts.grad_accum):
         x, y = parts.next_batch()

@@ -199,6 +199,11 @@ class TracedPhases(PhasePeaks):
             self.mark_splits[name] = _nonzero(self.probe.by_category)
         super().mark(name)
 
+    def fold_into(self, name: str) -> None:
+        if self.enabled and self.probe.window_peak() > self.peaks.get(name, 0):
+            self.splits[name] = _nonzero(self.probe.window_split())
+        super().fold_into(name)
+
     def phase(self, name: str):
         import contextlib
 

@@ -55,7 +55,7 @@ def comparison(est: MemoryEstimate, marks: dict[str, int], peaks: dict[str, int]
                         "states left by steps 1-2 (paged states are outside the allocator)"))
     fwd_extra = tensors("params", "forward-end") - tensors("params", "step")
     rows.append(Row("activations + loss", tensors("activations", "forward-end") + tensors("loss", "forward-end")
-                    + fwd_extra, rises.get("forward"), "rise during forward"))
+                    + fwd_extra, rises.get("forward"), "rise until backward reaches the blocks"))
     for phases, name in ((("forward-end",), "forward"), (("backward", "backward-end"), "backward"), (("step",), "step")):
         rows.append(Row(f"peak in {name}", max(est.phase_allocated(p) for p in phases), peaks.get(name),
                         "phase " + " / ".join(phases)))
