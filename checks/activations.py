@@ -418,34 +418,47 @@ def backward_intermediates_per_token(facts: BlockFacts, moe_layer: bool = False)
     return peak - start
 
 
+def forward_peak_per_token(facts: BlockFacts, moe_layer: bool = False, keep_saved: bool = True,
+                           stop_after_last_save: bool = False) -> float:
+    """The most one block's forward holds at once, per token, its input included. Each op's outputs
+    (and the tensors it saves) are allocated while its inputs are alive; an intermediate dies after its
+    last consumer unless autograd keeps it (`keep_saved`: no checkpointing, or a checkpoint's recompute)
+    or a Python local or argument still holds it (Op.holds: peft's fp32 copy of a LoRA input lives
+    until its forward returns). A checkpointed block's first forward keeps nothing of its own
+    (`keep_saved=False`) but what a node holds outside its saved tensors (bitsandbytes < 0.43.2's
+    ctx.tensors). `stop_after_last_save`: a recompute with early stopping (torch/utils/checkpoint.py,
+    the default) stops once the last saved tensor is packed."""
+    tr, x = _walk_block(facts, moe_layer)
+    last_use: dict[int, int] = {}  # over the whole block: what a later op needs is alive at a stop
+    for i, op in enumerate(tr.ops):
+        for t in (*op.inputs, *op.holds, *op.saved):
+            last_use[id(t)] = i
+    ops = tr.ops
+    if stop_after_last_save:
+        ops = ops[:max((i for i, op in enumerate(ops) if op.saved), default=-1) + 1]
+    kept = (set(tr.saved) if keep_saved else set(tr.ctx_kept)) | {id(x)}
+    live = {id(x): x.bytes}
+    peak = x.bytes
+    for i, op in enumerate(ops):
+        for t in (*op.outputs, *op.saved):
+            live.setdefault(id(t), t.bytes)
+        peak = max(peak, sum(live.values()))
+        for t in (*op.inputs, *op.holds, *op.saved):
+            if last_use[id(t)] == i and id(t) not in kept:
+                live.pop(id(t), None)
+    return peak
+
+
 def recompute_transient_per_token(facts: BlockFacts, moe_layer: bool = False) -> float:
     """The most a checkpointed block's recompute holds beyond its saved tensors and its input, per token.
     The recompute runs the block's forward again with grad enabled (torch/utils/checkpoint.py,
     non-reentrant: every tensor autograd saves is kept for the backward that asked for it; reentrant:
-    the graph the recomputed forward builds keeps them) and, with early stopping (the default), stops
-    right after the last saved tensor is packed. Each op's outputs are allocated while its inputs are
-    alive, and an intermediate dies after its last consumer unless it is saved or a Python local or
-    argument still holds it (Op.holds: peft's fp32 copy of down_proj's input lives until its forward
-    returns); so near the end of the recompute almost every saved tensor exists beside the last ops'
-    own intermediates, and beside the gradient of the block's output that set the recompute off."""
+    the graph the recomputed forward builds keeps them) up to its last saved tensor
+    (forward_peak_per_token); near its end almost every saved tensor exists beside the last ops' own
+    intermediates, and beside the gradient of the block's output that set the recompute off."""
     tr, x = _walk_block(facts, moe_layer)
-    last_save = max((i for i, op in enumerate(tr.ops) if op.saved), default=-1)
-    last_use: dict[int, int] = {}
-    for i, op in enumerate(tr.ops):
-        for t in (*op.inputs, *op.holds):
-            last_use[id(t)] = i
-    kept = set(tr.saved) | {id(x)}
-    live = {id(x): x.bytes}
-    peak = x.bytes
-    for i, op in enumerate(tr.ops[:last_save + 1]):
-        for t in (*op.outputs, *op.saved):
-            live.setdefault(id(t), t.bytes)
-        peak = max(peak, sum(live.values()))
-        for t in (*op.inputs, *op.holds):
-            if last_use[id(t)] == i and id(t) not in kept:
-                live.pop(id(t), None)
+    peak = forward_peak_per_token(facts, moe_layer, keep_saved=True, stop_after_last_save=True)
     settled = x.bytes + sum(t.bytes for k, t in tr.saved.items() if k != id(x))
-    # The gradient of the block's output, which reached the block and set off the recompute, is alive.
     return max(0.0, peak - settled) + tr.output.bytes
 
 

@@ -751,9 +751,22 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
                          + [block_activations, in_backward])
         allocated = [sum(p.bytes for p in parts if p.where == "tensor") for parts in (candidate, in_block)]
         handoff = candidate if allocated[0] > allocated[1] else None
+    at_the_loss = phase("forward-end", static + ([at_loss] + fwd_params[1:] if f.fsdp else fwd_params)
+                        + cache(cache_fwd) + fwd_grads + [activations, loss] + previous + loss_hole)
+    # The last block's own forward holds more than the loss spike when the loss is small (fused or
+    # chunked): the other blocks' saved activations beside that block's forward peak, its input included
+    # (activations.forward_peak_per_token; a checkpointed block's first forward keeps nothing of its own).
+    if f.ac_policy in ("none", "block") and not f.fsdp:
+        block_pt = max(A.forward_peak_per_token(bf, m, keep_saved=f.ac_policy == "none") for m, _ in kinds)
+        last_block = Part("activations", "the last block's forward", int(((L - 1) * stored_pt + block_pt) * T),
+                          f"{L - 1} blocks x {stored_pt:,.0f} B + that block's peak {block_pt:,.0f} B, per token "
+                          f"x {T:,}", transient=True)
+        in_block = phase("forward-end", static + fwd_params + cache(cache_fwd) + fwd_grads + [last_block] + previous)
+        if sum(p.bytes for p in in_block if p.where == "tensor") > sum(p.bytes for p in at_the_loss
+                                                                        if p.where == "tensor"):
+            at_the_loss = in_block
     phases = {
-        "forward-end": phase("forward-end", static + ([at_loss] + fwd_params[1:] if f.fsdp else fwd_params)
-                             + cache(cache_fwd) + fwd_grads + [activations, loss] + previous + loss_hole),
+        "forward-end": at_the_loss,
         "backward": phase("backward", static + fwd_params + cache(cache_bwd) + start_grads + kept_logits
                           + [block_activations, in_backward]),
         **({"backward": handoff} if handoff else {}),
