@@ -162,12 +162,13 @@ class Trace:
             self.op([xn], [xc])
         out_bytes = max(f.stream, f.norm_weight_bytes)  # type promotion of weight * x
         out = self.new(f"{name}: output", f.hidden, out_bytes)
-        # weight * x saves x only for the weight's gradient; LlamaRMSNorm's locals (the fp32 input and
-        # the normalised x) live until it returns.
-        self.op([xc], [out], saved=(xc,) if f.weights_trainable else (), holds=(xf, xn))
+        # weight * x saves x only for the weight's gradient; LlamaRMSNorm rebinds its local to the
+        # normalised x, which lives until it returns.
+        self.op([xc], [out], saved=(xc,) if f.weights_trainable else (), holds=(xn,))
         return out
 
-    def linear(self, x: Tensor, fan_in: int, fan_out: int, name: str) -> Tensor:
+    def linear(self, x: Tensor, fan_in: float, fan_out: float, name: str, copies: float = 1.0) -> Tensor:
+        """`fan_in`/`fan_out`: widths per token (a routed expert's are top_k copies of its own, `copies`)."""
         f = self.facts
         inp = x
         if f.autocast and x.bytes == 4 * fan_in:  # autocast's per-call cast of an fp32 input
@@ -197,7 +198,7 @@ class Trace:
             self.op([a_in], [cast])
             a_in = cast
         ab = f.e if f.autocast else f.adapter_bytes
-        a_out = self.new(f"{name}: lora_A output", f.lora_rank, ab)
+        a_out = self.new(f"{name}: lora_A output", f.lora_rank * copies, ab)
         self.op([a_in], [a_out], saved=(a_in,))
         self.matmuls.append(a_out)
         b_out = self.new(f"{name}: lora_B output", fan_out, ab)
@@ -275,13 +276,13 @@ class Trace:
         """A gated MLP over `per_token` copies of each token (top_k for routed experts)."""
         f = self.facts
         ffn = ffn or f.ffn
-        gate = self.linear(y, f.hidden, ffn * per_token, prefix + "gate_proj")
-        up = self.linear(y, f.hidden, ffn * per_token, prefix + "up_proj")
+        gate = self.linear(y, f.hidden * per_token, ffn * per_token, prefix + "gate_proj", per_token)
+        up = self.linear(y, f.hidden * per_token, ffn * per_token, prefix + "up_proj", per_token)
         act = self.new(prefix + "silu(gate)", ffn * per_token, f.e)
         self.op([gate], [act], saved=(gate,))  # SiluBackward keeps its input
         prod = self.new(prefix + "silu(gate) * up", ffn * per_token, f.e)
         self.op([act, up], [prod], saved=(act, up))  # the product keeps both factors
-        out = self.linear(prod, ffn * per_token, f.hidden * per_token, prefix + "down_proj")
+        out = self.linear(prod, ffn * per_token, f.hidden * per_token, prefix + "down_proj", per_token)
         self.hold(y)
         return out
 
@@ -299,8 +300,10 @@ class Trace:
         self.op([y], [routed])
         out = self.mlp(routed, m.expert_ffn, "experts.", per_token=m.top_k)
         weighted = self.new("expert output x routing weight", f.hidden * m.top_k, f.e)
-        # The routing weight's gradient needs the expert output (when the router trains).
-        self.op([out, probs], [weighted], saved=(out,) if f.weights_trainable else ())
+        # The routing weights' gradient needs the expert output: it flows through the router to the
+        # hidden states even when nothing in the router trains (transformers' Mixtral/Qwen MoE blocks
+        # multiply by routing_weights without detaching them).
+        self.op([out, probs], [weighted], saved=(out,))
         parts = [weighted]
         if m.shared_experts or m.shared_ffn:
             parts.append(self.mlp(y, m.shared_ffn, "shared_expert."))
@@ -322,9 +325,8 @@ def _walk_block(facts: BlockFacts, moe_layer: bool = False) -> tuple[Trace, Tens
     return tr, x
 
 
-def saved_per_token(facts: BlockFacts, policy: str, moe_layer: bool = False) -> dict[str, float]:
-    """Bytes per token one block keeps from its forward to its backward, by tensor, under a policy."""
-    tr, block_input = _walk_block(facts, moe_layer)
+def _policy_kept(tr: Trace, block_input: Tensor, policy: str, ctx: bool = True) -> list[Tensor]:
+    """What a block keeps from its forward to its backward under a checkpointing policy."""
     if policy == "none":
         kept = list(tr.saved.values())
     elif policy == "block":
@@ -336,8 +338,15 @@ def saved_per_token(facts: BlockFacts, policy: str, moe_layer: bool = False) -> 
         kept = [block_input] + [m for i, m in enumerate(tr.matmuls, start=1) if i % 2] + tr.attention_out
     else:
         raise ValueError(policy)
-    if policy != "none":
+    if policy != "none" and ctx:
         kept += list(tr.ctx_kept.values())  # what no checkpoint hook can drop
+    return kept
+
+
+def saved_per_token(facts: BlockFacts, policy: str, moe_layer: bool = False) -> dict[str, float]:
+    """Bytes per token one block keeps from its forward to its backward, by tensor, under a policy."""
+    tr, block_input = _walk_block(facts, moe_layer)
+    kept = _policy_kept(tr, block_input, policy)
     out: dict[str, float] = {}
     seen: set[int] = set()
     for t in kept:
@@ -345,6 +354,17 @@ def saved_per_token(facts: BlockFacts, policy: str, moe_layer: bool = False) -> 
             seen.add(id(t))
             out[t.label] = out.get(t.label, 0) + t.bytes
     return out
+
+
+def recomputed_per_token(facts: BlockFacts, policy: str, moe_layer: bool = False, ctx_kept: bool = True) -> float:
+    """Bytes per token a checkpointed block's recompute saves again: what autograd saves in the block
+    that the policy did not keep from the first forward (by tensor: a frozen linear's output that a
+    selective policy keeps is not among autograd's saved tensors, and a block input that nothing saves
+    is kept without being recomputed). `ctx_kept`: whether the first forward kept the nodes' ctx
+    attributes too (bitsandbytes < 0.43.2 outside a reentrant checkpoint)."""
+    tr, block_input = _walk_block(facts, moe_layer)
+    kept = {id(t) for t in _policy_kept(tr, block_input, policy, ctx_kept)}
+    return sum(t.bytes for k, t in tr.saved.items() if k not in kept)
 
 
 def ctx_kept_per_token(facts: BlockFacts, moe_layer: bool = False) -> float:

@@ -512,12 +512,18 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
                   "the block's gradient in compute dtype, and its fp32 copy for reduce-scatter", transient=True)
         start_grads = start_grads + [rs]
         end_grads = end_grads + [rs]
+    head_accum = None
     if f.autocast and not lora:
-        # The head is always a matmul, also when its weight is the tied embedding.
-        biggest = max([g.numel for g in trainable if g.linear] + [shape.vocab * shape.hidden])
+        # Once backward reaches the blocks, the weight gradient being made is a block linear's. The head's
+        # (also when its weight is the tied embedding) is made before, right after the loss's backward:
+        # that moment is a forward-end candidate below.
+        biggest = max([g.numel for g in trainable if g.linear and g.per_layer], default=0)
         start_grads = start_grads + [Part("grads", "weight gradient being accumulated", biggest * (e + grad_bytes),
-                                          "a matmul's gradient in compute dtype and its fp32 cast into .grad",
+                                          "a block matmul's gradient in compute dtype and its fp32 cast into .grad",
                                           transient=True)]
+        head_accum = Part("grads", "the head's weight gradient being accumulated",
+                          shape.vocab * shape.hidden * (e + grad_bytes),
+                          f"vocab x hidden in compute dtype and its fp32 cast into .grad", transient=True)
 
     # ---- optimizer ----------------------------------------------------------------------------
     state_bytes = param_bytes  # torch optimizers keep states in the parameter's dtype
@@ -557,7 +563,9 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
     # every 4-bit matmul's input on its ctx (MatMul4Bit.forward `ctx.tensors = (A, B)`, 0.43.0
     # autograd/_functions.py l.522-523) until the block's backward is done, reentrant or not.
     bf_re = dataclasses.replace(bf, quant_saves_input=True) if f.quant_input_in_recompute else bf
-    none_pt = sum(sum(A.saved_per_token(bf_re, "none", m).values()) * n for m, n in kinds) / L
+    # What the recompute saves again: autograd's saved set less what the policy kept (by tensor).
+    recompute_pt = sum(A.recomputed_per_token(bf_re, f.ac_policy, m, ctx_kept=bf.quant_saves_input) * n
+                       for m, n in kinds) / L if f.ac_policy != "none" else 0.0
     head = A.head_saved_per_token(bf, not lora, f.quantize_head)
     head_pt = sum(head.values())
     activations = Part(
@@ -576,14 +584,14 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
                              "(the head's were released by its backward)", transient=True)
     first_block = Part("activations", "first block's saved activations", int(stored_pt * T),
                        f"{stored_pt:,.0f} B per token x {T:,}", transient=True)
-    recompute = int((none_pt - stored_pt) * T) if f.ac_policy != "none" else 0
+    recompute = int(recompute_pt * T)
     # A checkpointed block's backward starts with its recompute, whose last ops hold their own
     # intermediates beside nearly every saved tensor; then the backward itself (gradients).
     grad_inter = int(max(max(A.backward_intermediates_per_token(bf, m),
                              A.recompute_transient_per_token(bf_re, m) if f.ac_policy != "none" else 0)
                          for m, _ in kinds) * T)
     in_backward = Part("activations", "one block in backward", recompute + grad_inter,
-                       (f"recomputed block {none_pt - stored_pt:,.0f} B + " if recompute else "")
+                       (f"recomputed block {recompute_pt:,.0f} B + " if recompute else "")
                        + f"gradient intermediates, per token x {T:,}", transient=True)
     lb = A.loss_bytes(job, t.seq_len)
     logits = shape.vocab * T
@@ -753,6 +761,17 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
         handoff = candidate if allocated[0] > allocated[1] else None
     at_the_loss = phase("forward-end", static + ([at_loss] + fwd_params[1:] if f.fsdp else fwd_params)
                         + cache(cache_fwd) + fwd_grads + [activations, loss] + previous + loss_hole)
+    # The head's backward, right after the loss's: the logits' gradient in compute dtype (what the loss
+    # backward leaves) beside the head's weight gradient and its fp32 cast; every saved activation is
+    # still there, the head's input included.
+    if head_accum is not None and not f.fsdp:
+        logits_grad = Part("loss", "the logits' gradient", int(e * shape.vocab * T),
+                           f"{e} B x vocab {shape.vocab:,} x {T:,} tokens", transient=True)
+        at_head = phase("forward-end", static + fwd_params + cache(cache_bwd) + fwd_grads + kept_logits
+                        + [activations, logits_grad, head_accum] + previous)
+        if sum(p.bytes for p in at_head if p.where == "tensor") > sum(p.bytes for p in at_the_loss
+                                                                      if p.where == "tensor"):
+            at_the_loss = at_head
     # The last block's own forward holds more than the loss spike when the loss is small (fused or
     # chunked): the other blocks' saved activations beside that block's forward peak, its input included
     # (activations.forward_peak_per_token; a checkpointed block's first forward keeps nothing of its own).

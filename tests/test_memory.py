@@ -21,8 +21,8 @@ def part(est, label, phase="forward-end"):
 
 
 def test_bf16_mixed_adamw_single_gpu_by_hand(job):
-    est = estimate(job(train="micro_batch = 1\nseq_len = 1024"))
-    T, fwd = 1024, "forward-end"
+    est = estimate(job(train="micro_batch = 2\nseq_len = 4096"))
+    T, fwd = 8192, "forward-end"
     # fp32 master weights and fp32 Adam m, v.
     assert est.term("params", fwd) == P_1B * 4 + (P_1B - NORMS_1B) * 2  # + autocast bf16 cache of every matmul weight
     assert est.term("optimizer", fwd) == P_1B * 8
@@ -48,18 +48,24 @@ def test_bf16_mixed_adamw_single_gpu_by_hand(job):
     workspaces = 2 * cublas_workspace_bytes(lookup("A10G"))
     assert est.term("overhead", fwd) == CUDA_CONTEXT + LAZY_KERNELS + workspaces + rounding + 2 * 128_256 * T
     assert 0 < rounding < 0.01 * est.allocated
-    # Backward through the last block: the 1024-token loss spike (1.6 GB) is gone, but the
-    # head's gradient (V x h x 4 B) and that gradient's bf16 -> fp32 accumulation (V x h x 6 B)
-    # have appeared: at this short length backward is the peak.
-    head = 128_256 * 2048
-    assert part(est, "gradients so far", "backward") == (head + 60_821_504) * 4
-    assert part(est, "weight gradient", "backward") == head * 6
-    assert est.peak_phase == "backward"
+    # At 8k tokens the loss spike (12.6 GB) is the peak.
+    assert est.peak_phase == "forward-end"
     assert est.total == max(est.phases.values())
     assert est.total == sum(est.per_gpu[t] for t in ("params", "grads", "optimizer", "activations", "loss", "overhead"))
     assert est.allocated == est.total - est.term("overhead") + workspaces
-    # At 8k tokens the loss spike (12.6 GB) dominates and the peak moves to the end of forward.
-    assert estimate(job(train="micro_batch = 2\nseq_len = 4096")).peak_phase == "forward-end"
+    # At 1024 tokens the loss spike (1.6 GB) is smaller than what follows it: the head's backward makes
+    # its weight gradient in bf16 and casts it to fp32 into .grad (V x h x 6 B, 1.6 GB) while the
+    # logits' bf16 gradient (2 B per logit) and every saved activation are still there.
+    est, T = estimate(job(train="micro_batch = 1\nseq_len = 1024")), 1024
+    head = 128_256 * 2048
+    assert part(est, "the head's weight gradient", fwd) == head * 6
+    assert part(est, "the logits' gradient", fwd) == 2 * 128_256 * T
+    assert est.term("activations", fwd) == (16 * 129_160 + 20_484) * T
+    # Backward through the last block: the head's gradient is in .grad (V x h x 4 B) and a block's
+    # largest weight (gate/up/down, 8192 x 2048) is the gradient being cast.
+    assert part(est, "gradients so far", "backward") == (head + 60_821_504) * 4
+    assert part(est, "weight gradient", "backward") == 8192 * 2048 * 6
+    assert est.peak_phase == "forward-end"
 
 
 def test_allocator_rounding_by_hand():
@@ -74,8 +80,10 @@ def test_allocator_rounding_by_hand():
 def test_grad_accumulation_keeps_gradients_through_forward(job):
     one = estimate(job(train="micro_batch = 1\nseq_len = 1024"))
     accum = estimate(job(train="micro_batch = 1\nseq_len = 1024\ngrad_accum = 4"))
-    assert accum.term("grads", "forward-end") == P_1B * 4
-    assert one.term("grads", "forward-end") == 0
+    # Every gradient stays from the micro-steps before; at this length forward-end is the head's
+    # backward, whose bf16 weight gradient and fp32 cast (V x h x 6 B) come on top.
+    assert accum.term("grads", "forward-end") == P_1B * 4 + 128_256 * 2048 * 6
+    assert one.term("grads", "forward-end") == 128_256 * 2048 * 6
     assert accum.total > one.total
 
 

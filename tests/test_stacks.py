@@ -4,6 +4,8 @@ Shapes used: Llama-3.1-8B h = 4096, L = 32, heads 32 x 128 (q_dim 4096), kv 8 x 
 ffn 14336, vocab 128256, untied; per block 218,103,808 linear weights + 8,192 norm weights.
 """
 
+import dataclasses
+
 import pytest
 
 from podkit.checks import activations as A
@@ -417,6 +419,17 @@ def test_moe_lora_targets_skip_routed_experts(job):
                                                "base_quant = 'nf4'")
     names = {g.name for g in trainable_groups(j)}
     assert "q_proj.lora_A" in names and not any(n.startswith("experts.") for n in names)
+    # The routing weights still need a gradient (it reaches the hidden states through the frozen
+    # router), so their product keeps the expert outputs: top_k bf16 copies of h per token.
+    bf = A.block_facts(j)
+    saved = A.saved_per_token(bf, "none", moe_layer=True)
+    assert saved["experts.down_proj: output"] == 2 * 4096 * 2
+    # An adapter on a routed expert sees top_k copies of each token: its dropout output and mask too.
+    adapted = dataclasses.replace(bf, targets=frozenset({"experts.gate_proj"}), lora_dropout=True)
+    saved = A.saved_per_token(adapted, "none", moe_layer=True)
+    assert saved["experts.gate_proj: dropout mask"] == 4096 * 2 * 1
+    ab = bf.e if bf.autocast else bf.adapter_bytes  # lora_A's output: autocast's dtype, or the adapter's
+    assert saved["experts.gate_proj: lora_A output"] == 8 * 2 * ab
 
 
 # ---- litgpt's loop, from its source (finetune/lora.py, lightning's bitsandbytes plugin) -----------
