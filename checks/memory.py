@@ -523,7 +523,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
                                           transient=True)]
         head_accum = Part("grads", "the head's weight gradient being accumulated",
                           shape.vocab * shape.hidden * (e + grad_bytes),
-                          f"vocab x hidden in compute dtype and its fp32 cast into .grad", transient=True)
+                          "vocab x hidden in compute dtype and its fp32 cast into .grad", transient=True)
 
     # ---- optimizer ----------------------------------------------------------------------------
     state_bytes = param_bytes  # torch optimizers keep states in the parameter's dtype
@@ -736,6 +736,10 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
             held = held + [holes]
         return tensors + held + ([rounding] if rounding.bytes else []) + device_only
 
+    def tensor_bytes(parts: list[Part]) -> int:
+        """What torch's allocator counts at a moment (its allocated bytes)."""
+        return sum(p.bytes for p in parts if p.where == "tensor")
+
     def cache(label_bytes: int) -> list[Part]:
         return [Part("params", "autocast weight cache", label_bytes, cache_note, transient=True)] if label_bytes else []
 
@@ -757,21 +761,19 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
                           + kept_logits + [block_activations, grad_in])
         in_block = phase("backward", static + fwd_params + cache(cache_bwd) + start_grads + kept_logits
                          + [block_activations, in_backward])
-        allocated = [sum(p.bytes for p in parts if p.where == "tensor") for parts in (candidate, in_block)]
-        handoff = candidate if allocated[0] > allocated[1] else None
-    at_the_loss = phase("forward-end", static + ([at_loss] + fwd_params[1:] if f.fsdp else fwd_params)
-                        + cache(cache_fwd) + fwd_grads + [activations, loss] + previous + loss_hole)
+        handoff = candidate if tensor_bytes(candidate) > tensor_bytes(in_block) else None
+    # forward-end is the largest of the moments before backward reaches the blocks (the first listed wins
+    # a tie): the loss spike, and the two below.
+    forward_ends = [phase("forward-end", static + ([at_loss] + fwd_params[1:] if f.fsdp else fwd_params)
+                          + cache(cache_fwd) + fwd_grads + [activations, loss] + previous + loss_hole)]
     # The head's backward, right after the loss's: the logits' gradient in compute dtype (what the loss
     # backward leaves) beside the head's weight gradient and its fp32 cast; every saved activation is
     # still there, the head's input included.
     if head_accum is not None and not f.fsdp:
         logits_grad = Part("loss", "the logits' gradient", int(e * shape.vocab * T),
                            f"{e} B x vocab {shape.vocab:,} x {T:,} tokens", transient=True)
-        at_head = phase("forward-end", static + fwd_params + cache(cache_bwd) + fwd_grads + kept_logits
-                        + [activations, logits_grad, head_accum] + previous)
-        if sum(p.bytes for p in at_head if p.where == "tensor") > sum(p.bytes for p in at_the_loss
-                                                                      if p.where == "tensor"):
-            at_the_loss = at_head
+        forward_ends.append(phase("forward-end", static + fwd_params + cache(cache_bwd) + fwd_grads + kept_logits
+                                  + [activations, logits_grad, head_accum] + previous))
     # The last block's own forward holds more than the loss spike when the loss is small (fused or
     # chunked): the other blocks' saved activations beside that block's forward peak, its input included
     # (activations.forward_peak_per_token; a checkpointed block's first forward keeps nothing of its own).
@@ -780,12 +782,10 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
         last_block = Part("activations", "the last block's forward", int(((L - 1) * stored_pt + block_pt) * T),
                           f"{L - 1} blocks x {stored_pt:,.0f} B + that block's peak {block_pt:,.0f} B, per token "
                           f"x {T:,}", transient=True)
-        in_block = phase("forward-end", static + fwd_params + cache(cache_fwd) + fwd_grads + [last_block] + previous)
-        if sum(p.bytes for p in in_block if p.where == "tensor") > sum(p.bytes for p in at_the_loss
-                                                                        if p.where == "tensor"):
-            at_the_loss = in_block
+        forward_ends.append(phase("forward-end", static + fwd_params + cache(cache_fwd) + fwd_grads
+                                  + [last_block] + previous))
     phases = {
-        "forward-end": at_the_loss,
+        "forward-end": max(forward_ends, key=tensor_bytes),
         "backward": phase("backward", static + fwd_params + cache(cache_bwd) + start_grads + kept_logits
                           + [block_activations, in_backward]),
         **({"backward": handoff} if handoff else {}),
