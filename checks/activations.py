@@ -469,15 +469,16 @@ def forward_peak_per_token(facts: BlockFacts, moe_layer: bool = False, keep_save
     return peak
 
 
-def recompute_transient_per_token(facts: BlockFacts, moe_layer: bool = False) -> float:
+def recompute_transient_per_token(facts: BlockFacts, moe_layer: bool = False, reentrant: bool = False) -> float:
     """The most a checkpointed block's recompute holds beyond its saved tensors and its input, per token.
     The recompute runs the block's forward again with grad enabled (torch/utils/checkpoint.py,
-    non-reentrant: every tensor autograd saves is kept for the backward that asked for it; reentrant:
-    the graph the recomputed forward builds keeps them) up to its last saved tensor
-    (forward_peak_per_token); near its end almost every saved tensor exists beside the last ops' own
-    intermediates, and beside the gradient of the block's output that set the recompute off."""
+    non-reentrant: every tensor autograd saves is kept for the backward that asked for it, and early
+    stopping ends it after the last one; reentrant: CheckpointFunction.backward runs the whole forward,
+    whose graph keeps them, then backpropagates through its outputs) (forward_peak_per_token); near its
+    end almost every saved tensor exists beside the last ops' own intermediates, and beside the gradient
+    of the block's output that set the recompute off."""
     tr, x = _walk_block(facts, moe_layer)
-    peak = forward_peak_per_token(facts, moe_layer, keep_saved=True, stop_after_last_save=True)
+    peak = forward_peak_per_token(facts, moe_layer, keep_saved=True, stop_after_last_save=not reentrant)
     settled = x.bytes + sum(t.bytes for k, t in tr.saved.items() if k != id(x))
     return max(0.0, peak - settled) + tr.output.bytes
 

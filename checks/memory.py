@@ -588,7 +588,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
     # A checkpointed block's backward starts with its recompute, whose last ops hold their own
     # intermediates beside nearly every saved tensor; then the backward itself (gradients).
     grad_inter = int(max(max(A.backward_intermediates_per_token(bf, m),
-                             A.recompute_transient_per_token(bf_re, m) if f.ac_policy != "none" else 0)
+                             A.recompute_transient_per_token(bf_re, m, f.reentrant) if f.ac_policy != "none" else 0)
                          for m, _ in kinds) * T)
     in_backward = Part("activations", "one block in backward", recompute + grad_inter,
                        (f"recomputed block {recompute_pt:,.0f} B + " if recompute else "")

@@ -57,10 +57,13 @@ def test_trace_matches_the_real_cpu_step(tmp_path, train):
     'precision = "fp32"\ncheckpointing = "full"',
     'precision = "bf16-mixed"\ncheckpointing = "full"\nlora_rank = 8\nlora_targets = "all-linear"\n'
     'lora_dropout = 0.1\nstack = "hf"',
+    # transformers 4.57: reentrant checkpointing, whose recompute runs the whole block (no early stop).
+    'precision = "bf16-mixed"\ncheckpointing = "full"\nlora_rank = 8\nlora_targets = "all-linear"\n'
+    'lora_dropout = 0.1\nstack = "hf"\ntransformers = "4.57.1"',
     # Chunked: a small loss backward, so that the traced backward peak is the blocks' (the whole-logits
     # loss backward is the analytic forward-end moment).
     'precision = "fp32"\ncheckpointing = "none"\nlora_rank = 8\nlora_dropout = 0.1\nloss = "chunked"',
-], ids=["full-ft-checkpointed", "peft-lora-dropout-checkpointed", "lora-dropout"])
+], ids=["full-ft-checkpointed", "peft-lora-dropout-checkpointed", "peft-lora-reentrant", "lora-dropout"])
 def test_the_block_backward_follows_autograd_s_order_and_python_s_lifetimes(train):
     """The analytic backward of a block (checks/activations.py: the recompute's forward, then the ops in
     reverse, saved tensors released as each node runs, peft's fp32 input copy alive until its forward
