@@ -30,6 +30,7 @@ The result is bytes per token of one block (and of the head), which memory.py mu
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass, field
 
@@ -312,7 +313,10 @@ class Trace:
         return res
 
 
+@functools.lru_cache(maxsize=256)
 def _walk_block(facts: BlockFacts, moe_layer: bool = False) -> tuple[Trace, Tensor]:
+    """One block's op walk (memoised: the saved set, the recompute and both replays read the same walk,
+    and nothing mutates it afterwards)."""
     tr = Trace(facts)
     x = tr.new("block input (residual stream)", facts.hidden, facts.stream)
     attn = tr.attention(tr.rmsnorm(x, "input_layernorm"))
