@@ -313,12 +313,8 @@ def _launch_torchrun(job, root: Path, run_id: str, as_json: bool, nodes: int = 1
     if summary is None:
         click.echo(f"smoke: torchrun exited {code} without a summary; see {root / run_id}", err=True)
         return 1
-    if summary.get("status") in ("interrupted", "failed", "running") and code != 0:
+    if summary.get("status") == "running" or (summary.get("status") in ("interrupted", "failed") and code != 0):
         summary = _failed_under_torchrun(summary, code, root / run_id)
-        summary_path.write_text(strict_json.dumps(summary, indent=2))
-    elif summary.get("status") == "running":  # torchrun exited 0 yet rank 0 never wrote its results
-        summary = dict(summary, status="failed", steps=_steps_logged(root / run_id),
-                       reasons=[f"torchrun exited {code} before rank 0 wrote its results; see {root / run_id}/smoke.log"])
         summary_path.write_text(strict_json.dumps(summary, indent=2))
     _report(summary, root / run_id, as_json)
     from podkit.train.verdict import EXIT_CODES
@@ -330,10 +326,11 @@ def _failed_under_torchrun(summary: dict, code: int, run_path: Path) -> dict:
     """Rank 0's summary once torchrun failed and nobody signalled this launcher: another rank died and
     torchrun stopped the rest (rank 0 then reads SIGTERM, or a peer's broken connection). A rank whose log
     ends without an error or a stop was killed from outside, most often by the kernel's OOM killer. Rank 0
-    may itself have been stopped before it wrote its results (its summary still says "running"): the run
-    still ends with a final status and a reason."""
+    may itself have been stopped before it wrote its results (its summary still says "running", also when
+    torchrun exited 0): the run still ends with a final status and a reason."""
     status = summary.get("status")
-    killed = _ranks_killed_outright(run_path)
+    # After a clean exit every rank's log ends without an error: none of them was killed.
+    killed = _ranks_killed_outright(run_path) if code != 0 else []
     if status == "failed" and not killed:
         return summary  # rank 0 said why itself
     if killed:
