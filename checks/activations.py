@@ -413,7 +413,7 @@ def backward_intermediates_per_token(facts: BlockFacts, moe_layer: bool = False)
         outs = [grad_of[id(o)] for o in op.outputs if id(o) in grad_of]
         if outs:
             fresh = 0.0
-            summed = []  # new buffers summed into an existing gradient, freed after the node
+            summed = 0.0  # new buffers summed into an existing gradient, freed after the node
             for t in op.inputs:
                 if not t.grad:
                     continue
@@ -421,7 +421,7 @@ def backward_intermediates_per_token(facts: BlockFacts, moe_layer: bool = False)
                 if id(t) in grad_of:
                     if not alias:
                         fresh += t.bytes
-                        summed.append(t.bytes)
+                        summed += t.bytes
                     continue
                 if alias:
                     buffers[outs[0]][1] += 1
@@ -432,7 +432,7 @@ def backward_intermediates_per_token(facts: BlockFacts, moe_layer: bool = False)
                     buffers[buf] = [t.bytes, 1]
                     grad_of[id(t)] = buf
             peak = max(peak, live_saved + live_grads + fresh + op.scratch)
-            live_grads += fresh - sum(summed)
+            live_grads += fresh - summed
             for o in op.outputs:
                 if id(o) in grad_of:
                     live_grads -= drop(grad_of.pop(id(o)))
