@@ -155,9 +155,12 @@ class Trace:
         if xf is not x:
             self.op([x], [xf])
         xn = self.new(f"{name}: normalised", f.hidden, 4)
-        # x * rsqrt(x.pow(2).mean() + eps): the product's and pow's backward each give x a gradient,
-        # one alive beside the other until they are summed.
-        self.op([xf], [xn], saved=(xf, self.new(f"{name}: rsqrt", 1, 4, grad=False)), scratch=4 * f.hidden)
+        # x * rsqrt(x.pow(2).mean() + eps): the product's and pow's backward each give x a gradient, one
+        # alive beside the other until they are summed. At the most, PowBackward0 (torch/csrc/autograd/
+        # FunctionsManual.cpp pow_backward: grad * (exponent * self.pow(exponent - 1))) makes three
+        # x-sized tensors while MeanBackward's expanded gradient and the product's x-gradient live: five
+        # x-sized tensors, two of which the replay counts (the output's gradient, then x's).
+        self.op([xf], [xn], saved=(xf, self.new(f"{name}: rsqrt", 1, 4, grad=False)), scratch=12 * f.hidden)
         xc = xn if f.stream == 4 else self.new(f"{name}: normalised, cast back", f.hidden, f.stream)
         if xc is not xn:
             self.op([xn], [xc])
@@ -388,7 +391,18 @@ def backward_intermediates_per_token(facts: BlockFacts, moe_layer: bool = False)
     place), and AddBackward hands the output's gradient itself to an input of the same dtype.
     Attributes a node keeps outside its saved tensors (bitsandbytes < 0.43.2's ctx.tensors) live
     until the graph is freed, after backward."""
-    tr, _ = _walk_block(facts, moe_layer)
+    return _replay_backward(_walk_block(facts, moe_layer)[0])
+
+
+def final_norm_backward_per_token(facts: BlockFacts) -> float:
+    """The final norm's backward, replayed as a block's is (backward_intermediates_per_token): what it
+    holds beyond its saved tensors, the gradient of its output (the head's input) included."""
+    tr = Trace(facts)
+    tr.output = tr.rmsnorm(tr.new("final residual stream", facts.hidden, facts.stream), "final norm")
+    return _replay_backward(tr)
+
+
+def _replay_backward(tr: Trace) -> float:
     last_user: dict[int, int] = {}
     saved: dict[int, Tensor] = {}
     for i, op in enumerate(tr.ops):
@@ -499,17 +513,60 @@ def block_forward_transient_per_token(facts: BlockFacts) -> float:
     return (1 + up) * f.ffn * f.e + 2 * f.hidden * f.stream
 
 
-def head_saved_per_token(facts: BlockFacts, head_trainable: bool, quantized_head: bool = False) -> dict[str, float]:
-    """The final norm and the LM head's input (the logits are the loss's)."""
+def head_saved_per_token(facts: BlockFacts, head_trainable: bool, quantized_head: bool = False,
+                         input_saved: bool = True) -> dict[str, float]:
+    """The final norm and the LM head's input (the logits are the loss's). `input_saved` False: the loss
+    runs the head itself and keeps gradients instead of its input (Liger's fused loss)."""
     tr = Trace(facts)
     x = tr.new("final residual stream", facts.hidden, facts.stream)
     y = tr.rmsnorm(x, "final norm")
     inp = y
     if facts.autocast and y.bytes == 4 * facts.hidden:
         inp = tr.new("lm_head: autocast input cast", facts.hidden, facts.e)
-    if head_trainable or "lm_head" in facts.targets or (quantized_head and facts.quant_saves_input):
+    if input_saved and (head_trainable or "lm_head" in facts.targets or (quantized_head and facts.quant_saves_input)):
         tr.save(inp)
     return {t.label: t.bytes for t in tr.saved.values()}
+
+
+@dataclass(frozen=True)
+class LigerLoss:
+    """Liger's fused linear cross-entropy (linkedin/Liger-Kernel src/liger_kernel/ops/
+    fused_linear_cross_entropy.py, fused_linear_cross_entropy_forward), in bytes for one micro-batch."""
+
+    held: int
+    """grad_input = zeros_like(_input), grad_weight = zeros_like(weight) when the head trains, loss_1d in
+    fp32: made in forward and kept on the ctx (save_for_backward) until backward hands them on."""
+    transient: int
+    """The last chunk's logits (the cross-entropy kernel overwrites them with their gradient in place),
+    that chunk's rows of grad_input as the matmul makes them, and its input cast to the matmul dtype."""
+    formula: str
+    head_weight_grad: int
+    """The part of `held` that is the head weight's gradient (0 for a frozen head)."""
+
+
+def liger_chunk_rows(rows: int, hidden: int, vocab: int) -> int:
+    """Liger's chunk of rows, sized so that one chunk's logits cost about what the input does:
+    inc_factor = cdiv(V, H), chunk_size = next_power_of_2(cdiv(BT, inc_factor)), at most BT
+    (fused_linear_cross_entropy_forward, chunk_mem_const 1). The smoke run's emulation uses it too."""
+    inc = -(-vocab // hidden)
+    want = max(1, -(-rows // inc))
+    return min(1 << (want - 1).bit_length(), rows)
+
+
+def liger_loss(job, tokens: int) -> LigerLoss:
+    f, shape, e = job.facts, job.shape, job.train.compute_bytes
+    rows = liger_chunk_rows(tokens, shape.hidden, shape.vocab)
+    x_bytes = 4 if f.autocast and not f.lora else e  # the final norm's output: fp32 over fp32 weights
+    head_trains = not f.lora
+    w_bytes = (4 if f.autocast else e) if head_trains else 0  # zeros_like(weight): as the forward sees it
+    held = tokens * shape.hidden * x_bytes + shape.vocab * shape.hidden * w_bytes + tokens * 4
+    # While a chunk's rows of grad_input are made (grad_logits_chunk @ weight, then copied into grad_input):
+    # the chunk's logits, that product, and the input chunk cast to the matmul dtype when it differs.
+    transient = rows * shape.vocab * e + rows * shape.hidden * e * (2 if x_bytes != e else 1)
+    formula = (f"{tokens:,} tokens x hidden {shape.hidden} x {x_bytes} B (input gradient)"
+               + (f" + vocab x hidden x {w_bytes} B (head weight gradient)" if w_bytes else "")
+               + f" + fp32 loss per token; chunk of {rows:,} rows x vocab x {e} B")
+    return LigerLoss(held, transient, formula, shape.vocab * shape.hidden * w_bytes)
 
 
 @dataclass(frozen=True)

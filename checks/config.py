@@ -170,7 +170,7 @@ class TrainConfig:
     QLoRA train.py). Sets the defaults below."""
     loss: str = "stack"
     """Loss implementation: "stack" | fp32-upcast | fp32-logits-kept | fp32-upcast-shifted | chunked |
-    fused | native (checks/stacks.py LOSSES says what each keeps)."""
+    fused | liger | native (checks/stacks.py LOSSES says what each keeps)."""
     bitsandbytes: str = ""
     """The bitsandbytes release the job runs, when it matters: before 0.43.2 its 4-bit matmul kept every
     input alive until backward (bitsandbytes commit 9e753741, #1270); "" = a current release."""

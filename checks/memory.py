@@ -430,6 +430,8 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
         if shape.tie_embeddings and not lora:
             cast_head += shape.vocab * shape.hidden  # the tied embedding is the head's matmul weight
         cache_fwd = (cast_block + cast_head) * e
+        if f.loss == "liger":
+            cast_head = 0  # Liger's loss saves gradients, not the cast head weight: it dies with the cache
         # The cache is cleared when the autocast region ends, before backward: only casts that
         # autograd saved survive. Checkpointed blocks saved none (recompute casts again), so only
         # the head's cast outlives forward; without checkpointing every block's does, until that
@@ -566,7 +568,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
     # What the recompute saves again: autograd's saved set less what the policy kept (by tensor).
     recompute_pt = sum(A.recomputed_per_token(bf_re, f.ac_policy, m, ctx_kept=bf.quant_saves_input) * n
                        for m, n in kinds) / L if f.ac_policy != "none" else 0.0
-    head = A.head_saved_per_token(bf, not lora, f.quantize_head)
+    head = A.head_saved_per_token(bf, not lora, f.quantize_head, input_saved=f.loss != "liger")
     head_pt = sum(head.values())
     activations = Part(
         "activations",
@@ -595,8 +597,13 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
                        + f"gradient intermediates, per token x {T:,}", transient=True)
     lb = A.loss_bytes(job, t.seq_len)
     logits = shape.vocab * T
-    loss = Part("loss", "loss: " + lb.how, int(lb.peak * logits),
-                f"{lb.peak:g} B x vocab {shape.vocab:,} x {T:,} tokens", transient=True)
+    if f.loss == "liger":
+        lg = A.liger_loss(job, T)
+        loss = Part("loss", "loss: Liger's fused linear cross-entropy, gradients made in forward",
+                    lg.held + lg.transient, lg.formula, transient=True)
+    else:
+        loss = Part("loss", "loss: " + lb.how, int(lb.peak * logits),
+                    f"{lb.peak:g} B x vocab {shape.vocab:,} x {T:,} tokens", transient=True)
     kept_logits = [Part("loss", "logits kept through backward", int(lb.kept * logits),
                         f"{lb.kept:g} B x {logits:,}", transient=True)] if lb.kept else []
     loss_hole = [Part("overhead", "freed logits' slot (allocator hole)", int(lb.hole * logits),
@@ -677,7 +684,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
     # the loss's (best fit cannot hand a block to a bigger request); likewise the loss's own hole.
     # (The loss's own hole is loss_hole above.)
     holes_pt = 0.0
-    if f.ac_policy == "block" and f.loss not in ("chunked", "fused"):
+    if f.ac_policy == "block" and f.loss not in ("chunked", "fused", "liger"):
         holes_pt = A.block_forward_transient_per_token(bf)
     holes = Part("overhead", "freed blocks too small for the logits (cached, empty)", int(holes_pt * T),
                  f"{holes_pt:,.0f} B per token: the checkpointed blocks' no-grad temporaries", where="pool")
@@ -769,11 +776,24 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
     # The head's backward, right after the loss's: the logits' gradient in compute dtype (what the loss
     # backward leaves) beside the head's weight gradient and its fp32 cast; every saved activation is
     # still there, the head's input included.
-    if head_accum is not None and not f.fsdp:
+    if head_accum is not None and not f.fsdp and f.loss != "liger":  # Liger made that gradient in forward
         logits_grad = Part("loss", "the logits' gradient", int(e * shape.vocab * T),
                            f"{e} B x vocab {shape.vocab:,} x {T:,} tokens", transient=True)
         forward_ends.append(phase("forward-end", static + fwd_params + cache(cache_bwd) + fwd_grads + kept_logits
                                   + [activations, logits_grad, head_accum] + previous))
+    # With Liger's loss the gradient of the head's input is made in forward; the final norm's backward
+    # then runs beside every saved activation (the head's weight gradient, once handed to AccumulateGrad,
+    # is the new .grad, or is summed into the one gradient accumulation keeps, and freed).
+    if f.loss == "liger":
+        norm_bwd = Part("activations", "the final norm's backward", int(A.final_norm_backward_per_token(bf) * T),
+                        "its gradient intermediates and the gradient of the head's input, per token "
+                        f"x {T:,}", transient=True)
+        head_w = A.liger_loss(job, T).head_weight_grad
+        new_head_grad = [Part("grads", "the head's weight gradient (Liger)", head_w,
+                              "made in forward, now the head's .grad", transient=True)] \
+            if head_w and not grads_persist else []
+        forward_ends.append(phase("forward-end", static + fwd_params + cache(cache_bwd) + fwd_grads + new_head_grad
+                                  + [activations, norm_bwd] + previous))
     # The last block's own forward holds more than the loss spike when the loss is small (fused or
     # chunked): the other blocks' saved activations beside that block's forward peak, its input included
     # (activations.forward_peak_per_token; a checkpointed block's first forward keeps nothing of its own).

@@ -25,9 +25,12 @@ STACKS = ("podkit", "hf", "deepspeed", "torchtitan", "litgpt", "torchtune", "fsd
 #   fp32-upcast-shifted  loss_utils.ForCausalLMLoss of transformers 4.46-4.48: upcast inside the loss,
 #                     then a shifted .contiguous() fp32 copy; the 16-bit logits die with `outputs`
 #   chunked           head + cross-entropy in chunks along the sequence, upcast per chunk
-#   fused             fused linear + cross-entropy kernel: no full logits tensor at all
+#   fused             fused linear + cross-entropy that recomputes each chunk's logits in backward
+#                     (Cut Cross-Entropy, apple ml-cross-entropy): no full logits tensor at all
+#   liger             Liger's fused linear + cross-entropy (HF Trainer use_liger_kernel): no full logits,
+#                     the gradients made in forward and held until backward
 #   native            cross_entropy on the compute-dtype logits, no upcast (litgpt)
-LOSSES = ("fp32-upcast", "fp32-logits-kept", "fp32-upcast-shifted", "chunked", "fused", "native")
+LOSSES = ("fp32-upcast", "fp32-logits-kept", "fp32-upcast-shifted", "chunked", "fused", "liger", "native")
 
 # What activation checkpointing keeps:
 #   none      everything autograd saves

@@ -82,6 +82,19 @@ def test_trainer_defaults_apply_where_the_file_is_silent(tmp_path):
     assert build_job(str(old), [f]).job.facts.optimizer_impl == "foreach"
 
 
+def test_use_liger_kernel_selects_liger_s_loss(tmp_path):
+    f = write(tmp_path, "args.json", json.dumps({"output_dir": "o", "bf16": True, "use_liger_kernel": True}))
+    imp = build_job(None, [f], model_preset="llama-3.2-1b")
+    assert imp.job.facts.loss == "liger"
+    assert any("RMSNorm, SwiGLU and RoPE" in w for w in imp.files[0].warnings)
+    # liger_kernel_config can switch the fused loss off (the Trainer passes it to Liger's patch).
+    off = write(tmp_path, "off.json", json.dumps({"output_dir": "o", "use_liger_kernel": True,
+                                                  "liger_kernel_config": {"fused_linear_cross_entropy": False}}))
+    assert build_job(None, [off], model_preset="llama-3.2-1b").job.facts.loss != "liger"
+    plain = write(tmp_path, "plain.json", json.dumps({"output_dir": "o"}))
+    assert build_job(None, [plain], model_preset="llama-3.2-1b").job.facts.loss != "liger"
+
+
 def test_peft_adapter_config_and_bnb_quantization(tmp_path):
     # peft src/peft/tuners/lora/config.py LoraConfig as saved in adapter_config.json;
     # transformers utils/quantization_config.py BitsAndBytesConfig.to_dict().

@@ -209,6 +209,37 @@ def test_loss_bytes_per_logit(job, stack, loss, per_logit):
     assert part(est, "loss:", "forward-end") == int(per_logit * V * 1024)
 
 
+def test_liger_loss_holds_the_gradients_it_made_in_forward(job):
+    """Liger's fused linear cross-entropy (Liger-Kernel ops/fused_linear_cross_entropy.py): forward keeps
+    grad_input = zeros_like(_input) (the final norm's fp32 output over fp32 weights), grad_weight =
+    zeros_like(weight) (fp32 master) and an fp32 loss per row; its chunk is next_power_of_2(cdiv(BT,
+    cdiv(V, H))) rows: 8192 tokens, cdiv(128256, 4096) = 32, 256 rows of bf16 logits, plus that chunk's
+    rows of grad_input as the matmul makes them and its input cast to bf16."""
+    T = 4 * 2048
+    j = job(model=LLAMA8B, train="stack = 'hf'\nloss = 'liger'\nmicro_batch = 4\nseq_len = 2048\n"
+                                  "precision = 'bf16-mixed'\ncheckpointing = 'full'")
+    rows = 256
+    held = T * H * 4 + V * H * 4 + T * 4
+    assert part(estimate(j), "loss: Liger", "forward-end") == held + rows * V * 2 + 2 * rows * H * 2
+    # A LoRA job's head is frozen: no weight gradient, and the input is the bf16 stream.
+    lora = job(model=LLAMA8B, train="stack = 'hf'\nloss = 'liger'\nmicro_batch = 4\nseq_len = 2048\n"
+                                     "precision = 'bf16'\nlora_rank = 16\ncheckpointing = 'full'")
+    lg = A.liger_loss(lora, T)
+    assert (lg.held, lg.transient, lg.head_weight_grad) == (T * H * 2 + T * 4, rows * V * 2 + rows * H * 2, 0)
+    # Against the transformers loss it replaces: no logits at all, so far less at the loss.
+    plain = job(model=LLAMA8B, train="stack = 'hf'\nmicro_batch = 4\nseq_len = 2048\nprecision = 'bf16-mixed'\n"
+                                      "checkpointing = 'full'")
+    assert part(estimate(plain), "loss:", "forward-end") > 4 * held
+
+
+def test_liger_chunk_follows_liger_s_rule():
+    # Liger's own example (fused_linear_cross_entropy_forward): BT = 4096*4, V = 32000, H = 4096 -> 2048.
+    assert A.liger_chunk_rows(4096 * 4, 4096, 32000) == 2048
+    assert A.liger_chunk_rows(8192, 4096, 128_256) == 256
+    assert A.liger_chunk_rows(100, 4096, 4096) == 100  # one chunk covers BT when the budget allows
+    assert A.liger_chunk_rows(5, 64, 1000) == 1  # cdiv(5, 16) = 1
+
+
 # ---- 4. QLoRA: bitsandbytes before 0.43.2 keeps every quantized matmul's input ------------------
 
 

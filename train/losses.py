@@ -12,15 +12,21 @@
   each chunk is upcast and cross-entropied with reduction="sum"; litgpt's chunked_cross_entropy in
   litgpt/utils.py does the same per lm_head_chunk_size = 128 tokens).
 - fused: a chunked linear + cross-entropy in one autograd Function that keeps only the head's
-  input and recomputes each chunk's logits in backward. Liger's LigerFusedLinearCrossEntropy
-  (liger_kernel/ops/fused_linear_cross_entropy.py) computes the gradients in forward instead; both
-  never hold the full logits. Written here (a few lines) so the CPU smoke run needs no Triton.
+  input and recomputes each chunk's logits in backward, as Cut Cross-Entropy does (apple
+  ml-cross-entropy, Wijmans et al. 2024, "Cut Your Losses in Large-Vocabulary Language Models").
+- liger: Liger's LigerFusedLinearCrossEntropyFunction (linkedin/Liger-Kernel
+  src/liger_kernel/ops/fused_linear_cross_entropy.py), which the HF Trainer runs with
+  use_liger_kernel: the gradients are computed in forward, chunk by chunk, and held on the ctx until
+  backward returns them (the input's gradient, and the head weight's when it trains).
+Both fused losses never hold the full logits. Written here so the CPU smoke run needs no Triton.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from podkit.checks.activations import liger_chunk_rows
 
 
 def _autocast_dtype(x: torch.Tensor) -> torch.dtype:
@@ -101,3 +107,60 @@ def fused(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunks: 
     dtype = _autocast_dtype(x)
     flat = x.reshape(-1, x.shape[-1])
     return FusedLinearCrossEntropy.apply(flat, weight, targets.reshape(-1), chunks, dtype)
+
+
+class LigerFusedLinearCrossEntropy(torch.autograd.Function):
+    """mean cross_entropy(x @ weight.T), gradients made in forward as Liger makes them.
+
+    Liger's forward allocates grad_input = zeros_like(x), grad_weight = zeros_like(weight) when the
+    weight trains (accum_dtype None: the parameter's dtype) and an fp32 loss per row; per chunk it
+    computes the logits in the matmul dtype, turns them into their own gradient in place (its Triton
+    cross-entropy kernel), writes grad_input's rows and adds into grad_weight; ctx keeps only the two
+    gradients. Backward scales them by grad_output in place (element_mul_kernel) and returns them.
+    Liger's kernel works on a row in registers; this emulation upcasts an eighth of a chunk at a time.
+    (Liger's accumulation into an fp32 grad_weight casts the 16-bit factors per chunk; here per eighth.)"""
+
+    @staticmethod
+    def forward(ctx, x, weight, targets):
+        rows, hidden = x.shape
+        size = liger_chunk_rows(rows, hidden, weight.shape[0])
+        dtype = _autocast_dtype(x)
+        acc = torch.promote_types(dtype, torch.float32)  # Liger's kernel works in fp32 (fp64 here for a check)
+        with torch.no_grad(), torch.autocast(x.device.type, enabled=False):
+            grad_x = torch.zeros_like(x)
+            grad_w = torch.zeros_like(weight) if weight.requires_grad else None
+            loss_rows = torch.zeros(rows, dtype=acc, device=x.device)
+            w = weight.to(dtype)
+            for start in range(0, rows, size):
+                xs, ts = x[start:start + size].to(dtype), targets[start:start + size]
+                logits = xs @ w.t()
+                step = max(1, -(-len(ts) // 8))
+                for r in range(0, len(ts), step):
+                    lf = logits[r:r + step].to(acc)
+                    lse = torch.logsumexp(lf, -1)
+                    t = ts[r:r + step]
+                    loss_rows[start + r:start + r + len(t)] = lse - lf.gather(1, t[:, None]).squeeze(1)
+                    lf.sub_(lse[:, None]).exp_()
+                    lf[torch.arange(len(t), device=t.device), t] -= 1.0
+                    logits[r:r + step] = lf.div_(rows)
+                    del lf
+                grad_x[start:start + size].copy_(logits @ w)
+                if grad_w is not None:  # in place, as Liger's addmm(out=grad_weight): no weight-sized temporary
+                    for r in range(0, len(ts), step):
+                        grad_w.addmm_(logits[r:r + step].t().to(grad_w.dtype), xs[r:r + step].to(grad_w.dtype))
+                del logits, xs
+            w = None
+        ctx.save_for_backward(grad_x, grad_w)
+        return loss_rows.sum() / rows
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad_x, grad_w = ctx.saved_tensors
+        grad_x.mul_(grad)
+        if grad_w is not None:
+            grad_w.mul_(grad)
+        return grad_x, grad_w, None
+
+
+def liger(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return LigerFusedLinearCrossEntropy.apply(x.reshape(-1, x.shape[-1]), weight, targets.reshape(-1))

@@ -31,7 +31,7 @@ LORA_ALPHA = 16
 
 ATTENTION = ("sdpa", "flash-attn", "eager")
 SDPA_KERNELS = ("auto", "flash", "efficient", "math")
-LOSSES = ("fp32-upcast", "fp32-logits-kept", "fp32-upcast-shifted", "chunked", "fused", "native")
+LOSSES = ("fp32-upcast", "fp32-logits-kept", "fp32-upcast-shifted", "chunked", "fused", "liger", "native")
 AC_POLICIES = ("none", "matmuls", "op-sac", "block")
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
 LORA_DTYPES = ("param", "fp32", "compute")
@@ -63,7 +63,8 @@ class ModelOptions:
     """fp32-upcast (podkit: cross_entropy(logits.float())); fp32-logits-kept (HF transformers: fp32
     logits returned in the output and referenced until backward); chunked (torchtune/litgpt: head and
     cross-entropy per chunk of the sequence); fused (linear + cross-entropy in one autograd Function
-    that recomputes each chunk's logits in backward, after Liger's fused linear cross entropy)."""
+    that recomputes each chunk's logits in backward, as Cut Cross-Entropy); liger (Liger's fused linear
+    cross-entropy: the gradients made in forward and held until backward)."""
     loss_chunks: int = DEFAULT_LOSS_CHUNKS
     """Chunks along the sequence for the chunked and fused losses."""
     loss_upcast: bool = True
@@ -104,8 +105,8 @@ class ModelOptions:
             raise ValueError(f"ModelOptions.loss_chunks: must be at least 1, got {self.loss_chunks}")
         if self.reentrant and self.ac_policy in ("matmuls", "op-sac"):
             raise ValueError("ModelOptions.reentrant: op-level checkpoint policies need the non-reentrant checkpoint")
-        if self.loss == "fused" and self.lora_rank and "lm_head" in self.lora_targets:
-            raise ValueError("ModelOptions.loss: the fused loss needs a plain head weight, not a LoRA lm_head")
+        if self.loss in ("fused", "liger") and self.lora_rank and "lm_head" in self.lora_targets:
+            raise ValueError(f"ModelOptions.loss: the {self.loss} loss needs a plain head weight, not a LoRA lm_head")
 
 
 class RMSNorm(nn.Module):
@@ -346,8 +347,10 @@ class Decoder(nn.Module):
             out = losses.chunked(x, self._head, targets, self.opts.loss_chunks, self.opts.loss_upcast, keep)
             self.kept_logits = keep
             return out
-        if loss == "fused":
+        if loss in ("fused", "liger"):
             weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+            if loss == "liger":
+                return losses.liger(x, weight, targets)
             return losses.fused(x, weight, targets, self.opts.loss_chunks)
         logits = self._head(x)
         if loss == "fp32-upcast-shifted":

@@ -183,10 +183,30 @@ def read_trainer(path: Path, data: dict) -> Imported:
         imp.set(dtype_key, dtype, "train", "precision", "bf16")
     elif dtype and dtype not in ("auto", "float32"):
         imp.warnings.append(f"{dtype_key} = {dtype!r}: not modelled; train.precision follows bf16/fp16")
+    _liger(imp, data)
+    handled |= {"use_liger_kernel", "use_liger", "liger_kernel_config"}
     for key in data:
         if key not in handled:
             imp.ignore(key)
     return imp
+
+
+def _liger(imp: Imported, data: dict) -> None:
+    """TrainingArguments.use_liger_kernel (trl's older SFTConfig.use_liger): the Trainer patches the model with
+    Liger's kernels (transformers trainer.py -> liger_kernel.transformers._apply_liger_kernel_to_instance,
+    whose Llama defaults are rope, rms_norm, swiglu and fused_linear_cross_entropy on), optionally narrowed
+    by liger_kernel_config."""
+    key = "use_liger_kernel" if "use_liger_kernel" in data else "use_liger"
+    if not truthy(data.get(key, False)):
+        return
+    config = data.get("liger_kernel_config") or {}
+    if not truthy(config.get("fused_linear_cross_entropy", True)):
+        imp.mapped.append(f"{key} = true with liger_kernel_config.fused_linear_cross_entropy = false: the loss "
+                          "stays the stack's")
+    else:
+        imp.set(key, data[key], "train", "loss", "liger")
+    imp.warnings.append(f"{key}: Liger's RMSNorm, SwiGLU and RoPE kernels save less for backward than transformers' "
+                        "modules; podkit prices the blocks as transformers' (high when nothing is checkpointed)")
 
 
 def _targets(imp: Imported, key: str, value: Any) -> Any:
