@@ -553,12 +553,13 @@ def liger_chunk_rows(rows: int, hidden: int, vocab: int) -> int:
     return min(1 << (want - 1).bit_length(), rows)
 
 
-def liger_loss(job, tokens: int) -> LigerLoss:
-    f, shape, e = job.facts, job.shape, job.train.compute_bytes
+def liger_loss(job, tokens: int, stream_bytes: int) -> LigerLoss:
+    """`stream_bytes`: BlockFacts.stream, the dtype of the final norm's output (grad_input's) and, when the
+    head trains, of its weight as the forward sees it (grad_weight's): fp32 only over fp32 weights."""
+    shape, e = job.shape, job.train.compute_bytes
     rows = liger_chunk_rows(tokens, shape.hidden, shape.vocab)
-    x_bytes = 4 if f.autocast and not f.lora else e  # the final norm's output: fp32 over fp32 weights
-    head_trains = not f.lora
-    w_bytes = (4 if f.autocast else e) if head_trains else 0  # zeros_like(weight): as the forward sees it
+    x_bytes = stream_bytes
+    w_bytes = stream_bytes if not job.facts.lora else 0
     held = tokens * shape.hidden * x_bytes + shape.vocab * shape.hidden * w_bytes + tokens * 4
     # While a chunk's rows of grad_input are made (grad_logits_chunk @ weight, then copied into grad_input):
     # the chunk's logits, that product, and the input chunk cast to the matmul dtype when it differs.

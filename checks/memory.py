@@ -597,8 +597,8 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
                        + f"gradient intermediates, per token x {T:,}", transient=True)
     lb = A.loss_bytes(job, t.seq_len)
     logits = shape.vocab * T
-    if f.loss == "liger":
-        lg = A.liger_loss(job, T)
+    lg = A.liger_loss(job, T, bf.stream) if f.loss == "liger" else None
+    if lg:
         loss = Part("loss", "loss: Liger's fused linear cross-entropy, gradients made in forward",
                     lg.held + lg.transient, lg.formula, transient=True)
     else:
@@ -784,14 +784,13 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
     # With Liger's loss the gradient of the head's input is made in forward; the final norm's backward
     # then runs beside every saved activation (the head's weight gradient, once handed to AccumulateGrad,
     # is the new .grad, or is summed into the one gradient accumulation keeps, and freed).
-    if f.loss == "liger":
+    if lg:
         norm_bwd = Part("activations", "the final norm's backward", int(A.final_norm_backward_per_token(bf) * T),
                         "its gradient intermediates and the gradient of the head's input, per token "
                         f"x {T:,}", transient=True)
-        head_w = A.liger_loss(job, T).head_weight_grad
-        new_head_grad = [Part("grads", "the head's weight gradient (Liger)", head_w,
+        new_head_grad = [Part("grads", "the head's weight gradient (Liger)", lg.head_weight_grad,
                               "made in forward, now the head's .grad", transient=True)] \
-            if head_w and not grads_persist else []
+            if lg.head_weight_grad and not grads_persist else []
         forward_ends.append(phase("forward-end", static + fwd_params + cache(cache_bwd) + fwd_grads + new_head_grad
                                   + [activations, norm_bwd] + previous))
     # The last block's own forward holds more than the loss spike when the loss is small (fused or

@@ -224,7 +224,7 @@ def test_liger_loss_holds_the_gradients_it_made_in_forward(job):
     # A LoRA job's head is frozen: no weight gradient, and the input is the bf16 stream.
     lora = job(model=LLAMA8B, train="stack = 'hf'\nloss = 'liger'\nmicro_batch = 4\nseq_len = 2048\n"
                                      "precision = 'bf16'\nlora_rank = 16\ncheckpointing = 'full'")
-    lg = A.liger_loss(lora, T)
+    lg = A.liger_loss(lora, T, A.block_facts(lora).stream)
     assert (lg.held, lg.transient, lg.head_weight_grad) == (T * H * 2 + T * 4, rows * V * 2 + rows * H * 2, 0)
     # Against the transformers loss it replaces: no logits at all, so far less at the loss.
     plain = job(model=LLAMA8B, train="stack = 'hf'\nmicro_batch = 4\nseq_len = 2048\nprecision = 'bf16-mixed'\n"
