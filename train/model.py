@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from podkit.checks.models import ModelShape
+from podkit.checks.stacks import AC_POLICIES, LORA_DTYPES, LOSSES
 from podkit.train import losses
 
 ROPE_THETA = 500000.0  # Llama 3
@@ -31,10 +32,7 @@ LORA_ALPHA = 16
 
 ATTENTION = ("sdpa", "flash-attn", "eager")
 SDPA_KERNELS = ("auto", "flash", "efficient", "math")
-LOSSES = ("fp32-upcast", "fp32-logits-kept", "fp32-upcast-shifted", "chunked", "fused", "liger", "native")
-AC_POLICIES = ("none", "matmuls", "op-sac", "block")
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
-LORA_DTYPES = ("param", "fp32", "compute")
 # torchtune CEWithChunkedOutputLoss(num_output_chunks=8) (torchtune/modules/loss/ce_chunked_output_loss.py).
 DEFAULT_LOSS_CHUNKS = 8
 
