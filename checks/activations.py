@@ -30,6 +30,7 @@ The result is bytes per token of one block (and of the head), which memory.py mu
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 from dataclasses import dataclass, field
@@ -58,9 +59,13 @@ class Op:
     outputs: tuple
     saved: tuple
     scratch: float = 0.0
-    add: bool = False
-    """An addition: AddBackward hands the output's gradient itself to an input of the same dtype."""
+    grad_alias: bool = False
+    """The output's gradient itself becomes an input's gradient (same dtype): AddBackward hands it on,
+    and Liger's RMSNorm writes dX into dY's storage."""
     holds: tuple = ()
+    grads_in_saved: bool = False
+    """The backward writes its inputs' gradients into the storage of the saved inputs themselves
+    (Liger's SiLU-mul): no new buffer, the saved tensor becomes the gradient."""
     """Tensors a Python local keeps alive until this op runs (the forward function has not returned)."""
 
 
@@ -91,6 +96,7 @@ class BlockFacts:
     gqa: bool  # SDPA sees fewer kv heads than q heads (native GQA)
     repeat_kv: bool  # k/v copied out to every head before attention
     fused_qkv: bool  # q, k, v are views of one fused linear's output
+    liger: bool = False  # Liger's RMSNorm, RoPE and SiLU-mul kernels (stacks.BLOCK_KERNELS)
 
 
 def block_facts(job, device: str = "cuda") -> BlockFacts:
@@ -115,7 +121,7 @@ def block_facts(job, device: str = "cuda") -> BlockFacts:
         adapter_bytes=adapter, adapter_input_cast=f.stack.adapter_input_cast,
         kernel=attention_kernel(job, device), gqa=shape.kv_heads != shape.heads and not f.stack.repeat_kv,
         repeat_kv=shape.kv_heads != shape.heads and f.stack.repeat_kv,
-        fused_qkv=f.stack.fused_qkv,
+        fused_qkv=f.stack.fused_qkv, liger=f.block_kernels == "liger",
     )
 
 
@@ -141,16 +147,25 @@ class Trace:
     def hold(self, *tensors: Tensor) -> None:
         """Keep tensors alive through the last op recorded: a function's argument lives until it returns."""
         last = self.ops[-1]
-        self.ops[-1] = Op(last.inputs, last.outputs, last.saved, last.scratch, last.add, last.holds + tensors)
+        self.ops[-1] = dataclasses.replace(last, holds=last.holds + tensors)
 
-    def op(self, inputs, outputs, saved=(), scratch: float = 0.0, add: bool = False, holds=()) -> None:
-        self.ops.append(Op(tuple(inputs), tuple(outputs), tuple(saved), scratch, add, tuple(holds)))
+    def op(self, inputs, outputs, saved=(), scratch: float = 0.0, grad_alias: bool = False, holds=(),
+           grads_in_saved: bool = False) -> None:
+        self.ops.append(Op(tuple(inputs), tuple(outputs), tuple(saved), scratch, grad_alias, tuple(holds), grads_in_saved))
         self.save(*saved)
 
     # ---- ops -----------------------------------------------------------------------------
     def rmsnorm(self, x: Tensor, name: str) -> Tensor:
         """LlamaRMSNorm: x.float(); x * rsqrt(mean(x^2) + eps); weight * x.to(input_dtype)."""
         f = self.facts
+        if f.liger:
+            # LigerRMSNormFunction (liger_kernel/ops/rms_norm.py): Y in X's dtype, an fp32 rstd per row,
+            # ctx.save_for_backward(X, W, RSTD); backward with in_place=True (LigerRMSNorm's default, and
+            # monkey_patch's for Llama/Mistral/Qwen) makes dX = dY: no new buffer. Its fp32 dW partials
+            # (SMs x hidden) do not grow with tokens: < 5 MiB for a hidden of 8192 on 132 SMs.
+            out = self.new(f"{name}: output (Liger)", f.hidden, x.dtype_bytes)
+            self.op([x], [out], saved=(x, self.new(f"{name}: rstd (Liger)", 1, 4, grad=False)), grad_alias=True)
+            return out
         xf = x if x.bytes == 4 * f.hidden else self.new(f"{name}: fp32 upcast", f.hidden, 4)
         if xf is not x:
             self.op([x], [xf])
@@ -212,7 +227,7 @@ class Trace:
         scaled = self.new(f"{name}: lora_B output x scaling", fan_out, ab)
         self.op([b_out], [scaled])
         total = self.new(f"{name}: base + adapter", fan_out, max(f.e, ab))
-        self.op([out, scaled], [total], add=True, holds=cast_local)
+        self.op([out, scaled], [total], grad_alias=True, holds=cast_local)
         if total.dtype_bytes == f.e:
             return total
         back = self.new(f"{name}: base + adapter, cast back", fan_out, f.e)
@@ -225,12 +240,19 @@ class Trace:
         q0 = self.linear(y, h, qd, "q_proj")
         k0 = self.linear(y, h, kvd, "k_proj")
         v = self.linear(y, h, kvd, "v_proj")
-        # RoPE (q * cos + rotate_half(q) * sin) saves only cos/sin, shared buffers; its backward sums
-        # two gradients of q.
-        q = self.new("q after RoPE", qd, f.e)
-        self.op([q0], [q], scratch=qd * f.e)
-        k = self.new("k after RoPE", kvd, f.e)
-        self.op([k0], [k], scratch=kvd * f.e)
+        if f.liger and not f.fused_qkv:
+            # LigerRopeFunction (liger_kernel/ops/rope.py rope_forward): q.transpose(1, 2).contiguous() is
+            # the projection's own (b, s, heads, d) storage, rotated in place and returned as a view;
+            # backward rotates dq and dk in place too. (Only under the math and eager kernels is dq a
+            # (b, heads, s, d) tensor that .contiguous() copies, beside that node's s x s scratch.)
+            q, k = q0, k0
+        else:
+            # RoPE (q * cos + rotate_half(q) * sin) saves only cos/sin, shared buffers; its backward sums
+            # two gradients of q. (Liger's .contiguous() copies views of a fused qkv output first.)
+            q = self.new("q after RoPE", qd, f.e)
+            self.op([q0], [q], scratch=0 if f.liger else qd * f.e)
+            k = self.new("k after RoPE", kvd, f.e)
+            self.op([k0], [k], scratch=0 if f.liger else kvd * f.e)
         kept_v = v  # what the kernel's saved v keeps alive
         if f.repeat_kv:  # hidden_states[:, :, None].expand(...).reshape(...): a full-width copy each
             rk, rv = self.new("k repeated to every head", qd, f.e), self.new("v repeated to every head", qd, f.e)
@@ -282,10 +304,15 @@ class Trace:
         ffn = ffn or f.ffn
         gate = self.linear(y, f.hidden * per_token, ffn * per_token, prefix + "gate_proj", per_token)
         up = self.linear(y, f.hidden * per_token, ffn * per_token, prefix + "up_proj", per_token)
-        act = self.new(prefix + "silu(gate)", ffn * per_token, f.e)
-        self.op([gate], [act], saved=(gate,))  # SiluBackward keeps its input
         prod = self.new(prefix + "silu(gate) * up", ffn * per_token, f.e)
-        self.op([act, up], [prod], saved=(act, up))  # the product keeps both factors
+        if f.liger:
+            # LigerSiLUMulFunction (liger_kernel/ops/swiglu.py): c = empty_like(a), ctx.save_for_backward(a, b);
+            # swiglu_backward stores da and db into a and b and returns them.
+            self.op([gate, up], [prod], saved=(gate, up), grads_in_saved=True)
+        else:
+            act = self.new(prefix + "silu(gate)", ffn * per_token, f.e)
+            self.op([gate], [act], saved=(gate,))  # SiluBackward keeps its input
+            self.op([act, up], [prod], saved=(act, up))  # the product keeps both factors
         out = self.linear(prod, ffn * per_token, f.hidden * per_token, prefix + "down_proj", per_token)
         self.hold(y)
         return out
@@ -324,11 +351,11 @@ def _walk_block(facts: BlockFacts, moe_layer: bool = False) -> tuple[Trace, Tens
     x = tr.new("block input (residual stream)", facts.hidden, facts.stream)
     attn = tr.attention(tr.rmsnorm(x, "input_layernorm"))
     x2 = tr.new("residual stream after attention", facts.hidden, facts.stream)
-    tr.op([x, attn], [x2], add=True)
+    tr.op([x, attn], [x2], grad_alias=True)
     y2 = tr.rmsnorm(x2, "post_attention_layernorm")
     mlp = tr.moe_mlp(y2) if moe_layer else tr.mlp(y2)
     tr.output = tr.new("block output (residual stream)", facts.hidden, facts.stream)
-    tr.op([x2, mlp], [tr.output], add=True)
+    tr.op([x2, mlp], [tr.output], grad_alias=True)
     return tr, x
 
 
@@ -431,7 +458,21 @@ def _replay_backward(tr: Trace) -> float:
             for t in op.inputs:
                 if not t.grad:
                     continue
-                alias = op.add and len(outs) == 1 and t.dtype_bytes == op.outputs[0].dtype_bytes
+                if op.grads_in_saved and id(t) in saved:
+                    # The gradient is written into the saved input's storage: it stops counting as
+                    # saved and counts as a gradient, or, summed into an existing one, is freed after.
+                    moved = saved.pop(id(t)).bytes
+                    live_saved -= moved
+                    if id(t) in grad_of:
+                        summed += moved
+                        live_grads += moved
+                    else:
+                        buf = next(ids)
+                        buffers[buf] = [t.bytes, 1]
+                        grad_of[id(t)] = buf
+                        live_grads += moved
+                    continue
+                alias = op.grad_alias and len(outs) == 1 and t.dtype_bytes == op.outputs[0].dtype_bytes
                 if id(t) in grad_of:
                     if not alias:
                         fresh += t.bytes

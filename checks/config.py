@@ -171,6 +171,10 @@ class TrainConfig:
     loss: str = "stack"
     """Loss implementation: "stack" | fp32-upcast | fp32-logits-kept | fp32-upcast-shifted | chunked |
     fused | liger | native (checks/stacks.py LOSSES says what each keeps)."""
+    block_kernels: str = "torch"
+    """What runs each block's RMSNorm, RoPE and SwiGLU: torch (transformers' modules in PyTorch ops) |
+    liger (Liger-Kernel's Triton kernels, as TrainingArguments use_liger_kernel patches them in; pair it
+    with loss = "liger" for Liger's fused loss). checks/stacks.py BLOCK_KERNELS says what each keeps."""
     bitsandbytes: str = ""
     """The bitsandbytes release the job runs, when it matters: before 0.43.2 its 4-bit matmul kept every
     input alive until backward (bitsandbytes commit 9e753741, #1270); "" = a current release."""
@@ -224,6 +228,7 @@ class TrainConfig:
         _choice("train", "grad_scaler", self.grad_scaler, GRAD_SCALER)
         _choice("train", "stack", self.stack, stacks.STACKS)
         _choice("train", "loss", self.loss, ("stack",) + stacks.LOSSES)
+        _choice("train", "block_kernels", self.block_kernels, stacks.BLOCK_KERNELS)
         _choice("train", "optimizer_impl", self.optimizer_impl, ("stack",) + stacks.OPTIMIZER_IMPLS)
         _choice("train", "lora_dtype", self.lora_dtype, ("stack",) + stacks.LORA_DTYPES)
         _choice("train", "previous_outputs", self.previous_outputs, ("stack", "kept", "freed"))

@@ -40,6 +40,15 @@ LOSSES = ("fp32-upcast", "fp32-logits-kept", "fp32-upcast-shifted", "chunked", "
 AC_POLICIES = ("none", "matmuls", "op-sac", "block")
 OPTIMIZER_IMPLS = ("fused", "foreach", "for-loop")
 LORA_DTYPES = ("param", "fp32", "compute")  # param: the precision's trainable dtype (podkit)
+# What runs a decoder block's norms, rotary embedding and gated activation:
+#   torch   the modules as transformers writes them in PyTorch ops (LlamaRMSNorm in fp32, rotate_half
+#           RoPE, act_fn(gate) * up): what autograd saves for each op
+#   liger   Liger-Kernel's Triton kernels (HF Trainer use_liger_kernel; liger_kernel/transformers/
+#           monkey_patch.py apply_liger_kernel_to_llama: rope, rms_norm and swiglu on by default):
+#           LigerRMSNormFunction keeps X and an fp32 rstd and writes dX into dY; LigerRopeFunction
+#           rotates q and k in place; LigerSiLUMulFunction keeps gate and up and writes their
+#           gradients into them (liger_kernel/ops/rms_norm.py, rope.py, swiglu.py)
+BLOCK_KERNELS = ("torch", "liger")
 
 # bitsandbytes' optimizers: (states per parameter, bits per state value) for tensors of at least
 # min_8bit_size values (bitsandbytes optim/adamw.py, lion.py: Optimizer2State / Optimizer1State with
@@ -274,6 +283,8 @@ class JobFacts:
     reentrant: bool = False
     """Activation checkpointing runs with use_reentrant=True (Stack.reentrant, or the transformers
     release of the hf and deepspeed stacks: transformers_facts)."""
+    block_kernels: str = "torch"
+    """What runs the blocks' norms, RoPE and gated activation (one of BLOCK_KERNELS)."""
     rs_input_on_rs_stream: bool = False
     """FSDP2 before torch 2.5: foreach_reduce allocated the fp32 reduce-scatter input inside `with
     torch.cuda.stream(reduce_scatter_stream)`, so that stream's pool caches the largest inputs too."""
@@ -493,6 +504,11 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
             raise ConfigError("cluster.fsdp_version", f"stack {stack.name!r} has no FSDP2",
                               "leave it at 'stack'")
         fsdp_version = cluster.fsdp_version
+    if train.block_kernels == "liger" and arch == "gpt2":
+        from podkit.checks.errors import ConfigError
+
+        raise ConfigError("train.block_kernels", "Liger patches Llama-style blocks (RMSNorm, RoPE, SwiGLU); a GPT-2 "
+                          "block has none of them", "leave it at 'torch'")
     old_bnb_4bit = (train.base_quant != "none" and bool(train.bitsandbytes)
                     and parse_version(train.bitsandbytes) < (0, 43, 2))
     return JobFacts(
@@ -543,6 +559,7 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
                           else train.compute_bytes if lora or stack.deepspeed_engine
                           else 2 if train.precision == "bf16" else 4),
         reentrant=reentrant,
+        block_kernels=train.block_kernels,
         # pytorch PR #129721 "[FSDP2] Ran reduce-scatter copy-in in default stream" (2024-06-27, after
         # the 2.4 branch cut) moved the input's allocation out of the reduce-scatter stream.
         rs_input_on_rs_stream=(fsdp and fsdp_version == 2 and bool(train.torch)

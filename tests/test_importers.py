@@ -82,15 +82,22 @@ def test_trainer_defaults_apply_where_the_file_is_silent(tmp_path):
     assert build_job(str(old), [f]).job.facts.optimizer_impl == "foreach"
 
 
-def test_use_liger_kernel_selects_liger_s_loss(tmp_path):
+def test_use_liger_kernel_selects_liger_s_loss_and_block_kernels(tmp_path):
     f = write(tmp_path, "args.json", json.dumps({"output_dir": "o", "bf16": True, "use_liger_kernel": True}))
     imp = build_job(None, [f], model_preset="llama-3.2-1b")
-    assert imp.job.facts.loss == "liger"
-    assert any("RMSNorm, SwiGLU and RoPE" in w for w in imp.files[0].warnings)
+    assert imp.job.facts.loss == "liger" and imp.job.facts.block_kernels == "liger"
+    assert not any("liger" in w.lower() for w in imp.files[0].warnings)
     # liger_kernel_config can switch the fused loss off (the Trainer passes it to Liger's patch).
     off = write(tmp_path, "off.json", json.dumps({"output_dir": "o", "use_liger_kernel": True,
                                                   "liger_kernel_config": {"fused_linear_cross_entropy": False}}))
-    assert build_job(None, [off], model_preset="llama-3.2-1b").job.facts.loss != "liger"
+    facts = build_job(None, [off], model_preset="llama-3.2-1b").job.facts
+    assert facts.loss != "liger" and facts.block_kernels == "liger"
+    # Some block kernels off: priced all or none, so transformers' modules, and said so.
+    part = write(tmp_path, "part.json", json.dumps({"output_dir": "o", "use_liger_kernel": True,
+                                                   "liger_kernel_config": {"rope": False}}))
+    imp = build_job(None, [part], model_preset="llama-3.2-1b")
+    assert imp.job.facts.loss == "liger" and imp.job.facts.block_kernels == "torch"
+    assert any("rope = false" in w for w in imp.files[0].warnings)
     plain = write(tmp_path, "plain.json", json.dumps({"output_dir": "o"}))
     assert build_job(None, [plain], model_preset="llama-3.2-1b").job.facts.loss != "liger"
 
@@ -308,6 +315,41 @@ def test_seed_qwen_lora_job_predicted_through_from():
     """))
     assert data["memory"]["per_gpu"]["total"] == memory.estimate(same).total
     assert data["model"]["trainable_params"] < data["model"]["params"] / 10
+
+
+SEED_LIGER = EXAMPLES / "llama-3.1-8b-lora-liger"
+
+
+def test_seed_liger_job_predicted_through_from(tmp_path):
+    """The README's Liger example: use_liger_kernel prices Liger's loss and block kernels; the same
+    arguments without it price transformers' loss and modules, far above."""
+    def total(args: Path) -> int:
+        out = preflight("--gpu", "H100-SXM", "--json", "--from", str(args),
+                        "--from", str(SEED_LIGER / "adapter_config.json"))
+        assert out.returncode in (0, 1), out.stderr
+        return json.loads(out.stdout)["memory"]["per_gpu"]["total"]
+
+    same = parse_job(textwrap.dedent("""
+        [model]
+        preset = "llama-3.1-8b"
+        [train]
+        stack = "hf"
+        precision = "bf16-mixed"
+        micro_batch = 4
+        seq_len = 2048
+        lora_rank = 16
+        lora_targets = ["q_proj", "v_proj"]
+        loss = "liger"
+        block_kernels = "liger"
+        [cluster]
+        gpu = "H100-SXM"
+    """))
+    liger = total(SEED_LIGER / "training_args.json")
+    assert liger == memory.estimate(same).total
+    args = json.loads((SEED_LIGER / "training_args.json").read_text())
+    plain = tmp_path / "training_args.json"
+    plain.write_text(json.dumps({**args, "use_liger_kernel": False}))
+    assert total(plain) > 1.4 * liger
 
 
 def test_emit_toml_round_trips(tmp_path):

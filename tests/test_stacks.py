@@ -232,6 +232,35 @@ def test_liger_loss_holds_the_gradients_it_made_in_forward(job):
     assert part(estimate(plain), "loss:", "forward-end") > 4 * held
 
 
+def test_liger_block_kernels_keep_what_their_functions_save(job):
+    """train.block_kernels = "liger" (Liger-Kernel ops/rms_norm.py, rope.py, swiglu.py). A pure-bf16 full
+    fine-tune of Llama-3.1-8B, no checkpointing, flash attention with native GQA. Per token and block:
+    LigerRMSNorm keeps its input X and an fp32 rstd (the weight is a parameter); the q/k/v and gate/up
+    linears keep their (shared) inputs, the norms' outputs; RoPE rotates q and k in place, so the flash
+    kernel keeps the projections themselves; LigerSiLUMul keeps gate and up; down_proj keeps the product."""
+    j = job(model=LLAMA8B, train="precision = 'bf16'\ncheckpointing = 'none'\nblock_kernels = 'liger'\n"
+                                  "micro_batch = 1\nseq_len = 2048")
+    bf = A.block_facts(j)
+    e = 2
+    norm = H * e + 4  # X and rstd
+    attention = (QD + 2 * KVD) * e + QD * e + HEADS * 4  # q, k, v; output; logsumexp
+    expected = 2 * norm + 2 * H * e + attention + 3 * F * e  # + the two norm outputs; gate, up, product
+    assert sum(A.saved_per_token(bf, "none").values()) == expected
+    # transformers' modules keep more: per norm an fp32 upcast (4h) and the normalised x cast back (2h)
+    # instead of X (2h); silu(gate) besides gate and up.
+    torch_bf = dataclasses.replace(bf, liger=False)
+    assert sum(A.saved_per_token(torch_bf, "none").values()) - expected == 2 * (4 * H + 2 * H - 2 * H) + F * e
+    # Backward: RMSNorm writes dX into dY, so the final norm's backward holds nothing beyond its output's
+    # gradient. A block's backward peaks at down_proj's node with Liger: the output's gradient (the
+    # residual's too) and the product's, since SiLU-mul writes da and db into the saved gate and up;
+    # transformers' mul node allocates silu(gate)'s and up's gradients beside the product's, once
+    # down_proj has released the product.
+    assert A.final_norm_backward_per_token(bf) == H * e
+    assert A.final_norm_backward_per_token(torch_bf) > 4 * H * e
+    assert A.backward_intermediates_per_token(bf) == H * e + F * e
+    assert A.backward_intermediates_per_token(torch_bf) == H * e + 2 * F * e
+
+
 def test_liger_chunk_follows_liger_s_rule():
     # Liger's own example (fused_linear_cross_entropy_forward): BT = 4096*4, V = 32000, H = 4096 -> 2048.
     assert A.liger_chunk_rows(4096 * 4, 4096, 32000) == 2048

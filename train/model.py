@@ -24,8 +24,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from podkit.checks.models import ModelShape
-from podkit.checks.stacks import AC_POLICIES, LORA_DTYPES, LOSSES
-from podkit.train import losses
+from podkit.checks.stacks import AC_POLICIES, BLOCK_KERNELS, LORA_DTYPES, LOSSES
+from podkit.train import liger, losses
 
 ROPE_THETA = 500000.0  # Llama 3
 LORA_ALPHA = 16
@@ -84,12 +84,16 @@ class ModelOptions:
     adapter_input_cast: bool = False
     """peft's rule: cast the adapter's input to the adapter dtype whenever they differ, autocast or not
     (peft tuners_utils._cast_input_dtype); podkit's own casts only outside autocast."""
+    block_kernels: str = "torch"
+    """torch (transformers' RMSNorm, RoPE and SwiGLU in PyTorch ops) or liger (Liger-Kernel's Functions,
+    emulated in train/liger.py: what they save and what they write in place)."""
 
     def __post_init__(self):
         for name, value, choices in (("attention", self.attention, ATTENTION), ("loss", self.loss, LOSSES),
                                      ("ac_policy", self.ac_policy, AC_POLICIES),
                                      ("lora_dtype", self.lora_dtype, LORA_DTYPES),
-                                     ("sdpa_kernel", self.sdpa_kernel, SDPA_KERNELS)):
+                                     ("sdpa_kernel", self.sdpa_kernel, SDPA_KERNELS),
+                                     ("block_kernels", self.block_kernels, BLOCK_KERNELS)):
             if value not in choices:
                 raise ValueError(f"ModelOptions.{name}: {value!r} is not one of {', '.join(choices)}")
         unknown = set(self.lora_targets) - set(LORA_TARGETS)
@@ -108,14 +112,17 @@ class ModelOptions:
 
 
 class RMSNorm(nn.Module):
-    """HF LlamaRMSNorm: normalise in fp32, cast back, then scale."""
+    """HF LlamaRMSNorm: normalise in fp32, cast back, then scale (or Liger's LigerRMSNorm)."""
 
-    def __init__(self, dim: int, eps: float = 1e-5):
+    def __init__(self, dim: int, eps: float = 1e-5, liger_kernel: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(dim))
         self.eps = eps
+        self.liger_kernel = liger_kernel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.liger_kernel:
+            return liger.RMSNormFunction.apply(x, self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -177,6 +184,7 @@ class Attention(nn.Module):
         super().__init__()
         self.heads, self.kv_heads, self.d_head = shape.heads, shape.kv_heads, shape.d_head
         self.attention, self.kernel, self.repeat_kv = opts.attention, opts.sdpa_kernel, opts.repeat_kv
+        self.liger_kernel = opts.block_kernels == "liger"
         h = shape.hidden
         self.q_proj = linear("q_proj", h, shape.q_dim, bias=shape.qkv_bias)
         self.k_proj = linear("k_proj", h, shape.kv_dim, bias=shape.qkv_bias)
@@ -189,8 +197,11 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(b, s, self.kv_heads, self.d_head).transpose(1, 2)
         v = self.v_proj(x).view(b, s, self.kv_heads, self.d_head).transpose(1, 2)
         cos, sin = cos[:s].to(q.dtype), sin[:s].to(q.dtype)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        if self.liger_kernel:
+            q, k = liger.RopeFunction.apply(q, k, cos, sin)
+        else:
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
         if self.attention == "flash-attn":
             from flash_attn import flash_attn_func  # (b, s, heads, d) layout; GQA native
 
@@ -239,23 +250,27 @@ def _eager_attention(q, k, v, groups: int) -> torch.Tensor:
 
 
 class MLP(nn.Module):
-    def __init__(self, shape: ModelShape, linear):
+    def __init__(self, shape: ModelShape, linear, liger_kernel: bool = False):
         super().__init__()
         self.gate_proj = linear("gate_proj", shape.hidden, shape.ffn, bias=False)
         self.up_proj = linear("up_proj", shape.hidden, shape.ffn, bias=False)
         self.down_proj = linear("down_proj", shape.ffn, shape.hidden, bias=False)
+        self.liger_kernel = liger_kernel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.liger_kernel:  # LigerSwiGLUMLP
+            return self.down_proj(liger.SiLUMulFunction.apply(self.gate_proj(x), self.up_proj(x)))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class Block(nn.Module):
     def __init__(self, shape: ModelShape, opts: ModelOptions, linear):
         super().__init__()
-        self.input_layernorm = RMSNorm(shape.hidden)
+        lk = opts.block_kernels == "liger"
+        self.input_layernorm = RMSNorm(shape.hidden, liger_kernel=lk)
         self.self_attn = Attention(shape, opts, linear)
-        self.post_attention_layernorm = RMSNorm(shape.hidden)
-        self.mlp = MLP(shape, linear)
+        self.post_attention_layernorm = RMSNorm(shape.hidden, liger_kernel=lk)
+        self.mlp = MLP(shape, linear, lk)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin)
@@ -318,7 +333,7 @@ class Decoder(nn.Module):
         self.shape, self.opts = shape, opts
         self.embed_tokens = nn.Embedding(shape.vocab, shape.hidden)
         self.layers = nn.ModuleList(Block(shape, opts, linear) for _ in range(shape.layers))
-        self.norm = RMSNorm(shape.hidden)
+        self.norm = RMSNorm(shape.hidden, liger_kernel=opts.block_kernels == "liger")
         self.lm_head = None if shape.tie_embeddings else linear("lm_head", shape.hidden, shape.vocab, bias=False)
         # RoPE tables: recomputed by init_weights after materialisation, never saved.
         self.register_buffer("rope_cos", torch.empty(opts.max_seq_len, shape.d_head), persistent=False)

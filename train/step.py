@@ -30,7 +30,7 @@ def model_options(job: JobConfig) -> model_mod.ModelOptions:
         lora_dtype=f.lora_dtype, base_quant=t.base_quant, max_seq_len=t.seq_len,
         loss_upcast=f.loss_upcast, logits_kept=f.logits_kept, repeat_kv=f.stack.repeat_kv,
         reentrant=f.reentrant and f.ac_policy == "block", adapter_input_cast=f.stack.adapter_input_cast,
-        **kwargs)
+        block_kernels=f.block_kernels, **kwargs)
 
 
 def autocast_context(enabled: bool, device_type: str, precision: str):

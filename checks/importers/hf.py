@@ -205,8 +205,13 @@ def _liger(imp: Imported, data: dict) -> None:
                           "stays the stack's")
     else:
         imp.set(key, data[key], "train", "loss", "liger")
-    imp.warnings.append(f"{key}: Liger's RMSNorm, SwiGLU and RoPE kernels save less for backward than transformers' "
-                        "modules; podkit prices the blocks as transformers' (high when nothing is checkpointed)")
+    off = [k for k in ("rms_norm", "rope", "swiglu") if not truthy(config.get(k, True))]
+    if not off:
+        imp.set(key, data[key], "train", "block_kernels", "liger")
+    elif len(off) < 3:
+        imp.warnings.append(f"{key} with liger_kernel_config {', '.join(k + ' = false' for k in off)}: podkit prices "
+                            "Liger's block kernels all or none, so the blocks are priced as transformers' modules "
+                            "(high when nothing is checkpointed)")
 
 
 def _targets(imp: Imported, key: str, value: Any) -> Any:
