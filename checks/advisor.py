@@ -1,7 +1,8 @@
 """The fit advisor: which levers make a job fit, and what each costs in speed.
 
 Levers, from least to most intrusive: micro-batch (grad_accum raised to keep the effective
-batch), activation checkpointing, an 8-bit optimizer, a higher sharding stage, CPU offload,
+batch), Liger's kernels for a Hugging Face Trainer job (TrainingArguments use_liger_kernel: its fused
+loss and block kernels, the same model and maths), activation checkpointing, an 8-bit optimizer, a higher sharding stage, CPU offload,
 LoRA / QLoRA (changes what is trained), and the sequence length (changes the data) last.
 
 Speed costs are rough step-time multipliers from published measurements, for ranking, not
@@ -37,7 +38,10 @@ class Suggestion:
     caveat: str  # non-empty where the change alters what is trained
 
     def describe(self) -> str:
-        return ", ".join(f"{name} {old} -> {new}" for name, old, new in self.changes)
+        text = ", ".join(f"{name} {old} -> {new}" for name, old, new in self.changes)
+        if any(name == "train.block_kernels" and new == "liger" for name, _, new in self.changes):
+            text += " (TrainingArguments use_liger_kernel=True, pip install liger-kernel)"
+        return text
 
 
 def _cost(job: JobConfig) -> float:
@@ -71,15 +75,22 @@ def _options(job: JobConfig, allow_seq: bool):
         loras = [(t.lora_rank, "none"), (t.lora_rank, "nf4")]
     else:
         loras = [(t.lora_rank, t.base_quant)]
+    # Liger patches transformers' Llama-style models in place (liger_kernel/transformers/monkey_patch.py);
+    # no step-time cost is counted, though Liger reports its kernels faster than transformers' own.
+    ligers = [False] + ([True] if job.facts.stack.name == "hf" and job.shape.arch == "llama"
+                        and (job.facts.loss, job.facts.block_kernels) != ("liger", "liger") else [])
     seqs = [t.seq_len]
     if allow_seq:
         while seqs[-1] > 256:
             seqs.append(seqs[-1] // 2)
-    for ck, sh, off, opt, (rank, quant), seq in itertools.product(ckpts, shardings, offloads, optimizers, loras, seqs):
+    for ck, sh, off, opt, (rank, quant), seq, lg in itertools.product(ckpts, shardings, offloads, optimizers, loras,
+                                                                      seqs, ligers):
         if off == "all" and sh != "zero3":
             continue  # parameter offload needs ZeRO-3 gathering
-        yield {"checkpointing": ck, "optimizer": opt, "lora_rank": rank, "base_quant": quant, "seq_len": seq}, {
-            "sharding": sh, "offload": off}
+        train = {"checkpointing": ck, "optimizer": opt, "lora_rank": rank, "base_quant": quant, "seq_len": seq}
+        if lg:
+            train |= {"loss": "liger", "block_kernels": "liger"}
+        yield train, {"sharding": sh, "offload": off}
 
 
 def _fits(est: MemoryEstimate, host_known: bool) -> bool:
@@ -164,8 +175,8 @@ def _changes(old: JobConfig, new: JobConfig) -> tuple[tuple[str, object, object]
     out = []
     for section in ("train", "cluster"):
         a, b = getattr(old, section), getattr(new, section)
-        for key in ("micro_batch", "grad_accum", "checkpointing", "optimizer", "lora_rank", "base_quant",
-                    "seq_len", "sharding", "offload"):
+        for key in ("micro_batch", "grad_accum", "loss", "block_kernels", "checkpointing", "optimizer", "lora_rank",
+                    "base_quant", "seq_len", "sharding", "offload"):
             if hasattr(a, key) and getattr(a, key) != getattr(b, key):
                 out.append((f"{section}.{key}", getattr(a, key), getattr(b, key)))
     return tuple(out)

@@ -44,3 +44,17 @@ def test_no_dominated_suggestions(job):
     for i, a in enumerate(suggestions):
         for b in suggestions[i + 1:]:
             assert not set(a.changes) <= set(b.changes)
+
+
+def test_liger_is_a_lever_for_hugging_face_trainer_jobs_only(job):
+    """A Trainer job that does not fit can switch on use_liger_kernel (Liger's fused loss and block
+    kernels: the same model, nothing else trained differently); podkit's own stack cannot."""
+    train = "precision = 'bf16-mixed'\nmicro_batch = 4\nseq_len = 2048\nlora_rank = 16\n"
+    hf = job(model='preset = "llama-3.1-8b"', train=train + "stack = 'hf'", cluster="gpu = 'L40S'")
+    assert not estimate(hf).fits
+    liger = [s for s in advise(hf) if ("train.block_kernels", "torch", "liger") in s.changes]
+    assert liger and not liger[0].caveat and ("train.loss", "stack", "liger") in liger[0].changes
+    assert "use_liger_kernel" in liger[0].describe()
+    assert liger[0].estimate.total < estimate(hf.replace(train={"micro_batch": 2, "grad_accum": 2})).total
+    podkit = job(model='preset = "llama-3.1-8b"', train=train, cluster="gpu = 'L40S'")
+    assert not any(name in ("train.loss", "train.block_kernels") for s in advise(podkit) for name, _, _ in s.changes)
