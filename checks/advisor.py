@@ -87,6 +87,8 @@ def _options(job: JobConfig, allow_seq: bool):
                                                                       seqs, ligers):
         if off == "all" and sh != "zero3":
             continue  # parameter offload needs ZeRO-3 gathering
+        if lg and ck == "selective" and job.facts.stack.selective in ("matmuls", "op-sac"):
+            continue  # Liger's in-place RoPE under a selective checkpoint: refused (stacks.resolve)
         train = {"checkpointing": ck, "optimizer": opt, "lora_rank": rank, "base_quant": quant, "seq_len": seq}
         if lg:
             train |= {"loss": "liger", "block_kernels": "liger"}

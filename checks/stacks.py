@@ -509,6 +509,15 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
 
         raise ConfigError("train.block_kernels", "Liger patches Llama-style blocks (RMSNorm, RoPE, SwiGLU); a GPT-2 "
                           "block has none of them", "leave it at 'torch'")
+    if train.block_kernels == "liger" and ac in ("matmuls", "op-sac"):
+        from podkit.checks.errors import ConfigError
+
+        # torch.utils.checkpoint's selective policy caches the matmul outputs and hands the same storage
+        # back in recompute; LigerRopeFunction rotates q and k inside them (Triton stores, no version bump),
+        # so the recompute would rotate them a second time.
+        raise ConfigError("train.block_kernels", "Liger's RoPE rotates q and k in place inside the matmul outputs "
+                          "a selective checkpoint caches, so its recompute would rotate them twice",
+                          "use checkpointing = 'full' or 'none' with Liger's kernels")
     old_bnb_4bit = (train.base_quant != "none" and bool(train.bitsandbytes)
                     and parse_version(train.bitsandbytes) < (0, 43, 2))
     return JobFacts(
