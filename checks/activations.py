@@ -36,7 +36,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from podkit.checks.kernels import attention_kernel
-from podkit.checks.stacks import targeted
+from podkit.checks.stacks import liger_norm_in_place, targeted
 
 
 @dataclass(eq=False)
@@ -97,6 +97,7 @@ class BlockFacts:
     repeat_kv: bool  # k/v copied out to every head before attention
     fused_qkv: bool  # q, k, v are views of one fused linear's output
     liger: bool = False  # Liger's RMSNorm, RoPE and SiLU-mul kernels (stacks.BLOCK_KERNELS)
+    liger_norm_in_place: bool = True  # Liger's RMSNorm writes dX into dY (stacks.liger_norm_in_place)
 
 
 def block_facts(job, device: str = "cuda") -> BlockFacts:
@@ -122,6 +123,7 @@ def block_facts(job, device: str = "cuda") -> BlockFacts:
         kernel=attention_kernel(job, device), gqa=shape.kv_heads != shape.heads and not f.stack.repeat_kv,
         repeat_kv=shape.kv_heads != shape.heads and f.stack.repeat_kv,
         fused_qkv=f.stack.fused_qkv, liger=f.block_kernels == "liger",
+        liger_norm_in_place=liger_norm_in_place(shape.family),
     )
 
 
@@ -161,10 +163,12 @@ class Trace:
         if f.liger:
             # LigerRMSNormFunction (liger_kernel/ops/rms_norm.py): Y in X's dtype, an fp32 rstd per row,
             # ctx.save_for_backward(X, W, RSTD); backward with in_place=True (LigerRMSNorm's default, and
-            # monkey_patch's for Llama/Mistral/Qwen) makes dX = dY: no new buffer. Its fp32 dW partials
-            # (SMs x hidden) do not grow with tokens: < 5 MiB for a hidden of 8192 on 132 SMs.
+            # monkey_patch's for Llama/Mistral/Qwen) makes dX = dY: no new buffer; Gemma 2/3's in_place=False
+            # allocates dX. Its fp32 dW partials (SMs x hidden) do not grow with tokens: < 5 MiB for a
+            # hidden of 8192 on 132 SMs.
             out = self.new(f"{name}: output (Liger)", f.hidden, x.dtype_bytes)
-            self.op([x], [out], saved=(x, self.new(f"{name}: rstd (Liger)", 1, 4, grad=False)), grad_alias=True)
+            self.op([x], [out], saved=(x, self.new(f"{name}: rstd (Liger)", 1, 4, grad=False)),
+                    grad_alias=f.liger_norm_in_place)
             return out
         xf = x if x.bytes == 4 * f.hidden else self.new(f"{name}: fp32 upcast", f.hidden, 4)
         if xf is not x:

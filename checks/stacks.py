@@ -49,6 +49,15 @@ LORA_DTYPES = ("param", "fp32", "compute")  # param: the precision's trainable d
 #           rotates q and k in place; LigerSiLUMulFunction keeps gate and up and writes their
 #           gradients into them (liger_kernel/ops/rms_norm.py, rope.py, swiglu.py)
 BLOCK_KERNELS = ("torch", "liger")
+# Model families whose Liger patch builds its RMSNorm with in_place=False, so that backward allocates dX
+# (zeros_like(dY)) instead of writing into dY: Gemma 2 and 3 (monkey_patch.py apply_liger_kernel_to_gemma2,
+# _gemma3: _patch_rms_norm_module(..., in_place=False); rms_norm.py LigerRMSNormForGemma2/3).
+LIGER_NORM_COPIES = ("gemma2", "gemma3", "gemma3_text")
+
+
+def liger_norm_in_place(family: str) -> bool:
+    """Whether Liger's RMSNorm writes dX into dY for this model family."""
+    return family not in LIGER_NORM_COPIES
 
 # bitsandbytes' optimizers: (states per parameter, bits per state value) for tensors of at least
 # min_8bit_size values (bitsandbytes optim/adamw.py, lion.py: Optimizer2State / Optimizer1State with

@@ -257,6 +257,9 @@ def test_liger_block_kernels_keep_what_their_functions_save(job):
     # down_proj has released the product.
     assert A.final_norm_backward_per_token(bf) == H * e
     assert A.final_norm_backward_per_token(torch_bf) > 4 * H * e
+    # Gemma 2 and 3's patch builds the norm with in_place=False: dX is a new zeros_like(dY).
+    assert not stacks.liger_norm_in_place("gemma2") and stacks.liger_norm_in_place("gemma")
+    assert A.final_norm_backward_per_token(dataclasses.replace(bf, liger_norm_in_place=False)) == 2 * H * e
     assert A.backward_intermediates_per_token(bf) == H * e + F * e
     assert A.backward_intermediates_per_token(torch_bf) == H * e + 2 * F * e
 

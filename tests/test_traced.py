@@ -166,9 +166,11 @@ def test_liger_block_kernel_emulations_give_torch_s_gradients_and_write_in_place
     got, want = torch.autograd.grad(y, (x, w), g.clone()), torch.autograd.grad(y_ref, (x, w), g)  # clone: dX
     assert torch.allclose(y, y_ref) and all(torch.allclose(a, c) for a, c in zip(got, want))
     dy = torch.randn(b, s, heads * d, dtype=torch.float64)
-    ptr = dy.data_ptr()
+    before, ptr = dy.clone(), dy.data_ptr()
+    copy = liger.RMSNormFunction.apply(x, w, 1e-5, False).grad_fn.apply(dy)[0]  # Gemma 2/3: in_place=False
+    assert copy.data_ptr() != ptr and torch.equal(dy, before)  # a new dX; dY untouched
     node = liger.RMSNormFunction.apply(x, w, 1e-5).grad_fn
-    assert node.apply(dy)[0].data_ptr() == ptr  # dX written into dY
+    assert node.apply(dy)[0].data_ptr() == ptr and torch.allclose(dy, copy)  # dX written into dY
 
     q0 = torch.randn(b, s, heads * d, dtype=torch.float64, requires_grad=True)
     k0 = torch.randn(b, s, kv * d, dtype=torch.float64, requires_grad=True)

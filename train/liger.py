@@ -28,12 +28,14 @@ def _slices(rows: int):
 
 
 class RMSNormFunction(torch.autograd.Function):
-    """LigerRMSNormFunction, casting_mode "llama", in_place=True (LigerRMSNorm's and monkey_patch's
-    default for Llama-style models): Y = (X.float() * rstd).to(X.dtype) * W in X's dtype, an fp32 rstd per
-    row, ctx.save_for_backward(X, W, RSTD); backward writes dX into dY's storage."""
+    """LigerRMSNormFunction, casting_mode "llama": Y = (X.float() * rstd).to(X.dtype) * W in X's dtype, an
+    fp32 rstd per row, ctx.save_for_backward(X, W, RSTD); backward writes dX into dY's storage with
+    in_place=True (LigerRMSNorm's and monkey_patch's default for Llama-style models), into a new
+    zeros_like(dY) without (Gemma 2/3)."""
 
     @staticmethod
-    def forward(ctx, x, weight, eps: float):
+    def forward(ctx, x, weight, eps: float, in_place: bool = True):
+        ctx.in_place = in_place
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
         with torch.no_grad(), torch.autocast(x.device.type, enabled=False):
@@ -52,6 +54,8 @@ class RMSNormFunction(torch.autograd.Function):
         x, weight, rstd = ctx.saved_tensors
         shape = dy.shape
         dy = dy.contiguous()  # Liger's @ensure_contiguous
+        if not ctx.in_place:
+            dy = dy.clone()  # Liger: dX = zeros_like(dY), filled by the kernel
         flat_dy, flat_x = dy.data.view(-1, shape[-1]), x.reshape(-1, shape[-1])
         n = shape[-1]
         dw = torch.zeros(n, dtype=rstd.dtype, device=dy.device) if ctx.needs_input_grad[1] else None
@@ -63,7 +67,7 @@ class RMSNormFunction(torch.autograd.Function):
                 m = _up(g * weight)
                 dx = r * m - (r.pow(3) / n) * (m * xf).sum(-1, keepdim=True) * xf
                 flat_dy[s] = dx.to(dy.dtype)  # in place: dX is dY's storage
-        return dy, (dw.to(weight.dtype) if dw is not None else None), None
+        return dy, (dw.to(weight.dtype) if dw is not None else None), None, None
 
 
 def _rotate(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: float) -> None:

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from podkit.checks.models import ModelShape
-from podkit.checks.stacks import AC_POLICIES, BLOCK_KERNELS, LORA_DTYPES, LOSSES
+from podkit.checks.stacks import AC_POLICIES, BLOCK_KERNELS, LORA_DTYPES, LOSSES, liger_norm_in_place
 from podkit.train import liger, losses
 
 ROPE_THETA = 500000.0  # Llama 3
@@ -114,15 +114,15 @@ class ModelOptions:
 class RMSNorm(nn.Module):
     """HF LlamaRMSNorm: normalise in fp32, cast back, then scale (or Liger's LigerRMSNorm)."""
 
-    def __init__(self, dim: int, eps: float = 1e-5, liger_kernel: bool = False):
+    def __init__(self, dim: int, eps: float = 1e-5, liger_kernel: bool = False, liger_in_place: bool = True):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(dim))
         self.eps = eps
-        self.liger_kernel = liger_kernel
+        self.liger_kernel, self.liger_in_place = liger_kernel, liger_in_place
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.liger_kernel:
-            return liger.RMSNormFunction.apply(x, self.weight, self.eps)
+            return liger.RMSNormFunction.apply(x, self.weight, self.eps, self.liger_in_place)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -266,10 +266,10 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, shape: ModelShape, opts: ModelOptions, linear):
         super().__init__()
-        lk = opts.block_kernels == "liger"
-        self.input_layernorm = RMSNorm(shape.hidden, liger_kernel=lk)
+        lk, in_place = opts.block_kernels == "liger", liger_norm_in_place(shape.family)
+        self.input_layernorm = RMSNorm(shape.hidden, liger_kernel=lk, liger_in_place=in_place)
         self.self_attn = Attention(shape, opts, linear)
-        self.post_attention_layernorm = RMSNorm(shape.hidden, liger_kernel=lk)
+        self.post_attention_layernorm = RMSNorm(shape.hidden, liger_kernel=lk, liger_in_place=in_place)
         self.mlp = MLP(shape, linear, lk)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -333,7 +333,8 @@ class Decoder(nn.Module):
         self.shape, self.opts = shape, opts
         self.embed_tokens = nn.Embedding(shape.vocab, shape.hidden)
         self.layers = nn.ModuleList(Block(shape, opts, linear) for _ in range(shape.layers))
-        self.norm = RMSNorm(shape.hidden, liger_kernel=opts.block_kernels == "liger")
+        self.norm = RMSNorm(shape.hidden, liger_kernel=opts.block_kernels == "liger",
+                            liger_in_place=liger_norm_in_place(shape.family))
         self.lm_head = None if shape.tie_embeddings else linear("lm_head", shape.hidden, shape.vocab, bias=False)
         # RoPE tables: recomputed by init_weights after materialisation, never saved.
         self.register_buffer("rope_cos", torch.empty(opts.max_seq_len, shape.d_head), persistent=False)
