@@ -73,6 +73,11 @@ JOBS: dict[str, tuple[str, str, str]] = {
                                       'gpu="H100-SXM"\ngpus_per_node=8\nsharding="zero3"'),
     "mistral7b-bf16mix-adamw-full-4xa100-ddp": ('preset="mistral-7b"', 'precision="bf16"\nseq_len=4096\n'
                                                 'checkpointing="full"', 'gpu="A100-80GB"\ngpus_per_node=4'),
+    # Liger's fused loss and block kernels (the README's checks/examples/llama-3.1-8b-lora-liger job).
+    "8b-lora16-hf-liger-none-h100": ('preset="llama-3.1-8b"', 'stack="hf"\nlora_rank=16\nmicro_batch=4\n'
+                                     'seq_len=2048\nloss="liger"\nblock_kernels="liger"', 'gpu="H100-SXM"'),
+    "1b-bf16-liger-full-a10g": ('preset="llama-3.2-1b"', 'precision="bf16"\nmicro_batch=4\nseq_len=4096\n'
+                                'checkpointing="full"\nloss="liger"\nblock_kernels="liger"', 'gpu="A10G"'),
 }
 
 

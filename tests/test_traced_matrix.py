@@ -4,7 +4,7 @@ The trace (train/traced.py) runs podkit's own smoke step at full size under fake
 the podkit stack it is the ground truth the analytic model (checks/memory.py) must reproduce:
 precisions, optimizers (AdamW fused, 8-bit, SGD foreach, Lion), checkpointing none / selective /
 full, LoRA, GQA and MHA, fp32 on the math kernel, accumulation, ZeRO-2 and ZeRO-3 over 8 fake
-ranks. The same configurations are in benchmarks/traced_vs_analytic.py, which prints the table.
+ranks, Liger's fused loss and block kernels (emulated by train/liger.py and train/losses.py). The same configurations are in benchmarks/traced_vs_analytic.py, which prints the table.
 """
 
 import sys
@@ -33,6 +33,8 @@ MATRIX = [
     "8b-bf16mix-zero2-full-8xa100",
     "8b-bf16-lion-sel-h100",
     "8b-fp16mix-adamw-none-a100",
+    "8b-lora16-hf-liger-none-h100",
+    "1b-bf16-liger-full-a10g",
 ]
 
 
