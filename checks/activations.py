@@ -559,16 +559,19 @@ def block_forward_transient_per_token(facts: BlockFacts) -> float:
 
 
 def head_saved_per_token(facts: BlockFacts, head_trainable: bool, quantized_head: bool = False,
-                         input_saved: bool = True) -> dict[str, float]:
-    """The final norm and the LM head's input (the logits are the loss's). `input_saved` False: the loss
-    runs the head itself and keeps gradients instead of its input (Liger's fused loss)."""
+                         input_saved: str = "for-grads") -> dict[str, float]:
+    """The final norm and the LM head's input (the logits are the loss's). `input_saved`: "for-grads" (a
+    matmul keeps its input only for its weight's gradient), "never" (Liger's fused loss runs the head itself
+    and keeps gradients instead), "always" (Cut Cross-Entropy keeps the input, cast to the autocast dtype,
+    to recompute the logits in backward, trained or not)."""
     tr = Trace(facts)
     x = tr.new("final residual stream", facts.hidden, facts.stream)
     y = tr.rmsnorm(x, "final norm")
     inp = y
     if facts.autocast and y.bytes == 4 * facts.hidden:
         inp = tr.new("lm_head: autocast input cast", facts.hidden, facts.e)
-    if input_saved and (head_trainable or "lm_head" in facts.targets or (quantized_head and facts.quant_saves_input)):
+    needed = head_trainable or "lm_head" in facts.targets or (quantized_head and facts.quant_saves_input)
+    if input_saved == "always" or (input_saved == "for-grads" and needed):
         tr.save(inp)
     return {t.label: t.bytes for t in tr.saved.values()}
 
@@ -637,8 +640,8 @@ def loss_bytes(job, tokens_per_sequence: int) -> LossBytes:
     f = job.facts
     e = job.train.compute_bytes
     if f.loss == "fused":
-        # A fused linear + cross-entropy (Liger's LigerFusedLinearCrossEntropyFunction) computes the
-        # logits and their gradient chunk by chunk inside forward: no full logits tensor survives.
+        # A fused linear + cross-entropy that recomputes (Cut Cross-Entropy): the logits chunk by chunk,
+        # only a logsumexp per token kept; no full logits tensor survives.
         return LossBytes(0.0, 0.0, 0.0, "fused linear + cross-entropy: no full logits")
     if f.loss_chunk_tokens:
         n = max(1, -(-tokens_per_sequence // f.loss_chunk_tokens))

@@ -568,7 +568,8 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
     # What the recompute saves again: autograd's saved set less what the policy kept (by tensor).
     recompute_pt = sum(A.recomputed_per_token(bf_re, f.ac_policy, m, ctx_kept=bf.quant_saves_input) * n
                        for m, n in kinds) / L if f.ac_policy != "none" else 0.0
-    head = A.head_saved_per_token(bf, not lora, f.quantize_head, input_saved=f.loss != "liger")
+    head = A.head_saved_per_token(bf, not lora, f.quantize_head,
+                                  input_saved={"liger": "never", "fused": "always"}.get(f.loss, "for-grads"))
     head_pt = sum(head.values())
     activations = Part(
         "activations",
@@ -776,21 +777,37 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
     # The head's backward, right after the loss's: the logits' gradient in compute dtype (what the loss
     # backward leaves) beside the head's weight gradient and its fp32 cast; every saved activation is
     # still there, the head's input included.
-    if head_accum is not None and not f.fsdp and f.loss != "liger":  # Liger made that gradient in forward
+    if head_accum is not None and not f.fsdp and f.loss not in ("liger", "fused"):  # no logits' gradient there
         logits_grad = Part("loss", "the logits' gradient", int(e * shape.vocab * T),
                            f"{e} B x vocab {shape.vocab:,} x {T:,} tokens", transient=True)
         forward_ends.append(phase("forward-end", static + fwd_params + cache(cache_bwd) + fwd_grads + kept_logits
                                   + [activations, logits_grad, head_accum] + previous))
-    # With Liger's loss the gradient of the head's input is made in forward; the final norm's backward
-    # then runs beside every saved activation (the head's weight gradient, once handed to AccumulateGrad,
-    # is the new .grad, or is summed into the one gradient accumulation keeps, and freed).
-    if lg:
+    # Cut Cross-Entropy's backward (cut_cross_entropy/cce_backward.py cce_backward_kernel) recomputes the
+    # logits block by block on chip: de = zeros_like(e) and, when the head trains, dc = zeros_like(c), in
+    # the dtypes of the casts cce.py saved (the autocast dtype), then dc.to(the weight's dtype) beside them.
+    head_trains = not lora
+    if f.loss == "fused":
+        ce = e if f.autocast else bf.stream
+        dc = shape.vocab * shape.hidden * ce if head_trains else 0
+        dc_cast = shape.vocab * shape.hidden * grad_bytes if head_trains and grad_bytes != ce else 0
+        cce_bwd = Part("loss", "the loss's backward (Cut Cross-Entropy)", T * shape.hidden * ce + dc + dc_cast,
+                       f"{T:,} tokens x hidden x {ce} B (input gradient)"
+                       + (f" + vocab x hidden x {ce} B (head gradient)" if dc else "")
+                       + (f" + its cast to {grad_bytes} B" if dc_cast else ""), transient=True)
+        forward_ends.append(phase("forward-end", static + fwd_params + cache(cache_bwd) + fwd_grads + kept_logits
+                                  + [activations, cce_bwd] + previous))
+    # With Liger's loss the gradient of the head's input is made in forward (with Cut Cross-Entropy's, in
+    # the loss's backward); the final norm's backward then runs beside every saved activation (the head's
+    # weight gradient, once handed to AccumulateGrad, is the new .grad, or is summed into the one
+    # gradient accumulation keeps, and freed).
+    if lg or f.loss == "fused":
         norm_bwd = Part("activations", "the final norm's backward", int(A.final_norm_backward_per_token(bf) * T),
                         "its gradient intermediates and the gradient of the head's input, per token "
                         f"x {T:,}", transient=True)
-        new_head_grad = [Part("grads", "the head's weight gradient (Liger)", lg.head_weight_grad,
-                              "made in forward, now the head's .grad", transient=True)] \
-            if lg.head_weight_grad and not grads_persist else []
+        head_grad = lg.head_weight_grad if lg else shape.vocab * shape.hidden * grad_bytes * head_trains
+        new_head_grad = [Part("grads", "the head's weight gradient", head_grad,
+                              "made by the fused loss, now the head's .grad", transient=True)] \
+            if head_grad and not grads_persist else []
         forward_ends.append(phase("forward-end", static + fwd_params + cache(cache_bwd) + fwd_grads + new_head_grad
                                   + [activations, norm_bwd] + previous))
     # The last block's own forward holds more than the loss spike when the loss is small (fused or

@@ -25,8 +25,9 @@ STACKS = ("podkit", "hf", "deepspeed", "torchtitan", "litgpt", "torchtune", "fsd
 #   fp32-upcast-shifted  loss_utils.ForCausalLMLoss of transformers 4.46-4.48: upcast inside the loss,
 #                     then a shifted .contiguous() fp32 copy; the 16-bit logits die with `outputs`
 #   chunked           head + cross-entropy in chunks along the sequence, upcast per chunk
-#   fused             fused linear + cross-entropy that recomputes each chunk's logits in backward
-#                     (Cut Cross-Entropy, apple ml-cross-entropy): no full logits tensor at all
+#   fused             fused linear + cross-entropy that recomputes the logits block by block on chip in
+#                     backward (Cut Cross-Entropy, apple ml-cross-entropy cce.py): no logits tensor at all;
+#                     keeps the head's input and weight as autocast casts them, and a logsumexp per token
 #   liger             Liger's fused linear + cross-entropy (HF Trainer use_liger_kernel): no full logits,
 #                     the gradients made in forward and held until backward
 #   native            cross_entropy on the compute-dtype logits, no upcast (litgpt)

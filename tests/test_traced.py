@@ -84,9 +84,7 @@ def test_the_block_backward_follows_autograd_s_order_and_python_s_lifetimes(trai
 def test_with_a_small_loss_the_forward_peak_is_inside_the_last_block():
     """A fused loss holds no logits: the forward's peak is the last block's own (its LoRA casts and
     dropout copies beside the other blocks' saved activations), which the analytic forward-end takes
-    when it is the larger; it read a third of the real CPU run before. (A trainable head's fused loss
-    also holds its fp32 weight gradient and a chunk's logits in backward, which the analytic fused loss
-    does not count yet: the head is frozen here.)"""
+    when it is the larger; it read a third of the real CPU run before."""
     job = _job("tiny", "micro_batch = 8\nseq_len = 128\nprecision = 'bf16-mixed'\ncheckpointing = 'full'\n"
                        "lora_rank = 8\nlora_targets = 'all-linear'\nlora_dropout = 0.1\nstack = 'hf'\nloss = 'fused'")
     traced = trace(job, device_kind="cpu")
@@ -197,6 +195,29 @@ def test_liger_block_kernel_emulations_give_torch_s_gradients_and_write_in_place
     assert da.data_ptr() == a.data_ptr() and dc.data_ptr() == c.data_ptr()  # gradients in the saved storage
     ref = torch.autograd.grad((torch.nn.functional.silu(gate) * up).sum(), (gate, up))
     assert torch.allclose(da, ref[0]) and torch.allclose(dc, ref[1])
+
+
+@pytest.mark.parametrize("train", [
+    "precision = 'bf16-mixed'\ncheckpointing = 'none'\nlora_rank = 8\nstack = 'hf'",
+    "precision = 'bf16-mixed'\ncheckpointing = 'full'",
+    "precision = 'fp32'\ncheckpointing = 'none'",
+], ids=["lora-frozen-head", "bf16-mixed-checkpointed", "fp32"])
+def test_cut_cross_entropy_backward_matches_the_trace_at_a_real_vocabulary(train):
+    """loss = "fused" is Cut Cross-Entropy (cut_cross_entropy/cce.py, cce_backward.py): it keeps the
+    head's input and weight as cast for autocast, and its backward makes the input's gradient and,
+    when the head trains, the weight's in the cast dtype, then casts it to the weight's. With a 32,000
+    vocabulary that backward is the forward phase's peak; priced as a plain loss's (the logits'
+    gradient beside the head's) the full fine-tune read +22%, and the emulation, which kept a chunk of
+    full-vocabulary logits and a weight gradient for a frozen head, read the LoRA job at -57%."""
+    job = parse_job(EIGHT_BLOCKS.replace("vocab = 512", "vocab = 32000").replace("true", "false")
+                    + f"[train]\nmicro_batch = 4\nseq_len = 256\nloss = 'fused'\n{train}\n[cluster]\n")
+    traced = trace(job, device_kind="cpu")
+    est = memory.estimate(job, device="cpu")
+    for moment, phase in (("forward-end", "forward"), ("backward", "backward")):
+        analytic = max(sum(p.bytes for p in est.phase_parts[m] if p.term != "overhead")
+                       for m in ((moment,) if moment == "forward-end" else ("backward", "backward-end")))
+        real = traced.phases[phase].peak
+        assert abs(analytic - real) / real < 0.02, (phase, analytic, real)
 
 
 def test_liger_loss_gradients_and_in_place_scaling():

@@ -11,9 +11,10 @@
   the model returns the head's output in `num_output_chunks` = 8 chunks along the sequence and
   each chunk is upcast and cross-entropied with reduction="sum"; litgpt's chunked_cross_entropy in
   litgpt/utils.py does the same per lm_head_chunk_size = 128 tokens).
-- fused: a chunked linear + cross-entropy in one autograd Function that keeps only the head's
-  input and recomputes each chunk's logits in backward, as Cut Cross-Entropy does (apple
-  ml-cross-entropy, Wijmans et al. 2024, "Cut Your Losses in Large-Vocabulary Language Models").
+- fused: a linear + cross-entropy in one autograd Function that keeps the head's input and weight
+  (their autocast casts) and a logsumexp per row, and recomputes the logits block by block in
+  backward, as Cut Cross-Entropy does (apple ml-cross-entropy, Wijmans et al. 2024, "Cut Your Losses
+  in Large-Vocabulary Language Models").
 - liger: Liger's LigerFusedLinearCrossEntropyFunction (linkedin/Liger-Kernel
   src/liger_kernel/ops/fused_linear_cross_entropy.py), which the HF Trainer runs with
   use_liger_kernel: the gradients are computed in forward, chunk by chunk, and held on the ctx until
@@ -27,6 +28,11 @@ import torch
 import torch.nn.functional as F
 
 from podkit.checks.activations import liger_chunk_rows
+
+
+# Vocabulary blocks of the fused (Cut Cross-Entropy) emulation: CCE tiles the vocabulary too, so no
+# chunk of full-vocabulary logits ever exists.
+VOCAB_BLOCKS = 8
 
 
 def _autocast_dtype(x: torch.Tensor) -> torch.dtype:
@@ -65,42 +71,58 @@ def chunked(x: torch.Tensor, head, targets: torch.Tensor, chunks: int, upcast: b
 
 
 class FusedLinearCrossEntropy(torch.autograd.Function):
-    """mean cross_entropy(x @ weight.T) over rows, chunk by chunk, without the full logits."""
+    """mean cross_entropy(x @ weight.T) without logits in memory, as Cut Cross-Entropy computes it
+    (apple/ml-cross-entropy cut_cross_entropy/cce.py LinearCrossEntropyFunction): under autocast the
+    input and the weight are cast to the autocast dtype first, and ctx.save_for_backward keeps those
+    casts (e and c, trained or not: backward recomputes the logits from them) and an fp32 logsumexp per
+    row. CCE's kernels work on blocks of rows x vocab in on-chip memory; this emulation takes an
+    eighth of the rows (`chunks`) by an eighth of the vocabulary at a time, so its logits blocks stay a
+    small fraction of the full logits. Backward makes only the gradients that are needed."""
 
     @staticmethod
     def forward(ctx, x, weight, targets, chunks: int, dtype: torch.dtype):
-        n = x.shape[0]
-        size = -(-n // chunks)
+        n, vocab = x.shape[0], weight.shape[0]
+        size, vsize = -(-n // chunks), -(-vocab // VOCAB_BLOCKS)
         acc = torch.promote_types(dtype, torch.float32)  # fp32 logits, as the plain path's upcast
-        with torch.autocast(x.device.type, enabled=False):
-            w = weight.to(dtype)
-            total = torch.zeros((), dtype=acc, device=x.device)
-            for xs, ts in zip(x.split(size), targets.split(size)):
-                logits = (xs.to(dtype) @ w.t()).to(acc)
-                total += (torch.logsumexp(logits, -1) - logits.gather(1, ts[:, None]).squeeze(1)).sum()
-        ctx.save_for_backward(x, weight, targets)
-        ctx.size, ctx.dtype = size, dtype
-        return total / n
+        with torch.no_grad(), torch.autocast(x.device.type, enabled=False):
+            e, c = x.to(dtype), weight.to(dtype)
+            lse = torch.empty(n, dtype=acc, device=x.device)
+            picked = torch.empty(n, dtype=acc, device=x.device)
+            for r in range(0, n, size):
+                xs, ts = e[r:r + size], targets[r:r + size]
+                parts = [torch.logsumexp((xs @ c[v:v + vsize].t()).to(acc), -1) for v in range(0, vocab, vsize)]
+                lse[r:r + size] = torch.logsumexp(torch.stack(parts), 0)
+                picked[r:r + size] = (xs.to(acc) * c[ts].to(acc)).sum(-1)  # CCE's indexed dot
+        ctx.save_for_backward(e, c, targets, lse)
+        ctx.size, ctx.vsize, ctx.x_dtype, ctx.w_dtype = size, vsize, x.dtype, weight.dtype
+        return (lse - picked).sum() / n
 
     @staticmethod
     def backward(ctx, grad):
-        x, weight, targets = ctx.saved_tensors
-        size, dtype, n = ctx.size, ctx.dtype, x.shape[0]
-        acc = torch.promote_types(dtype, torch.float32)
-        with torch.autocast(x.device.type, enabled=False):
-            w = weight.to(dtype)
-            grad_x = torch.empty_like(x)
-            grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device)
-            for i, (xs, ts) in enumerate(zip(x.split(size), targets.split(size))):
-                xc = xs.to(dtype)
-                probs = torch.softmax((xc @ w.t()).to(acc), dim=-1)
-                probs[torch.arange(len(ts), device=ts.device), ts] -= 1.0  # d loss / d logits
-                probs.mul_(grad / n)
-                g = probs.to(dtype)
-                del probs
-                grad_x[i * size:i * size + len(ts)] = (g @ w).to(x.dtype)
-                grad_w.add_((g.t() @ xc).to(acc))  # accumulated in fp32 across chunks
-        return grad_x, grad_w.to(weight.dtype), None, None, None
+        e, c, targets, lse = ctx.saved_tensors
+        size, vsize, n, vocab = ctx.size, ctx.vsize, e.shape[0], c.shape[0]
+        want_x, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        acc = lse.dtype
+        with torch.no_grad(), torch.autocast(e.device.type, enabled=False):
+            # cce_backward_kernel: de = zeros_like(e), dc = zeros_like(c) when needed, in the saved casts'
+            # dtypes (accum_e_fp32 / accum_c_fp32 default False), cast to the inputs' dtypes at the end.
+            grad_x = torch.zeros_like(e) if want_x else None
+            grad_w = torch.zeros_like(c) if want_w else None
+            for r in range(0, n, size):
+                xs, ts = e[r:r + size], targets[r:r + size]
+                for v in range(0, vocab, vsize):
+                    cv = c[v:v + vsize]
+                    probs = ((xs @ cv.t()).to(acc) - lse[r:r + size, None]).exp_()  # softmax, this block
+                    hit = ((ts >= v) & (ts < v + len(cv))).to(acc)  # d loss / d logits: -1 at the target
+                    probs.scatter_add_(1, (ts - v).clamp(0, len(cv) - 1)[:, None], -hit[:, None])
+                    g = probs.mul_(grad / n).to(e.dtype)
+                    del probs
+                    if want_x:
+                        grad_x[r:r + size].add_(g @ cv)
+                    if want_w:
+                        grad_w[v:v + vsize].add_(g.t() @ xs)
+        return (grad_x.to(ctx.x_dtype) if want_x else None), (grad_w.to(ctx.w_dtype) if want_w else None), \
+            None, None, None
 
 
 def fused(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunks: int) -> torch.Tensor:
