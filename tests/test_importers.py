@@ -267,11 +267,15 @@ SEED_DS = EXAMPLES / "hf-deepspeed-llama-3.2-1b-4xa10g"
 SEED_LORA = EXAMPLES / "qwen2.5-7b-lora-r128-24gb"
 
 
-def test_seed_deepspeed_zero3_job_predicted_through_from():
-    out = preflight("--gpu", "A10G", "--json", "--from", str(SEED_DS / "training_args.json"),
-                    "--from", str(SEED_DS / "accelerate.yaml"))
+def predicted(gpu: str, *files: Path) -> dict:
+    """bin/preflight --json of the job imported from `files`, for `gpu` (exit 0 or 1: fits or not)."""
+    out = preflight("--gpu", gpu, "--json", *(arg for f in files for arg in ("--from", str(f))))
     assert out.returncode in (0, 1), out.stderr
-    data = json.loads(out.stdout)
+    return json.loads(out.stdout)
+
+
+def test_seed_deepspeed_zero3_job_predicted_through_from():
+    data = predicted("A10G", SEED_DS / "training_args.json", SEED_DS / "accelerate.yaml")
     assert [f["kind"] for f in data["imported"]["files"]] == ["TrainingArguments", "DeepSpeed", "accelerate config"]
     same = parse_job(textwrap.dedent("""
         [model]
@@ -293,10 +297,7 @@ def test_seed_deepspeed_zero3_job_predicted_through_from():
 
 
 def test_seed_qwen_lora_job_predicted_through_from():
-    out = preflight("--gpu", "A10G", "--json", "--from", str(SEED_LORA / "training_args.json"),
-                    "--from", str(SEED_LORA / "adapter_config.json"))
-    assert out.returncode in (0, 1), out.stderr
-    data = json.loads(out.stdout)
+    data = predicted("A10G", SEED_LORA / "training_args.json", SEED_LORA / "adapter_config.json")
     same = parse_job(textwrap.dedent("""
         [model]
         preset = "qwen2.5-7b"
@@ -324,10 +325,7 @@ def test_seed_liger_job_predicted_through_from(tmp_path):
     """The README's Liger example: use_liger_kernel prices Liger's loss and block kernels; the same
     arguments without it price transformers' loss and modules, far above."""
     def total(args: Path) -> int:
-        out = preflight("--gpu", "H100-SXM", "--json", "--from", str(args),
-                        "--from", str(SEED_LIGER / "adapter_config.json"))
-        assert out.returncode in (0, 1), out.stderr
-        return json.loads(out.stdout)["memory"]["per_gpu"]["total"]
+        return predicted("H100-SXM", args, SEED_LIGER / "adapter_config.json")["memory"]["per_gpu"]["total"]
 
     same = parse_job(textwrap.dedent("""
         [model]
