@@ -221,6 +221,45 @@ def test_axolotl_qlora_yaml(tmp_path):
     assert any(i == "datasets" for i in imp.files[0].ignored)
 
 
+def test_axolotl_liger_and_cut_cross_entropy_plugins(tmp_path):
+    # axolotl src/axolotl/integrations/liger/args.py, plugin.py; integrations/cut_cross_entropy/args.py:
+    # the flags act only with their plugin listed; liger_swiglu is liger_glu_activation's old name.
+    base = """
+        base_model: meta-llama/Llama-3.1-8B
+        adapter: lora
+        lora_r: 16
+        sequence_len: 2048
+        micro_batch_size: 2
+        bf16: true
+    """
+    liger = write(tmp_path, "liger.yml", base + """
+        plugins:
+          - axolotl.integrations.liger.LigerPlugin
+        liger_rope: true
+        liger_rms_norm: true
+        liger_swiglu: true
+        liger_fused_linear_cross_entropy: true
+    """)
+    facts = build_job(None, [liger]).job.facts
+    assert (facts.loss, facts.block_kernels) == ("liger", "liger")
+    cce = write(tmp_path, "cce.yml", base + """
+        plugins:
+          - axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin
+          - axolotl.integrations.liger.LigerPlugin
+        liger_rms_norm: true
+    """)
+    imp = build_job(None, [cce])
+    assert (imp.job.facts.loss, imp.job.facts.block_kernels) == ("fused", "torch")  # cut_cross_entropy defaults on
+    assert any("all or none" in w for w in imp.files[0].warnings)
+    unplugged = write(tmp_path, "unplugged.yml", base + """
+        liger_fused_linear_cross_entropy: true
+        cut_cross_entropy: true
+    """)
+    imp = build_job(None, [unplugged])
+    assert imp.job.facts.loss != "liger" and imp.job.facts.loss != "fused"
+    assert any("without axolotl.integrations.liger.LigerPlugin" in w for w in imp.files[0].warnings)
+
+
 def test_torchtitan_toml(tmp_path):
     # torchtitan/config/job_config.py; torchtitan/models/llama3/train_configs/llama3_8b.toml's shape.
     f = write(tmp_path, "llama3_8b.toml", """

@@ -95,7 +95,48 @@ def read(path: Path, data: dict) -> Imported:
             imp.set("fsdp_config.fsdp_offload_params", True, "cluster", "offload", "all")
         if truthy(cfg.get("fsdp_activation_checkpointing", False)):
             imp.set("fsdp_config.fsdp_activation_checkpointing", True, "train", "checkpointing", "full")
+    handled |= _plugins(imp, data)
     for key in data:
         if key not in handled:
             imp.ignore(key)
     return imp
+
+
+LIGER_PLUGIN = "axolotl.integrations.liger.LigerPlugin"
+CCE_PLUGIN = "axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"
+LIGER_BLOCK_KEYS = ("liger_rms_norm", "liger_rope", "liger_glu_activation")
+
+
+def _plugins(imp: Imported, data: dict) -> set[str]:
+    """axolotl's Liger and Cut Cross-Entropy integrations, which act only when listed in `plugins`.
+    LigerPlugin.pre_model_load (src/axolotl/integrations/liger/plugin.py) passes each liger_* flag, None
+    (off) unless set, to Liger's apply_liger_kernel_to_<model_type> (liger_glu_activation as its swiglu;
+    liger_swiglu is its deprecated name). CutCrossEntropyPlugin.pre_model_load applies cce_patch when
+    cut_cross_entropy, True by default (integrations/cut_cross_entropy/args.py)."""
+    plugins = [str(p) for p in data.get("plugins") or []]
+    keys = {"plugins", "cut_cross_entropy", "liger_fused_linear_cross_entropy", "liger_swiglu",
+            "liger_cross_entropy", *LIGER_BLOCK_KEYS}
+    flags = dict(data)
+    if "liger_swiglu" in flags and flags.get("liger_glu_activation") is None:
+        flags["liger_glu_activation"] = flags["liger_swiglu"]
+    if LIGER_PLUGIN in plugins:
+        if truthy(flags.get("liger_fused_linear_cross_entropy") or False):
+            imp.set("liger_fused_linear_cross_entropy", True, "train", "loss", "liger")
+        on = [k for k in LIGER_BLOCK_KEYS if truthy(flags.get(k) or False)]
+        if len(on) == len(LIGER_BLOCK_KEYS):
+            imp.set(", ".join(LIGER_BLOCK_KEYS), True, "train", "block_kernels", "liger")
+        elif on:
+            imp.warnings.append(f"{', '.join(on)} without {', '.join(k for k in LIGER_BLOCK_KEYS if k not in on)}: "
+                                "podkit prices Liger's block kernels all or none, so the blocks are priced as "
+                                "transformers' modules (high when nothing is checkpointed)")
+    elif any(flags.get(k) for k in keys - {"plugins", "cut_cross_entropy"}):
+        imp.warnings.append(f"liger_* flags without {LIGER_PLUGIN} in plugins: axolotl applies nothing; ignored")
+    if CCE_PLUGIN in plugins and truthy(data.get("cut_cross_entropy", True)):
+        if imp.sections["train"].get("loss") == "liger":
+            imp.warnings.append("cut_cross_entropy and liger_fused_linear_cross_entropy both on: priced as Liger's")
+        else:
+            imp.set("cut_cross_entropy", data.get("cut_cross_entropy", True), "train", "loss", "fused")
+    for other in plugins:
+        if other not in (LIGER_PLUGIN, CCE_PLUGIN):
+            imp.ignore(f"plugins: {other}", "not modelled")
+    return keys
