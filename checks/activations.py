@@ -63,10 +63,10 @@ class Op:
     """The output's gradient itself becomes an input's gradient (same dtype): AddBackward hands it on,
     and Liger's RMSNorm writes dX into dY's storage."""
     holds: tuple = ()
+    """Tensors a Python local keeps alive until this op runs (the forward function has not returned)."""
     grads_in_saved: bool = False
     """The backward writes its inputs' gradients into the storage of the saved inputs themselves
     (Liger's SiLU-mul): no new buffer, the saved tensor becomes the gradient."""
-    """Tensors a Python local keeps alive until this op runs (the forward function has not returned)."""
 
 
 @dataclass(frozen=True)
@@ -153,7 +153,8 @@ class Trace:
 
     def op(self, inputs, outputs, saved=(), scratch: float = 0.0, grad_alias: bool = False, holds=(),
            grads_in_saved: bool = False) -> None:
-        self.ops.append(Op(tuple(inputs), tuple(outputs), tuple(saved), scratch, grad_alias, tuple(holds), grads_in_saved))
+        self.ops.append(Op(tuple(inputs), tuple(outputs), tuple(saved), scratch, grad_alias, tuple(holds),
+                           grads_in_saved))
         self.save(*saved)
 
     # ---- ops -----------------------------------------------------------------------------
@@ -467,14 +468,13 @@ def _replay_backward(tr: Trace) -> float:
                     # saved and counts as a gradient, or, summed into an existing one, is freed after.
                     moved = saved.pop(id(t)).bytes
                     live_saved -= moved
+                    live_grads += moved
                     if id(t) in grad_of:
                         summed += moved
-                        live_grads += moved
                     else:
                         buf = next(ids)
                         buffers[buf] = [t.bytes, 1]
                         grad_of[id(t)] = buf
-                        live_grads += moved
                     continue
                 alias = op.grad_alias and len(outs) == 1 and t.dtype_bytes == op.outputs[0].dtype_bytes
                 if id(t) in grad_of:

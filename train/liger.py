@@ -85,6 +85,12 @@ def _rotate(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: float) 
         x2.copy_(new2)
 
 
+def _contiguous_by_token(t: torch.Tensor) -> torch.Tensor:
+    """rope.py's `t.transpose(1, 2).contiguous()`, viewed back as (b, heads, s, d): a no-op for a
+    projection's (b, s, heads, d) output, a copy otherwise."""
+    return t.transpose(1, 2).contiguous().transpose(1, 2)
+
+
 class RopeFunction(torch.autograd.Function):
     """LigerRopeFunction: q and k (b, heads, s, d) views of (b, s, heads, d) projections are made
     contiguous in that layout (a no-op for a linear's output), rotated in place and returned as views;
@@ -92,7 +98,7 @@ class RopeFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, cos, sin):
-        q, k = q.transpose(1, 2).contiguous().transpose(1, 2), k.transpose(1, 2).contiguous().transpose(1, 2)
+        q, k = _contiguous_by_token(q), _contiguous_by_token(k)
         with torch.no_grad(), torch.autocast(q.device.type, enabled=False):
             _rotate(q, cos, sin, 1.0)
             _rotate(k, cos, sin, 1.0)
@@ -102,7 +108,7 @@ class RopeFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dq, dk):
         cos, sin = ctx.saved_tensors
-        dq, dk = dq.transpose(1, 2).contiguous().transpose(1, 2), dk.transpose(1, 2).contiguous().transpose(1, 2)
+        dq, dk = _contiguous_by_token(dq), _contiguous_by_token(dk)
         with torch.no_grad(), torch.autocast(dq.device.type, enabled=False):
             _rotate(dq, cos, sin, -1.0)
             _rotate(dk, cos, sin, -1.0)
