@@ -100,6 +100,9 @@ def total_bytes(parts: list[Part]) -> int:
 
 
 PHASES = ("forward-end", "backward", "backward-end", "step")
+ROOT_RS_INPUT = "the root's reduce-scatter input"
+BLOCK_RS_INPUT = "the first block's reduce-scatter input, kept until the root's post-backward"
+RS_INPUTS = (ROOT_RS_INPUT, BLOCK_RS_INPUT)
 
 
 @dataclass
@@ -397,6 +400,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
         master.append(Part("optimizer", "fp32 master weights (DeepSpeed optimizer)", n_trainable * 4 // optim_shards,
                            f"{n_trainable:,} x 4 B / {optim_shards}"))
     fwd_params: list[Part] = []
+    end_params = None
     if f.fsdp:
         per_layer = _layer_stored_bytes(job, e)
         if c.sharding == "zero2":
@@ -412,6 +416,11 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
         root = _root_stored_bytes(job, e)
         fwd_params.append(Part("params", "unsharded weights being used", int(n * per_layer + root),
                                f"{why}, plus the root module, as gathered", transient=True))
+        if f.fsdp_version != 1:
+            # FSDP2 reshards each block after its backward (reshard_after_backward defaults to True:
+            # _fsdp_param_group.py post_backward), and the first block has no block before it to prefetch.
+            end_params = Part("params", "unsharded weights being used", int(min(1, L) * per_layer + root),
+                              "the first block, plus the root module, as gathered", transient=True)
         if c.sharding == "zero3" and f.fsdp_version == 1:
             # FSDP1 gathers the last block for backward only when its pre-backward hook fires, after
             # the loss and the head have been backpropagated: at the loss only the root is gathered.
@@ -423,7 +432,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
                            "the block gathered for backward, plus the root module", transient=True)
         else:
             at_loss = fwd_params[0]
-    cache_fwd = cache_bwd = cache_end = 0
+    cache_fwd = cache_head_bwd = cache_bwd = cache_end = 0
     if f.autocast:
         cast_block = sum(g.total for g in trainable if g.linear and g.per_layer)
         cast_head = sum(g.total for g in trainable if g.linear and not g.per_layer)
@@ -436,10 +445,11 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
         # autograd saved survive. Checkpointed blocks saved none (recompute casts again), so only
         # the head's cast outlives forward; without checkpointing every block's does, until that
         # block's backward frees it.
-        if f.ac_policy == "none":
-            cache_bwd, cache_end = cache_fwd, (cast_block // max(L, 1) + cast_head) * e
-        else:
-            cache_bwd = cache_end = (cast_block // max(L, 1) + cast_head) * e
+        # The head's cast is saved by the head's matmul alone, whose backward node runs (and releases it)
+        # before backward reaches the blocks (engine.cpp: release_variables() right after a node runs).
+        cache_head_bwd = cache_fwd if f.ac_policy == "none" else cast_head * e
+        cache_bwd = cast_block * e if f.ac_policy == "none" else cast_block // max(L, 1) * e
+        cache_end = cast_block // max(L, 1) * e
     cache_note = ("torch autocast caches casts of leaf weights that require grad for the autocast region; "
                   "afterwards only the casts saved for backward live")
     if t.base_quant != "none":
@@ -459,6 +469,11 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
     grads_all = n_trainable * grad_bytes // param_shards if f.fsdp else n_trainable * grad_bytes // (
         optim_shards if f.stack.deepspeed_engine and c.sharding in ("zero2",) else 1)
     ddp = world > 1 and not f.fsdp
+    fsdp2 = f.fsdp and f.fsdp_version != 1
+    # The root module's trained tensors (embeddings, final norm, head: what fully_shard(model) holds),
+    # and those whose gradients exist before the blocks' backward (all but an untied input embedding).
+    root_trainable = sum(g.total for g in trainable if not g.per_layer)
+    root_early_numel = max(0, root_trainable - (0 if lora else _embedding_only(job)))
     grads_persist = ddp or t.grad_accum > 1
     grads_on_gpu = offload == "none"
     full_grads = Part(
@@ -481,6 +496,22 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
                                         grads_all, f"{n_trainable:,} x {grad_bytes} B / {param_shards}: each "
                                         "shard is copied to the host and kept until the post-backward callback",
                                         transient=True)]
+    elif fsdp2:
+        # FSDP2 reduce-scatters the root module (embeddings, final norm, head) in its post-backward, which
+        # the root's final callback runs when backward ends (torch/distributed/fsdp/_fully_shard/
+        # _fsdp_state.py _root_post_backward_final_callback): until then its gradients stay unsharded, in
+        # the gathered dtype, the head's from its backward on. A block's are sharded by its post-backward.
+        blocks_so_far = [full_grads] if grads_persist else [
+            Part("grads", "gradients so far (last block)", block_grad * grad_bytes // param_shards if grads_on_gpu
+                 else 0, "zero_grad(set_to_none=True): each block's sharded gradients after its post-backward",
+                 transient=True)]
+        blocks_all = [full_grads] if grads_persist else [
+            Part("grads", "gradients so far (every block)", (n_trainable - root_trainable) * grad_bytes
+                 // param_shards if grads_on_gpu else 0, "at the first block's backward", transient=True)]
+        root_early = [Part("grads", "unsharded root gradients (head, final norm)", root_early_numel * e,
+                           f"{root_early_numel:,} x {e} B until the root's post-backward", transient=True)]
+        start_grads = blocks_so_far + root_early
+        end_grads = blocks_all + root_early
     elif grads_persist:
         start_grads = end_grads = [full_grads]
     else:
@@ -491,6 +522,14 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
         end_grads = [Part("grads", "gradients so far (all but the embedding)",
                           max(0, n_trainable - (0 if lora else _embedding_only(job))) * grad_bytes // param_shards,
                           "at the first block's backward nearly every gradient exists", transient=True)]
+    if grads_persist and not f.fsdp and shape.tie_embeddings and not lora:
+        # The tied weight's AccumulateGrad waits for both its inputs (torch/csrc/autograd/engine.cpp counts
+        # dependencies; input_buffer.cpp sums them): the head's gradient is held in autograd's input buffer
+        # until the embedding's backward, the last node, beside the .grad that accumulation keeps.
+        waiting = Part("grads", "the head's gradient, waiting for the tied embedding's", head_grad * grad_bytes,
+                       f"vocab x hidden x {grad_bytes} B in autograd's input buffer", transient=True)
+        start_grads = start_grads + [waiting]
+        end_grads = end_grads + [waiting]
     no_sync = f.fsdp_version == 1 and f.stack.fsdp_no_sync and t.grad_accum > 1 and n_trainable > 0
     if no_sync:
         # Every micro-step but the last runs under the root's no_sync(): FSDP1's post-backward hook returns
@@ -603,8 +642,10 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
         loss = Part("loss", "loss: Liger's fused linear cross-entropy, gradients made in forward",
                     lg.held + lg.transient, lg.formula, transient=True)
     else:
-        loss = Part("loss", "loss: " + lb.how, int(lb.peak * logits),
-                    f"{lb.peak:g} B x vocab {shape.vocab:,} x {T:,} tokens", transient=True)
+        loss = Part("loss", "loss: " + lb.how, int(lb.forward * logits),
+                    f"{lb.forward:g} B x vocab {shape.vocab:,} x {T:,} tokens (its forward)", transient=True)
+        loss_bwd = Part("loss", "loss: " + lb.how, int(lb.backward * logits),
+                        f"{lb.backward:g} B x vocab {shape.vocab:,} x {T:,} tokens (its backward)", transient=True)
     kept_logits = [Part("loss", "logits kept through backward", int(lb.kept * logits),
                         f"{lb.kept:g} B x {logits:,}", transient=True)] if lb.kept else []
     loss_hole = [Part("overhead", "freed logits' slot (allocator hole)", int(lb.hole * logits),
@@ -725,10 +766,12 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
                      "kept from the first step on", where="pool")]
             held = [p for p in held if p.bytes]
         elif f.fsdp:
-            sharded_grads = sum(p.bytes for p in tensors if p.term == "grads" and not p.label.startswith("unsharded"))
+            sharded_grads = sum(p.bytes for p in tensors if p.term == "grads"
+                                and not p.label.startswith("unsharded") and p.label not in RS_INPUTS)
             if f.rs_input_on_rs_stream:
                 # The block's reduce-scatter input counted among the tensors lives in that stream's pool.
                 sharded_grads += sum(p.bytes // 2 for p in tensors if p.label.endswith("+ reduce-scatter input"))
+                sharded_grads += sum(p.bytes for p in tensors if p.label in RS_INPUTS)
             # The all-gather lands in flat output buffers that copy-out then splits into the unsharded
             # parameters (foreach_all_gather_copy_out): the cached flat buffers come on top of them.
             held = [Part("overhead", "FSDP all-gather stream pool (cached)", ag_pool,
@@ -747,6 +790,16 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
     def tensor_bytes(parts: list[Part]) -> int:
         """What torch's allocator counts at a moment (its allocated bytes)."""
         return sum(p.bytes for p in parts if p.where == "tensor")
+
+    def window(moments: list[list[Part]]) -> list[Part]:
+        """A phase's parts from its moments: the one with the most tensor bytes (allocated); and since the
+        caching allocator releases no segment, the phase reserves the most any of its moments does."""
+        best = max(moments, key=tensor_bytes)
+        reserved = lambda parts: sum(p.bytes for p in parts if p.where in ("tensor", "pool"))  # noqa: E731
+        gap = max(map(reserved, moments)) - reserved(best)
+        return best + ([Part("overhead", "segments another moment of this phase reserves (cached)", gap,
+                             "the caching allocator keeps every segment until empty_cache()", where="pool")]
+                       if gap > 0 else [])
 
     def cache(label_bytes: int) -> list[Part]:
         return [Part("params", "autocast weight cache", label_bytes, cache_note, transient=True)] if label_bytes else []
@@ -772,16 +825,39 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
         handoff = candidate if tensor_bytes(candidate) > tensor_bytes(in_block) else None
     # forward-end is the largest of the moments before backward reaches the blocks (the first listed wins
     # a tie): the loss spike, and the two below.
-    forward_ends = [phase("forward-end", static + ([at_loss] + fwd_params[1:] if f.fsdp else fwd_params)
-                          + cache(cache_fwd) + fwd_grads + [activations, loss] + previous + loss_hole)]
-    # The head's backward, right after the loss's: the logits' gradient in compute dtype (what the loss
-    # backward leaves) beside the head's weight gradient and its fp32 cast; every saved activation is
-    # still there, the head's input included.
+    # The loss's forward runs inside the autocast region, beside its whole weight cache; its backward
+    # after the region has ended, beside only the casts autograd saved (cache_head_bwd), and leaves the
+    # allocator's hole. (Liger's loss makes its gradients in forward: one moment.)
+    at_the_loss = static + ([at_loss] + fwd_params[1:] if f.fsdp else fwd_params) + fwd_grads
+    forward_ends = [phase("forward-end", at_the_loss + cache(cache_fwd) + [activations, loss] + previous
+                          + (loss_hole if lg else []))]
+    if not lg:
+        # The casts freed when autocast's region ended stay cached in segments of a weight's size, which
+        # none of the loss's logits-sized gradients fits (best fit: a block at least as big).
+        freed_casts = cache_fwd - cache_head_bwd
+        biggest_cast = max([g.numel for g in trainable if g.linear] + [0]) * e
+        unusable = [Part("overhead", "autocast casts freed at the region's end (cached)", freed_casts,
+                         "weight-sized blocks, smaller than the loss's 4 B gradients", where="pool")] \
+            if freed_casts and 4 * logits > biggest_cast else []
+        forward_ends.append(phase("forward-end", at_the_loss + cache(cache_head_bwd) + [activations, loss_bwd]
+                                  + previous + loss_hole + unusable))
+    # The blocks' casts saved in forward, once the head's matmul node has released its own (none yet
+    # when checkpointed: no recompute has run).
+    blocks_cast = cache_bwd if f.ac_policy == "none" else 0
+    # The head's backward, right after the loss's. Its matmul node makes the weight's gradient in compute
+    # dtype beside the logits' gradient (what the loss backward leaves) and its own saved tensors, the
+    # head's cast among them; then it releases those (engine.cpp: the node's inputs and
+    # release_variables()), and ToCopyBackward casts that gradient to fp32 for .grad. Every saved
+    # activation of the blocks is still there.
     if head_accum is not None and not f.fsdp and f.loss not in ("liger", "fused"):  # no logits' gradient there
         logits_grad = Part("loss", "the logits' gradient", int(e * shape.vocab * T),
                            f"{e} B x vocab {shape.vocab:,} x {T:,} tokens", transient=True)
-        forward_ends.append(phase("forward-end", static + fwd_params + cache(cache_bwd) + fwd_grads + kept_logits
-                                  + [activations, logits_grad, head_accum] + previous))
+        head_mm = Part("grads", "the head's weight gradient being made", shape.vocab * shape.hidden * e,
+                       f"vocab x hidden x {e} B", transient=True)
+        forward_ends.append(phase("forward-end", static + fwd_params + cache(cache_head_bwd) + fwd_grads + kept_logits
+                                  + [activations, logits_grad, head_mm] + previous))
+        forward_ends.append(phase("forward-end", static + fwd_params + cache(blocks_cast) + fwd_grads + kept_logits
+                                  + [block_activations, head_accum] + previous))
     # Cut Cross-Entropy's backward (cut_cross_entropy/cce_backward.py cce_backward_kernel) recomputes the
     # logits block by block on chip: de = zeros_like(e) and, when the head trains, dc = zeros_like(c), in
     # the dtypes of the casts cce.py saved (the autocast dtype), then dc.to(the weight's dtype) beside them.
@@ -794,7 +870,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
                        f"{T:,} tokens x hidden x {ce} B (input gradient)"
                        + (f" + vocab x hidden x {ce} B (head gradient)" if dc else "")
                        + (f" + its cast to {grad_bytes} B" if dc_cast else ""), transient=True)
-        forward_ends.append(phase("forward-end", static + fwd_params + cache(cache_bwd) + fwd_grads + kept_logits
+        forward_ends.append(phase("forward-end", static + fwd_params + cache(cache_head_bwd) + fwd_grads + kept_logits
                                   + [activations, cce_bwd] + previous))
     # With Liger's loss the gradient of the head's input is made in forward (with Cut Cross-Entropy's, in
     # the loss's backward); the final norm's backward then runs beside every saved activation (the head's
@@ -808,7 +884,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
         new_head_grad = [Part("grads", "the head's weight gradient", head_grad,
                               "made by the fused loss, now the head's .grad", transient=True)] \
             if head_grad and not grads_persist else []
-        forward_ends.append(phase("forward-end", static + fwd_params + cache(cache_bwd) + fwd_grads + new_head_grad
+        forward_ends.append(phase("forward-end", static + fwd_params + cache(blocks_cast) + fwd_grads + new_head_grad
                                   + [activations, norm_bwd] + previous))
     # The last block's own forward holds more than the loss spike when the loss is small (fused or
     # chunked): the other blocks' saved activations beside that block's forward peak, its input included
@@ -820,13 +896,54 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
                           f"x {T:,}", transient=True)
         forward_ends.append(phase("forward-end", static + fwd_params + cache(cache_fwd) + fwd_grads
                                   + [last_block] + previous))
+    # FSDP2's root post-backward, when backward ends: the root resharded, its unsharded gradients copied
+    # into the reduce-scatter input, in the reduce dtype (fp32 under mixed precision), and freed only
+    # after that copy (_fsdp_collectives.py foreach_reduce: foreach_reduce_scatter_copy_in, then
+    # unsharded_grads.clear()); every block's gradients are sharded by then.
+    root_reduce = []
+    # The input embedding's backward, the last node: embedding_dense_backward makes a dense vocab x hidden
+    # gradient beside every other, which becomes the .grad or is summed into the one accumulation keeps
+    # (AccumulateGrad). A tied head's gradient waits in the weight's input buffer, and the engine adds the
+    # two in place only into a tensor it can steal (input_buffer.cpp accumulate, can_accumulate_inplace):
+    # under autocast the head's is ToCopyBackward's fresh fp32 tensor; otherwise it is the linear's
+    # weight gradient, which it cannot steal, so `old_var + var` makes a third (measured on torch 2.13
+    # with profile_memory: aten::add allocates vocab x hidden, aten::add_ under autocast nothing).
+    # Under FSDP2 the root is still gathered then and its gradients unsharded.
+    if not lora and f.fsdp_version != 1 and shape.vocab:
+        emb_bytes = e if fsdp2 else grad_bytes
+        emb_grad = shape.vocab * shape.hidden * emb_bytes
+        emb_parts = [Part("grads", "the input embedding's gradient, being made", emb_grad,
+                          f"vocab x hidden x {emb_bytes} B (embedding_dense_backward)", transient=True),
+                     Part("activations", "gradient of the embedding's output", T * shape.hidden * bf.stream,
+                          f"{shape.hidden} x {bf.stream} B per token x {T:,}", transient=True)]
+        if shape.tie_embeddings and not f.autocast:
+            emb_parts.append(Part("grads", "the tied weight's two gradients, summed out of place", emb_grad,
+                                  "the head's is not stealable: old_var + var", transient=True))
+        if fsdp2:
+            # The last reduce-scatter's input stays referenced until the next module's post-backward
+            # (_fsdp_param_group.py post_backward: reduce_scatter_states, reduce_scatter_max_input_buffers 1).
+            grads_now = blocks_all + root_early + [
+                Part("params", "unsharded weights being used", int(_root_stored_bytes(job, e)),
+                     "the root module, as gathered", transient=True),
+                Part("grads", BLOCK_RS_INPUT, block_grad * grad_bytes, f"{block_grad:,} x {grad_bytes} B",
+                     transient=True)]
+        else:
+            grads_now = [g for g in end_grads if g.label != "weight gradient being accumulated"]
+        root_reduce.append(phase("backward-end", static + grads_now + kept_logits + emb_parts))
+    if fsdp2 and root_trainable:
+        root_reduce.append(phase("backward-end", static + blocks_all + kept_logits + [
+            Part("grads", "unsharded root gradients", root_trainable * e, f"{root_trainable:,} x {e} B",
+                 transient=True),
+            Part("grads", ROOT_RS_INPUT, root_trainable * grad_bytes,
+                 f"{root_trainable:,} x {grad_bytes} B (the reduce dtype)", transient=True)]))
     phases = {
-        "forward-end": max(forward_ends, key=tensor_bytes),
+        "forward-end": window(forward_ends),
         "backward": phase("backward", static + fwd_params + cache(cache_bwd) + start_grads + kept_logits
                           + [block_activations, in_backward]),
         **({"backward": handoff} if handoff else {}),
-        "backward-end": phase("backward-end", static + fwd_params[:1] + cache(cache_end) + end_grads + kept_logits
-                              + [first_block, in_backward]),
+        "backward-end": window([phase("backward-end", static + ([end_params] if end_params else fwd_params[:1])
+                                      + cache(cache_end) + end_grads + kept_logits + [first_block, in_backward])]
+                               + root_reduce),
         "step": phase("step", static + [full_grads, step_temp]),
     }
     peak = max(phases, key=lambda name: total_bytes(phases[name]))
