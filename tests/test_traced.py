@@ -213,6 +213,42 @@ def test_cut_cross_entropy_backward_matches_the_trace_at_a_real_vocabulary(train
     _phases_match_the_trace(job, 0.02, 0.02)
 
 
+@pytest.mark.parametrize("autocast", [False, True], ids=["bf16", "autocast"])
+def test_autograd_sums_a_tied_weights_gradients_in_place_only_under_autocast(autocast):
+    """The fact behind the embedding's backward moment: autograd's input buffer adds the embedding's
+    gradient into the tied head's in place only when it can steal the head's (input_buffer.cpp
+    can_accumulate_inplace). Measured by the profiler (no dispatch mode, which would itself force
+    `old_var + var`): without autocast the sum is a new vocab x hidden tensor, with autocast (the
+    head's gradient is ToCopyBackward's fresh fp32 copy) it is add_, and allocates nothing."""
+    from torch.profiler import ProfilerActivity, profile
+
+    V, H = 2048, 256
+    dtype = torch.float32 if autocast else torch.bfloat16
+    w = torch.nn.Parameter(torch.randn(V, H, dtype=dtype))
+    ids = torch.randint(V, (16,))
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        loss = torch.nn.functional.linear(torch.nn.functional.embedding(ids, w), w).float().sum()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        loss.backward()
+    adds = {e.key: e.self_cpu_memory_usage for e in prof.key_averages() if e.key in ("aten::add", "aten::add_")}
+    assert adds == ({"aten::add_": 0} if autocast else {"aten::add": V * H * 2})
+
+
+@pytest.mark.parametrize("precision", ["bf16", "bf16-mixed"])
+def test_a_tied_embeddings_backward_matches_the_trace(precision):
+    """With a short sequence the input embedding's backward is the backward phase's peak: every
+    gradient, the embedding's new one beside them, and (bf16) their out-of-place sum with the tied
+    head's; the trace runs autocast's in-place sum as the GPU does (traced._tied_gradient_sum)."""
+    job = parse_job(EIGHT_BLOCKS.replace("vocab = 512", "vocab = 32000")
+                    + f"[train]\nmicro_batch = 1\nseq_len = 64\nprecision = '{precision}'\n[cluster]\n")
+    est = memory.estimate(job, device="cpu")
+    moment = max(("backward", "backward-end"), key=est.phase_allocated)
+    labels = {p.label for p in est.phase_parts[moment]}
+    assert "the input embedding's gradient, being made" in labels
+    assert ("the tied weight's two gradients, summed out of place" in labels) == (precision == "bf16")
+    _phases_match_the_trace(job, 0.02, 0.02)
+
+
 def test_liger_loss_gradients_and_in_place_scaling():
     """The emulation returns Liger's gradients (made in forward) scaled by grad_output, as
     fused_linear_cross_entropy_backward does, in any chunking."""

@@ -105,13 +105,15 @@ class TensorCounter(TorchDispatchMode):
     the CUDA allocator's rounding, and sorts the live bytes by what they are (`category`, set by
     the phase; `reclassify` for gradients and optimizer states; `classify` for outputs an op makes
     from a parameter, such as autocast's weight cache). `scratch` adds the workspace a kernel
-    allocates and frees inside one op (flash attention's backward) to the peak.
+    allocates and frees inside one op (flash attention's backward) to the peak. `substitute` may run
+    an op as the GPU would where a dispatch mode changes it (it returns None to run the op as called).
     """
 
     kind = "tensor-counter"
 
-    def __init__(self, trace_limit: int = 200_000, block_bytes=None, classify=None, scratch=None):
+    def __init__(self, trace_limit: int = 200_000, block_bytes=None, classify=None, scratch=None, substitute=None):
         super().__init__()
+        self._substitute = substitute
         self.live = 0
         self._window_peak = 0
         self._run_peak = 0
@@ -127,7 +129,9 @@ class TensorCounter(TorchDispatchMode):
         self.active = False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        out = self._substitute(func, args, kwargs or {}) if self._substitute is not None else None
+        if out is None:
+            out = func(*args, **(kwargs or {}))
         category = self._classify(func, args, self) if self._classify is not None else None
         for t in tree_leaves(out):
             for plain in _plain_tensors(t):

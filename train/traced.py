@@ -31,6 +31,11 @@ What the CPU run changes and how it is put back to what the target GPU does:
   backend "fake", rank 0) of the job's world size, fully_shard exactly as train/parallel.py does.
 - DDP (world > 1, no FSDP): gradient_as_bucket_view=True makes every gradient a view into DDP's
   buckets, which exist from construction; emulated as one flat bucket per dtype.
+- Autograd's input buffer adds a tied weight's two gradients in place only into a tensor it may
+  steal, and never for a tensor subclass or under a dispatch mode (input_buffer.cpp
+  can_accumulate_inplace): fake tensors always take `old_var + var`. On a GPU that is also what
+  happens without autocast; with autocast the head's gradient is a fresh fp32 copy that the GPU
+  sums in place, so the trace runs that one sum as add_ (_tied_gradient_sum).
 - bitsandbytes' 8-bit AdamW calls C kernels through ctypes, which fake tensors cannot feed: its
   state layout (bitsandbytes/optim/optimizer.py Optimizer2State.init_state) is allocated by an
   emulation and its in-place kernel is a no-op here.
@@ -321,7 +326,8 @@ def trace(job: JobConfig, steps: int = 2, device_kind: str = "cuda",
     fsdp, world = job.facts.fsdp, c.world_size
     ddp = world > 1 and not fsdp
     counter = TensorCounter(trace_limit=0, block_bytes=cuda_block_bytes if cuda else None,
-                            classify=_fsdp_aware if fsdp else _weight_copies, scratch=flash_backward_workspace if cuda else None)
+                            classify=_fsdp_aware if fsdp else _weight_copies, scratch=flash_backward_workspace if cuda else None,
+                            substitute=_tied_gradient_sum(job))
     phases = TracedPhases(counter)
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     gc_was_enabled = gc.isenabled()
@@ -395,6 +401,28 @@ def trace(job: JobConfig, steps: int = 2, device_kind: str = "cuda",
                           marks={name: phases.mark_splits[name] for name in MARKS if name in phases.mark_splits},
                           sdpa=sdpa, seconds=time.perf_counter() - started,
                           notes=notes)
+
+
+def _tied_gradient_sum(job: JobConfig):
+    """The in-place sum of a tied weight's two gradients, where a GPU run makes it.
+
+    Autograd's input buffer adds the embedding's gradient into the head's in place when it can steal
+    the head's (input_buffer.cpp accumulate, can_accumulate_inplace), which under autocast is
+    ToCopyBackward's fresh fp32 tensor; a fake tensor, or any tensor under a dispatch mode, makes it
+    take `old_var + var` instead. Only that sum has this signature in backward: two vocab x hidden
+    tensors of the parameter dtype added with grad mode off."""
+    s = job.shape
+    if not (s.tie_embeddings and job.facts.autocast) or job.train.lora_rank:
+        return None
+    shape, dtype = (s.vocab, s.hidden), torch.float32  # autocast's jobs keep fp32 parameters
+
+    def substitute(func, args, kwargs):
+        if (func is aten.add.Tensor and not kwargs and not torch.is_grad_enabled() and len(args) == 2
+                and all(isinstance(a, torch.Tensor) and tuple(a.shape) == shape and a.dtype == dtype for a in args)):
+            return args[0].add_(args[1])
+        return None
+
+    return substitute
 
 
 def _reclassify_states(optimizer, counter: TensorCounter) -> None:
