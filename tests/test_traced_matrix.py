@@ -5,6 +5,7 @@ the podkit stack it is the ground truth the analytic model (checks/memory.py) mu
 precisions, optimizers (AdamW fused, 8-bit, SGD foreach, Lion), checkpointing none / selective /
 full, LoRA, GQA and MHA, fp32 on the math kernel, accumulation, ZeRO-2 and ZeRO-3 over 8 fake
 ranks, Liger's fused loss and block kernels (emulated by train/liger.py and train/losses.py). The same configurations are in benchmarks/traced_vs_analytic.py, which prints the table.
+Each phase is held, not only the peak.
 """
 
 import sys
@@ -17,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from traced_vs_analytic import JOBS, job_of  # noqa: E402
 
 from podkit.checks.memory import estimate  # noqa: E402
+from podkit.checks.traced_report import comparison  # noqa: E402
 from podkit.train.traced import trace  # noqa: E402
 
 MATRIX = [
@@ -31,6 +33,7 @@ MATRIX = [
     "llama2-7b-bf16-adamw-accum4-h100",
     "8b-bf16mix-zero3-full-8xh100",
     "8b-bf16mix-zero2-full-8xa100",
+    "1b-bf16mix-zero3-full-8xh100",
     "8b-bf16-lion-sel-h100",
     "8b-fp16mix-adamw-none-a100",
     "8b-lora16-hf-liger-none-h100",
@@ -45,7 +48,9 @@ def test_the_matrix_is_the_benchmarks():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", MATRIX)
 def test_analytic_within_3_percent_of_the_trace(name):
+    # The peak, and each phase's own peak (forward, backward, optimizer step): a phase that is not the
+    # peak today is the peak of a neighbouring job (another batch, checkpointing, sharding).
     job = job_of(name)
-    traced = trace(job).peak
-    analytic = estimate(job).allocated
-    assert abs(analytic - traced) / traced <= 0.03, (name, analytic, traced)
+    cmp = comparison(estimate(job), trace(job).to_json())
+    errors = {phase: row["error"] for phase, row in cmp["phases"].items()} | {"peak": cmp["peak"]["error"]}
+    assert all(abs(err) <= 0.03 for err in errors.values()), (name, errors)
