@@ -824,7 +824,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
                          + [block_activations, in_backward])
         handoff = candidate if tensor_bytes(candidate) > tensor_bytes(in_block) else None
     # forward-end is the largest of the moments before backward reaches the blocks (the first listed wins
-    # a tie): the loss spike, and the two below.
+    # a tie): the loss's forward and backward, and those below.
     # The loss's forward runs inside the autocast region, beside its whole weight cache; its backward
     # after the region has ended, beside only the casts autograd saved (cache_head_bwd), and leaves the
     # allocator's hole. (Liger's loss makes its gradients in forward: one moment.)
@@ -896,11 +896,10 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
                           f"x {T:,}", transient=True)
         forward_ends.append(phase("forward-end", static + fwd_params + cache(cache_fwd) + fwd_grads
                                   + [last_block] + previous))
-    # FSDP2's root post-backward, when backward ends: the root resharded, its unsharded gradients copied
-    # into the reduce-scatter input, in the reduce dtype (fp32 under mixed precision), and freed only
-    # after that copy (_fsdp_collectives.py foreach_reduce: foreach_reduce_scatter_copy_in, then
-    # unsharded_grads.clear()); every block's gradients are sharded by then.
-    root_reduce = []
+    # backward-end is the largest of the moments after backward leaves the last block: the first block's
+    # backward, and the two below.
+    backward_ends = [phase("backward-end", static + ([end_params] if end_params else fwd_params[:1])
+                           + cache(cache_end) + end_grads + kept_logits + [first_block, in_backward])]
     # The input embedding's backward, the last node: embedding_dense_backward makes a dense vocab x hidden
     # gradient beside every other, which becomes the .grad or is summed into the one accumulation keeps
     # (AccumulateGrad). A tied head's gradient waits in the weight's input buffer, and the engine adds the
@@ -929,9 +928,13 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
                      transient=True)]
         else:
             grads_now = [g for g in end_grads if g.label != "weight gradient being accumulated"]
-        root_reduce.append(phase("backward-end", static + grads_now + kept_logits + emb_parts))
+        backward_ends.append(phase("backward-end", static + grads_now + kept_logits + emb_parts))
+    # FSDP2's root post-backward, when backward ends: the root resharded, its unsharded gradients copied
+    # into the reduce-scatter input, in the reduce dtype (fp32 under mixed precision), and freed only
+    # after that copy (_fsdp_collectives.py foreach_reduce: foreach_reduce_scatter_copy_in, then
+    # unsharded_grads.clear()); every block's gradients are sharded by then.
     if fsdp2 and root_trainable:
-        root_reduce.append(phase("backward-end", static + blocks_all + kept_logits + [
+        backward_ends.append(phase("backward-end", static + blocks_all + kept_logits + [
             Part("grads", "unsharded root gradients", root_trainable * e, f"{root_trainable:,} x {e} B",
                  transient=True),
             Part("grads", ROOT_RS_INPUT, root_trainable * grad_bytes,
@@ -941,9 +944,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
         "backward": phase("backward", static + fwd_params + cache(cache_bwd) + start_grads + kept_logits
                           + [block_activations, in_backward]),
         **({"backward": handoff} if handoff else {}),
-        "backward-end": window([phase("backward-end", static + ([end_params] if end_params else fwd_params[:1])
-                                      + cache(cache_end) + end_grads + kept_logits + [first_block, in_backward])]
-                               + root_reduce),
+        "backward-end": window(backward_ends),
         "step": phase("step", static + [full_grads, step_temp]),
     }
     peak = max(phases, key=lambda name: total_bytes(phases[name]))
