@@ -129,9 +129,10 @@ class TensorCounter(TorchDispatchMode):
         self.active = False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = self._substitute(func, args, kwargs or {}) if self._substitute is not None else None
+        kwargs = kwargs or {}
+        out = self._substitute(func, args, kwargs) if self._substitute is not None else None
         if out is None:
-            out = func(*args, **(kwargs or {}))
+            out = func(*args, **kwargs)
         category = self._classify(func, args, self) if self._classify is not None else None
         for t in tree_leaves(out):
             for plain in _plain_tensors(t):

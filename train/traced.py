@@ -409,8 +409,9 @@ def _tied_gradient_sum(job: JobConfig):
     Autograd's input buffer adds the embedding's gradient into the head's in place when it can steal
     the head's (input_buffer.cpp accumulate, can_accumulate_inplace), which under autocast is
     ToCopyBackward's fresh fp32 tensor; a fake tensor, or any tensor under a dispatch mode, makes it
-    take `old_var + var` instead. Only that sum has this signature in backward: two vocab x hidden
-    tensors of the parameter dtype added with grad mode off."""
+    take `old_var + var` instead. Only that sum has this signature: two vocab x hidden tensors of the
+    parameter dtype added, with grad mode off, while autograd's engine runs a backward (a graph task;
+    the optimizer step, also without grad, is left as called)."""
     s = job.shape
     if not (s.tie_embeddings and job.facts.autocast) or job.train.lora_rank:
         return None
@@ -418,6 +419,7 @@ def _tied_gradient_sum(job: JobConfig):
 
     def substitute(func, args, kwargs):
         if (func is aten.add.Tensor and not kwargs and not torch.is_grad_enabled() and len(args) == 2
+                and torch._C._current_graph_task_id() != -1
                 and all(isinstance(a, torch.Tensor) and tuple(a.shape) == shape and a.dtype == dtype for a in args)):
             return args[0].add_(args[1])
         return None
