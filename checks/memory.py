@@ -99,6 +99,16 @@ def total_bytes(parts: list[Part]) -> int:
     return sum(p.bytes for p in parts)
 
 
+def tensor_bytes(parts: list[Part]) -> int:
+    """What torch's allocator counts at a moment (its allocated bytes)."""
+    return sum(p.bytes for p in parts if p.where == "tensor")
+
+
+def reserved_bytes(parts: list[Part]) -> int:
+    """Tensors plus the allocator's cached pools (its reserved bytes)."""
+    return sum(p.bytes for p in parts if p.where in ("tensor", "pool"))
+
+
 PHASES = ("forward-end", "backward", "backward-end", "step")
 ROOT_RS_INPUT = "the root's reduce-scatter input"
 BLOCK_RS_INPUT = "the first block's reduce-scatter input, kept until the root's post-backward"
@@ -127,10 +137,10 @@ class MemoryEstimate:
         return {name: total_bytes(parts) for name, parts in self.phase_parts.items()}
 
     def phase_allocated(self, phase: str) -> int:
-        return sum(p.bytes for p in self.phase_parts[phase] if p.where == "tensor")
+        return tensor_bytes(self.phase_parts[phase])
 
     def phase_reserved(self, phase: str) -> int:
-        return sum(p.bytes for p in self.phase_parts[phase] if p.where in ("tensor", "pool"))
+        return reserved_bytes(self.phase_parts[phase])
 
     def term(self, name: str, phase: str = "") -> int:
         return sum(p.bytes for p in self.phase_parts[phase or self.peak_phase] if p.term == name)
@@ -745,7 +755,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
             sharded_grads = sum(p.bytes for p in tensors if p.term == "grads" and not p.label.startswith("unsharded"))
             # Tensors of 1 MiB or less live in the small pool, which the wrap's large segments cannot serve.
             small = small_static + (small_step if step_temp in tensors else 0)
-            default_stream = sum(p.bytes for p in tensors if p.where == "tensor") - gathered - sharded_grads - small
+            default_stream = tensor_bytes(tensors) - gathered - sharded_grads - small
             at_loss = [holes] if name == "forward-end" and holes.bytes and not init_pool else []
             init_left = max(0, init_pool - default_stream - sum(p.bytes for p in at_loss))
             held = at_loss + [
@@ -787,16 +797,11 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
             held = held + [holes]
         return tensors + held + ([rounding] if rounding.bytes else []) + device_only
 
-    def tensor_bytes(parts: list[Part]) -> int:
-        """What torch's allocator counts at a moment (its allocated bytes)."""
-        return sum(p.bytes for p in parts if p.where == "tensor")
-
     def window(moments: list[list[Part]]) -> list[Part]:
         """A phase's parts from its moments: the one with the most tensor bytes (allocated); and since the
         caching allocator releases no segment, the phase reserves the most any of its moments does."""
         best = max(moments, key=tensor_bytes)
-        reserved = lambda parts: sum(p.bytes for p in parts if p.where in ("tensor", "pool"))  # noqa: E731
-        gap = max(map(reserved, moments)) - reserved(best)
+        gap = max(map(reserved_bytes, moments)) - reserved_bytes(best)
         return best + ([Part("overhead", "segments another moment of this phase reserves (cached)", gap,
                              "the caching allocator keeps every segment until empty_cache()", where="pool")]
                        if gap > 0 else [])
