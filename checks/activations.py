@@ -98,6 +98,10 @@ class BlockFacts:
     fused_qkv: bool  # q, k, v are views of one fused linear's output
     liger: bool = False  # Liger's RMSNorm, RoPE and SiLU-mul kernels (stacks.BLOCK_KERNELS)
     liger_norm_in_place: bool = True  # Liger's RMSNorm writes dX into dY (stacks.liger_norm_in_place)
+    expert_linears: bool = False  # routed experts are nn.Linear modules, not 3-D banks (ModelShape.expert_linears)
+    expert_names: tuple = ("gate_proj", "up_proj", "down_proj")  # a routed expert's gate, up, down
+    router_name: str = "router"
+    router_linear: bool = False  # the router is an nn.Linear (bitsandbytes and LoRA may take it)
 
 
 def block_facts(job, device: str = "cuda") -> BlockFacts:
@@ -124,6 +128,8 @@ def block_facts(job, device: str = "cuda") -> BlockFacts:
         repeat_kv=shape.kv_heads != shape.heads and f.stack.repeat_kv,
         fused_qkv=f.stack.fused_qkv, liger=f.block_kernels == "liger",
         liger_norm_in_place=liger_norm_in_place(shape.family),
+        expert_linears=shape.expert_linears, expert_names=shape.expert_names, router_name=shape.router_name,
+        router_linear=shape.router_linear,
     )
 
 
@@ -191,8 +197,10 @@ class Trace:
         self.op([xc], [out], saved=(xc,) if f.weights_trainable else (), holds=(xn,))
         return out
 
-    def linear(self, x: Tensor, fan_in: float, fan_out: float, name: str, copies: float = 1.0) -> Tensor:
-        """`fan_in`/`fan_out`: widths per token (a routed expert's are top_k copies of its own, `copies`)."""
+    def linear(self, x: Tensor, fan_in: float, fan_out: float, name: str, copies: float = 1.0,
+               module: bool = True) -> Tensor:
+        """`fan_in`/`fan_out`: widths per token (a routed expert's are top_k copies of its own, `copies`);
+        `module`: an nn.Linear, which bitsandbytes may quantize and LoRA adapt (not a 3-D bank)."""
         f = self.facts
         inp = x
         if f.autocast and x.bytes == 4 * fan_in:  # autocast's per-call cast of an fp32 input
@@ -200,11 +208,11 @@ class Trace:
             self.op([x], [inp])
         out = self.new(f"{name}: output", fan_out, f.e)
         self.op([inp], [out], saved=(inp,) if f.weights_trainable else ())
-        if f.quant_saves_input:
+        if f.quant_saves_input and module:
             self.save(inp)
             self.ctx_kept[id(inp)] = inp  # a ctx attribute: alive until the graph itself is freed
         self.matmuls.append(out)
-        if not targeted(name, f.targets):
+        if not module or not targeted(name, f.targets):
             return out
         a_in = x
         # The forward's argument and the cast copy peft rebinds its local x to live until it returns.
@@ -303,12 +311,15 @@ class Trace:
         self.hold(y)
         return res
 
-    def mlp(self, y: Tensor, ffn: int = 0, prefix: str = "", per_token: float = 1.0) -> Tensor:
-        """A gated MLP over `per_token` copies of each token (top_k for routed experts)."""
+    def mlp(self, y: Tensor, ffn: int = 0, prefix: str = "", per_token: float = 1.0,
+            names: tuple = ("gate_proj", "up_proj", "down_proj"), module: bool = True) -> Tensor:
+        """A gated MLP over `per_token` copies of each token (top_k for routed experts); `names`: its
+        gate, up and down linears; `module`: nn.Linear modules (not routed experts' 3-D banks)."""
         f = self.facts
         ffn = ffn or f.ffn
-        gate = self.linear(y, f.hidden * per_token, ffn * per_token, prefix + "gate_proj", per_token)
-        up = self.linear(y, f.hidden * per_token, ffn * per_token, prefix + "up_proj", per_token)
+        gate_name, up_name, down_name = names
+        gate = self.linear(y, f.hidden * per_token, ffn * per_token, prefix + gate_name, per_token, module)
+        up = self.linear(y, f.hidden * per_token, ffn * per_token, prefix + up_name, per_token, module)
         prod = self.new(prefix + "silu(gate) * up", ffn * per_token, f.e)
         if f.liger:
             # LigerSiLUMulFunction (liger_kernel/ops/swiglu.py): c = empty_like(a), ctx.save_for_backward(a, b);
@@ -318,7 +329,7 @@ class Trace:
             act = self.new(prefix + "silu(gate)", ffn * per_token, f.e)
             self.op([gate], [act], saved=(gate,))  # SiluBackward keeps its input
             self.op([act, up], [prod], saved=(act, up))  # the product keeps both factors
-        out = self.linear(prod, ffn * per_token, f.hidden * per_token, prefix + "down_proj", per_token)
+        out = self.linear(prod, ffn * per_token, f.hidden * per_token, prefix + down_name, per_token, module)
         self.hold(y)
         return out
 
@@ -329,12 +340,13 @@ class Trace:
         over its tokens, its output scaled by the routing weight (kept for that weight's gradient
         when the router trains); shared experts run on every token."""
         f, m = self.facts, self.facts.moe
-        logits = self.linear(y, f.hidden, m.experts, "router")
+        logits = self.linear(y, f.hidden, m.experts, f.router_name, module=f.router_linear)
         probs = self.new("router softmax (fp32)", m.experts, 4)
         self.op([logits], [probs], saved=(probs,))
         routed = self.new("tokens gathered per expert", f.hidden * m.top_k, f.e)
         self.op([y], [routed])
-        out = self.mlp(routed, m.expert_ffn, "experts.", per_token=m.top_k)
+        out = self.mlp(routed, m.expert_ffn, "experts.", m.top_k, f.expert_names if f.expert_linears
+                       else ("gate_proj", "up_proj", "down_proj"), f.expert_linears)
         weighted = self.new("expert output x routing weight", f.hidden * m.top_k, f.e)
         # The routing weights' gradient needs the expert output: it flows through the router to the
         # hidden states even when nothing in the router trains (transformers' Mixtral/Qwen MoE blocks

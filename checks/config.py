@@ -377,6 +377,7 @@ class JobConfig:
     def __post_init__(self):
         self.shape = self.model.shape(self.base_dir)
         self.facts = stacks.resolve(self.train, self.cluster, self.shape, self.replica)
+        self.shape = self.shape.laid_out(self.facts.expert_linears)
 
     def as_replica(self) -> "JobConfig":
         """This job as bin/smoke's replica runs it; stacks.left_out(...) says what that leaves out."""
@@ -387,6 +388,7 @@ class JobConfig:
         job = self.replace(cluster={"offload": "all"} if self.cluster.offload == "optimizer" else {})
         job.replica = True
         job.facts = stacks.resolve(job.train, job.cluster, job.shape, True)
+        job.shape = job.shape.laid_out(job.facts.expert_linears)
         return job
 
     @property
@@ -415,6 +417,7 @@ class JobConfig:
         # The model section is unchanged by every lever, so its shape carries over unresolved.
         job.shape = self.shape if "model" not in sections else job.model.shape(job.base_dir)
         job.facts = stacks.resolve(job.train, job.cluster, job.shape, job.replica)
+        job.shape = job.shape.laid_out(job.facts.expert_linears)
         return job
 
 

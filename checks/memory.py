@@ -224,9 +224,9 @@ def frozen_groups(job: JobConfig) -> list[tuple[ParamGroup, float]]:
     out = []
     head_too = job.facts.quantize_head
     for g in job.shape.param_groups():
-        # Routed experts stay 16-bit: transformers 5.x keeps them as 3-D parameters, which
+        # Expert banks stay 16-bit: transformers 5.x keeps routed experts as 3-D parameters, which
         # replace_with_bnb_linear (integrations/bitsandbytes.py) does not swap for 4-bit layers.
-        if quant != "none" and g.linear and not g.expert and (g.per_layer or head_too):
+        if quant != "none" and g.linear and not g.bank and (g.per_layer or head_too):
             # LLM.int8 (Dettmers et al. 2022): int8 weights plus an fp32 scale per output row.
             per = nf4_bytes(job) if quant == "nf4" else 1 + 4 / g.rows
         else:
@@ -302,7 +302,7 @@ def _step_transient(job: JobConfig, groups: list[ParamGroup], state_bytes: int, 
     opt, impl = job.train.optimizer, job.facts.optimizer_impl
     # A layer's routed experts are one 3-D parameter in transformers 5.x: the largest tensor is the bank.
     experts = job.shape.moe.experts if job.shape.moe else 1
-    largest = max(g.numel * (experts if g.expert else 1) for g in groups)
+    largest = max(g.numel * (experts if g.bank else 1) for g in groups)
     decayed = sum(g.total for g in groups if g.cols > 1) // shards
     everything = sum(g.total for g in groups) // shards
     if opt == "adamw" and impl == "foreach":
@@ -1000,7 +1000,7 @@ def _stored_per_value(job: JobConfig, g: ParamGroup, e: int) -> float:
     frozen weights, the quantized storage for a QLoRA base (gathered packed, dequantized per matmul;
     bitsandbytes' quantization state is not a parameter and is not gathered)."""
     t = job.train
-    if t.lora_rank and t.base_quant != "none" and g.linear and g.per_layer:
+    if t.lora_rank and t.base_quant != "none" and g.linear and g.per_layer and not g.bank:
         # Only the packed 4-bit parameter is gathered; its QuantState stays on the module.
         return 0.5 if t.base_quant == "nf4" else 1 + 4 / g.rows
     return e
@@ -1020,7 +1020,7 @@ def _fsdp1_units(job: JobConfig, e: int) -> list[tuple[list[int], list[int]]]:
         if not g.per_layer:
             continue
         per = g.count // s.layers
-        if g.linear and job.train.base_quant != "none" and r:
+        if g.linear and not g.bank and job.train.base_quant != "none" and r:
             size = int(g.rows * g.cols * _packed_bytes(job))
         else:
             size = g.rows * g.cols * e

@@ -7,6 +7,7 @@ transformers 5.23.0's modeling files (cited where each one differs from Llama's)
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,10 +26,12 @@ class ParamGroup:
     linear: bool  # a matmul weight: LoRA-adaptable, quantizable, cast by autocast
     per_layer: bool  # lives in a transformer block (sharded/gathered block by block)
     expert: bool = False
-    """A routed expert's weight: only top_k of the experts run for each token. transformers 5.x holds
-    a layer's experts as 3-D Parameters, not nn.Linear modules, so bitsandbytes leaves them unquantized
-    (5.23.0 integrations/bitsandbytes.py replace_with_bnb_linear converts `type(module) is nn.Linear`
-    only) and peft's all-linear does not adapt them; 4.x built one nn.Linear per expert."""
+    """A routed expert's weight: only top_k of the experts run for each token."""
+    bank: bool = False
+    """Not an nn.Linear but one 3-D Parameter holding a weight of every expert of a layer, as
+    transformers 5.x builds routed experts (MixtralExperts gate_up_proj / down_proj) and its router:
+    bitsandbytes leaves it unquantized (5.23.0 integrations/bitsandbytes.py replace_with_bnb_linear
+    converts `type(module) is nn.Linear` only) and peft's all-linear does not adapt it."""
 
     @property
     def numel(self) -> int:
@@ -208,6 +211,16 @@ class ModelShape:
     """Multi-head Latent Attention (DeepSeek-V2/V3); None for standard (grouped-query) attention."""
     vision: VisionSpec | None = None
     """A vision encoder loaded with the decoder (Gemma 3 4B-27B); None for a text-only model."""
+    expert_linears: bool = False
+    """How the code that runs the model builds a MoE layer, not a fact of its config: one nn.Linear per
+    expert's gate, up and down and an nn.Linear router (transformers < 5.0, litgpt), or 3-D banks
+    (transformers >= 5.0). Decided by the job's stack (stacks.resolve: JobFacts.expert_linears)."""
+
+    def laid_out(self, expert_linears: bool) -> "ModelShape":
+        """This model as the job's code builds its experts (ModelShape.expert_linears)."""
+        if not self.moe or self.expert_linears == expert_linears:
+            return self
+        return dataclasses.replace(self, expert_linears=expert_linears)
 
     def __post_init__(self):
         for key in ("hidden", "layers", "heads", "kv_heads", "ffn", "vocab"):
@@ -338,13 +351,24 @@ class ModelShape:
         if not count:
             return []
         h = self.hidden
+        if expert and self.expert_linears:
+            # transformers 4.57.1: one gated MLP of nn.Linear per expert in an nn.ModuleList
+            # (MixtralBlockSparseTop2MLP w1 / w3 / w2, modeling_mixtral.py l.57-65; Qwen2MoeMLP,
+            # Qwen3MoeMLP, OlmoeMLP, DeepseekV2MLP, DeepseekV3MLP gate_proj / up_proj / down_proj), as
+            # litgpt's LLaMAMoE builds LLaMAMLP experts (model.py).
+            gate, up, down = self.expert_names
+            return [
+                ParamGroup(f"{prefix}{gate}", h, ffn, count, True, True, expert=True),
+                ParamGroup(f"{prefix}{up}", h, ffn, count, True, True, expert=True),
+                ParamGroup(f"{prefix}{down}", ffn, h, count, True, True, expert=True),
+            ]
         if expert:
             # transformers 5.x stores each MoE layer's experts as two 3-D parameters, gate_up_proj
             # (experts, 2 ffn, hidden) and down_proj (experts, hidden, ffn) (e.g. models/mixtral/
             # modeling_mixtral.py MixtralExperts); one group entry per expert keeps per-expert shapes.
             return [
-                ParamGroup(f"{prefix}gate_up_proj", h, 2 * ffn, count, True, True, expert=True),
-                ParamGroup(f"{prefix}down_proj", ffn, h, count, True, True, expert=True),
+                ParamGroup(f"{prefix}gate_up_proj", h, 2 * ffn, count, True, True, expert=True, bank=True),
+                ParamGroup(f"{prefix}down_proj", ffn, h, count, True, True, expert=True, bank=True),
             ]
         if self.fused_proj:
             groups = [ParamGroup(f"{prefix}gate_up_proj", h, 2 * ffn, count, True, True)]
@@ -382,8 +406,12 @@ class ModelShape:
                 m, Lm = self.moe, self.moe_layers
                 groups += self._mlp_groups("mlp.", m.dense_ffn, m.dense_layers)
                 # The router: a bare (experts, hidden) Parameter in transformers 5.x (MixtralTopKRouter
-                # and its kin), so neither peft's all-linear nor bitsandbytes touches it.
-                groups.append(ParamGroup("router", h, m.experts, Lm, False, True))
+                # and its kin) and in DeepSeek's (4.57.1 DeepseekV2MoEGate, DeepseekV3TopkRouter), so
+                # neither peft's all-linear nor bitsandbytes touches it; `gate = nn.Linear(hidden,
+                # experts)` in 4.x Mixtral, Qwen2/3-MoE and OLMoE (4.57.1 modeling_mixtral.py l.95) and
+                # in litgpt's LLaMAMoE.
+                name, linear = self.router_name, self.router_linear
+                groups.append(ParamGroup(name, h, m.experts, Lm, linear, True))
                 groups += self._mlp_groups("experts.", m.expert_ffn, m.experts * Lm, expert=True)
                 groups += self._mlp_groups("shared_expert.", m.shared_ffn, Lm if m.shared_ffn else 0)
                 if m.shared_gate:
@@ -438,13 +466,13 @@ class ModelShape:
         return sum(g.total for g in self.param_groups() if not g.per_layer)
 
     def linear_groups(self) -> list[ParamGroup]:
-        """The blocks' matmul weights other than routed experts, with their exact counts (DeepSeek's
-        dense MLP is in first_k_dense_replace blocks only, its shared experts in the others)."""
-        return [g for g in self.param_groups() if g.linear and g.per_layer and not g.expert]
+        """The blocks' nn.Linear weights (what LoRA can adapt and bitsandbytes quantizes), with their
+        exact counts (DeepSeek's dense MLP is in first_k_dense_replace blocks only, its shared experts in
+        the others; routed experts x MoE layers when they are nn.Linear modules, none when banks)."""
+        return [g for g in self.param_groups() if g.linear and g.per_layer and not g.bank]
 
     def linear_shapes(self) -> list[tuple[str, int, int]]:
-        """(name, in, out) of the matmul weights inside one block: what LoRA adapts. Attention, the
-        dense MLP, shared experts; routed experts are in expert_linear_shapes(). Each is in every
+        """(name, in, out) of the nn.Linear weights inside one block: what LoRA adapts. Each is in every
         block except for DeepSeek's dense/MoE split: linear_groups() has the exact counts."""
         return [(g.name, g.rows, g.cols) for g in self.linear_groups()]
 
@@ -452,8 +480,23 @@ class ModelShape:
         """(name, in, out) of one routed expert's matmuls; each is in experts x moe_layers copies."""
         return [(g.name, g.rows, g.cols) for g in self.param_groups() if g.expert]
 
+    @property
+    def expert_names(self) -> tuple[str, str, str]:
+        """A routed expert's gate, up and down nn.Linear as the 4.x modeling file names them (Mixtral's
+        w1 / w3 / w2, MixtralBlockSparseTop2MLP; everyone else's gate_proj / up_proj / down_proj)."""
+        return ("w1", "w3", "w2") if self.family == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+
+    @property
+    def router_linear(self) -> bool:
+        """The router is an nn.Linear named `gate` (ModelShape.expert_linears, not DeepSeek's)."""
+        return self.expert_linears and not self.family.startswith("deepseek")
+
+    @property
+    def router_name(self) -> str:
+        return "gate" if self.router_linear else "router"
+
     def lora_params(self, rank: int) -> int:
-        """LoRA (Hu et al. 2021): A (in x r) and B (r x out) on every non-expert linear of every block."""
+        """LoRA (Hu et al. 2021): A (in x r) and B (r x out) on every nn.Linear of every block."""
         return sum(rank * (g.rows + g.cols) * g.count for g in self.linear_groups())
 
 

@@ -13,7 +13,7 @@ from podkit.checks.advisor import HEADROOM, Suggestion
 from podkit.checks.config import JobConfig
 from podkit.checks.host import HostFacts
 from podkit.checks.kernels import attention_kernel
-from podkit.checks.memory import GIB, MemoryEstimate, optimizer_bytes, trainable_groups, trainable_params
+from podkit.checks.memory import GIB, MemoryEstimate, nf4_bytes, optimizer_bytes, trainable_groups, trainable_params
 from podkit.envsetup import arch
 
 PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
@@ -148,6 +148,29 @@ def bnb_sharding(job: JobConfig) -> CheckResult:
                            "cannot follow FSDP-sharded or CPU-offloaded parameters",
                            "use optimizer = 'adamw' with FSDP/offload, or sharding = 'zero1'")
     return CheckResult("optimizer.sharding", PASS, f"{t.optimizer} with sharding = {c.sharding}")
+
+
+def quantized_experts(job: JobConfig) -> CheckResult:
+    """A 4-bit base of a MoE model: are its routed experts (most of its weights) quantized at all?"""
+    t, shape = job.train, job.shape
+    if t.base_quant == "none" or not t.lora_rank:
+        return CheckResult("quant.experts", SKIP, "no quantized base")
+    if not shape.moe:
+        return CheckResult("quant.experts", SKIP, "a dense model: no routed experts")
+    experts = sum(g.total for g in shape.param_groups() if g.expert)
+    if shape.expert_linears:
+        return CheckResult("quant.experts", PASS, f"bitsandbytes quantizes the routed experts' nn.Linear weights "
+                           f"({experts / 1e9:.2f}B parameters)")
+    # transformers >= 5.0 holds them as 3-D Parameters that replace_with_bnb_linear skips
+    # (ModelShape.expert_linears); bitsandbytes issue #1849.
+    e, per = t.compute_bytes, nf4_bytes(job) if t.base_quant == "nf4" else 1.0
+    fix = ("run transformers 4.x and say so (train.transformers = '4.57.1'): it builds each expert as an "
+           f"nn.Linear that bitsandbytes quantizes, {gib(experts * per)} instead"
+           if job.facts.stack.transformers_release else "expect them in 16 bits")
+    return CheckResult("quant.experts", WARN,
+                       f"bitsandbytes leaves the routed experts in {8 * e}-bit: this stack holds each layer's "
+                       f"experts as 3-D parameters, not nn.Linear: {gib(experts * e)}, "
+                       f"{experts / shape.params:.0%} of the weights", fix)
 
 
 def sharding_world(job: JobConfig) -> CheckResult:
@@ -357,6 +380,7 @@ def run_checks(job: JobConfig, est: MemoryEstimate, facts: HostFacts,
         loss_scaling(job),
         flash_attention(job),
         bnb_sharding(job),
+        quantized_experts(job),
         sharding_world(job),
         *machine_checks(job, facts),
         dataset(job),

@@ -136,6 +136,10 @@ class Stack:
     max_position_embeddings x head_dim as buffers (LlamaRotaryEmbedding `_cos_cached`/`_sin_cached`
     "for BC", MistralRotaryEmbedding `cos_cached`/`sin_cached`, in torch.get_default_dtype() at
     construction): on the GPU of every rank, never sharded (FSDP moves buffers, it does not flatten them)."""
+    expert_linears: bool = False
+    """A MoE layer's routed experts are nn.Linear modules, one gated MLP per expert, and its router an
+    nn.Linear (ModelShape.expert_linears): bitsandbytes quantizes them and all-linear adapts them.
+    False: 3-D expert banks. The hf and deepspeed stacks take it from their transformers release."""
     adapter_input_cast: bool = False
     """peft's lora.Linear casts the adapter's input to the adapter dtype when they differ and no
     autocast is on (peft tuners/lora/layer.py Linear.forward `x = self._cast_input_dtype(x, ...)`)."""
@@ -212,7 +216,11 @@ STACK_FACTS: dict[str, Stack] = {
         # checkpoint, multi-GPU FSDP wraps each Block non-reentrantly.
         Stack("litgpt", "chunked", 128, 0, False, True, "block", ("q_proj", "v_proj"), "compute", "foreach", True, True, False,
               "litgpt finetune/lora.py, utils.py chunked_cross_entropy, lora.py Config",
-              previous_outputs_kept=True, fused_qkv=True, quant_from_fp16=True),
+              previous_outputs_kept=True, fused_qkv=True, quant_from_fp16=True,
+              # litgpt model.py LLaMAMoE: gate = nn.Linear(n_embd, n_expert), experts = nn.ModuleList of
+              # LLaMAMLP (fc_1, fc_2, proj nn.Linear); lora.py LLaMAMoE gives gate and experts LoRA under
+              # lora_mlp.
+              expert_linears=True),
         # Answer.AI fsdp_qlora train.py (50efa1e, 2024-03-26): a transformers model of its time
         # (4.38/4.39: LlamaForCausalLM does `logits = logits.float()` and the loss on a shifted
         # .contiguous() copy, and the loop keeps `output` until after optimizer.step(); LlamaSdpaAttention
@@ -227,7 +235,8 @@ STACK_FACTS: dict[str, Stack] = {
         Stack("fsdp_qlora", "fp32-logits-kept", 0, 0, True, True, "block",
               ("k_proj", "q_proj", "v_proj", "up_proj", "down_proj", "gate_proj"), "compute", "foreach", False, True, True,
               "AnswerDotAI/fsdp_qlora train.py 50efa1e; transformers 4.39 modeling_llama.py; torch 2.2 FSDP1",
-              fsdp_init_on_device=True, lora_units=True, rope_cache_buffers=True, adapter_input_cast=True),
+              fsdp_init_on_device=True, lora_units=True, rope_cache_buffers=True, adapter_input_cast=True,
+              expert_linears=True),  # a transformers 4.39 model: experts are nn.Linear (transformers_facts)
         # torchtune: CEWithChunkedOutputLoss(num_output_chunks=8), upcast per chunk
         # (torchtune/modules/loss/ce_chunked_output_loss.py), and the recipes `del logits` before
         # backward (recipes/lora_finetune_single_device.py _loss_step); LoRA recipes target q, v, output_proj
@@ -295,6 +304,9 @@ class JobFacts:
     release of the hf and deepspeed stacks: transformers_facts)."""
     block_kernels: str = "torch"
     """What runs the blocks' norms, RoPE and gated activation (one of BLOCK_KERNELS)."""
+    expert_linears: bool = False
+    """A MoE model's routed experts and router are nn.Linear modules in the job's code (Stack.expert_linears,
+    or the transformers release of the hf and deepspeed stacks): JobConfig.shape is laid out so."""
     rs_input_on_rs_stream: bool = False
     """FSDP2 before torch 2.5: foreach_reduce allocated the fp32 reduce-scatter input inside `with
     torch.cuda.stream(reduce_scatter_stream)`, so that stream's pool caches the largest inputs too."""
@@ -362,6 +374,7 @@ class TransformersFacts:
     adamw_impl: str
     reentrant: bool
     rope_buffers: bool
+    expert_linears: bool
 
 
 def transformers_facts(version: str, torch: str, family: str) -> TransformersFacts:
@@ -407,7 +420,12 @@ def transformers_facts(version: str, torch: str, family: str) -> TransformersFac
         rope = v < (4, 48)
     else:
         rope = False
-    return TransformersFacts(loss, impl, reentrant, rope)
+    # Routed experts: an nn.ModuleList of gated MLPs of nn.Linear and an nn.Linear router `gate` through
+    # 4.57.1 (modeling_mixtral.py l.57-97 MixtralBlockSparseTop2MLP w1/w2/w3; qwen2_moe, qwen3_moe, olmoe,
+    # deepseek_v2/v3 the same, DeepSeek's router a bare Parameter); 5.0.0 holds them as 3-D Parameters
+    # (modeling_mixtral.py l.63-72 MixtralExperts gate_up_proj / down_proj, l.102-108 MixtralTopKRouter).
+    experts = v < (5,)
+    return TransformersFacts(loss, impl, reentrant, rope, experts)
 
 
 
@@ -459,16 +477,18 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
     stack = replica_stack(STACK_FACTS[train.stack]) if replica else STACK_FACTS[train.stack]
     arch = shape.arch
     stack_loss, stack_impl, reentrant = stack.loss, stack.adamw_impl, stack.reentrant
-    rope_buffers = stack.rope_cache_buffers
+    rope_buffers, expert_linears = stack.rope_cache_buffers, stack.expert_linears
     if stack.transformers_release:
         # The transformers model and Trainer facts of the job's release (train.transformers).
         tf = transformers_facts(train.transformers, train.torch, shape.family if arch == "llama" else "gpt2")
-        stack_loss, reentrant, rope_buffers = tf.loss, tf.reentrant, tf.rope_buffers
+        stack_loss, reentrant, rope_buffers, expert_linears = tf.loss, tf.reentrant, tf.rope_buffers, tf.expert_linears
         if not stack.deepspeed_engine:
             stack_impl = tf.adamw_impl
     rope_buffers = rope_buffers and not replica  # the replica has none, whichever release decided them
-    # The block linears LoRA can adapt, as named in the model (routed experts are 3-D parameters in
-    # transformers 5.x, not nn.Linear modules, so peft never adapts them).
+    expert_linears = expert_linears and shape.moe is not None
+    shape = shape.laid_out(expert_linears)
+    # The block linears LoRA can adapt, as named in the model (routed experts held as 3-D banks are
+    # not nn.Linear modules, so peft never adapts them).
     linears = tuple(dict.fromkeys(g.name for g in shape.linear_groups())) or (
         GPT2_LINEARS if arch == "gpt2" else LLAMA_LINEARS)
     default_targets = stack.lora_targets
@@ -581,6 +601,7 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
         block_kernels=train.block_kernels,
         # pytorch PR #129721 "[FSDP2] Ran reduce-scatter copy-in in default stream" (2024-06-27, after
         # the 2.4 branch cut) moved the input's allocation out of the reduce-scatter stream.
+        expert_linears=expert_linears,
         rs_input_on_rs_stream=(fsdp and fsdp_version == 2 and bool(train.torch)
                                and parse_version(train.torch) < (2, 5)),
     )

@@ -212,3 +212,18 @@ def test_memory_fit_says_when_only_the_cache_is_over(job):
     far = job(model='preset = "llama-3.1-8b"', train="micro_batch = 8\nseq_len = 4096", cluster="gpu = 'A10G'")
     est = estimate(far)
     assert not est.tensors_fit and "live tensors" not in rules.memory_fit(far, est, []).message
+
+
+def test_quantized_experts_warns_when_bitsandbytes_skips_expert_banks(job):
+    qlora = "stack = 'hf'\nlora_rank = 16\nbase_quant = 'nf4'\nprecision = 'bf16'\n"
+    moe = 'preset = "mixtral-8x7b"'
+    assert rules.quantized_experts(job(train=qlora)).status == "skip"  # a dense model
+    assert rules.quantized_experts(job(model=moe, train="lora_rank = 16")).status == "skip"  # nothing quantized
+    assert rules.quantized_experts(job(model=moe, train=qlora + "transformers = '4.57.1'")).status == "pass"
+    result = rules.quantized_experts(job(model=moe, train=qlora + "transformers = '5.0.0'"))
+    # Mixtral 8x7B: 32 layers x 8 experts x 3 x 4096 x 14336 = 45.1B expert weights, 84.0 GiB in bf16.
+    assert result.status == "warn" and "84.0 GiB, 97% of the weights" in result.message
+    assert "train.transformers = '4.57.1'" in result.fix
+    # A stack with no transformers release to change (torchtitan's GroupedExperts are 3-D too).
+    assert rules.quantized_experts(job(model=moe, train=qlora.replace("'hf'", "'torchtitan'"))).fix == \
+        "expect them in 16 bits"

@@ -10,6 +10,7 @@ import pytest
 
 from podkit.checks import activations as A
 from podkit.checks import stacks
+from podkit.checks.errors import ConfigError
 from podkit.checks.advisor import advise
 from podkit.checks.allocator import CachingAllocator, segment_size
 from podkit.checks.kernels import sdpa_backend
@@ -585,12 +586,89 @@ def test_moe_lora_targets_skip_routed_experts(job):
     bf = A.block_facts(j)
     saved = A.saved_per_token(bf, "none", moe_layer=True)
     assert saved["experts.down_proj: output"] == 2 * 4096 * 2
-    # An adapter on a routed expert sees top_k copies of each token: its dropout output and mask too.
-    adapted = dataclasses.replace(bf, targets=frozenset({"experts.gate_proj"}), lora_dropout=True)
+    # A 3-D bank is no nn.Linear: even a target naming it adapts nothing there.
+    named = dataclasses.replace(bf, targets=frozenset({"experts.gate_proj"}), lora_dropout=True)
+    assert not any(k.startswith("experts.") and "lora" in k for k in A.saved_per_token(named, "none", moe_layer=True))
+    # An adapter on a routed expert nn.Linear (transformers 4.x) sees top_k copies of each token: its
+    # dropout output and mask too.
+    adapted = dataclasses.replace(named, expert_linears=True, targets=frozenset({"experts.w1"}))
     saved = A.saved_per_token(adapted, "none", moe_layer=True)
-    assert saved["experts.gate_proj: dropout mask"] == 4096 * 2 * 1
+    assert saved["experts.w1: dropout mask"] == 4096 * 2 * 1
     ab = bf.e if bf.autocast else bf.adapter_bytes  # lora_A's output: autocast's dtype, or the adapter's
-    assert saved["experts.gate_proj: lora_A output"] == 8 * 2 * ab
+    assert saved["experts.w1: lora_A output"] == 8 * 2 * ab
+
+
+MIXTRAL_QLORA = ("stack = 'hf'\nprecision = 'bf16'\nlora_rank = 16\nlora_targets = 'all-linear'\nbase_quant = 'nf4'\n"
+                 "checkpointing = 'full'\nseq_len = 2048\n")
+
+
+def test_transformers_4_experts_are_linears_that_bitsandbytes_quantizes_and_peft_adapts(job):
+    # transformers 4.57.1 modeling_mixtral.py: each expert a MixtralBlockSparseTop2MLP of nn.Linear w1, w3
+    # (hidden -> ffn) and w2 (ffn -> hidden), the router `gate` an nn.Linear(hidden, experts); 5.0.0:
+    # MixtralExperts' 3-D gate_up_proj / down_proj and MixtralTopKRouter's bare weight.
+    old, new = (job(model='preset = "mixtral-8x7b"', train=MIXTRAL_QLORA + f"transformers = '{v}'",
+                    cluster="gpu = 'H100'") for v in ("4.57.1", "5.0.0"))
+    assert old.facts.expert_linears and not new.facts.expert_linears
+    h, experts, layers, ffn, r, vocab = 4096, 8, 32, 14336, 16, 32000
+    attention = 2 * h * h + 2 * h * 1024
+    expert = 3 * h * ffn
+    router = h * experts
+    # Trained: adapters on attention, the router and every expert's three linears, A (in x r) + B (r x out).
+    adapters_old = r * layers * ((h + h) * 2 + (h + 1024) * 2 + (h + experts) + experts * ((h + ffn) * 3))
+    adapters_new = r * layers * ((h + h) * 2 + (h + 1024) * 2)
+    assert trainable_params(old) == adapters_old and trainable_params(new) == adapters_new
+    names = {g.name: g.count for g in trainable_groups(old)}
+    assert names["experts.w1.lora_A"] == experts * layers and names["gate.lora_B"] == layers
+    # Stored: 4-bit data (0.5 B) for every nn.Linear of the blocks, 16 bits for the embedding, the head,
+    # the norms, and (5.x) the expert banks and the router; the adapters in fp32 (peft's
+    # autocast_adapter_dtype), absmax apart.
+    other = 2 * vocab * h + (2 * layers + 1) * h
+    weights_old = (layers * (attention + router + experts * expert) * 0.5 + other * 2 + adapters_old * 4)
+    weights_new = (layers * attention * 0.5 + layers * (router + experts * expert) * 2 + other * 2 + adapters_new * 4)
+    assert part(estimate(old), "weights", "step") == pytest.approx(weights_old, abs=8)
+    assert part(estimate(new), "weights", "step") == pytest.approx(weights_new, abs=8)
+    assert estimate(old).fits and not estimate(new).fits  # 28 GiB vs 85 GiB on an 80 GB card
+    # Activations: the adapters on the routed experts run on top_k copies of each token.
+    saved = A.saved_per_token(A.block_facts(old), "none", moe_layer=True)
+    assert saved["experts.w1: lora_A output"] == r * 2 * 4 and saved["gate: lora_A output"] == r * 4
+    assert not any(k.startswith("experts.") and "lora" in k
+                   for k in A.saved_per_token(A.block_facts(new), "none", moe_layer=True))
+
+
+def test_expert_target_names_are_the_releases_module_names(job):
+    def targets(version, names):
+        return job(model='preset = "mixtral-8x7b"', train=f"stack = 'hf'\nlora_rank = 8\ntransformers = '{version}'\n"
+                                                       f"lora_targets = {names}").facts.lora_targets
+
+    assert targets("4.57.1", "['w1', 'w3']") == ("w1", "w3")
+    # peft matches names by suffix: Mixtral 4.x has no gate_proj, and no release has w1 once experts are banks.
+    with pytest.raises(ConfigError, match="'gate_proj' is not a linear of this model"):
+        targets("4.57.1", "['gate_proj']")
+    with pytest.raises(ConfigError, match="'w1' is not a linear of this model"):
+        targets("5.0.0", "['w1']")
+    # Qwen2-MoE's shared expert is a plain MLP in both: gate_proj adapts it, and the routed experts only in 4.x.
+    for version, routed in (("4.57.1", True), ("5.0.0", False)):
+        j = job(model='preset = "qwen1.5-moe-a2.7b"', train=f"stack = 'hf'\nlora_rank = 8\ntransformers = '{version}'\n"
+                                                          "lora_targets = ['gate_proj']")
+        saved = A.saved_per_token(A.block_facts(j), "none", moe_layer=True)
+        assert "shared_expert.gate_proj: lora_A output" in saved
+        assert ("experts.gate_proj: lora_A output" in saved) is routed
+        assert any(g.name == "experts.gate_proj.lora_A" for g in trainable_groups(j)) is routed
+
+
+def test_which_stacks_build_experts_as_linears(job):
+    def linears(train):
+        return job(model='preset = "qwen3-30b-a3b"', train=train).facts.expert_linears
+
+    # litgpt model.py LLaMAMoE: nn.ModuleList of LLaMAMLP; torchtitan and torchtune: 3-D GroupedExperts.
+    assert linears("stack = 'litgpt'") and linears("stack = 'deepspeed'\ntransformers = '4.46.0'")
+    assert not linears("stack = 'torchtitan'") and not linears("stack = 'hf'")  # a current transformers: 5.x
+    # The optimizer step's largest tensor: a 3-D bank holds every expert of the layer.
+    from podkit.checks.memory import _step_transient
+    for version, largest in (("4.57.1", 151_936 * 2048), ("5.0.0", 128 * 2048 * 2 * 768)):
+        j = job(model='preset = "qwen3-30b-a3b"', train=f"stack = 'hf'\ntransformers = '{version}'\n"
+                                                       "optimizer_impl = 'for-loop'\nprecision = 'bf16'")
+        assert _step_transient(j, j.shape.param_groups(), 2, 1)[0] == 2 * largest * 2
 
 
 # ---- litgpt's loop, from its source (finetune/lora.py, lightning's bitsandbytes plugin) -----------
