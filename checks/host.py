@@ -19,6 +19,7 @@ from podkit.envsetup.fingerprint import Gpu
 # Distribution name -> import name, for the packages a job may need.
 PACKAGES = {
     "torch": "torch",
+    "transformers": "transformers",
     "bitsandbytes": "bitsandbytes",
     "flash-attn": "flash_attn",
     "nvidia-ml-py": "pynvml",

@@ -9,8 +9,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from podkit.checks import stacks
 from podkit.checks.advisor import HEADROOM, Suggestion
 from podkit.checks.config import JobConfig
+from podkit.checks.errors import ConfigError
 from podkit.checks.host import HostFacts
 from podkit.checks.kernels import attention_kernel
 from podkit.checks.memory import GIB, MemoryEstimate, nf4_bytes, optimizer_bytes, trainable_groups, trainable_params
@@ -286,6 +288,44 @@ def dependencies(job: JobConfig, facts: HostFacts) -> CheckResult:
     return CheckResult("deps.installed", FAIL if facts.gpus else WARN, message, fix)
 
 
+# The releases a prediction reads (train.<key>): each changes facts of some jobs (stacks.resolve).
+VERSION_KEYS = ("transformers", "bitsandbytes", "torch")
+
+
+def versions(job: JobConfig, facts: HostFacts) -> CheckResult:
+    """Does this machine run the releases the prediction assumed? Each train.<key> release that changes
+    one of this job's facts (stacks.resolve), compared with the one installed here; the prediction
+    itself follows the job file, never the machine (config -> checks)."""
+    differ, same = [], []
+    for key in VERSION_KEYS:
+        installed = facts.packages.get(key)
+        if not installed or installed == "unknown":
+            continue
+        stated = getattr(job.train, key)
+        local = installed.split("+")[0]
+        if stated and stacks.parse_version(stated) == stacks.parse_version(local):
+            same.append(f"{key} {local}")
+            continue
+        if not stacks.parse_version(local):
+            continue  # a dev or local build: not a release whose facts podkit knows
+        try:
+            other = job.replace(train={key: local})
+        except ConfigError:
+            continue  # a release older than podkit models (stacks.TRANSFORMERS_OLDEST)
+        if other.facts == job.facts:
+            continue  # this job's prediction reads nothing that differs between the two releases
+        differ.append((key, stated, local))
+    if differ:
+        said = "; ".join(f"train.{k} is {s!r}, this machine has {v}" if s else
+                         f"train.{k} is unset (priced as a current release), this machine has {v}"
+                         for k, s, v in differ)
+        return CheckResult("deps.versions", WARN, f"{said}: the prediction follows the job file",
+                           "if this machine runs the job, set " + ", ".join(f"train.{k} = {v!r}" for k, _, v in differ))
+    if same:
+        return CheckResult("deps.versions", PASS, "the job's releases are installed here: " + ", ".join(same))
+    return CheckResult("deps.versions", PASS, "no installed release changes this job's prediction")
+
+
 def gpu_arch(facts: HostFacts) -> CheckResult:
     if not facts.gpus:
         return CheckResult("gpu.arch", SKIP, f"no GPU here: {facts.nvml_status}")
@@ -363,7 +403,8 @@ def dataset(job: JobConfig) -> CheckResult:
 def machine_checks(job: JobConfig, facts: HostFacts) -> list[CheckResult]:
     """The checks that judge this machine; skipped, not judged on empty facts, when it was not looked at."""
     checks = [("env.alloc_conf", lambda: alloc_conf(facts)), ("env.tokenizers", lambda: tokenizers(job, facts)),
-              ("deps.installed", lambda: dependencies(job, facts)), ("gpu.arch", lambda: gpu_arch(facts)),
+              ("deps.installed", lambda: dependencies(job, facts)), ("deps.versions", lambda: versions(job, facts)),
+              ("gpu.arch", lambda: gpu_arch(facts)),
               ("gpu.driver", lambda: gpu_driver(facts)), ("disk.free", lambda: disk_space(job, facts))]
     if not facts.probed:
         return [CheckResult(check_id, SKIP, "not probed (--no-probe)") for check_id, _ in checks]

@@ -174,7 +174,7 @@ def test_dataset_path(job, tmp_path):
     assert rules.dataset(job(train=f"dataset = '{data}'")).status == "pass"
 
 
-MACHINE_CHECKS = ["env.alloc_conf", "env.tokenizers", "deps.installed", "gpu.arch", "gpu.driver", "disk.free"]
+MACHINE_CHECKS = ["env.alloc_conf", "env.tokenizers", "deps.installed", "deps.versions", "gpu.arch", "gpu.driver", "disk.free"]
 
 
 def test_unprobed_machine_checks_skip_instead_of_judging_empty_facts(job):
@@ -227,3 +227,29 @@ def test_quantized_experts_warns_when_bitsandbytes_skips_expert_banks(job):
     # A stack with no transformers release to change (torchtitan's GroupedExperts are 3-D too).
     assert rules.quantized_experts(job(model=moe, train=qlora.replace("'hf'", "'torchtitan'"))).fix == \
         "expect them in 16 bits"
+
+
+def test_versions_warns_where_this_machines_release_changes_the_prediction(job):
+    moe_qlora = job(model='preset = "mixtral-8x7b"',
+                    train="stack = 'hf'\nlora_rank = 16\nbase_quant = 'nf4'\nprecision = 'bf16'")
+    # transformers unset = a current (5.x) release: 4.57.1 builds the experts as nn.Linear, which changes
+    # the job's facts; the check says so and which key to set, and the prediction stays the job file's.
+    result = rules.versions(moe_qlora, facts(packages={**ALL_PACKAGES, "transformers": "4.57.1"}))
+    assert result.status == "warn" and "train.transformers is unset" in result.message
+    assert "train.transformers = '4.57.1'" in result.fix
+    # bitsandbytes 0.45.0 against 0.42.0 in the job: the 4-bit matmul's kept input (fixed in 0.43.2).
+    old_bnb = job(train="lora_rank = 16\nbase_quant = 'nf4'\nbitsandbytes = '0.42.0'")
+    result = rules.versions(old_bnb, facts())
+    assert result.status == "warn" and "train.bitsandbytes is '0.42.0', this machine has 0.45.0" in result.message
+    # The same release, or one that changes nothing this job reads (a dense full fine-tune does not
+    # care which bitsandbytes or transformers is installed): pass.
+    same = job(train="lora_rank = 16\nbase_quant = 'nf4'\nbitsandbytes = '0.45.0'")
+    assert rules.versions(same, facts()).status == "pass"
+    dense = job(train="stack = 'podkit'")
+    assert rules.versions(dense, facts(packages={**ALL_PACKAGES, "transformers": "4.39.3"})).status == "pass"
+    # A dev build is not a release podkit knows: nothing to compare.
+    # (torch 2.13 as current as an unset torch: the Trainer's fused AdamW from 2.8 on, FSDP2's stream from 2.5.)
+    current = {**ALL_PACKAGES, "torch": "2.13.0+cu128", "transformers": "5.1.0.dev0"}
+    assert rules.versions(moe_qlora, facts(packages=current)).status == "pass"
+    # ... and that torch 2.5.1 is not current for this job: the hf Trainer's AdamW is foreach before torch 2.8.
+    assert "train.torch is unset" in rules.versions(moe_qlora, facts()).message
