@@ -29,8 +29,7 @@ class ParamGroup:
     """A routed expert's weight: only top_k of the experts run for each token."""
     bank: bool = False
     """Not an nn.Linear but one 3-D Parameter holding a weight of every expert of a layer, as
-    transformers 5.x builds routed experts (MixtralExperts gate_up_proj / down_proj) and its router:
-    bitsandbytes leaves it unquantized (5.23.0 integrations/bitsandbytes.py replace_with_bnb_linear
+    transformers 5.x builds routed experts (MixtralExperts gate_up_proj / down_proj): bitsandbytes leaves it unquantized (5.23.0 integrations/bitsandbytes.py replace_with_bnb_linear
     converts `type(module) is nn.Linear` only) and peft's all-linear does not adapt it."""
 
     @property
