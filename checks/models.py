@@ -440,8 +440,13 @@ class ModelShape:
         (top_k of experts, plus shared experts and every dense part). Equals params for a dense model."""
         if not self.moe or self.params_override:
             return self.params
-        routed = sum(g.total for g in self.param_groups() if g.expert)
+        routed = self.routed_params
         return self.params - routed + routed * self.moe.top_k // self.moe.experts
+
+    @property
+    def routed_params(self) -> int:
+        """Every routed expert's weights (0 for a dense model)."""
+        return sum(g.total for g in self.param_groups() if g.expert)
 
     @property
     def embedding_params(self) -> int:

@@ -159,7 +159,7 @@ def quantized_experts(job: JobConfig) -> CheckResult:
         return CheckResult("quant.experts", SKIP, "no quantized base")
     if not shape.moe:
         return CheckResult("quant.experts", SKIP, "a dense model: no routed experts")
-    experts = sum(g.total for g in shape.param_groups() if g.expert)
+    experts = shape.routed_params
     if shape.expert_linears:
         return CheckResult("quant.experts", PASS, f"bitsandbytes quantizes the routed experts' nn.Linear weights "
                            f"({experts / 1e9:.2f}B parameters)")
