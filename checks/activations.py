@@ -345,8 +345,7 @@ class Trace:
         self.op([logits], [probs], saved=(probs,))
         routed = self.new("tokens gathered per expert", f.hidden * m.top_k, f.e)
         self.op([y], [routed])
-        out = self.mlp(routed, m.expert_ffn, "experts.", m.top_k, f.expert_names if f.expert_linears
-                       else ("gate_proj", "up_proj", "down_proj"), f.expert_linears)
+        out = self.mlp(routed, m.expert_ffn, "experts.", m.top_k, f.expert_names, f.expert_linears)
         weighted = self.new("expert output x routing weight", f.hidden * m.top_k, f.e)
         # The routing weights' gradient needs the expert output: it flows through the router to the
         # hidden states even when nothing in the router trains (transformers' Mixtral/Qwen MoE blocks

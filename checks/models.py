@@ -486,9 +486,10 @@ class ModelShape:
 
     @property
     def expert_names(self) -> tuple[str, str, str]:
-        """A routed expert's gate, up and down nn.Linear as the 4.x modeling file names them (Mixtral's
-        w1 / w3 / w2, MixtralBlockSparseTop2MLP; everyone else's gate_proj / up_proj / down_proj)."""
-        return ("w1", "w3", "w2") if self.family == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+        """A routed expert's gate, up and down as the modeling file names them: Mixtral's nn.Linear w1 / w3 /
+        w2 in 4.x (MixtralBlockSparseTop2MLP); gate_proj / up_proj / down_proj otherwise (banks included)."""
+        mixtral = self.family == "mixtral" and self.expert_linears
+        return ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
 
     @property
     def router_linear(self) -> bool:

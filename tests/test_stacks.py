@@ -591,7 +591,8 @@ def test_moe_lora_targets_skip_routed_experts(job):
     assert not any(k.startswith("experts.") and "lora" in k for k in A.saved_per_token(named, "none", moe_layer=True))
     # An adapter on a routed expert nn.Linear (transformers 4.x) sees top_k copies of each token: its
     # dropout output and mask too.
-    adapted = dataclasses.replace(named, expert_linears=True, targets=frozenset({"experts.w1"}))
+    adapted = dataclasses.replace(named, expert_linears=True, expert_names=("w1", "w3", "w2"),
+                                  targets=frozenset({"experts.w1"}))
     saved = A.saved_per_token(adapted, "none", moe_layer=True)
     assert saved["experts.w1: dropout mask"] == 4096 * 2 * 1
     ab = bf.e if bf.autocast else bf.adapter_bytes  # lora_A's output: autocast's dtype, or the adapter's
