@@ -102,6 +102,9 @@ class BlockFacts:
     expert_names: tuple = ("gate_proj", "up_proj", "down_proj")  # a routed expert's gate, up, down
     router_name: str = "router"
     router_linear: bool = False  # the router is an nn.Linear (bitsandbytes and LoRA may take it)
+    quant_4bit: bool = False  # bitsandbytes Linear4bit base linears: each returns its input's dtype
+    peft_quant_clone: bool = False  # peft's LoRA wrapper of a Linear4bit clones the base output
+    expert_loop: str = ""  # routed experts run one by one: "index_add" (transformers 4.x), "index_put" (litgpt)
 
 
 def block_facts(job, device: str = "cuda") -> BlockFacts:
@@ -110,26 +113,42 @@ def block_facts(job, device: str = "cuda") -> BlockFacts:
     lora = f.lora
     # The residual stream is fp32 when the embedding weight is fp32 and nothing casts it down:
     # fp32 jobs, and mixed precision with fp32 weights on the GPU (autocast). LoRA bases, pure bf16
-    # and FSDP's bf16 gathered parameters give a 16-bit stream.
-    stream = 4 if f.autocast and not lora else e
+    # and FSDP's bf16 gathered parameters give a 16-bit stream; a base prepared for k-bit training has
+    # fp32 norms whose outputs the 4-bit linears return in fp32, added into the stream from the first
+    # block's output on (JobFacts.kbit_prepared; the first block's input, the embedding, is 16-bit:
+    # memory.estimate prices it so).
+    stream = 4 if (f.autocast and not lora) or f.kbit_prepared else e
     adapter = f.adapter_bytes or e
+    # The stack's k/v repeat happens before SDPA and eager attention; the flash-attn package takes grouped
+    # k/v as they are (transformers 4.48 integrations/flash_attention.py passes key/value to
+    # _flash_attention_forward unrepeated; the 4.3x-4.47 *FlashAttention2 classes alike).
+    repeat = shape.kv_heads != shape.heads and f.stack.repeat_kv and t.attention != "flash-attn"
     return BlockFacts(
         hidden=shape.hidden, q_dim=shape.q_dim, kv_dim=shape.kv_dim, ffn=shape.dense_ffn, heads=shape.heads,
         moe=shape.moe,
         seq_len=t.seq_len, e=e, stream=stream,
         weights_trainable=not lora, quantized=t.base_quant != "none",
         quant_saves_input=f.quant_saves_input, autocast=f.autocast,
-        # The dtype the norm weight is used in: fp32 masters only where autocast runs on fp32 weights;
-        # FSDP's MixedPrecisionPolicy gathers it in bf16, a LoRA base and pure bf16 store it so.
-        norm_weight_bytes=stream,
+        # The dtype the norm weight is used in: fp32 masters only where autocast runs on fp32 weights, or
+        # where prepare_model_for_kbit_training made it fp32; FSDP's MixedPrecisionPolicy gathers it in
+        # bf16, a LoRA base and pure bf16 store it so.
+        norm_weight_bytes=4 if f.kbit_prepared else stream,
         targets=frozenset(f.lora_targets), lora_rank=t.lora_rank, lora_dropout=f.lora_dropout > 0,
         adapter_bytes=adapter, adapter_input_cast=f.stack.adapter_input_cast,
-        kernel=attention_kernel(job, device), gqa=shape.kv_heads != shape.heads and not f.stack.repeat_kv,
-        repeat_kv=shape.kv_heads != shape.heads and f.stack.repeat_kv,
+        kernel=attention_kernel(job, device), gqa=shape.kv_heads != shape.heads and not repeat,
+        repeat_kv=repeat,
         fused_qkv=f.stack.fused_qkv, liger=f.block_kernels == "liger",
         liger_norm_in_place=liger_norm_in_place(shape.family),
         expert_linears=shape.expert_linears, expert_names=shape.expert_names, router_name=shape.router_name,
-        router_linear=shape.router_linear,
+        router_linear=shape.router_linear, quant_4bit=t.base_quant == "nf4",
+        # adapter_input_cast marks peft's LoRA layers (hf, deepspeed, fsdp_qlora); its Linear4bit wrapper
+        # clones the base output first (peft 0.10-0.13 tuners/lora/bnb.py Linear4bit.forward).
+        peft_quant_clone=f.stack.adapter_input_cast and t.base_quant == "nf4",
+        # Experts as nn.Linear modules run in a Python loop over the experts: transformers 4.x
+        # MixtralSparseMoeBlock.forward (`for expert_idx in range(self.num_experts)`, index_add_ into
+        # final_hidden_states; Qwen2/3-MoE, OLMoE, DeepSeek alike), litgpt model.py LLaMAMoE.forward
+        # (`y[token_idx] += probs[...] * expert(x[token_idx])`). 5.x banks run grouped_mm over all at once.
+        expert_loop="" if not shape.expert_linears else "index_put" if f.stack.name == "litgpt" else "index_add",
     )
 
 
@@ -187,10 +206,11 @@ class Trace:
         # x-sized tensors while MeanBackward's expanded gradient and the product's x-gradient live: five
         # x-sized tensors, two of which the replay counts (the output's gradient, then x's).
         self.op([xf], [xn], saved=(xf, self.new(f"{name}: rsqrt", 1, 4, grad=False)), scratch=12 * f.hidden)
-        xc = xn if f.stream == 4 else self.new(f"{name}: normalised, cast back", f.hidden, f.stream)
+        # hidden_states.to(input_dtype): back to the input's dtype
+        xc = xn if x.dtype_bytes == 4 else self.new(f"{name}: normalised, cast back", f.hidden, x.dtype_bytes)
         if xc is not xn:
             self.op([xn], [xc])
-        out_bytes = max(f.stream, f.norm_weight_bytes)  # type promotion of weight * x
+        out_bytes = max(x.dtype_bytes, f.norm_weight_bytes)  # type promotion of weight * x
         out = self.new(f"{name}: output", f.hidden, out_bytes)
         # weight * x saves x only for the weight's gradient; LlamaRMSNorm rebinds its local to the
         # normalised x, which lives until it returns.
@@ -212,12 +232,27 @@ class Trace:
             self.save(inp)
             self.ctx_kept[id(inp)] = inp  # a ctx attribute: alive until the graph itself is freed
         self.matmuls.append(out)
+        quant4 = module and f.quant_4bit
+        if quant4 and x.dtype_bytes != out.dtype_bytes:
+            # bitsandbytes Linear4bit.forward returns `out.to(inp_dtype)` (0.43.3 nn/modules.py): an fp32
+            # input gets its (autocast, 16-bit) matmul output back as an fp32 copy.
+            back = self.new(f"{name}: output in its input's dtype (bitsandbytes)", fan_out, x.dtype_bytes)
+            self.op([out], [back])
+            out = back
         if not module or not targeted(name, f.targets):
             return out
+        peft4 = quant4 and f.peft_quant_clone
+        if peft4:
+            # peft lora/bnb.py Linear4bit.forward: `result = result.clone()` before adding the adapter.
+            clone = self.new(f"{name}: base output clone (peft)", fan_out, out.dtype_bytes)
+            self.op([out], [clone], grad_alias=True)
+            out = clone
         a_in = x
         # The forward's argument and the cast copy peft rebinds its local x to live until it returns.
         cast_local = (x,)
-        if f.adapter_input_cast and x.bytes != f.adapter_bytes * fan_in:
+        # peft's Linear4bit wrapper casts x to the adapter dtype only without autocast; lora.Linear always.
+        input_cast = not f.autocast if peft4 else f.adapter_input_cast
+        if input_cast and x.bytes != f.adapter_bytes * fan_in:
             a_in = self.new(f"{name}: input cast to adapter dtype", fan_in, f.adapter_bytes)
             self.op([x], [a_in])
             cast_local = (x, a_in)
@@ -239,6 +274,15 @@ class Trace:
         # peft: result = result + lora_B(lora_A(dropout(x))) * scaling, then result.to(the base's dtype)
         scaled = self.new(f"{name}: lora_B output x scaling", fan_out, ab)
         self.op([b_out], [scaled])
+        if peft4:
+            # Without autocast `output = output.to(expected_dtype)`, then result + output in the result's dtype.
+            if not f.autocast and ab != out.dtype_bytes:
+                conv = self.new(f"{name}: adapter output cast to the base's dtype", fan_out, out.dtype_bytes)
+                self.op([scaled], [conv])
+                scaled = conv
+            total = self.new(f"{name}: base + adapter", fan_out, max(out.dtype_bytes, scaled.dtype_bytes))
+            self.op([out, scaled], [total], grad_alias=True, holds=cast_local)
+            return total
         total = self.new(f"{name}: base + adapter", fan_out, max(f.e, ab))
         self.op([out, scaled], [total], grad_alias=True, holds=cast_local)
         if total.dtype_bytes == f.e:
@@ -246,6 +290,11 @@ class Trace:
         back = self.new(f"{name}: base + adapter, cast back", fan_out, f.e)
         self.op([total], [back])
         return back
+
+    def _cast(self, t: Tensor, width: float, label: str) -> Tensor:
+        out = self.new(label, width, self.facts.e)
+        self.op([t], [out])
+        return out
 
     def attention(self, y: Tensor) -> Tensor:
         f = self.facts
@@ -262,10 +311,16 @@ class Trace:
         else:
             # RoPE (q * cos + rotate_half(q) * sin) saves only cos/sin, shared buffers; its backward sums
             # two gradients of q. (Liger's .contiguous() copies views of a fused qkv output first.)
-            q = self.new("q after RoPE", qd, f.e)
-            self.op([q0], [q], scratch=0 if f.liger else qd * f.e)
-            k = self.new("k after RoPE", kvd, f.e)
-            self.op([k0], [k], scratch=0 if f.liger else kvd * f.e)
+            q = self.new("q after RoPE", qd, q0.dtype_bytes)
+            self.op([q0], [q], scratch=0 if f.liger else qd * q0.dtype_bytes)
+            k = self.new("k after RoPE", kvd, k0.dtype_bytes)
+            self.op([k0], [k], scratch=0 if f.liger else kvd * k0.dtype_bytes)
+        if f.autocast and q.dtype_bytes == 4:
+            # fp32 q, k, v (4-bit projections of fp32 norm outputs) reach the kernel in the compute dtype:
+            # transformers' flash_attention_forward casts them to the autocast dtype (4.48 integrations/
+            # flash_attention.py target_dtype), and autocast casts SDPA's and eager's matmul inputs.
+            q, k, v = (self._cast(t, w, f"{n} cast to the compute dtype") for t, w, n in
+                       ((q, qd, "q"), (k, kvd, "k"), (v, kvd, "v")))
         kept_v = v  # what the kernel's saved v keeps alive
         if f.repeat_kv:  # hidden_states[:, :, None].expand(...).reshape(...): a full-width copy each
             rk, rv = self.new("k repeated to every head", qd, f.e), self.new("v repeated to every head", qd, f.e)
@@ -320,13 +375,13 @@ class Trace:
         gate_name, up_name, down_name = names
         gate = self.linear(y, f.hidden * per_token, ffn * per_token, prefix + gate_name, per_token, module)
         up = self.linear(y, f.hidden * per_token, ffn * per_token, prefix + up_name, per_token, module)
-        prod = self.new(prefix + "silu(gate) * up", ffn * per_token, f.e)
+        prod = self.new(prefix + "silu(gate) * up", ffn * per_token, max(gate.dtype_bytes, up.dtype_bytes))
         if f.liger:
             # LigerSiLUMulFunction (liger_kernel/ops/swiglu.py): c = empty_like(a), ctx.save_for_backward(a, b);
             # swiglu_backward stores da and db into a and b and returns them.
             self.op([gate, up], [prod], saved=(gate, up), grads_in_saved=True)
         else:
-            act = self.new(prefix + "silu(gate)", ffn * per_token, f.e)
+            act = self.new(prefix + "silu(gate)", ffn * per_token, gate.dtype_bytes)
             self.op([gate], [act], saved=(gate,))  # SiluBackward keeps its input
             self.op([act, up], [prod], saved=(act, up))  # the product keeps both factors
         out = self.linear(prod, ffn * per_token, f.hidden * per_token, prefix + down_name, per_token, module)
@@ -338,24 +393,59 @@ class Trace:
         MoE): router logits, softmax in fp32 (kept), top-k; each token's hidden state gathered once
         per routed expert (hidden_states[top_x], kept by the expert's matmuls), the expert's gated MLP
         over its tokens, its output scaled by the routing weight (kept for that weight's gradient
-        when the router trains); shared experts run on every token."""
+        when the router trains); shared experts run on every token.
+
+        Experts held as nn.Linear modules run one after another (BlockFacts.expert_loop), so forward and
+        backward hold one expert's intermediates at a time, over its share of the routed tokens (an even
+        share: top_k / experts rows per token); 3-D banks run as one grouped op over all of them."""
         f, m = self.facts, self.facts.moe
         logits = self.linear(y, f.hidden, m.experts, f.router_name, module=f.router_linear)
         probs = self.new("router softmax (fp32)", m.experts, 4)
         self.op([logits], [probs], saved=(probs,))
-        routed = self.new("tokens gathered per expert", f.hidden * m.top_k, f.e)
-        self.op([y], [routed])
-        out = self.mlp(routed, m.expert_ffn, "experts.", m.top_k, f.expert_names, f.expert_linears)
-        weighted = self.new("expert output x routing weight", f.hidden * m.top_k, f.e)
-        # The routing weights' gradient needs the expert output: it flows through the router to the
-        # hidden states even when nothing in the router trains (transformers' Mixtral/Qwen MoE blocks
-        # multiply by routing_weights without detaching them).
-        self.op([out, probs], [weighted], saved=(out,))
-        parts = [weighted]
+        if not f.expert_loop:
+            routed = self.new("tokens gathered per expert", f.hidden * m.top_k, y.dtype_bytes)
+            self.op([y], [routed])
+            out = self.mlp(routed, m.expert_ffn, "experts.", m.top_k, f.expert_names, f.expert_linears)
+            weighted = self.new("expert output x routing weight", f.hidden * m.top_k,
+                                max(out.dtype_bytes, y.dtype_bytes))
+            # The routing weights' gradient needs the expert output: it flows through the router to the
+            # hidden states even when nothing in the router trains (transformers' Mixtral/Qwen MoE blocks
+            # multiply by routing_weights without detaching them).
+            self.op([out, probs], [weighted], saved=(out,))
+            res = self.new("MoE output", f.hidden, y.dtype_bytes)
+            self.op([weighted], [res])
+        else:
+            rows = m.top_k / m.experts
+            # final_hidden_states = torch.zeros(..., dtype=hidden_states.dtype) before the loop; each expert's
+            # output is added into it in place (one storage: the running sum is priced once, here).
+            res = self.new("MoE output (zeros the experts are added into)", f.hidden, y.dtype_bytes, grad=False)
+            self.op([], [res])
+            acc = res
+            for _ in range(m.experts):
+                routed = self.new("tokens gathered for an expert", f.hidden * rows, y.dtype_bytes)
+                self.op([y], [routed])
+                out = self.mlp(routed, m.expert_ffn, "experts.", rows, f.expert_names, f.expert_linears)
+                weighted = self.new("expert output x routing weight", f.hidden * rows,
+                                    max(out.dtype_bytes, y.dtype_bytes))
+                self.op([out, probs], [weighted], saved=(out,))
+                # transformers' final_hidden_states.index_add_(0, top_x, ...): IndexAddBackward0 saves its
+                # source (derivatives.yaml index_add: `expand_as(source)`). litgpt's `y[token_idx] += ...`
+                # indexes a copy of the rows, adds and writes them back (index_put_ saves only indices).
+                summed = self.new("MoE output (added in place)", 0, y.dtype_bytes)
+                if f.expert_loop == "index_put":
+                    rows_copy = self.new("output rows indexed for +=", f.hidden * rows, y.dtype_bytes, grad=False)
+                    self.op([], [rows_copy])
+                    self.op([acc, weighted], [summed], grad_alias=True, holds=(rows_copy,))
+                else:
+                    self.op([acc, weighted], [summed], saved=(weighted,), grad_alias=True)
+                acc = summed
+            self.hold(res)  # the zeros' storage is the sum's: alive to the end of the loop
+            res = acc
         if m.shared_experts or m.shared_ffn:
-            parts.append(self.mlp(y, m.shared_ffn, "shared_expert."))
-        res = self.new("MoE output", f.hidden, f.e)
-        self.op(parts, [res])
+            shared = self.mlp(y, m.shared_ffn, "shared_expert.")
+            total = self.new("MoE output + shared experts", f.hidden, y.dtype_bytes)
+            self.op([res, shared], [total], grad_alias=True)
+            res = total
         return res
 
 

@@ -192,6 +192,11 @@ class TrainConfig:
     """Whether the previous step's outputs (and so its graph) are still bound during a forward:
     "stack" | "kept" (litgpt's fit) | "freed" (also when the peak is a first step, as lit-gpt 2023
     ran its longest batch first)."""
+    kbit_prepare: str = "stack"
+    """Whether peft's prepare_model_for_kbit_training runs on the quantized base: "stack" (hf: where TRL's
+    SFTTrainer runs it, a QLoRA base not sharded by FSDP, with bf16-mixed or fp16-mixed) | "on" | "off". It
+    makes every 16-bit parameter fp32 and TRL casts the embeddings and head back under bf16, so the norms
+    stay fp32 and the residual stream turns fp32 after the first block (stacks.JobFacts.kbit_prepared)."""
     optimizer_impl: str = "stack"
     """torch optimizer kernel: "stack" | fused | foreach | for-loop (foreach keeps full-size temporaries)."""
     base_quant: str = "none"
@@ -232,6 +237,7 @@ class TrainConfig:
         _choice("train", "optimizer_impl", self.optimizer_impl, ("stack",) + stacks.OPTIMIZER_IMPLS)
         _choice("train", "lora_dtype", self.lora_dtype, ("stack",) + stacks.LORA_DTYPES)
         _choice("train", "previous_outputs", self.previous_outputs, ("stack", "kept", "freed"))
+        _choice("train", "kbit_prepare", self.kbit_prepare, ("stack", "on", "off"))
         if not 0 <= self.lora_dropout < 1:
             raise ConfigError("train.lora_dropout", f"must be in [0, 1), got {self.lora_dropout}", "e.g. 0.05")
         if self.bitsandbytes and not stacks.parse_version(self.bitsandbytes):
@@ -258,6 +264,9 @@ class TrainConfig:
             raise ConfigError(
                 "train.base_quant", f"{self.base_quant} base needs adapters to train", "set train.lora_rank, e.g. 16"
             )
+        if self.kbit_prepare == "on" and self.base_quant == "none":
+            raise ConfigError("train.kbit_prepare", "prepare_model_for_kbit_training prepares a quantized base, "
+                              "and this job has none", "set train.base_quant, or leave kbit_prepare at 'stack'")
 
     @property
     def mixed(self) -> bool:

@@ -468,6 +468,10 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
         # dequantize_4bit returns the dtype the weight was quantized from; .to(compute dtype) copies
         # again when they differ (fp16 under lightning's plugin, bf16 compute): both alive at once.
         per = e + (2 if f.stack.quant_from_fp16 and e == 2 and t.precision.startswith("bf16") else 0)
+        if f.kbit_prepared:
+            # An fp32 input: MatMul4Bit.forward (0.43.3 autograd/_functions.py) makes the dequantized weight
+            # .to(A.dtype), fp32, and autocast casts that back to the compute dtype for F.linear: 4 + e B.
+            per = 4 + e
         fwd_params.append(
             Part("params", "dequantized weight (QLoRA)", biggest * per,
                  f"bitsandbytes dequantizes each quantized weight for its matmul, forward and backward, "
@@ -610,6 +614,9 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
         for label, b in A.saved_per_token(bf, f.ac_policy, moe_layer).items():
             stored[label] = stored.get(label, 0) + b * count / L
     stored_pt = sum(stored.values())
+    # A base prepared for k-bit training turns the stream fp32 only from the first block's output on: that
+    # block's checkpointed input is the 16-bit embedding (activations.block_facts).
+    first_input_pt = -(bf.stream - e) * shape.hidden if f.kbit_prepared and f.ac_policy != "none" else 0
     # A checkpointed block recomputes its forward with grad enabled: bitsandbytes < 0.43.2 then keeps
     # every 4-bit matmul's input on its ctx (MatMul4Bit.forward `ctx.tensors = (A, B)`, 0.43.0
     # autograd/_functions.py l.522-523) until the block's backward is done, reentrant or not.
@@ -624,17 +631,19 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
         "activations",
         f"saved activations ({t.checkpointing} checkpointing"
         + (f": {f.ac_policy}" if t.checkpointing != "none" else "") + ")",
-        int((L * stored_pt + head_pt) * T),
-        f"({L} blocks x {stored_pt:,.0f} B + head {head_pt:,.0f} B) per token x {T:,} tokens",
+        int((L * stored_pt + first_input_pt + head_pt) * T),
+        f"({L} blocks x {stored_pt:,.0f} B" + (f" - {-first_input_pt:,.0f} B (first block's 16-bit input)"
+                                               if first_input_pt else "")
+        + f" + head {head_pt:,.0f} B) per token x {T:,} tokens",
         transient=True,
     )
     # Once backward reaches the blocks, the head's and the final norm's nodes have run and released
     # their saved tensors (torch/csrc/autograd/engine.cpp: without retain_graph, a node's
     # release_variables() runs right after it): only the blocks' remain.
-    block_activations = Part("activations", "blocks' saved activations", int(L * stored_pt * T),
+    block_activations = Part("activations", "blocks' saved activations", int((L * stored_pt + first_input_pt) * T),
                              f"{L} blocks x {stored_pt:,.0f} B per token x {T:,} tokens "
                              "(the head's were released by its backward)", transient=True)
-    first_block = Part("activations", "first block's saved activations", int(stored_pt * T),
+    first_block = Part("activations", "first block's saved activations", int((stored_pt + first_input_pt) * T),
                        f"{stored_pt:,.0f} B per token x {T:,}", transient=True)
     recompute = int(recompute_pt * T)
     # A checkpointed block's backward starts with its recompute, whose last ops hold their own

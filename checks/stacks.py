@@ -147,6 +147,9 @@ class Stack:
     """DeepSpeed's engine trains the module in 16 bits with the fp32 master copy inside its optimizer
     (runtime/bf16_optimizer.py, zero/stage_1_and_2.py, zero/stage3.py), 16-bit gradients, and its own
     ZeRO-3 gradient bucket."""
+    kbit_prepare: bool = False
+    """A quantized base that each rank loads whole (not FSDP-sharded) goes through peft's
+    prepare_model_for_kbit_training before the adapters are added (JobFacts.kbit_prepared)."""
     transformers_release: bool = False
     """The model, its loss and gradient_checkpointing_enable are transformers' at the job's release
     (train.transformers): transformers_facts decides the loss path, the reentrant default and the rotary
@@ -192,7 +195,11 @@ STACK_FACTS: dict[str, Stack] = {
               "transformers loss/loss_utils.py, trainer.py; peft utils/constants.py, tuners_utils.py, utils/other.py; "
               "accelerate utils/dataclasses.py, accelerator.py",
               fsdp_init_on_device=True, lora_units=True, fsdp_no_sync=True, quantized_load_on_gpu=True,
-              adapter_input_cast=True, transformers_release=True),
+              adapter_input_cast=True, transformers_release=True,
+              # TRL's SFTTrainer (0.13.0 sft_trainer.py l.182-233) calls prepare_model_for_kbit_training on a
+              # model loaded in 4 or 8 bits unless its Params4bit sit on cpu/meta (an FSDP-sharded QLoRA),
+              # then, with args.bf16, peft_module_casting_to_bf16 (trl/trainer/utils.py).
+              kbit_prepare=True),
         # DeepSpeed via the HF Trainer integration: the same transformers model, loss and checkpointing
         # (so the same train.transformers facts) and peft defaults; the step runs inside DeepSpeed's
         # optimizer wrapper on its flat fp32 partitions (FusedAdam / ZeRO), modelled by the sharding terms.
@@ -307,6 +314,14 @@ class JobFacts:
     expert_linears: bool = False
     """A MoE model's routed experts and router are nn.Linear modules in the job's code (Stack.expert_linears,
     or the transformers release of the hf and deepspeed stacks): JobConfig.shape is laid out so."""
+    kbit_prepared: bool = False
+    """peft's prepare_model_for_kbit_training ran on the quantized base (peft 0.13.2 utils/other.py: every
+    fp16/bf16 parameter that is not a Params4bit becomes fp32), then TRL's peft_module_casting_to_bf16
+    (trl/trainer/utils.py: modules named *norm* to fp32, embed_tokens and lm_head back to bf16). So each
+    RMSNorm multiplies an fp32 weight (an fp32 output); bitsandbytes' Linear4bit takes its compute dtype from
+    its first input (0.43.3 nn/modules.py set_compute_type) and returns `out.to(inp_dtype)`, so a block's
+    projections of fp32 norm outputs are fp32, and the block adds them into the residual stream: fp32 from the
+    first block's output on (activations.block_facts). Modelled under autocast only (TRL's bf16=True)."""
     rs_input_on_rs_stream: bool = False
     """FSDP2 before torch 2.5: foreach_reduce allocated the fp32 reduce-scatter input inside `with
     torch.cuda.stream(reduce_scatter_stream)`, so that stream's pool caches the largest inputs too."""
@@ -444,6 +459,7 @@ REPLICA_LEAVES_OUT = {
     "fsdp_no_sync": "gradient accumulation reduce-scatters every micro-step (no no_sync)",
     "rope_cache_buffers": "no rotary cos/sin buffers",
     "deepspeed_engine": "fp32 weights and gradients with torch's optimizer, not DeepSpeed's 16-bit engine",
+    "kbit_prepare": "the quantized base's norms stay in the compute dtype (no prepare_model_for_kbit_training)",
 }
 
 
@@ -460,7 +476,8 @@ def left_out(train, cluster, facts: JobFacts) -> list[str]:
     out = []
     for name, text in REPLICA_LEAVES_OUT.items():
         on = (facts.previous_outputs_kept if name == "previous_outputs_kept" else facts.rope_cache_bytes
-              if name == "rope_cache_buffers" else getattr(stack, name))
+              if name == "rope_cache_buffers" else facts.kbit_prepared if name == "kbit_prepare"
+              else getattr(stack, name))
         if not on or (name in fsdp_only and facts.fsdp_version != 1) or (
                 name in quant_only and train.base_quant == "none") or (name == "lora_units" and not facts.lora) or (
                 name == "fsdp_no_sync" and train.grad_accum == 1):
@@ -548,6 +565,16 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
         raise ConfigError("train.block_kernels", "Liger's RoPE rotates q and k in place inside the matmul outputs "
                           "a selective checkpoint caches, so its recompute would rotate them twice",
                           "use checkpointing = 'full' or 'none' with Liger's kernels")
+    # The stack's default applies where podkit models it: under autocast (TRL's bf16=True, which casts the
+    # embeddings and head back). Without it the prepared model runs every matmul in fp32: not modelled.
+    kbit = (train.kbit_prepare == "on" or (train.kbit_prepare == "stack" and stack.kbit_prepare and autocast
+                                           and train.base_quant != "none"))
+    if kbit and not autocast and not replica:
+        from podkit.checks.errors import ConfigError
+
+        raise ConfigError("train.kbit_prepare", "podkit models prepare_model_for_kbit_training as TRL runs it, with "
+                          "autocast (bf16-mixed or fp16-mixed, the whole base on each GPU, nothing offloaded)",
+                          "use precision 'bf16-mixed' without FSDP sharding, or set kbit_prepare = 'off'")
     old_bnb_4bit = (train.base_quant != "none" and bool(train.bitsandbytes)
                     and parse_version(train.bitsandbytes) < (0, 43, 2))
     return JobFacts(
@@ -602,6 +629,7 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
         # pytorch PR #129721 "[FSDP2] Ran reduce-scatter copy-in in default stream" (2024-06-27, after
         # the 2.4 branch cut) moved the input's allocation out of the reduce-scatter stream.
         expert_linears=expert_linears,
+        kbit_prepared=kbit and not replica,
         rs_input_on_rs_stream=(fsdp and fsdp_version == 2 and bool(train.torch)
                                and parse_version(train.torch) < (2, 5)),
     )

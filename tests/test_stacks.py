@@ -672,6 +672,87 @@ def test_which_stacks_build_experts_as_linears(job):
         assert _step_transient(j, j.shape.param_groups(), 2, 1)[0] == 2 * largest * 2
 
 
+MISTRAL_TRL_QLORA = ("stack = 'hf'\ntransformers = '4.48.1'\nbitsandbytes = '0.43.3'\nprecision = 'bf16-mixed'\n"
+                     "lora_rank = 16\nlora_targets = ['q_proj', 'k_proj', 'v_proj', 'o_proj']\nbase_quant = 'nf4'\n"
+                     "checkpointing = 'full'\nattention = 'flash-attn'\nseq_len = 4096\nmicro_batch = 4\n")
+
+
+def test_trl_prepares_a_single_gpu_qlora_base_and_its_stream_turns_fp32(job):
+    # TRL 0.13 SFTTrainer: prepare_model_for_kbit_training on a 4-bit base that is not FSDP-sharded, then
+    # (bf16=True) peft_module_casting_to_bf16: norms fp32, embeddings and head back to bf16.
+    one = job(model='preset = "mistral-7b"', train=MISTRAL_TRL_QLORA, cluster="gpu = 'A100-80GB'")
+    assert one.facts.kbit_prepared
+    sharded = job(model='preset = "mistral-7b"', train=MISTRAL_TRL_QLORA,
+                  cluster="gpu = 'A100-80GB'\ngpus_per_node = 2\nsharding = 'zero3'")
+    off = job(model='preset = "mistral-7b"', train=MISTRAL_TRL_QLORA + "kbit_prepare = 'off'", cluster="gpu = 'A100-80GB'")
+    podkit = job(model='preset = "mistral-7b"', train=MISTRAL_TRL_QLORA.replace("stack = 'hf'", "stack = 'podkit'"),
+                 cluster="gpu = 'A100-80GB'")
+    assert not sharded.facts.kbit_prepared and not off.facts.kbit_prepared and not podkit.facts.kbit_prepared
+    h, layers, tokens = 4096, 32, 4 * 4096
+    # Checkpointed block inputs: the first is the bf16 embedding, every later one the fp32 sum of a block's
+    # fp32 projections into the stream; the final norm keeps its fp32 input and its rsqrt either way.
+    head = 4 * h + 4
+    assert part(estimate(one), "saved activations", "forward-end") == (layers * 4 * h - 2 * h + head) * tokens
+    assert part(estimate(off), "saved activations", "forward-end") == (layers * 2 * h + head) * tokens
+    # bitsandbytes Linear4bit returns its input's dtype: q_proj's autocast bf16 output comes back fp32, and
+    # flash-attn gets q, k, v cast to bf16 again (what it saves).
+    bf = A.block_facts(one)
+    assert (bf.stream, bf.norm_weight_bytes) == (4, 4)
+    walk, _ = A._walk_block(bf)
+    outputs = {t.label: t.bytes for op in walk.ops for t in op.outputs}
+    assert outputs["q_proj: output in its input's dtype (bitsandbytes)"] == 4 * h
+    assert outputs["o_proj: base output clone (peft)"] == 2 * h  # o_proj reads flash-attn's bf16 output
+    saved = A.saved_per_token(bf, "none")
+    assert saved["q cast to the compute dtype"] == 2 * h and saved["v cast to the compute dtype"] == 2 * 1024
+    # MatMul4Bit dequantizes to bf16, makes it fp32 for the fp32 input (.to(A.dtype)) and autocast casts it
+    # back to bf16 for F.linear: 4 + 2 B per weight of the largest linear.
+    assert part(estimate(one), "dequantized weight", "backward") == 14336 * h * 6
+    assert part(estimate(off), "dequantized weight", "backward") == 14336 * h * 2
+
+
+def test_kbit_prepare_asks_for_what_podkit_models(job):
+    with pytest.raises(ConfigError, match="quantized base"):
+        job(train="lora_rank = 8\nkbit_prepare = 'on'")
+    with pytest.raises(ConfigError, match="autocast"):
+        job(train="stack = 'hf'\nlora_rank = 8\nbase_quant = 'nf4'\nprecision = 'bf16'\nkbit_prepare = 'on'")
+    # The stack's default leaves a pure-bf16 QLoRA alone (TRL prepares it too, then runs its matmuls in fp32:
+    # not modelled) rather than refusing it.
+    assert not job(train="stack = 'hf'\nlora_rank = 8\nbase_quant = 'nf4'\nprecision = 'bf16'").facts.kbit_prepared
+
+
+MIXTRAL_LORA_448 = ("stack = 'hf'\ntransformers = '4.48.1'\nprecision = 'bf16'\nlora_rank = 16\n"
+                    "lora_targets = ['q_proj', 'k_proj', 'v_proj', 'o_proj']\ncheckpointing = 'full'\nseq_len = 4096\n")
+
+
+def test_expert_modules_run_one_at_a_time(job):
+    def facts(train, model='preset = "mixtral-8x7b"'):
+        return A.block_facts(job(model=model, train=train, cluster="gpu = 'A100-80GB'"))
+
+    loop = facts(MIXTRAL_LORA_448)
+    assert loop.expert_loop == "index_add"
+    assert facts("stack = 'litgpt'\nprecision = 'bf16'").expert_loop == "index_put"
+    assert facts(MIXTRAL_LORA_448.replace("4.48.1", "5.0.0")).expert_loop == ""  # banks: one grouped op
+    h, k, ffn = 4096, 2, 14336
+    # Saved over the whole loop, as over one grouped op: every routed copy's w1 output, silu, w3 output (the
+    # frozen w2 keeps no input) and w2 output (kept for the routing weight's gradient), plus what
+    # index_add_ keeps: its source, each expert's weighted output.
+    saved = A.saved_per_token(loop, "none", moe_layer=True)
+    assert saved["experts.w1: output"] == saved["experts.silu(gate)"] == saved["experts.w3: output"] == 2 * ffn * k
+    assert saved["experts.w2: output"] == 2 * h * k
+    assert saved["expert output x routing weight"] == 2 * h * k
+    litgpt = dataclasses.replace(loop, expert_loop="index_put")
+    assert "expert output x routing weight" not in A.saved_per_token(litgpt, "none", moe_layer=True)
+    # Backward holds one expert's gradients at a time, over its share of the routed tokens (top_k / experts):
+    # twice the experts with twice the top_k gives each the same share, so the same block backward, where one
+    # grouped op over every routed copy would hold twice as much.
+    wide = dataclasses.replace(loop, moe=dataclasses.replace(loop.moe, experts=16, top_k=4))
+    grouped, grouped_wide = (dataclasses.replace(f, expert_loop="") for f in (loop, wide))
+    inter = A.backward_intermediates_per_token
+    assert inter(wide, True) == pytest.approx(inter(loop, True), abs=64)
+    assert inter(grouped_wide, True) - inter(grouped, True) > 2 * ffn * k * 2
+    assert inter(loop, True) < inter(grouped, True)
+
+
 # ---- litgpt's loop, from its source (finetune/lora.py, lightning's bitsandbytes plugin) -----------
 
 
