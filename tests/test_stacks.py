@@ -688,6 +688,9 @@ def test_trl_prepares_a_single_gpu_qlora_base_and_its_stream_turns_fp32(job):
     podkit = job(model='preset = "mistral-7b"', train=MISTRAL_TRL_QLORA.replace("stack = 'hf'", "stack = 'podkit'"),
                  cluster="gpu = 'A100-80GB'")
     assert not sharded.facts.kbit_prepared and not off.facts.kbit_prepared and not podkit.facts.kbit_prepared
+    # bin/smoke's replica keeps its norms in the compute dtype, and says so.
+    assert not one.as_replica().facts.kbit_prepared
+    assert "kbit_prepare" in [x.split(":")[0] for x in stacks.left_out(one.train, one.cluster, one.facts)]
     h, layers, tokens = 4096, 32, 4 * 4096
     # Checkpointed block inputs: the first is the bf16 embedding, every later one the fp32 sum of a block's
     # fp32 projections into the stream; the final norm keeps its fp32 input and its rsqrt either way.
