@@ -496,6 +496,7 @@ def saved_per_token(facts: BlockFacts, policy: str, moe_layer: bool = False) -> 
     return out
 
 
+@functools.lru_cache(maxsize=1024)
 def recomputed_per_token(facts: BlockFacts, policy: str, moe_layer: bool = False, ctx_kept: bool = True) -> float:
     """Bytes per token a checkpointed block's recompute saves again: what autograd saves in the block
     that the policy did not keep from the first forward (by tensor: a frozen linear's output that a
@@ -513,6 +514,7 @@ def ctx_kept_per_token(facts: BlockFacts, moe_layer: bool = False) -> float:
     return sum(t.bytes for t in tr.ctx_kept.values())
 
 
+@functools.lru_cache(maxsize=1024)
 def backward_intermediates_per_token(facts: BlockFacts, moe_layer: bool = False) -> float:
     """The most one block's backward holds beyond the saved tensors it starts with, per token: its ops
     replayed in reverse with autograd's engine rules (torch/csrc/autograd/engine.cpp, one device
@@ -602,6 +604,7 @@ def _replay_backward(tr: Trace) -> float:
     return peak - start
 
 
+@functools.lru_cache(maxsize=1024)
 def forward_peak_per_token(facts: BlockFacts, moe_layer: bool = False, keep_saved: bool = True,
                            stop_after_last_save: bool = False) -> float:
     """The most one block's forward holds at once, per token, its input included. Each op's outputs
@@ -622,17 +625,20 @@ def forward_peak_per_token(facts: BlockFacts, moe_layer: bool = False, keep_save
         ops = ops[:max((i for i, op in enumerate(ops) if op.saved), default=-1) + 1]
     kept = (set(tr.saved) if keep_saved else set(tr.ctx_kept)) | {id(x)}
     live = {id(x): x.bytes}
-    peak = x.bytes
+    total = peak = x.bytes  # the live bytes, kept as a running sum (a MoE walk has thousands of ops)
     for i, op in enumerate(ops):
         for t in (*op.outputs, *op.saved):
-            live.setdefault(id(t), t.bytes)
-        peak = max(peak, sum(live.values()))
+            if id(t) not in live:
+                live[id(t)] = t.bytes
+                total += t.bytes
+        peak = max(peak, total)
         for t in (*op.inputs, *op.holds, *op.saved):
-            if last_use[id(t)] == i and id(t) not in kept:
-                live.pop(id(t), None)
+            if last_use[id(t)] == i and id(t) not in kept and id(t) in live:
+                total -= live.pop(id(t))
     return peak
 
 
+@functools.lru_cache(maxsize=1024)
 def recompute_transient_per_token(facts: BlockFacts, moe_layer: bool = False, reentrant: bool = False) -> float:
     """The most a checkpointed block's recompute holds beyond its saved tensors and its input, per token.
     The recompute runs the block's forward again with grad enabled (torch/utils/checkpoint.py,
