@@ -274,18 +274,16 @@ class Trace:
         # peft: result = result + lora_B(lora_A(dropout(x))) * scaling, then result.to(the base's dtype)
         scaled = self.new(f"{name}: lora_B output x scaling", fan_out, ab)
         self.op([b_out], [scaled])
-        if peft4:
-            # Without autocast `output = output.to(expected_dtype)`, then result + output in the result's dtype.
-            if not f.autocast and ab != out.dtype_bytes:
-                conv = self.new(f"{name}: adapter output cast to the base's dtype", fan_out, out.dtype_bytes)
-                self.op([scaled], [conv])
-                scaled = conv
-            total = self.new(f"{name}: base + adapter", fan_out, max(out.dtype_bytes, scaled.dtype_bytes))
-            self.op([out, scaled], [total], grad_alias=True, holds=cast_local)
-            return total
-        total = self.new(f"{name}: base + adapter", fan_out, max(f.e, ab))
+        if peft4 and not f.autocast and ab != out.dtype_bytes:
+            # peft's Linear4bit wrapper: without autocast `output = output.to(expected_dtype)` first.
+            conv = self.new(f"{name}: adapter output cast to the base's dtype", fan_out, out.dtype_bytes)
+            self.op([scaled], [conv])
+            scaled = conv
+        # The sum in the promoted dtype; lora.Linear then casts it back to the base's, the 4-bit wrapper not.
+        total_bytes = max(out.dtype_bytes, scaled.dtype_bytes) if peft4 else max(f.e, ab)
+        total = self.new(f"{name}: base + adapter", fan_out, total_bytes)
         self.op([out, scaled], [total], grad_alias=True, holds=cast_local)
-        if total.dtype_bytes == f.e:
+        if peft4 or total.dtype_bytes == f.e:
             return total
         back = self.new(f"{name}: base + adapter, cast back", fan_out, f.e)
         self.op([total], [back])

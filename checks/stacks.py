@@ -626,10 +626,10 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
                           else 2 if train.precision == "bf16" else 4),
         reentrant=reentrant,
         block_kernels=train.block_kernels,
-        # pytorch PR #129721 "[FSDP2] Ran reduce-scatter copy-in in default stream" (2024-06-27, after
-        # the 2.4 branch cut) moved the input's allocation out of the reduce-scatter stream.
         expert_linears=expert_linears,
         kbit_prepared=kbit and not replica,
+        # pytorch PR #129721 "[FSDP2] Ran reduce-scatter copy-in in default stream" (2024-06-27, after
+        # the 2.4 branch cut) moved the input's allocation out of the reduce-scatter stream.
         rs_input_on_rs_stream=(fsdp and fsdp_version == 2 and bool(train.torch)
                                and parse_version(train.torch) < (2, 5)),
     )
