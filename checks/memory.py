@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from podkit.checks import activations as A
 from podkit.checks import device_overhead
-from podkit.checks import fsdp1
+from podkit.checks import fsdp1, step_replay
 from podkit.checks.allocator import round_size, segment_size
 from podkit.checks.config import JobConfig
 from podkit.checks.gpus import GpuSpec
@@ -961,6 +961,19 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
         "backward-end": window(backward_ends),
         "step": phase("step", static + [full_grads, step_temp]),
     }
+    replayed = step_replay.segments(job, device)
+    if replayed:
+        # The step's activation and loss segments, replayed through the allocator's rules
+        # (checks/step_replay.py), replace the closed-form pool terms: at each moment, reserved holds those
+        # segments less what the moment's activations and loss fill of them.
+        act_reserved = replayed.reserved
+        for name, parts in phases.items():
+            kept = [p for p in parts if p.where != "pool"]
+            filled = sum(p.bytes for p in kept if p.where == "tensor" and p.term in ("activations", "loss"))
+            phases[name] = kept + [Part(
+                "overhead", "segments the step's activations and loss leave (cached)", max(0, act_reserved - filled),
+                f"two steps replayed through the caching allocator's rules reserve {act_reserved:,} B for them "
+                "(checks/step_replay.py); what this moment's activations do not fill", where="pool")]
     peak = max(phases, key=lambda name: total_bytes(phases[name]))
 
     # ---- host RAM for offload -------------------------------------------------------------------

@@ -1,0 +1,172 @@
+"""The segments a single-GPU HF Trainer step's activations and loss leave reserved, from the allocator's rules.
+
+Why a replay: the caching allocator places each tensor in the smallest cached free block that fits (best fit)
+and never returns a segment, so what a step reserves beyond its allocated peak depends on where the loss's
+4 B/logit tensors land among the blocks' recompute leftovers, not on any sum. fms-acceleration's nvidia-smi
+peaks of single-GPU LoRA/QLoRA runs exceed their allocated peaks by about one fp32 logits row per token
+(benchmarks/published/fms-acceleration/SOURCES.md); closed-form pool terms do not see it.
+
+What is replayed, through checks/allocator.py, for two steps (the second reserves nothing new):
+- each block's forward under no_grad (a reentrant checkpoint: torch.utils.checkpoint CheckpointFunction),
+  its ops in the order activations.py walks them, every intermediate freed after its last use, the
+  block's output kept as the next block's checkpointed input;
+- the head's bf16 logits and transformers 4.46-4.48 ForCausalLMLoss (loss/loss_utils.py): `logits.float()`,
+  the shifted `.contiguous()` copy, log_softmax's output (kept); the first two die when the loss returns,
+  the logits when compute_loss returns; its backward: nll_loss's zeros, log_softmax's input gradient,
+  SliceBackward0's full-size zeros, ToCopyBackward0's 16-bit gradient, then the head's input gradient;
+- each block in reverse: its recompute (the forward again, its saved tensors kept), then its backward as
+  activations._replay_backward orders it (engine.cpp), its input released at the end.
+Scope, where this order is the one the code runs: one GPU (no sharding, no offload), per-block reentrant
+checkpointing, that loss, a frozen base (LoRA/QLoRA: adapter gradients and AdamW states of r x hidden are
+small-pool or created once, before the second step) and dense blocks (a MoE block's expert loop is thousands of
+ops: too slow for preflight's half second). Elsewhere `segments` returns None and memory.py keeps its closed-form
+pool terms. The final norm's few bytes per token are left out.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from dataclasses import dataclass
+
+from podkit.checks import activations as A
+from podkit.checks.allocator import CachingAllocator
+
+
+def applies(job) -> bool:
+    f, t, c = job.facts, job.train, job.cluster
+    return (f.stack.name == "hf" and not f.fsdp and not f.offloaded and c.sharding == "none"
+            and c.gpus_per_node * c.nodes == 1 and f.ac_policy == "block" and f.reentrant
+            and f.loss == "fp32-upcast-shifted" and f.lora and job.shape.moe is None
+            and f.block_kernels == "torch" and not f.quant_saves_input and t.compute_bytes != 4)
+
+
+@dataclass(frozen=True)
+class Replay:
+    """The step's activations and loss alone, through the allocator, in bytes."""
+
+    peak_allocated: int
+    reserved: int
+    reserved_large: int
+    """Of `reserved`, the large pool's segments (requests over 1 MiB)."""
+
+
+def segments(job, device: str = "cuda") -> Replay | None:
+    """What two steps of the job's activations and loss reserve; None where the replay does not apply."""
+    if device != "cuda" or not applies(job):
+        return None
+    t, shape = job.train, job.shape
+    return _replay(A.block_facts(job, device), shape.layers, shape.vocab, shape.hidden, t.compute_bytes,
+                   t.micro_batch, t.micro_batch * t.seq_len)
+
+
+@functools.lru_cache(maxsize=64)
+def _replay(bf: A.BlockFacts, layers: int, vocab: int, hidden: int, e: int, batch: int, tokens: int) -> Replay:
+    tr, x_in = A._walk_block(bf, False)
+    # Per tensor: the op that last uses it (forward), the first op that saves it (its release in backward).
+    last_use: dict[int, int] = {}
+    first_saver: dict[int, int] = {}
+    for j, op in enumerate(tr.ops):
+        for t in (*op.inputs, *op.holds, *op.saved):
+            last_use[id(t)] = j
+        for t in op.saved:
+            first_saver.setdefault(id(t), j)
+    alloc = CachingAllocator()
+    live: dict = {}
+
+    def malloc(key, per_token_or_bytes: float, per_token: bool = True) -> None:
+        n = int(per_token_or_bytes * tokens) if per_token else int(per_token_or_bytes)
+        if n > 0:
+            live[key] = alloc.malloc(n)
+
+    def free(key) -> None:
+        block = live.pop(key, None)
+        if block is not None:
+            alloc.free(block)
+
+    def forward(i: int, recompute: bool) -> None:
+        name = lambda t: ("x", i) if t is x_in else ("t", i, id(t))  # noqa: E731
+        made = {id(x_in)}
+        for j, op in enumerate(tr.ops):
+            for t in (*op.outputs, *op.saved):
+                if id(t) not in made:
+                    made.add(id(t))
+                    malloc(("x", i + 1) if t is tr.output and not recompute else name(t), t.bytes)
+            for t in (*op.inputs, *op.holds, *op.saved):
+                if last_use[id(t)] == j and t is not x_in and t is not tr.output \
+                        and not (recompute and id(t) in tr.saved):
+                    free(name(t))
+        if recompute:
+            free(name(tr.output))  # the recomputed output only carries the gradient back in
+
+    def backward(i: int) -> None:
+        ids = itertools.count(1)
+        buffers = {0: [("g", i + 1), 1]}
+        grad_of = {id(tr.output): 0}
+
+        def drop(buf: int) -> None:
+            buffers[buf][1] -= 1
+            if buffers[buf][1] == 0:
+                free(buffers.pop(buf)[0])
+
+        for j in range(len(tr.ops) - 1, -1, -1):
+            op = tr.ops[j]
+            outs = [grad_of[id(o)] for o in op.outputs if id(o) in grad_of]
+            if outs:
+                summed = []
+                for t in op.inputs:
+                    if not t.grad:
+                        continue
+                    alias = op.grad_alias and len(outs) == 1 and t.dtype_bytes == op.outputs[0].dtype_bytes
+                    if id(t) in grad_of:
+                        if not alias:  # a new gradient summed into the existing one, then freed
+                            key = ("sum", i, j, id(t))
+                            malloc(key, t.bytes)
+                            summed.append(key)
+                    elif alias:
+                        buffers[outs[0]][1] += 1
+                        grad_of[id(t)] = outs[0]
+                    else:
+                        n = next(ids)
+                        buffers[n] = [("g", i, n), 1]
+                        grad_of[id(t)] = n
+                        malloc(("g", i, n), t.bytes)
+                if op.scratch:
+                    malloc(("scratch", i, j), op.scratch)
+                    free(("scratch", i, j))
+                for key in summed:
+                    free(key)
+                for o in op.outputs:
+                    if id(o) in grad_of:
+                        drop(grad_of.pop(id(o)))
+            for t in op.saved:
+                if first_saver[id(t)] == j and t is not x_in:
+                    free(("t", i, id(t)))
+        live[("g", i)] = live.pop(buffers[grad_of[id(x_in)]][0])
+        for key in [k for k in live if k[0] == "t" and k[1] == i]:
+            free(key)
+
+    full, shifted = vocab * tokens, vocab * (tokens - batch)
+    for _ in range(2):
+        malloc(("x", 0), hidden * e)  # the embedding's output: the first block's input
+        for i in range(layers):
+            forward(i, recompute=False)
+        for key, size in (("logits", e * full), ("fp32", 4 * full), ("shifted", 4 * shifted),
+                          ("log_softmax", 4 * shifted)):
+            malloc(key, size, per_token=False)
+        for key in ("fp32", "shifted", "logits"):
+            free(key)
+        for key, size, done in (("nll_grad", 4 * shifted, ()), ("lsm_grad", 4 * shifted, ("nll_grad", "log_softmax")),
+                                ("slice_grad", 4 * full, ("lsm_grad",)), ("logits_grad", e * full, ("slice_grad",))):
+            malloc(key, size, per_token=False)
+            for k in done:
+                free(k)
+        malloc(("g", layers), hidden * e)
+        free("logits_grad")
+        free(("x", layers))
+        for i in range(layers - 1, -1, -1):
+            forward(i, recompute=True)
+            backward(i)
+            free(("x", i))
+        free(("g", 0))
+    return Replay(alloc.peak_allocated, alloc.reserved, alloc.reserved_large)
