@@ -60,8 +60,16 @@ def segments(job, device: str = "cuda") -> Replay | None:
                    t.micro_batch, t.micro_batch * t.seq_len)
 
 
+ALLOC, FREE, RENAME = 0, 1, 2
+# A block's own tensors by these names, the rest by where the walk made them: its input and output (the
+# checkpointed residual stream) and their gradients.
+IN, OUT, GRAD_IN, GRAD_OUT = "in", "out", "grad in", "grad out"
+
+
 @functools.lru_cache(maxsize=64)
-def _replay(bf: A.BlockFacts, layers: int, vocab: int, hidden: int, e: int, batch: int, tokens: int) -> Replay:
+def _block_events(bf: A.BlockFacts) -> tuple[tuple, tuple, tuple]:
+    """A block's forward under no_grad, its recompute and its backward as (ALLOC, key, bytes per token),
+    (FREE, key, 0) and (RENAME, key, new key) events, recorded once per walk."""
     tr, x_in = A._walk_block(bf, False)
     # Per tensor: the op that last uses it (forward), the first op that saves it (its release in backward).
     last_use: dict[int, int] = {}
@@ -71,6 +79,77 @@ def _replay(bf: A.BlockFacts, layers: int, vocab: int, hidden: int, e: int, batc
             last_use[id(t)] = j
         for t in op.saved:
             first_saver.setdefault(id(t), j)
+
+    def forward(recompute: bool) -> tuple:
+        ev = []
+        name = lambda t: IN if t is x_in else id(t)  # noqa: E731
+        made = {id(x_in)}
+        for j, op in enumerate(tr.ops):
+            for t in (*op.outputs, *op.saved):
+                if id(t) not in made:
+                    made.add(id(t))
+                    ev.append((ALLOC, OUT if t is tr.output and not recompute else name(t), t.bytes))
+            for t in (*op.inputs, *op.holds, *op.saved):
+                if last_use[id(t)] == j and t is not x_in and t is not tr.output \
+                        and not (recompute and id(t) in tr.saved):
+                    ev.append((FREE, name(t), 0))
+        if recompute:
+            ev.append((FREE, name(tr.output), 0))  # the recomputed output only carries the gradient back in
+        return tuple(ev)
+
+    def backward() -> tuple:
+        ev = []
+        live = {id(t) for t in tr.saved.values() if t is not x_in}
+        ids = itertools.count(1)
+        buffers = {0: [GRAD_OUT, 1]}
+        grad_of = {id(tr.output): 0}
+
+        def drop(buf: int) -> None:
+            buffers[buf][1] -= 1
+            if buffers[buf][1] == 0:
+                ev.append((FREE, buffers.pop(buf)[0], 0))
+
+        for j in range(len(tr.ops) - 1, -1, -1):
+            op = tr.ops[j]
+            outs = [grad_of[id(o)] for o in op.outputs if id(o) in grad_of]
+            if outs:
+                summed = []
+                for t in op.inputs:
+                    if not t.grad:
+                        continue
+                    alias = op.grad_alias and len(outs) == 1 and t.dtype_bytes == op.outputs[0].dtype_bytes
+                    if id(t) in grad_of:
+                        if not alias:  # a new gradient summed into the existing one, then freed
+                            summed.append(("sum", j, id(t)))
+                            ev.append((ALLOC, summed[-1], t.bytes))
+                    elif alias:
+                        buffers[outs[0]][1] += 1
+                        grad_of[id(t)] = outs[0]
+                    else:
+                        n = next(ids)
+                        buffers[n] = [("grad", n), 1]
+                        grad_of[id(t)] = n
+                        ev.append((ALLOC, ("grad", n), t.bytes))
+                if op.scratch:
+                    ev += [(ALLOC, ("scratch", j), op.scratch), (FREE, ("scratch", j), 0)]
+                ev += [(FREE, key, 0) for key in summed]
+                for o in op.outputs:
+                    if id(o) in grad_of:
+                        drop(grad_of.pop(id(o)))
+            for t in op.saved:
+                if first_saver[id(t)] == j and id(t) in live:
+                    live.discard(id(t))
+                    ev.append((FREE, id(t), 0))
+        ev.append((RENAME, buffers[grad_of[id(x_in)]][0], GRAD_IN))
+        ev += [(FREE, k, 0) for k in live]
+        return tuple(ev)
+
+    return forward(False), forward(True), backward()
+
+
+@functools.lru_cache(maxsize=64)
+def _replay(bf: A.BlockFacts, layers: int, vocab: int, hidden: int, e: int, batch: int, tokens: int) -> Replay:
+    fwd, recompute, bwd = _block_events(bf)
     alloc = CachingAllocator()
     live: dict = {}
 
@@ -84,73 +163,22 @@ def _replay(bf: A.BlockFacts, layers: int, vocab: int, hidden: int, e: int, batc
         if block is not None:
             alloc.free(block)
 
-    def forward(i: int, recompute: bool) -> None:
-        name = lambda t: ("x", i) if t is x_in else ("t", i, id(t))  # noqa: E731
-        made = {id(x_in)}
-        for j, op in enumerate(tr.ops):
-            for t in (*op.outputs, *op.saved):
-                if id(t) not in made:
-                    made.add(id(t))
-                    malloc(("x", i + 1) if t is tr.output and not recompute else name(t), t.bytes)
-            for t in (*op.inputs, *op.holds, *op.saved):
-                if last_use[id(t)] == j and t is not x_in and t is not tr.output \
-                        and not (recompute and id(t) in tr.saved):
-                    free(name(t))
-        if recompute:
-            free(name(tr.output))  # the recomputed output only carries the gradient back in
-
-    def backward(i: int) -> None:
-        ids = itertools.count(1)
-        buffers = {0: [("g", i + 1), 1]}
-        grad_of = {id(tr.output): 0}
-
-        def drop(buf: int) -> None:
-            buffers[buf][1] -= 1
-            if buffers[buf][1] == 0:
-                free(buffers.pop(buf)[0])
-
-        for j in range(len(tr.ops) - 1, -1, -1):
-            op = tr.ops[j]
-            outs = [grad_of[id(o)] for o in op.outputs if id(o) in grad_of]
-            if outs:
-                summed = []
-                for t in op.inputs:
-                    if not t.grad:
-                        continue
-                    alias = op.grad_alias and len(outs) == 1 and t.dtype_bytes == op.outputs[0].dtype_bytes
-                    if id(t) in grad_of:
-                        if not alias:  # a new gradient summed into the existing one, then freed
-                            key = ("sum", i, j, id(t))
-                            malloc(key, t.bytes)
-                            summed.append(key)
-                    elif alias:
-                        buffers[outs[0]][1] += 1
-                        grad_of[id(t)] = outs[0]
-                    else:
-                        n = next(ids)
-                        buffers[n] = [("g", i, n), 1]
-                        grad_of[id(t)] = n
-                        malloc(("g", i, n), t.bytes)
-                if op.scratch:
-                    malloc(("scratch", i, j), op.scratch)
-                    free(("scratch", i, j))
-                for key in summed:
-                    free(key)
-                for o in op.outputs:
-                    if id(o) in grad_of:
-                        drop(grad_of.pop(id(o)))
-            for t in op.saved:
-                if first_saver[id(t)] == j and t is not x_in:
-                    free(("t", i, id(t)))
-        live[("g", i)] = live.pop(buffers[grad_of[id(x_in)]][0])
-        for key in [k for k in live if k[0] == "t" and k[1] == i]:
-            free(key)
+    def run(events: tuple, i: int) -> None:
+        names = {IN: ("x", i), OUT: ("x", i + 1), GRAD_IN: ("g", i), GRAD_OUT: ("g", i + 1)}
+        for kind, key, arg in events:
+            key = names.get(key, key)
+            if kind == ALLOC:
+                malloc(key, arg)
+            elif kind == FREE:
+                free(key)
+            else:
+                live[names.get(arg, arg)] = live.pop(key)
 
     full, shifted = vocab * tokens, vocab * (tokens - batch)
     for _ in range(2):
         malloc(("x", 0), hidden * e)  # the embedding's output: the first block's input
         for i in range(layers):
-            forward(i, recompute=False)
+            run(fwd, i)
         for key, size in (("logits", e * full), ("fp32", 4 * full), ("shifted", 4 * shifted),
                           ("log_softmax", 4 * shifted)):
             malloc(key, size, per_token=False)
@@ -165,8 +193,8 @@ def _replay(bf: A.BlockFacts, layers: int, vocab: int, hidden: int, e: int, batc
         free("logits_grad")
         free(("x", layers))
         for i in range(layers - 1, -1, -1):
-            forward(i, recompute=True)
-            backward(i)
+            run(recompute, i)
+            run(bwd, i)
             free(("x", i))
         free(("g", 0))
     return Replay(alloc.peak_allocated, alloc.reserved, alloc.reserved_large)
