@@ -1,12 +1,13 @@
 """The segments a single-GPU HF Trainer step's activations and loss leave reserved, from the allocator's rules.
 
 Why a replay: the caching allocator places each tensor in the smallest cached free block that fits (best fit)
-and never returns a segment, so what a step reserves beyond its allocated peak depends on where the loss's
-4 B/logit tensors land among the blocks' recompute leftovers, not on any sum. fms-acceleration's nvidia-smi
-peaks of single-GPU LoRA/QLoRA runs exceed their allocated peaks by about one fp32 logits row per token
-(benchmarks/published/fms-acceleration/SOURCES.md); closed-form pool terms do not see it.
+and never returns a segment, so what a step reserves beyond its allocated peak depends on the order and sizes of
+its tensors, not on their sum. fms-acceleration's single-GPU LoRA/QLoRA runs hold 4-10 GiB more on the device
+than their allocated peaks, growing with the tokens (benchmarks/published/fms-acceleration/SOURCES.md): each
+checkpointed block input is carved out of a freed segment of the previous block's no-grad MLP intermediates,
+and the remnant fits neither the next block's intermediates nor the loss's logits-sized tensors.
 
-What is replayed, through checks/allocator.py, for two steps (the second reserves nothing new):
+What is replayed, through checks/allocator.py, for two steps (the second starts from the first's segments):
 - each block's forward under no_grad (a reentrant checkpoint: torch.utils.checkpoint CheckpointFunction),
   its ops in the order activations.py walks them, every intermediate freed after its last use, the
   block's output kept as the next block's checkpointed input;
@@ -17,10 +18,10 @@ What is replayed, through checks/allocator.py, for two steps (the second reserve
 - each block in reverse: its recompute (the forward again, its saved tensors kept), then its backward as
   activations._replay_backward orders it (engine.cpp), its input released at the end.
 Scope, where this order is the one the code runs: one GPU (no sharding, no offload), per-block reentrant
-checkpointing, that loss, a frozen base (LoRA/QLoRA: adapter gradients and AdamW states of r x hidden are
-small-pool or created once, before the second step) and dense blocks (a MoE block's expert loop is thousands of
-ops: too slow for preflight's half second). Elsewhere `segments` returns None and memory.py keeps its closed-form
-pool terms. The final norm's few bytes per token are left out.
+checkpointing, that loss, a frozen base (LoRA/QLoRA: AdamW's states are made once, in the first step; the
+adapters' gradients are left out, small-pool blocks while r x hidden x 4 B <= 1 MiB) and dense blocks (a MoE
+block's expert loop is thousands of ops: too slow for preflight's half second). Elsewhere `segments` returns
+None and memory.py keeps its closed-form pool terms. The final norm's few bytes per token are left out.
 """
 
 from __future__ import annotations
