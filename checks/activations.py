@@ -535,70 +535,94 @@ def final_norm_backward_per_token(facts: BlockFacts) -> float:
     return _replay_backward(tr)
 
 
-def _replay_backward(tr: Trace) -> float:
-    last_user: dict[int, int] = {}
-    saved: dict[int, Tensor] = {}
+ALLOC, FREE, RENAME = 0, 1, 2
+GRAD_OUT = "grad out"
+"""Events of a replayed backward: (ALLOC, key, bytes per token), (FREE, key, 0), (RENAME, key, new key). A saved
+tensor's key is id(tensor); GRAD_OUT is the gradient of the trace's output, alive before the first node."""
+
+
+def backward_events(tr: Trace) -> tuple[tuple, dict]:
+    """A trace's backward in autograd's engine order (backward_intermediates_per_token): per node, its inputs'
+    new gradients, then its scratch, then the gradients summed into existing ones and its output gradients
+    freed; the saved tensors it was the first op to save released after it (bitsandbytes < 0.43.2's ctx
+    attributes never). Returns the events and the keys of the gradients alive at the end, by tensor id."""
+    first_saver: dict[int, int] = {}
     for i, op in enumerate(tr.ops):
         for t in op.saved:
-            saved[id(t)] = t
-            last_user[id(t)] = min(last_user.get(id(t), i), i)
-    start = sum(t.bytes for t in saved.values()) + sum(t.bytes for k, t in tr.ctx_kept.items() if k not in saved)
-    live_saved = start
-    # Gradient buffers: tensor id -> buffer id; buffer id -> [bytes, references].
+            first_saver.setdefault(id(t), i)
+    saved = {k: t for k, t in tr.saved.items() if k not in tr.ctx_kept}
+    ev: list = []
     ids = itertools.count(1)
-    buffers: dict[int, list] = {0: [tr.output.bytes, 1]}
+    buffers: dict = {0: [GRAD_OUT, 1]}  # buffer -> [key, references]
     grad_of: dict[int, int] = {id(tr.output): 0}
-    live_grads = tr.output.bytes
-    peak = live_saved + live_grads
 
-    def drop(buf: int) -> float:
+    def drop(buf: int) -> None:
         buffers[buf][1] -= 1
-        return buffers.pop(buf)[0] if buffers[buf][1] == 0 else 0.0
+        if buffers[buf][1] == 0:
+            ev.append((FREE, buffers.pop(buf)[0], 0))
 
     for i in range(len(tr.ops) - 1, -1, -1):
         op = tr.ops[i]
         outs = [grad_of[id(o)] for o in op.outputs if id(o) in grad_of]
         if outs:
-            fresh = 0.0
-            summed = 0.0  # new buffers summed into an existing gradient, freed after the node
+            summed = []  # gradients summed into an existing one, freed after the node
             for t in op.inputs:
                 if not t.grad:
                     continue
                 if op.grads_in_saved and id(t) in saved:
-                    # The gradient is written into the saved input's storage: it stops counting as
-                    # saved and counts as a gradient, or, summed into an existing one, is freed after.
-                    moved = saved.pop(id(t)).bytes
-                    live_saved -= moved
-                    live_grads += moved
+                    # The gradient is written into the saved input's storage: it becomes a gradient, or,
+                    # summed into an existing one, is freed after the node.
+                    del saved[id(t)]
                     if id(t) in grad_of:
-                        summed += moved
+                        summed.append(("moved", i, id(t)))
+                        ev.append((RENAME, id(t), summed[-1]))
                     else:
-                        buf = next(ids)
-                        buffers[buf] = [t.bytes, 1]
-                        grad_of[id(t)] = buf
+                        n = next(ids)
+                        buffers[n] = [("grad", n), 1]
+                        grad_of[id(t)] = n
+                        ev.append((RENAME, id(t), ("grad", n)))
                     continue
                 alias = op.grad_alias and len(outs) == 1 and t.dtype_bytes == op.outputs[0].dtype_bytes
                 if id(t) in grad_of:
                     if not alias:
-                        fresh += t.bytes
-                        summed += t.bytes
-                    continue
-                if alias:
+                        summed.append(("sum", i, id(t)))
+                        ev.append((ALLOC, summed[-1], t.bytes))
+                elif alias:
                     buffers[outs[0]][1] += 1
                     grad_of[id(t)] = outs[0]
                 else:
-                    fresh += t.bytes
-                    buf = next(ids)
-                    buffers[buf] = [t.bytes, 1]
-                    grad_of[id(t)] = buf
-            peak = max(peak, live_saved + live_grads + fresh + op.scratch)
-            live_grads += fresh - summed
+                    n = next(ids)
+                    buffers[n] = [("grad", n), 1]
+                    grad_of[id(t)] = n
+                    ev.append((ALLOC, ("grad", n), t.bytes))
+            if op.scratch:
+                ev += [(ALLOC, ("scratch", i), op.scratch), (FREE, ("scratch", i), 0)]
+            ev += [(FREE, key, 0) for key in summed]
             for o in op.outputs:
                 if id(o) in grad_of:
-                    live_grads -= drop(grad_of.pop(id(o)))
+                    drop(grad_of.pop(id(o)))
         for t in op.saved:
-            if last_user[id(t)] == i and id(t) in saved and id(t) not in tr.ctx_kept:
-                live_saved -= saved.pop(id(t)).bytes
+            if first_saver[id(t)] == i and id(t) in saved:
+                del saved[id(t)]
+                ev.append((FREE, id(t), 0))
+    return tuple(ev), {k: buffers[b][0] for k, b in grad_of.items()}
+
+
+def _replay_backward(tr: Trace) -> float:
+    """The most backward_events holds beyond the saved tensors it starts with, per token."""
+    size = {k: t.bytes for k, t in {**tr.ctx_kept, **tr.saved}.items()}
+    start = sum(size.values())
+    size[GRAD_OUT] = tr.output.bytes
+    live = peak = start + tr.output.bytes
+    for kind, key, arg in backward_events(tr)[0]:
+        if kind == ALLOC:
+            size[key] = arg
+            live += arg
+            peak = max(peak, live)
+        elif kind == FREE:
+            live -= size.pop(key)
+        else:
+            size[arg] = size.pop(key)
     return peak - start
 
 

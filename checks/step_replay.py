@@ -16,7 +16,7 @@ What is replayed, through checks/allocator.py, for two steps (the second starts 
   the logits when compute_loss returns; its backward: nll_loss's zeros, log_softmax's input gradient,
   SliceBackward0's full-size zeros, ToCopyBackward0's 16-bit gradient, then the head's input gradient;
 - each block in reverse: its recompute (the forward again, its saved tensors kept), then its backward as
-  activations._replay_backward orders it (engine.cpp), its input released at the end.
+  activations.backward_events orders it (engine.cpp), its input released at the end.
 Scope, where this order is the one the code runs: one GPU (no sharding, no offload), per-block reentrant
 checkpointing, that loss, a frozen base (LoRA/QLoRA: AdamW's states are made once, in the first step; the
 adapters' gradients are left out, small-pool blocks while r x hidden x 4 B <= 1 MiB) and dense blocks (a MoE
@@ -27,7 +27,6 @@ None and memory.py keeps its closed-form pool terms. The final norm's few bytes 
 from __future__ import annotations
 
 import functools
-import itertools
 from dataclasses import dataclass
 
 from podkit.checks import activations as A
@@ -61,25 +60,21 @@ def segments(job, device: str = "cuda") -> Replay | None:
                    t.micro_batch, t.micro_batch * t.seq_len)
 
 
-ALLOC, FREE, RENAME = 0, 1, 2
-# A block's own tensors by these names, the rest by where the walk made them: its input and output (the
-# checkpointed residual stream) and their gradients.
-IN, OUT, GRAD_IN, GRAD_OUT = "in", "out", "grad in", "grad out"
+ALLOC, FREE, RENAME, GRAD_OUT = A.ALLOC, A.FREE, A.RENAME, A.GRAD_OUT
+# A block's input, its output (the checkpointed residual stream) and the input's gradient, by these names; the
+# block's other tensors by id, as activations.backward_events keys them.
+IN, OUT, GRAD_IN = "in", "out", "grad in"
 
 
 @functools.lru_cache(maxsize=64)
 def _block_events(bf: A.BlockFacts) -> tuple[tuple, tuple, tuple]:
-    """A block's forward under no_grad, its recompute and its backward as (ALLOC, key, bytes per token),
-    (FREE, key, 0) and (RENAME, key, new key) events, recorded once per walk."""
+    """A block's forward under no_grad, its recompute and its backward as allocator events (the kinds of
+    activations.backward_events), recorded once per walk."""
     tr, x_in = A._walk_block(bf, False)
-    # Per tensor: the op that last uses it (forward), the first op that saves it (its release in backward).
-    last_use: dict[int, int] = {}
-    first_saver: dict[int, int] = {}
+    last_use: dict[int, int] = {}  # per tensor, the forward's last op to use it
     for j, op in enumerate(tr.ops):
         for t in (*op.inputs, *op.holds, *op.saved):
             last_use[id(t)] = j
-        for t in op.saved:
-            first_saver.setdefault(id(t), j)
 
     def forward(recompute: bool) -> tuple:
         ev = []
@@ -99,51 +94,10 @@ def _block_events(bf: A.BlockFacts) -> tuple[tuple, tuple, tuple]:
         return tuple(ev)
 
     def backward() -> tuple:
-        ev = []
-        live = {id(t) for t in tr.saved.values() if t is not x_in}
-        ids = itertools.count(1)
-        buffers = {0: [GRAD_OUT, 1]}
-        grad_of = {id(tr.output): 0}
-
-        def drop(buf: int) -> None:
-            buffers[buf][1] -= 1
-            if buffers[buf][1] == 0:
-                ev.append((FREE, buffers.pop(buf)[0], 0))
-
-        for j in range(len(tr.ops) - 1, -1, -1):
-            op = tr.ops[j]
-            outs = [grad_of[id(o)] for o in op.outputs if id(o) in grad_of]
-            if outs:
-                summed = []
-                for t in op.inputs:
-                    if not t.grad:
-                        continue
-                    alias = op.grad_alias and len(outs) == 1 and t.dtype_bytes == op.outputs[0].dtype_bytes
-                    if id(t) in grad_of:
-                        if not alias:  # a new gradient summed into the existing one, then freed
-                            summed.append(("sum", j, id(t)))
-                            ev.append((ALLOC, summed[-1], t.bytes))
-                    elif alias:
-                        buffers[outs[0]][1] += 1
-                        grad_of[id(t)] = outs[0]
-                    else:
-                        n = next(ids)
-                        buffers[n] = [("grad", n), 1]
-                        grad_of[id(t)] = n
-                        ev.append((ALLOC, ("grad", n), t.bytes))
-                if op.scratch:
-                    ev += [(ALLOC, ("scratch", j), op.scratch), (FREE, ("scratch", j), 0)]
-                ev += [(FREE, key, 0) for key in summed]
-                for o in op.outputs:
-                    if id(o) in grad_of:
-                        drop(grad_of.pop(id(o)))
-            for t in op.saved:
-                if first_saver[id(t)] == j and id(t) in live:
-                    live.discard(id(t))
-                    ev.append((FREE, id(t), 0))
-        ev.append((RENAME, buffers[grad_of[id(x_in)]][0], GRAD_IN))
-        ev += [(FREE, k, 0) for k in live]
-        return tuple(ev)
+        ev, grads = A.backward_events(tr)
+        # The block input stays alive through its backward (the reentrant checkpoint's detached input holds
+        # it); _replay frees it after. Its gradient becomes the previous block's output gradient.
+        return tuple(x for x in ev if x[1] != id(x_in)) + ((RENAME, grads[id(x_in)], GRAD_IN),)
 
     return forward(False), forward(True), backward()
 
