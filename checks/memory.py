@@ -912,8 +912,16 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
                                   + [last_block] + previous))
     # backward-end is the largest of the moments after backward leaves the last block: the first block's
     # backward, and the two below.
+    # FSDP1 keeps each block's input and its gradient once that block's backward is done
+    # (JobFacts.fsdp1_keeps_block_inputs): at the first block's backward, the other L - 1 blocks' inputs,
+    # and the gradients of all but the second block's, which is the first block's output gradient, already
+    # counted in its backward.
+    kept_inputs = [Part("activations", "blocks' inputs and their gradients, kept by FSDP1's reshard hooks",
+                        (2 * L - 3) * T * shape.hidden * bf.stream,
+                        f"({L - 1} inputs + {L - 2} gradients) x {shape.hidden} x {bf.stream} B per token x {T:,}",
+                        transient=True)] if f.fsdp1_keeps_block_inputs and L > 1 else []
     backward_ends = [phase("backward-end", static + ([end_params] if end_params else fwd_params[:1])
-                           + cache(cache_end) + end_grads + kept_logits + [first_block, in_backward])]
+                           + cache(cache_end) + end_grads + kept_logits + [first_block, in_backward] + kept_inputs)]
     # The input embedding's backward, the last node: embedding_dense_backward makes a dense vocab x hidden
     # gradient beside every other, which becomes the .grad or is summed into the one accumulation keeps
     # (AccumulateGrad). A tied head's gradient waits in the weight's input buffer, and the engine adds the

@@ -150,6 +150,11 @@ class Stack:
     kbit_prepare: bool = False
     """A quantized base that each rank loads whole (not FSDP-sharded) goes through peft's
     prepare_model_for_kbit_training before the adapters are added (JobFacts.kbit_prepared)."""
+    checkpoint_around_unit: bool = False
+    """Per-block activation checkpointing wraps the call of the block's FSDP unit (the model's loop runs
+    checkpoint(decoder_layer.__call__, ...) on the wrapped layer), rather than running inside the unit's
+    forward (FSDP's checkpoint_wrapper applied after wrapping; transformers' GradientCheckpointingLayer).
+    The hf and deepspeed stacks take it from their transformers release (transformers_facts)."""
     transformers_release: bool = False
     """The model, its loss and gradient_checkpointing_enable are transformers' at the job's release
     (train.transformers): transformers_facts decides the loss path, the reentrant default and the rotary
@@ -237,7 +242,8 @@ STACK_FACTS: dict[str, Stack] = {
         # use_orig_params=False, limit_all_gathers=True, sync_module_states from rank 0's CPU copy
         # (low_memory default), an _or_policy that makes every trainable leaf (each lora_A/lora_B
         # Linear) and each decoder layer its own unit, and FSDP's checkpoint_wrapper per decoder
-        # layer, reentrant as its README asks for bitsandbytes (`--reentrant_checkpointing True`);
+        # layer, reentrant as its README asks for bitsandbytes (`--reentrant_checkpointing True`), applied
+        # after the wrap (l.704 FSDP(...), l.741 apply_activation_checkpointing), so inside each unit;
         # torch.cuda.reset_peak_memory_stats() right before the loop, no empty_cache after wrapping.
         Stack("fsdp_qlora", "fp32-logits-kept", 0, 0, True, True, "block",
               ("k_proj", "q_proj", "v_proj", "up_proj", "down_proj", "gate_proj"), "compute", "foreach", False, True, True,
@@ -322,6 +328,19 @@ class JobFacts:
     its first input (0.43.3 nn/modules.py set_compute_type) and returns `out.to(inp_dtype)`, so a block's
     projections of fp32 norm outputs are fp32, and the block adds them into the residual stream: fp32 from the
     first block's output on (activations.block_facts). Modelled under autocast only (TRL's bf16=True)."""
+    fsdp1_keeps_block_inputs: bool = False
+    """FSDP1 keeps every block's input and that input's gradient until backward ends. A block's FSDP unit
+    holds only frozen weights (Stack.lora_units), so FSDP1's pre-forward registers a multi-grad hook on the
+    unit's inputs that require grad, to reshard after their gradients exist, and stores its handle on the
+    flat parameter until _finalize_params removes it when backward ends (torch/distributed/fsdp/
+    _runtime_utils.py _register_post_backward_reshard_only_hook). register_multi_grad_hook keeps each
+    input's grad_fn in the hooks' closure (torch/autograd/graph.py `grad_fns`); for a leaf that is its
+    AccumulateGrad node, which holds the tensor. Under a reentrant checkpoint around the unit
+    (Stack.checkpoint_around_unit) the unit first runs under no_grad, and in backward its recompute gets
+    detach_variable's leaf copies of the inputs (torch/utils/checkpoint.py CheckpointFunction.backward),
+    whose .grad the nested backward fills and the function returns: the input's storage and its gradient
+    then stay alive, through a reference cycle across C++ (tensor, hook dict, closure, AccumulateGrad,
+    tensor), until that removal. Counted on CPU: benchmarks/hf_fsdp1_per_token_cpu.py."""
     rs_input_on_rs_stream: bool = False
     """FSDP2 before torch 2.5: foreach_reduce allocated the fp32 reduce-scatter input inside `with
     torch.cuda.stream(reduce_scatter_stream)`, so that stream's pool caches the largest inputs too."""
@@ -390,6 +409,7 @@ class TransformersFacts:
     reentrant: bool
     rope_buffers: bool
     expert_linears: bool
+    checkpoint_around_unit: bool
 
 
 def transformers_facts(version: str, torch: str, family: str) -> TransformersFacts:
@@ -440,7 +460,20 @@ def transformers_facts(version: str, torch: str, family: str) -> TransformersFac
     # deepseek_v2/v3 the same, DeepSeek's router a bare Parameter); 5.0.0 holds them as 3-D Parameters
     # (modeling_mixtral.py l.63-72 MixtralExperts gate_up_proj / down_proj, l.102-108 MixtralTopKRouter).
     experts = v < (5,)
-    return TransformersFacts(loss, impl, reentrant, rope, experts)
+    # Where the checkpoint sits. Through 4.51.3 every decoder model's loop checkpoints the layer's call
+    # (modeling_mistral.py 4.48.1 l.585-596 `self._gradient_checkpointing_func(decoder_layer.__call__, ...)`),
+    # so an FSDP unit around the layer runs inside the checkpoint. PR #37223 (4.52.0, modeling_layers.py
+    # GradientCheckpointingLayer.__call__ l.45-48: `self._gradient_checkpointing_func(partial(super().__call__,
+    # **kwargs), *args)`) moved it into the layer, under FSDP's forward, for the families in
+    # CHECKPOINTING_LAYER_4_52 (read in the 4.52.1 wheel); PR #38913 (4.53.0) for every other family.
+    around = v < (4, 52) or (v < (4, 53) and family not in CHECKPOINTING_LAYER_4_52)
+    return TransformersFacts(loss, impl, reentrant, rope, experts, around)
+
+
+# The model families whose decoder layer is a GradientCheckpointingLayer in transformers 4.52 (each
+# modeling_<type>.py of the 4.52.1 wheel; "" = explicit dimensions, built as a Llama). Mixtral, Qwen2-MoE,
+# Qwen3-MoE, OLMoE, Gemma 2 and 3 and GPT-2 followed in 4.53.0.
+CHECKPOINTING_LAYER_4_52 = ("", "llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "deepseek_v3")
 
 
 
@@ -495,10 +528,12 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
     arch = shape.arch
     stack_loss, stack_impl, reentrant = stack.loss, stack.adamw_impl, stack.reentrant
     rope_buffers, expert_linears = stack.rope_cache_buffers, stack.expert_linears
+    around_unit = stack.checkpoint_around_unit
     if stack.transformers_release:
         # The transformers model and Trainer facts of the job's release (train.transformers).
         tf = transformers_facts(train.transformers, train.torch, shape.family if arch == "llama" else "gpt2")
         stack_loss, reentrant, rope_buffers, expert_linears = tf.loss, tf.reentrant, tf.rope_buffers, tf.expert_linears
+        around_unit = tf.checkpoint_around_unit
         if not stack.deepspeed_engine:
             stack_impl = tf.adamw_impl
     rope_buffers = rope_buffers and not replica  # the replica has none, whichever release decided them
@@ -632,4 +667,9 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
         # the 2.4 branch cut) moved the input's allocation out of the reduce-scatter stream.
         rs_input_on_rs_stream=(fsdp and fsdp_version == 2 and bool(train.torch)
                                and parse_version(train.torch) < (2, 5)),
+        # pytorch PR #101982 "[FSDP] Reshard frozen params in backward" (2023-06, first in 2.1.0) added the
+        # reshard-only hook; before it a frozen unit stayed gathered through backward instead.
+        fsdp1_keeps_block_inputs=(fsdp and fsdp_version == 1 and lora and stack.lora_units and ac == "block"
+                                  and reentrant and around_unit
+                                  and (not train.torch or parse_version(train.torch) >= (2, 1))),
     )

@@ -1,0 +1,165 @@
+"""FSDP1 under a reentrant checkpoint placed around each block's unit keeps every block's input and its
+gradient until backward ends (JobFacts.fsdp1_keeps_block_inputs).
+
+The first test runs the mechanism itself: real torch FullyShardedDataParallel over two gloo ranks on CPU,
+frozen block units, torch.utils.checkpoint(use_reentrant=True) around each unit's call (as transformers
+<= 4.51 runs `checkpoint(decoder_layer.__call__, ...)`) or inside the unit (a GradientCheckpointingLayer,
+FSDP's checkpoint_wrapper). The rest derive podkit's term by hand and pin which jobs have it.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from podkit.checks.memory import estimate
+
+WORKER = textwrap.dedent('''
+    import json, os, sys, weakref
+    import torch, torch.distributed as dist, torch.nn as nn
+    import torch.utils.checkpoint as ckpt
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    place, out = sys.argv[1], sys.argv[2]
+    L, B, S, H = 4, 2, 8, 16
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+
+    # Every leaf copy the reentrant checkpoint makes of a block's input (CheckpointFunction.backward calls
+    # the module-level detach_variable): watched through weak references only.
+    made = []
+    detach = ckpt.detach_variable
+    def watched(inputs):
+        out_ = detach(inputs)
+        made.extend(weakref.ref(t) for t in out_ if isinstance(t, torch.Tensor) and t.requires_grad)
+        return out_
+    ckpt.detach_variable = watched
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(H, H)
+            self.lin.requires_grad_(False)  # a LoRA base: the unit's flat parameter needs no gradient
+
+        def body(self, x):
+            return x + torch.tanh(self.lin(x))
+
+        def forward(self, x):
+            return ckpt.checkpoint(self.body, x, use_reentrant=True) if place == "inside" else self.body(x)
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(H, H)  # trains, so every block's input requires grad
+            self.blocks = nn.ModuleList(Block() for _ in range(L))
+
+        def forward(self, x):
+            x = self.proj(x)
+            x.register_hook(lambda g: snap("first block done"))
+            for b in self.blocks:
+                x = ckpt.checkpoint(b.__call__, x, use_reentrant=True) if place == "around" else b(x)
+            return x
+
+    seen = {}
+    def snap(moment):
+        alive = [r() for r in made if r() is not None]
+        seen[moment] = {"alive": len(alive), "with_grad": sum(t.grad is not None for t in alive),
+                        "bytes": sum(t.untyped_storage().nbytes() + (t.grad.untyped_storage().nbytes()
+                                                                    if t.grad is not None else 0) for t in alive)}
+
+    model = FSDP(Model(), auto_wrap_policy=ModuleWrapPolicy({Block}), sharding_strategy=ShardingStrategy.FULL_SHARD,
+                 device_id=torch.device("cpu"), use_orig_params=False)
+    model(torch.randn(B, S, H)).sum().backward()
+    snap("backward returned")
+    if dist.get_rank() == 0:
+        json.dump(seen, open(out, "w"))
+    dist.destroy_process_group()
+''')
+
+
+def _run(tmp_path, place):
+    script, out = tmp_path / "worker.py", tmp_path / f"{place}.json"
+    script.write_text(WORKER)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(script), place, str(out)], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_fsdp1_keeps_each_recomputed_input_and_its_gradient_until_backward_ends(tmp_path):
+    L, B, S, H = 4, 2, 8, 16
+    around, inside = _run(tmp_path, "around"), _run(tmp_path, "inside")
+    # Checkpoint around the unit: the recompute runs the unit's pre-forward on detach_variable's leaf copy,
+    # whose AccumulateGrad the reshard-only hook's closure holds: when the first block's backward is done,
+    # every block's input copy is alive with its .grad, fp32 here, L x (input + gradient).
+    assert around["first block done"] == {"alive": L, "with_grad": L, "bytes": L * 2 * B * S * H * 4}
+    # _finalize_params removes the hooks when backward ends: then they go.
+    assert around["backward returned"]["alive"] == 0
+    # Checkpoint inside the unit: the unit's pre-forward ran in the outer forward on a non-leaf input, so
+    # the copies die with each block's backward.
+    assert inside["first block done"]["alive"] == 0
+    assert inside["backward returned"]["alive"] == 0
+
+
+# ---- podkit's term, derived by hand ----------------------------------------------------------------------
+
+MISTRAL = 'preset = "mistral-7b"'  # hidden 4096, 32 layers
+FSDP2X = "gpu = 'A100-80GB'\ngpus_per_node = 2\nsharding = 'zero3'"
+
+
+def _hf(job, transformers="4.48.1", model=MISTRAL, extra="", cluster=FSDP2X, stack="hf"):
+    return job(model=model,
+               train=f"stack = '{stack}'\nlora_rank = 16\nprecision = 'bf16'\nmicro_batch = 2\nseq_len = 1024\n"
+                     f"checkpointing = 'full'\nattention = 'flash-attn'\ntransformers = '{transformers}'\n{extra}",
+               cluster=cluster)
+
+
+def _kept(est):
+    return sum(p.bytes for p in est.phase_parts["backward-end"] if p.label.startswith("blocks' inputs and their"))
+
+
+def test_the_first_blocks_backward_holds_the_other_inputs_and_all_but_one_gradient(job):
+    j = _hf(job)
+    assert j.facts.fsdp1_keeps_block_inputs
+    T, H, L = 2 * 1024, 4096, 32
+    # Blocks 1..31's inputs (bf16) and the gradients of blocks 2..31's: block 1's input gradient is the
+    # first block's output gradient, which its backward already counts; block 0's input is its saved input.
+    assert _kept(estimate(j)) == (31 + 30) * T * H * 2
+    # Nothing else moves: 4.51.3 and 4.52.1 share the loss and the rest, but 4.52's Mistral layer checkpoints
+    # inside the unit (GradientCheckpointingLayer); they differ at backward-end by that term and nowhere else.
+    without, with_ = estimate(_hf(job, "4.52.1")), estimate(_hf(job, "4.51.3"))
+    assert _kept(without) == 0
+    assert with_.phase_allocated("backward-end") - without.phase_allocated("backward-end") == (2 * L - 3) * T * H * 2
+    for phase in ("forward-end", "backward", "step"):
+        assert with_.phase_allocated(phase) == without.phase_allocated(phase)
+
+
+@pytest.mark.parametrize("transformers,model,kept", [
+    ("4.48.1", MISTRAL, True),
+    ("4.51.3", MISTRAL, True),
+    ("4.52.1", MISTRAL, False),   # Mistral's layer checkpoints itself from 4.52.0
+    ("4.52.1", 'preset = "mixtral-8x7b"', True),   # Mixtral's only from 4.53.0
+    ("4.53.0", 'preset = "mixtral-8x7b"', False),
+    ("5.0.0", MISTRAL, False),    # not reentrant by default
+])
+def test_which_transformers_releases_checkpoint_around_the_unit(job, transformers, model, kept):
+    assert _hf(job, transformers, model=model).facts.fsdp1_keeps_block_inputs is kept
+
+
+def test_only_a_frozen_unit_under_fsdp1_with_reentrant_block_checkpointing_keeps_them(job):
+    assert not _hf(job, extra="torch = '2.0.1'").facts.fsdp1_keeps_block_inputs  # no reshard-only hook before 2.1
+    assert _hf(job, extra="torch = '2.4.1'").facts.fsdp1_keeps_block_inputs
+    full_ft = job(model=MISTRAL, train="stack = 'hf'\nprecision = 'bf16'\nmicro_batch = 2\nseq_len = 1024\n"
+                                       "checkpointing = 'full'\ntransformers = '4.48.1'", cluster=FSDP2X)
+    assert not full_ft.facts.fsdp1_keeps_block_inputs  # a trained block unit gets the gradient hook instead
+    assert not _hf(job, cluster="gpu = 'A100-80GB'").facts.fsdp1_keeps_block_inputs  # no FSDP
+    assert not _hf(job, extra="", cluster=FSDP2X + "\nfsdp_version = 2").facts.fsdp1_keeps_block_inputs
+    # fsdp_qlora applies FSDP's checkpoint_wrapper after wrapping: inside each unit.
+    assert not _hf(job, stack="fsdp_qlora").facts.fsdp1_keeps_block_inputs
+    # bin/smoke's replica shards with FSDP2.
+    assert not _hf(job).as_replica().facts.fsdp1_keeps_block_inputs
