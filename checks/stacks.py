@@ -340,7 +340,7 @@ class JobFacts:
     detach_variable's leaf copies of the inputs (torch/utils/checkpoint.py CheckpointFunction.backward),
     whose .grad the nested backward fills and the function returns: the input's storage and its gradient
     then stay alive, through a reference cycle across C++ (tensor, hook dict, closure, AccumulateGrad,
-    tensor), until that removal. Counted on CPU: benchmarks/hf_fsdp1_per_token_cpu.py."""
+    tensor), until that removal. Counted on CPU: benchmarks/hf_fsdp1_kept_inputs_cpu.py."""
     rs_input_on_rs_stream: bool = False
     """FSDP2 before torch 2.5: foreach_reduce allocated the fp32 reduce-scatter input inside `with
     torch.cuda.stream(reduce_scatter_stream)`, so that stream's pool caches the largest inputs too."""
@@ -493,6 +493,8 @@ REPLICA_LEAVES_OUT = {
     "rope_cache_buffers": "no rotary cos/sin buffers",
     "deepspeed_engine": "fp32 weights and gradients with torch's optimizer, not DeepSpeed's 16-bit engine",
     "kbit_prepare": "the quantized base's norms stay in the compute dtype (no prepare_model_for_kbit_training)",
+    "checkpoint_around_unit": "blocks' inputs and their gradients are freed after each block's backward (FSDP2, not "
+                              "FSDP1's reshard hooks under a checkpoint around the unit)",
 }
 
 
@@ -510,6 +512,7 @@ def left_out(train, cluster, facts: JobFacts) -> list[str]:
     for name, text in REPLICA_LEAVES_OUT.items():
         on = (facts.previous_outputs_kept if name == "previous_outputs_kept" else facts.rope_cache_bytes
               if name == "rope_cache_buffers" else facts.kbit_prepared if name == "kbit_prepare"
+              else facts.fsdp1_keeps_block_inputs if name == "checkpoint_around_unit"
               else getattr(stack, name))
         if not on or (name in fsdp_only and facts.fsdp_version != 1) or (
                 name in quant_only and train.base_quant == "none") or (name == "lora_units" and not facts.lora) or (

@@ -15,6 +15,7 @@ import textwrap
 
 import pytest
 
+from podkit.checks import stacks
 from podkit.checks.memory import estimate
 
 WORKER = textwrap.dedent('''
@@ -161,5 +162,9 @@ def test_only_a_frozen_unit_under_fsdp1_with_reentrant_block_checkpointing_keeps
     assert not _hf(job, extra="", cluster=FSDP2X + "\nfsdp_version = 2").facts.fsdp1_keeps_block_inputs
     # fsdp_qlora applies FSDP's checkpoint_wrapper after wrapping: inside each unit.
     assert not _hf(job, stack="fsdp_qlora").facts.fsdp1_keeps_block_inputs
-    # bin/smoke's replica shards with FSDP2.
-    assert not _hf(job).as_replica().facts.fsdp1_keeps_block_inputs
+    # bin/smoke's replica shards with FSDP2, and says so where it matters.
+    j = _hf(job)
+    assert not j.as_replica().facts.fsdp1_keeps_block_inputs
+    assert "checkpoint_around_unit" in [x.split(":")[0] for x in stacks.left_out(j.train, j.cluster, j.facts)]
+    j = _hf(job, "4.52.1")
+    assert "checkpoint_around_unit" not in [x.split(":")[0] for x in stacks.left_out(j.train, j.cluster, j.facts)]
