@@ -175,6 +175,23 @@ def quantized_experts(job: JobConfig) -> CheckResult:
                        f"{experts / shape.params:.0%} of the weights", fix)
 
 
+def fsdp1_kept_inputs(job: JobConfig, est: MemoryEstimate) -> CheckResult:
+    """FSDP1's reshard hooks under a reentrant checkpoint around each unit (JobFacts.fsdp1_keeps_block_inputs)."""
+    if not job.facts.fsdp1_keeps_block_inputs:
+        return CheckResult("checkpointing.fsdp1_inputs", SKIP, "no FSDP1 frozen-unit hooks under a reentrant "
+                           "checkpoint around the unit")
+    kept = sum(p.bytes for p in est.phase_parts["backward-end"] if p.label.startswith("blocks' inputs and their"))
+    family = job.shape.family
+    release = "4.52.0" if family in stacks.CHECKPOINTING_LAYER_4_52 else "4.53.0"
+    return CheckResult("checkpointing.fsdp1_inputs", WARN,
+                       f"FSDP1 keeps every block's input and its gradient until backward ends ({gib(kept)} at the "
+                       f"first block's backward): transformers {job.train.transformers} checkpoints each layer's "
+                       "call around its FSDP unit, reentrant, and the unit's reshard hook holds the recompute's "
+                       "input copies",
+                       f"transformers >= {release} checkpoints inside the unit (train.transformers = '{release}'), "
+                       "or pass gradient_checkpointing_kwargs={'use_reentrant': False}")
+
+
 def sharding_world(job: JobConfig) -> CheckResult:
     c = job.cluster
     if c.sharding != "none" and c.world_size == 1:
@@ -422,6 +439,7 @@ def run_checks(job: JobConfig, est: MemoryEstimate, facts: HostFacts,
         flash_attention(job),
         bnb_sharding(job),
         quantized_experts(job),
+        fsdp1_kept_inputs(job, est),
         sharding_world(job),
         *machine_checks(job, facts),
         dataset(job),

@@ -168,3 +168,15 @@ def test_only_a_frozen_unit_under_fsdp1_with_reentrant_block_checkpointing_keeps
     assert "checkpoint_around_unit" in [x.split(":")[0] for x in stacks.left_out(j.train, j.cluster, j.facts)]
     j = _hf(job, "4.52.1")
     assert "checkpoint_around_unit" not in [x.split(":")[0] for x in stacks.left_out(j.train, j.cluster, j.facts)]
+
+
+def test_preflight_warns_with_the_kept_bytes_and_the_release_that_avoids_them(job):
+    from podkit.checks.rules import fsdp1_kept_inputs
+
+    j = _hf(job)
+    r = fsdp1_kept_inputs(j, estimate(j))
+    assert r.status == "warn" and f"{61 * 2048 * 4096 * 2 / 2**30:.1f} GiB" in r.message
+    assert "train.transformers = '4.52.0'" in r.fix
+    mixtral = _hf(job, model='preset = "mixtral-8x7b"')
+    assert "train.transformers = '4.53.0'" in fsdp1_kept_inputs(mixtral, estimate(mixtral)).fix
+    assert fsdp1_kept_inputs(_hf(job, "4.52.1"), estimate(_hf(job, "4.52.1"))).status == "skip"
