@@ -461,7 +461,7 @@ def transformers_facts(version: str, torch: str, family: str) -> TransformersFac
     # (modeling_mixtral.py l.63-72 MixtralExperts gate_up_proj / down_proj, l.102-108 MixtralTopKRouter).
     experts = v < (5,)
     # Where the checkpoint sits. Through 4.51.3 every decoder model's loop checkpoints the layer's call
-    # (modeling_mistral.py 4.48.1 l.585-596 `self._gradient_checkpointing_func(decoder_layer.__call__, ...)`),
+    # (modeling_mistral.py 4.48.1 l.548-559 `self._gradient_checkpointing_func(decoder_layer.__call__, ...)`),
     # so an FSDP unit around the layer runs inside the checkpoint. PR #37223 (4.52.0, modeling_layers.py
     # GradientCheckpointingLayer.__call__ l.45-48: `self._gradient_checkpointing_func(partial(super().__call__,
     # **kwargs), *args)`) moved it into the layer, under FSDP's forward, for the families in
