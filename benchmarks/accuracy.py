@@ -7,7 +7,11 @@ device), the value and its unit, and every assumption made to express it. The pr
 case is read for the same metric. A case marked `excluded` (e.g. torch.compile, which podkit does
 not model) is listed but not scored.
 
-Run: .venv/bin/python benchmarks/accuracy.py [--traced]   (writes benchmarks/results/accuracy.{md,json})
+Each case's job kind (checks/ledger.py) groups the cases; each kind's worst under-prediction goes to
+checks/ledger_misses.json, which preflight's memory.ledger check reads.
+
+Run: .venv/bin/python benchmarks/accuracy.py [--traced]
+     (writes benchmarks/results/accuracy.{md,json} and checks/ledger_misses.json)
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ try:
 except ImportError:  # Python 3.10
     import tomli as tomllib
 
+from podkit.checks import ledger  # noqa: E402
 from podkit.checks.config import JobConfig, parse_job  # noqa: E402
 from podkit.checks.memory import GIB, MemoryEstimate, estimate  # noqa: E402
 
@@ -89,7 +94,8 @@ def run(traced: bool = False) -> dict:
         pred = predicted(est, case.metric)
         row = {"case": case.name, "project": case.project, "metric": case.metric, "measured": case.measured,
                "predicted": pred, "error": round((pred - case.measured) / case.measured, 4),
-               "peak_phase": est.peak_phase, "excluded": case.excluded, "source": case.source}
+               "peak_phase": est.peak_phase, "kind": ledger.kind(case.job), "excluded": case.excluded,
+               "source": case.source}
         if traced:
             from podkit.train.traced import trace  # imports torch
 
@@ -106,6 +112,7 @@ def run(traced: bool = False) -> dict:
         "projects": sorted({r["project"] for r in scored}),
         "overall": summary([r["error"] for r in scored]),
         "by_metric": by_metric,
+        "by_kind": ledger.misses(rows, {r["case"]: r["kind"] for r in rows}),
         "rows": rows,
     }
 
@@ -122,6 +129,11 @@ def to_markdown(res: dict) -> str:
     for name, s in list(res["by_metric"].items()) + [("all", res["overall"])]:
         if s["n"]:
             out.append(f"| {name} | {s['n']} | {s['median']:.1%} | {s['max']:.1%} |")
+    out += ["", "By job kind (checks/ledger.py), the case whose peak read furthest above the prediction; preflight's "
+            "memory.ledger check warns when a job's headroom would not cover it:", "",
+            "| job kind | cases | worst error | metric | case |", "| --- | --- | --- | --- | --- |"]
+    for kind, m in res["by_kind"].items():
+        out.append(f"| {kind} | {m['cases']} | {m['error']:+.1%} | {m['metric']} | {m['case']} |")
     out += ["", "| case | metric | measured GiB | predicted GiB | error | peak moment |",
             "| --- | --- | --- | --- | --- | --- |"]
     for r in sorted(res["rows"], key=lambda r: (bool(r["excluded"]), r["case"])):
@@ -143,6 +155,7 @@ def main() -> None:
         RESULTS.mkdir(parents=True, exist_ok=True)
         (RESULTS / "accuracy.md").write_text(md)
         (RESULTS / "accuracy.json").write_text(json.dumps(res, indent=2) + "\n")
+        ledger.MISSES.write_text(json.dumps(res["by_kind"], indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from podkit.checks import stacks
+from podkit.checks import ledger, stacks
 from podkit.checks.advisor import HEADROOM, Suggestion
 from podkit.checks.config import JobConfig
 from podkit.checks.errors import ConfigError
@@ -49,6 +49,31 @@ def memory_fit(job: JobConfig, est: MemoryEstimate, suggestions: list[Suggestion
         return CheckResult("memory.fit", WARN, f"fits with only {est.headroom:.0%} headroom: {used}",
                            fix or "keep batches from growing: fragmentation alone can eat this")
     return CheckResult("memory.fit", PASS, f"fits: {used}, {est.headroom:.0%} headroom")
+
+
+# Within this, a published peak agrees with the prediction: the ledger's goal (README, "How the prediction compares").
+LEDGER_AGREES = 0.03
+
+
+def ledger_margin(job: JobConfig, est: MemoryEstimate) -> CheckResult:
+    """The fit again, at the worst miss the public ledger shows for this kind of job (checks/ledger.py)."""
+    miss = ledger.worst(job)
+    if miss is None:
+        return CheckResult("memory.ledger", SKIP, f"no published peak of a job like this ({ledger.kind(job)}) in "
+                                                  "benchmarks/published/")
+    if miss.error >= -LEDGER_AGREES:
+        return CheckResult("memory.ledger", PASS, f"{miss.cases} published peak(s) of {miss.kind} jobs read within "
+                                                  f"{LEDGER_AGREES:.0%} of podkit's figures or below them")
+    if not est.fits:
+        return CheckResult("memory.ledger", SKIP, "does not fit even as predicted (memory.fit)")
+    need = est.total * miss.ratio
+    said = (f"published peaks of {miss.kind} jobs read up to {-miss.error:.0%} above podkit's figure ({miss.metric}, "
+            f"{miss.case}, worst of {miss.cases}); at that miss this job holds {gib(need)} of {gib(est.capacity)}")
+    if need <= est.capacity:
+        return CheckResult("memory.ledger", PASS, f"{said}: it still fits")
+    return CheckResult("memory.ledger", WARN, f"{said}: it may not fit",
+                       f"leave {-miss.error:.0%} more headroom (e.g. a smaller micro-batch), or prove the peak "
+                       "with bin/smoke on the pod before the full run")
 
 
 def host_ram(job: JobConfig, est: MemoryEstimate) -> CheckResult:
@@ -432,6 +457,7 @@ def run_checks(job: JobConfig, est: MemoryEstimate, facts: HostFacts,
                suggestions: list[Suggestion]) -> list[CheckResult]:
     return [
         memory_fit(job, est, suggestions),
+        ledger_margin(job, est),
         host_ram(job, est),
         effective_batch(job),
         precision_gpu(job),
