@@ -14,7 +14,7 @@ with a .grad. The vocabulary is small so that the blocks, not the loss, set the 
 Run: .venv/bin/python benchmarks/hf_fsdp1_kept_inputs_cpu.py [--old-transformers DIR]
   DIR: a directory with transformers==4.48.1, peft==0.13.2, tokenizers==0.21.0, huggingface_hub==0.27.1
   (pip install --no-deps --target DIR ...), fms-acceleration's releases, whose decoder loop checkpoints
-  `decoder_layer.__call__` around the FSDP unit; the installed transformers (>= 4.52) checkpoints inside it.
+  `decoder_layer.__call__` around the FSDP unit; the installed transformers (>= 4.52 for this Mistral) checkpoints inside it.
 Writes benchmarks/results/hf_fsdp1_kept_inputs_cpu.{md,json}.
 """
 
@@ -159,10 +159,10 @@ def main() -> int:
           f"checkpointing, sequences of {SEQ}, micro-batches {BATCHES[0]} and {BATCHES[1]}.\n\n" + header
           + "\n".join(lines)
           + f"\n\nOne copy of every block's bf16 input is {one_copy:,} B per token. Where transformers checkpoints "
-          "`decoder_layer.__call__` around the FSDP unit (<= 4.51), FSDP1's reshard-only hook keeps each "
-          "recomputed input copy and its gradient until backward ends (checks/stacks.py "
-          "JobFacts.fsdp1_keeps_block_inputs); where the layer checkpoints itself inside the unit (>= 4.52, "
-          "GradientCheckpointingLayer) none is kept.\n")
+          "`decoder_layer.__call__` around the FSDP unit (before 4.52 for Mistral, 4.53 for Mixtral), FSDP1's "
+          "reshard-only hook keeps each recomputed input copy and its gradient until backward ends (checks/stacks.py "
+          "JobFacts.fsdp1_keeps_block_inputs); where the layer checkpoints itself inside the unit (from those "
+          "releases, GradientCheckpointingLayer) none is kept.\n")
     print(md)
     out = ROOT / "benchmarks" / "results" / "hf_fsdp1_kept_inputs_cpu"
     out.with_suffix(".md").write_text(md)

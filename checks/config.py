@@ -186,7 +186,10 @@ class TrainConfig:
     """The transformers release the hf and deepspeed stacks run, when it matters ("" = a current
     release): it decides the loss path (4.46-4.48 also copy the fp32 logits shifted), the Trainer's
     default AdamW kernel under hf (fused from 4.54 with torch >= 2.8, else foreach; DeepSpeed steps its
-    own partitions), the checkpointing default (reentrant before 5.0) and the per-layer rotary cos/sin buffers (Llama <= 4.40 but 4.38.0-4.38.1, Mistral <= 4.41,
+    own partitions), the checkpointing default (reentrant before 5.0), where the checkpoint sits (around
+    each decoder layer's FSDP unit before 4.52 for Llama, Mistral, Qwen2/3, Gemma, Phi-3 and DeepSeek-V3,
+    before 4.53 for Mixtral, the other MoE families, Gemma 2/3 and GPT-2, before 4.54 for DeepSeek-V2) and
+    the per-layer rotary cos/sin buffers (Llama <= 4.40 but 4.38.0-4.38.1, Mistral <= 4.41,
     Qwen2 <= 4.44, Mixtral <= 4.47). checks/stacks.py transformers_facts cites each line."""
     previous_outputs: str = "stack"
     """Whether the previous step's outputs (and so its graph) are still bound during a forward:

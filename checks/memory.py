@@ -58,6 +58,10 @@ NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
 NF4_BYTES_NO_DQ = 0.5 + 4 / 64
 
 
+# The Part of JobFacts.fsdp1_keeps_block_inputs, by which rules.py finds its bytes.
+KEPT_INPUTS = "blocks' inputs and their gradients, kept by FSDP1's reshard hooks"
+
+
 def nf4_bytes(job: JobConfig) -> float:
     return NF4_BYTES if job.train.double_quant else NF4_BYTES_NO_DQ
 
@@ -916,7 +920,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
     # (JobFacts.fsdp1_keeps_block_inputs): at the first block's backward, the other L - 1 blocks' inputs,
     # and the gradients of all but the second block's, which is the first block's output gradient, already
     # counted in its backward.
-    kept_inputs = [Part("activations", "blocks' inputs and their gradients, kept by FSDP1's reshard hooks",
+    kept_inputs = [Part("activations", KEPT_INPUTS,
                         (2 * L - 3) * T * shape.hidden * bf.stream,
                         f"({L - 1} inputs + {L - 2} gradients) x {shape.hidden} x {bf.stream} B per token x {T:,}",
                         transient=True)] if f.fsdp1_keeps_block_inputs and L > 1 else []

@@ -15,7 +15,8 @@ from podkit.checks.config import JobConfig
 from podkit.checks.errors import ConfigError
 from podkit.checks.host import HostFacts
 from podkit.checks.kernels import attention_kernel
-from podkit.checks.memory import GIB, MemoryEstimate, nf4_bytes, optimizer_bytes, trainable_groups, trainable_params
+from podkit.checks.memory import (GIB, KEPT_INPUTS, MemoryEstimate, nf4_bytes, optimizer_bytes, trainable_groups,
+                                  trainable_params)
 from podkit.envsetup import arch
 
 PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
@@ -205,16 +206,16 @@ def fsdp1_kept_inputs(job: JobConfig, est: MemoryEstimate) -> CheckResult:
     if not job.facts.fsdp1_keeps_block_inputs:
         return CheckResult("checkpointing.fsdp1_inputs", SKIP, "no FSDP1 frozen-unit hooks under a reentrant "
                            "checkpoint around the unit")
-    kept = sum(p.bytes for p in est.phase_parts["backward-end"] if p.label.startswith("blocks' inputs and their"))
-    family = job.shape.family
-    release = "4.52.0" if family in stacks.CHECKPOINTING_LAYER_4_52 else "4.53.0"
+    kept = sum(p.bytes for p in est.phase_parts["backward-end"] if p.label == KEPT_INPUTS)
+    release = "%d.%d.0" % stacks.checkpointing_layer_release(stacks.hf_family(job.shape))
     return CheckResult("checkpointing.fsdp1_inputs", WARN,
                        f"FSDP1 keeps every block's input and its gradient until backward ends ({gib(kept)} at the "
                        f"first block's backward): transformers {job.train.transformers} checkpoints each layer's "
                        "call around its FSDP unit, reentrant, and the unit's reshard hook holds the recompute's "
                        "input copies",
-                       f"transformers >= {release} checkpoints inside the unit (train.transformers = '{release}'), "
-                       "or pass gradient_checkpointing_kwargs={'use_reentrant': False}")
+                       f"transformers >= {release} checkpoints inside the unit (train.transformers = '{release}'); "
+                       "gradient_checkpointing_kwargs={'use_reentrant': False} avoids it too, though podkit prices "
+                       "the release's reentrant default")
 
 
 def sharding_world(job: JobConfig) -> CheckResult:

@@ -465,8 +465,11 @@ def transformers_facts(version: str, torch: str, family: str) -> TransformersFac
     # so an FSDP unit around the layer runs inside the checkpoint. PR #37223 (4.52.0, modeling_layers.py
     # GradientCheckpointingLayer.__call__ l.45-48: `self._gradient_checkpointing_func(partial(super().__call__,
     # **kwargs), *args)`) moved it into the layer, under FSDP's forward, for the families in
-    # CHECKPOINTING_LAYER_4_52 (read in the 4.52.1 wheel); PR #38913 (4.53.0) for every other family.
-    around = v < (4, 52) or (v < (4, 53) and family not in CHECKPOINTING_LAYER_4_52)
+    # CHECKPOINTING_LAYER_4_52 (read in the 4.52.1 wheel); PR #38913 (4.53.0) for the others but DeepSeek-V2,
+    # which transformers builds only from 4.54.0 (modeling_deepseek_v2.py l.403 `class
+    # DeepseekV2DecoderLayer(GradientCheckpointingLayer)`): before that it runs the hub's own modeling code,
+    # whose loop checkpoints the layer's call.
+    around = v < checkpointing_layer_release(family)
     return TransformersFacts(loss, impl, reentrant, rope, experts, around)
 
 
@@ -474,6 +477,18 @@ def transformers_facts(version: str, torch: str, family: str) -> TransformersFac
 # modeling_<type>.py of the 4.52.1 wheel; "" = explicit dimensions, built as a Llama). Mixtral, Qwen2-MoE,
 # Qwen3-MoE, OLMoE, Gemma 2 and 3 and GPT-2 followed in 4.53.0.
 CHECKPOINTING_LAYER_4_52 = ("", "llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "deepseek_v3")
+
+
+def checkpointing_layer_release(family: str) -> tuple[int, int]:
+    """The first transformers release whose decoder layer of this family (as `hf_family` names it) checkpoints
+    inside itself (see transformers_facts)."""
+    return (4, 52) if family in CHECKPOINTING_LAYER_4_52 else (4, 54) if family == "deepseek_v2" else (4, 53)
+
+
+def hf_family(shape) -> str:
+    """The model_type whose transformers code the hf and deepspeed stacks run: a model of explicit dimensions
+    is built as a Llama, or as GPT-2 when its arch says so."""
+    return shape.family if shape.arch == "llama" else "gpt2"
 
 
 
@@ -534,7 +549,7 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
     around_unit = stack.checkpoint_around_unit
     if stack.transformers_release:
         # The transformers model and Trainer facts of the job's release (train.transformers).
-        tf = transformers_facts(train.transformers, train.torch, shape.family if arch == "llama" else "gpt2")
+        tf = transformers_facts(train.transformers, train.torch, hf_family(shape))
         stack_loss, reentrant, rope_buffers, expert_linears = tf.loss, tf.reentrant, tf.rope_buffers, tf.expert_linears
         around_unit = tf.checkpoint_around_unit
         if not stack.deepspeed_engine:

@@ -16,7 +16,7 @@ import textwrap
 import pytest
 
 from podkit.checks import stacks
-from podkit.checks.memory import estimate
+from podkit.checks.memory import KEPT_INPUTS, estimate
 
 WORKER = textwrap.dedent('''
     import json, os, sys, weakref
@@ -110,10 +110,11 @@ def test_fsdp1_keeps_each_recomputed_input_and_its_gradient_until_backward_ends(
 # ---- podkit's term, derived by hand ----------------------------------------------------------------------
 
 MISTRAL = 'preset = "mistral-7b"'  # hidden 4096, 32 layers
-FSDP2X = "gpu = 'A100-80GB'\ngpus_per_node = 2\nsharding = 'zero3'"
+GPT2 = 'name = "g"\nhidden = 256\nlayers = 4\nheads = 4\nkv_heads = 4\nffn = 1024\nvocab = 1000\narch = "gpt2"'
+FSDP_2GPUS = "gpu = 'A100-80GB'\ngpus_per_node = 2\nsharding = 'zero3'"
 
 
-def _hf(job, transformers="4.48.1", model=MISTRAL, extra="", cluster=FSDP2X, stack="hf"):
+def _hf(job, transformers="4.48.1", model=MISTRAL, extra="", cluster=FSDP_2GPUS, stack="hf"):
     return job(model=model,
                train=f"stack = '{stack}'\nlora_rank = 16\nprecision = 'bf16'\nmicro_batch = 2\nseq_len = 1024\n"
                      f"checkpointing = 'full'\nattention = 'flash-attn'\ntransformers = '{transformers}'\n{extra}",
@@ -121,7 +122,7 @@ def _hf(job, transformers="4.48.1", model=MISTRAL, extra="", cluster=FSDP2X, sta
 
 
 def _kept(est):
-    return sum(p.bytes for p in est.phase_parts["backward-end"] if p.label.startswith("blocks' inputs and their"))
+    return sum(p.bytes for p in est.phase_parts["backward-end"] if p.label == KEPT_INPUTS)
 
 
 def test_the_first_blocks_backward_holds_the_other_inputs_and_all_but_one_gradient(job):
@@ -146,7 +147,10 @@ def test_the_first_blocks_backward_holds_the_other_inputs_and_all_but_one_gradie
     ("4.52.1", MISTRAL, False),   # Mistral's layer checkpoints itself from 4.52.0
     ("4.52.1", 'preset = "mixtral-8x7b"', True),   # Mixtral's only from 4.53.0
     ("4.53.0", 'preset = "mixtral-8x7b"', False),
-    ("5.0.0", MISTRAL, False),    # not reentrant by default
+    ("5.0.0", MISTRAL, False),    # not reentrant by default (and inside the unit)
+    ("4.53.0", 'preset = "deepseek-v2-lite"', True),   # the hub's own code until transformers builds it, 4.54.0
+    ("4.54.0", 'preset = "deepseek-v2-lite"', False),
+    ("4.52.1", GPT2, True),       # explicit dimensions built as GPT-2: its block checkpoints itself from 4.53.0
 ])
 def test_which_transformers_releases_checkpoint_around_the_unit(job, transformers, model, kept):
     assert _hf(job, transformers, model=model).facts.fsdp1_keeps_block_inputs is kept
@@ -156,10 +160,10 @@ def test_only_a_frozen_unit_under_fsdp1_with_reentrant_block_checkpointing_keeps
     assert not _hf(job, extra="torch = '2.0.1'").facts.fsdp1_keeps_block_inputs  # no reshard-only hook before 2.1
     assert _hf(job, extra="torch = '2.4.1'").facts.fsdp1_keeps_block_inputs
     full_ft = job(model=MISTRAL, train="stack = 'hf'\nprecision = 'bf16'\nmicro_batch = 2\nseq_len = 1024\n"
-                                       "checkpointing = 'full'\ntransformers = '4.48.1'", cluster=FSDP2X)
+                                       "checkpointing = 'full'\ntransformers = '4.48.1'", cluster=FSDP_2GPUS)
     assert not full_ft.facts.fsdp1_keeps_block_inputs  # a trained block unit gets the gradient hook instead
     assert not _hf(job, cluster="gpu = 'A100-80GB'").facts.fsdp1_keeps_block_inputs  # no FSDP
-    assert not _hf(job, extra="", cluster=FSDP2X + "\nfsdp_version = 2").facts.fsdp1_keeps_block_inputs
+    assert not _hf(job, extra="", cluster=FSDP_2GPUS + "\nfsdp_version = 2").facts.fsdp1_keeps_block_inputs
     # fsdp_qlora applies FSDP's checkpoint_wrapper after wrapping: inside each unit.
     assert not _hf(job, stack="fsdp_qlora").facts.fsdp1_keeps_block_inputs
     # bin/smoke's replica shards with FSDP2, and says so where it matters.
@@ -180,3 +184,5 @@ def test_preflight_warns_with_the_kept_bytes_and_the_release_that_avoids_them(jo
     mixtral = _hf(job, model='preset = "mixtral-8x7b"')
     assert "train.transformers = '4.53.0'" in fsdp1_kept_inputs(mixtral, estimate(mixtral)).fix
     assert fsdp1_kept_inputs(_hf(job, "4.52.1"), estimate(_hf(job, "4.52.1"))).status == "skip"
+    gpt2 = _hf(job, "4.52.1", model=GPT2)  # never told to move to the release it runs
+    assert "train.transformers = '4.53.0'" in fsdp1_kept_inputs(gpt2, estimate(gpt2)).fix

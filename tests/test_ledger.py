@@ -13,17 +13,17 @@ from test_published_cases import accuracy
 
 HF = ('stack = "hf"\ntransformers = "4.48.1"\nprecision = "bf16"\nseq_len = 4096\ncheckpointing = "full"\n'
       'attention = "flash-attn"\nlora_rank = 16\nloss = "stack"\n')
-FSDP2X = 'gpu = "A100-80GB"\ngpus_per_node = 2\nsharding = "zero3"'
+FSDP_2GPUS = 'gpu = "A100-80GB"\ngpus_per_node = 2\nsharding = "zero3"'
 
 
 @pytest.mark.parametrize("model, train, cluster, kind", [
     ('preset = "llama-3.2-1b"', "", 'gpu = "A100-80GB"', "podkit full, dense, one GPU"),
-    ('preset = "mistral-7b"', HF, FSDP2X, "hf LoRA, dense, FSDP1"),
-    ('preset = "mistral-7b"', HF + 'base_quant = "nf4"', FSDP2X + '\noffload = "all"', "hf QLoRA, dense, FSDP1 + offload"),
+    ('preset = "mistral-7b"', HF, FSDP_2GPUS, "hf LoRA, dense, FSDP1"),
+    ('preset = "mistral-7b"', HF + 'base_quant = "nf4"', FSDP_2GPUS + '\noffload = "all"', "hf QLoRA, dense, FSDP1 + offload"),
     ('preset = "mixtral-8x7b"', HF + 'base_quant = "nf4"', 'gpu = "A100-80GB"', "hf QLoRA, MoE, one GPU"),
     ('preset = "llama-3.2-1b"', "", 'gpu = "A100-80GB"\ngpus_per_node = 4', "podkit full, dense, DDP"),
-    ('preset = "llama-3.2-1b"', "", FSDP2X, "podkit full, dense, FSDP2"),
-    ('preset = "llama-3.2-1b"', 'stack = "deepspeed"\nlora_rank = 8', FSDP2X, "deepspeed LoRA, dense, zero3"),
+    ('preset = "llama-3.2-1b"', "", FSDP_2GPUS, "podkit full, dense, FSDP2"),
+    ('preset = "llama-3.2-1b"', 'stack = "deepspeed"\nlora_rank = 8', FSDP_2GPUS, "deepspeed LoRA, dense, zero3"),
 ])
 def test_a_jobs_kind_names_its_stack_what_it_trains_its_model_and_its_spread(job, model, train, cluster, kind):
     assert ledger.kind(job(model=model, train=train, cluster=cluster)) == kind
@@ -51,7 +51,7 @@ def test_the_committed_misses_are_the_ledgers_own():
 
 
 def test_preflight_scales_the_fit_by_its_kinds_worst_miss(job, monkeypatch):
-    j = job(model='preset = "mistral-7b"', train=HF + "micro_batch = 2", cluster=FSDP2X)
+    j = job(model='preset = "mistral-7b"', train=HF + "micro_batch = 2", cluster=FSDP_2GPUS)
     est = estimate(j)
     # The miss that puts this job exactly at the card's capacity, then one a little either side of it.
     at_capacity = est.total / est.capacity - 1
@@ -74,11 +74,11 @@ def test_preflight_scales_the_fit_by_its_kinds_worst_miss(job, monkeypatch):
 def test_the_shipped_ledger_warns_where_a_published_fsdp1_peak_would_not_fit(job):
     """From the committed misses: hf LoRA FSDP1 jobs read up to 14% high on the device in the ledger, so a
     batch predicted at 90% of the card warns, and the ledger's own micro-batch passes."""
-    miss = ledger.worst(job(model='preset = "mistral-7b"', train=HF, cluster=FSDP2X))
+    miss = ledger.worst(job(model='preset = "mistral-7b"', train=HF, cluster=FSDP_2GPUS))
     assert miss is not None and miss.error < -0.03
-    small = job(model='preset = "mistral-7b"', train=HF + "micro_batch = 2", cluster=FSDP2X)
+    small = job(model='preset = "mistral-7b"', train=HF + "micro_batch = 2", cluster=FSDP_2GPUS)
     assert ledger_margin(small, estimate(small)).status == "pass"
     big = next(j for mb in range(2, 64, 2)
-               if (j := job(model='preset = "mistral-7b"', train=HF + f"micro_batch = {mb}", cluster=FSDP2X))
+               if (j := job(model='preset = "mistral-7b"', train=HF + f"micro_batch = {mb}", cluster=FSDP_2GPUS))
                and estimate(j).fits and estimate(j).total * miss.ratio > estimate(j).capacity)
     assert ledger_margin(big, estimate(big)).status == "warn"
