@@ -3,7 +3,7 @@ gradient until backward ends (JobFacts.fsdp1_keeps_block_inputs).
 
 The first test runs the mechanism itself: real torch FullyShardedDataParallel over two gloo ranks on CPU,
 frozen block units, torch.utils.checkpoint(use_reentrant=True) around each unit's call (as transformers
-<= 4.51 runs `checkpoint(decoder_layer.__call__, ...)`) or inside the unit (a GradientCheckpointingLayer,
+before 4.52 or 4.53 run `checkpoint(decoder_layer.__call__, ...)`) or inside the unit (a GradientCheckpointingLayer,
 FSDP's checkpoint_wrapper). The rest derive podkit's term by hand and pin which jobs have it.
 """
 
@@ -25,8 +25,8 @@ WORKER = textwrap.dedent('''
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-    place, out = sys.argv[1], sys.argv[2]
-    L, B, S, H = 4, 2, 8, 16
+    place, trains, out = sys.argv[1], sys.argv[2] == "trains", sys.argv[3]
+    L, B, S, H = map(int, sys.argv[4:8])
     dist.init_process_group("gloo")
     torch.manual_seed(0)
 
@@ -41,13 +41,17 @@ WORKER = textwrap.dedent('''
     ckpt.detach_variable = watched
 
     class Block(nn.Module):
-        def __init__(self):
+        def __init__(self, i):
             super().__init__()
+            self.i = i
             self.lin = nn.Linear(H, H)
-            self.lin.requires_grad_(False)  # a LoRA base: the unit's flat parameter needs no gradient
+            self.lin.requires_grad_(trains)  # frozen: a LoRA base, the unit's flat parameter needs no gradient
 
         def body(self, x):
-            return x + torch.tanh(self.lin(x))
+            y = self.lin(x)
+            if self.i == 0 and torch.is_grad_enabled():  # the recompute: fires inside block 0's backward
+                y.register_hook(lambda g: snap("in the first block's backward"))
+            return x + torch.tanh(y)
 
         def forward(self, x):
             return ckpt.checkpoint(self.body, x, use_reentrant=True) if place == "inside" else self.body(x)
@@ -56,19 +60,21 @@ WORKER = textwrap.dedent('''
         def __init__(self):
             super().__init__()
             self.proj = nn.Linear(H, H)  # trains, so every block's input requires grad
-            self.blocks = nn.ModuleList(Block() for _ in range(L))
+            self.blocks = nn.ModuleList(Block(i) for i in range(L))
 
         def forward(self, x):
             x = self.proj(x)
             x.register_hook(lambda g: snap("first block done"))
             for b in self.blocks:
+                saved.append(x.untyped_storage().data_ptr())  # the block input its checkpoint saves
                 x = ckpt.checkpoint(b.__call__, x, use_reentrant=True) if place == "around" else b(x)
             return x
 
-    seen = {}
+    seen, saved = {}, []
     def snap(moment):
         alive = [r() for r in made if r() is not None]
         seen[moment] = {"alive": len(alive), "with_grad": sum(t.grad is not None for t in alive),
+                        "saved_storage": sum(t.untyped_storage().data_ptr() in saved for t in alive),
                         "bytes": sum(t.untyped_storage().nbytes() + (t.grad.untyped_storage().nbytes()
                                                                     if t.grad is not None else 0) for t in alive)}
 
@@ -82,29 +88,48 @@ WORKER = textwrap.dedent('''
 ''')
 
 
-def _run(tmp_path, place):
-    script, out = tmp_path / "worker.py", tmp_path / f"{place}.json"
+# Blocks, batch, sequence, hidden of the worker's model.
+L, B, S, H = 4, 2, 8, 16
+
+
+def _run(tmp_path, place, trains=False):
+    script, out = tmp_path / "worker.py", tmp_path / f"{place}-{trains}.json"
     script.write_text(WORKER)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           str(script), place, str(out)], env=env, capture_output=True, text=True, timeout=300)
+                           str(script), place, "trains" if trains else "frozen", str(out), *map(str, (L, B, S, H))],
+                          env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())
 
 
 def test_fsdp1_keeps_each_recomputed_input_and_its_gradient_until_backward_ends(tmp_path):
-    L, B, S, H = 4, 2, 8, 16
     around, inside = _run(tmp_path, "around"), _run(tmp_path, "inside")
+    # Inside the first block's backward, the moment podkit prices: every block's input copy is alive, each the
+    # storage its checkpoint saved in the forward (detach shares it: no copy beyond the saved input), and all
+    # but block 0's have their .grad (block 1's is the gradient now flowing into block 0).
+    assert around["in the first block's backward"] == {"alive": L, "with_grad": L - 1, "saved_storage": L,
+                                                       "bytes": (2 * L - 1) * B * S * H * 4}
     # Checkpoint around the unit: the recompute runs the unit's pre-forward on detach_variable's leaf copy,
     # whose AccumulateGrad the reshard-only hook's closure holds: when the first block's backward is done,
     # every block's input copy is alive with its .grad, fp32 here, L x (input + gradient).
-    assert around["first block done"] == {"alive": L, "with_grad": L, "bytes": L * 2 * B * S * H * 4}
+    assert around["first block done"] == {"alive": L, "with_grad": L, "saved_storage": L,
+                                          "bytes": L * 2 * B * S * H * 4}
     # _finalize_params removes the hooks when backward ends: then they go.
     assert around["backward returned"]["alive"] == 0
     # Checkpoint inside the unit: the unit's pre-forward ran in the outer forward on a non-leaf input, so
     # the copies die with each block's backward.
     assert inside["first block done"]["alive"] == 0
     assert inside["backward returned"]["alive"] == 0
+    assert inside["in the first block's backward"]["alive"] == 1  # block 0's own, in use
+
+
+def test_a_trained_block_unit_keeps_no_input_copies(tmp_path):
+    """A full fine-tune: the unit's flat parameter needs a gradient, so FSDP1 hooks its AccumulateGrad instead
+    of the unit's inputs, and each copy dies with its block's backward even with the checkpoint around it."""
+    trained = _run(tmp_path, "around", trains=True)
+    assert trained["in the first block's backward"]["alive"] == 1
+    assert trained["first block done"]["alive"] == 0
 
 
 # ---- podkit's term, derived by hand ----------------------------------------------------------------------
