@@ -825,12 +825,16 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
     static = [params_resident] + quant_state + rope_caches + [optimizer] + paged_part + master
     fwd_grads = [unsynced] if no_sync else [full_grads] if grads_persist else []
     handoff = None
-    if f.fsdp_version == 1 and c.sharding == "zero3" and lora_units and L > 1:
+    if f.fsdp_version == 1 and c.sharding == "zero3" and lora_units and L > 1 and not f.fsdp1_keeps_block_inputs:
         # FSDP1 registers a block's pre-backward hook (which gathers it) on its output in post-forward,
         # before the next block's pre-forward registers its reshard-only hook on that same tensor as its
         # input (_register_post_backward_reshard_only_hook): tensor hooks run in that order, so when the
         # gradient reaches it the block is gathered while the next one is still gathered, with only that
-        # gradient left of the next block's backward.
+        # gradient left of the next block's backward. Not under a reentrant checkpoint around the unit
+        # (fsdp1_keeps_block_inputs): both hooks are then registered in backward's recompute, the reshard-only
+        # one on the recompute's leaf copy of the input, which is not the tensor the previous block's
+        # recompute later outputs; each block is resharded when its own input's gradient exists, before
+        # CheckpointFunction.backward returns and the previous block's recompute gathers that one.
         both = Part("params", "unsharded weights being used", int(2 * _layer_stored_bytes(job, e) + root),
                     "the block being gathered for backward and the one just backpropagated, plus the root",
                     transient=True)

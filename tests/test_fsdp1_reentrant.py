@@ -211,3 +211,19 @@ def test_preflight_warns_with_the_kept_bytes_and_the_release_that_avoids_them(jo
     assert fsdp1_kept_inputs(_hf(job, "4.52.1"), estimate(_hf(job, "4.52.1"))).status == "skip"
     gpt2 = _hf(job, "4.52.1", model=GPT2)  # never told to move to the release it runs
     assert "train.transformers = '4.53.0'" in fsdp1_kept_inputs(gpt2, estimate(gpt2)).fix
+
+
+def test_two_blocks_are_gathered_at_the_handoff_only_when_the_checkpoint_is_inside_the_unit(job):
+    """Inside the unit, a block's pre-backward hook and the next block's reshard-only hook sit on one tensor, so
+    the next block is still gathered when this one gathers for backward; around it, the recompute hooks the
+    next block's leaf copy instead, which is resharded before the previous block's recompute begins."""
+    def gathered_in_backward(transformers):
+        j = job(model=MISTRAL, cluster=FSDP_2GPUS,  # 128 tokens: a unit outweighs a block's activations
+                train=f"stack = 'hf'\nlora_rank = 16\nprecision = 'bf16'\nmicro_batch = 1\nseq_len = 128\n"
+                      f"checkpointing = 'full'\nattention = 'flash-attn'\ntransformers = '{transformers}'")
+        est = estimate(j)
+        return [p for p in est.phase_parts["backward"] if p.label == "unsharded weights being used"]
+
+    inside, around = gathered_in_backward("4.52.1"), gathered_in_backward("4.48.1")
+    assert [p.formula.startswith("the block being gathered for backward") for p in inside] == [True]
+    assert not any(p.formula.startswith("the block being gathered") for p in around)
