@@ -78,6 +78,14 @@ def predicted(est: MemoryEstimate, metric: str) -> int:
     return {"allocated": est.allocated, "reserved": est.reserved, "nvidia-smi": est.total}[metric]
 
 
+def peak_moment(est: MemoryEstimate, metric: str) -> str:
+    """The moment whose figure of this metric is the prediction (the first listed wins a tie, as in max)."""
+    if metric == "nvidia-smi":
+        return est.peak_phase
+    of = est.phase_allocated if metric == "allocated" else est.phase_reserved
+    return max(est.phase_parts, key=of)
+
+
 def summary(errors: list[float]) -> dict:
     if not errors:
         return {"n": 0, "median": None, "max": None}
@@ -94,7 +102,7 @@ def run(traced: bool = False) -> dict:
         pred = predicted(est, case.metric)
         row = {"case": case.name, "project": case.project, "metric": case.metric, "measured": case.measured,
                "predicted": pred, "error": round((pred - case.measured) / case.measured, 4),
-               "peak_phase": est.peak_phase, "kind": ledger.kind(case.job), "excluded": case.excluded,
+               "peak_phase": peak_moment(est, case.metric), "kind": ledger.kind(case.job), "excluded": case.excluded,
                "source": case.source}
         if traced:
             from podkit.train.traced import trace  # imports torch
