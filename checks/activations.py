@@ -764,6 +764,13 @@ class LossBytes:
         return max(self.forward, self.backward)
 
 
+def shifted_copy_bytes(job) -> int:
+    """Bytes per logit of the shifted fp32 copy transformers' loss makes (`logits[..., :-1, :].contiguous()`,
+    <= 4.48). At micro-batch 1 the slice of a (1, s, vocab) tensor is already contiguous (a size-1 dimension's
+    stride does not count: c10 TensorImpl compute_contiguous), so `.contiguous()` returns it and copies nothing."""
+    return 4 if job.train.micro_batch > 1 else 0
+
+
 def loss_bytes(job, tokens_per_sequence: int) -> LossBytes:
     """Per logit, from how the stack computes the loss (job.facts.loss)."""
     f = job.facts
@@ -778,11 +785,12 @@ def loss_bytes(job, tokens_per_sequence: int) -> LossBytes:
         n = max(1, f.loss_chunks)
     lsm = 4 if f.loss_upcast else e  # the log-softmax output autograd keeps
     copy = 4 / n if f.loss_upcast and e != 4 else 0  # one chunk's fp32 copy, alive while its CE runs
+    shift = shifted_copy_bytes(job)
     if f.loss == "fp32-logits-kept":
         # transformers <= 4.45: logits.float() in the model, shift_logits = logits[..., :-1, :]
         # .contiguous(), CrossEntropyLoss on it; the fp32 logits are returned and kept.
         kept = 4
-        fwd = 4 + 4 + 4
+        fwd = 4 + shift + 4
         bwd = kept + lsm + 2 * lsm
         # The 16-bit logits are freed by `.float()`; every later tensor of the loss (the shifted copy,
         # log-softmax, its gradient in and out) is 4 B per logit, so the caching allocator cannot hand
@@ -793,7 +801,7 @@ def loss_bytes(job, tokens_per_sequence: int) -> LossBytes:
         # shift_logits = logits[..., :-1, :].contiguous(), cross_entropy on it. The model's 16-bit logits
         # live in `outputs` until compute_loss returns; the fp32 copy and the shifted copy die with the
         # loss function. At fp32 `.float()` is the tensor itself, no copy.
-        fwd = e + (4 if e != 4 else 0) + 4 + lsm
+        fwd = e + (4 if e != 4 else 0) + shift + lsm
         bwd = 3 * lsm
         # Both 4 B blocks are free again before backward and take its two 4 B gradients; the 16-bit
         # logits' block cannot hold either (as for fp32-upcast below).

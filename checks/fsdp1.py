@@ -309,7 +309,7 @@ def _block(ops: _Ops, x: str, T: int, s, e: int, targets, quant: bool, flash: bo
 
 
 def forward_events(s, T: int, e: int, targets, quant: bool, lsm: int = 4, flash: bool = False,
-                   loss: str = "fp32-logits-kept") -> list[tuple]:
+                   loss: str = "fp32-logits-kept", shift_copy: bool = True) -> list[tuple]:
     """The default stream's allocations of one step of an HF Llama (transformers 4.39 decoder layers),
     up to the loss peak: embedding output, every checkpointed block under no_grad, the final norm (with
     grad: its fp32 input is saved), the head and the loss, then backward through the loss to
@@ -320,7 +320,8 @@ def forward_events(s, T: int, e: int, targets, quant: bool, lsm: int = 4, flash:
                         and shifts a .contiguous() copy of them; both die with the loss function;
       fp32-upcast       the loss upcasts the 16-bit logits itself (transformers >= 4.49 ForCausalLMLoss)
                         and the Trainer drops `outputs` when compute_loss returns: the logits and their
-                        fp32 copy are freed before backward."""
+                        fp32 copy are freed before backward.
+    shift_copy: the shifted slice is copied (activations.shifted_copy_bytes: not at micro-batch 1)."""
     ops = _Ops()
     x = ops.new(e * s.hidden * T)
     for _ in range(s.layers):
@@ -336,7 +337,7 @@ def forward_events(s, T: int, e: int, targets, quant: bool, lsm: int = 4, flash:
     logits16 = ops.new(e * s.vocab * T)
     if loss in ("fp32-upcast", "fp32-upcast-shifted"):
         upcast = ops.new(4 * s.vocab * T)  # logits.float() inside the loss
-        shifted = ops.new(4 * s.vocab * T) if loss == "fp32-upcast-shifted" else None  # full length, as below
+        shifted = ops.new(4 * s.vocab * T) if loss == "fp32-upcast-shifted" and shift_copy else None  # as below
         log_probs = ops.new(lsm * s.vocab * T)  # log_softmax's output, saved for backward
         ops.free(upcast, shifted, final)  # the copies die with the loss function
         ops.free(logits16)  # compute_loss returns: `outputs` (the 16-bit logits) is dropped
@@ -347,7 +348,7 @@ def forward_events(s, T: int, e: int, targets, quant: bool, lsm: int = 4, flash:
     logits = ops.new(4 * s.vocab * T)  # `logits = logits.float()`: kept in the output until after the step
     ops.free(logits16)
     # shift_logits is one position shorter per sequence; taken at full length (within 1 / seq_len).
-    shifted = ops.new(4 * s.vocab * T)
+    shifted = ops.new(4 * s.vocab * T) if shift_copy else None
     log_probs = ops.new(lsm * s.vocab * T)  # log_softmax's output, saved for backward
     ops.free(shifted, final)
     grad_log_probs = ops.new(lsm * s.vocab * T)  # nll_loss backward
@@ -374,21 +375,21 @@ def _step_replay(units: tuple[Unit, ...], world: int, sync: bool, offload: bool,
     root = quantized_load(alloc, list(units[-1][0]), list(load)) if load else None
     _wrap(alloc, units, world, sync, offload, buffers_share_dtype, nccl_events, root)
     init_large = alloc.reserved_large
-    shape, T, e, targets, quant, lsm, flash, loss = block_key
-    replay(forward_events(shape, T, e, targets, quant, lsm, flash, loss), alloc)
+    shape, T, e, targets, quant, lsm, flash, loss, shift_copy = block_key
+    replay(forward_events(shape, T, e, targets, quant, lsm, flash, loss, shift_copy), alloc)
     return init_large, alloc.reserved_large
 
 
 def step_reserved(units: list[Unit], world: int, shape, tokens: int, e: int, targets, quant: bool,
                   lsm: int = 4, sync: bool = True, offload: bool = False, flash: bool = False,
                   loss: str = "fp32-logits-kept", load: tuple[int, ...] = (), buffers_share_dtype: bool = False,
-                  nccl_events: bool = True) -> tuple[int, int]:
+                  nccl_events: bool = True, shift_copy: bool = True) -> tuple[int, int]:
     """(large-pool bytes reserved after the wrap, and at the loss's backward peak of the first step) on
     one rank's default stream: the wrap's replay followed by the step's forward in the same allocator,
     so the forward reuses what the wrap left cached where the sizes allow. `load`: the 4-bit weights'
     element counts when the model was quantized on the GPU while loading (quantized_load), whose
     QuantStates and 16-bit root parameters are then already in the allocator when the wrap starts.
-    `units`, `buffers_share_dtype` and `nccl_events` as for init_reserved."""
+    `units`, `buffers_share_dtype` and `nccl_events` as for init_reserved; `shift_copy` as for forward_events."""
     return _step_replay(tuple((tuple(p), tuple(b)) for p, b in units), world, sync, offload,
-                        (shape, tokens, e, frozenset(targets), quant, lsm, flash, loss), tuple(load),
+                        (shape, tokens, e, frozenset(targets), quant, lsm, flash, loss, shift_copy), tuple(load),
                         buffers_share_dtype, nccl_events)

@@ -719,7 +719,8 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
                                                f.lora_targets, t.base_quant == "nf4", 4 if f.loss_upcast else e,
                                                offload=offload == "all", flash=t.attention == "flash-attn",
                                                loss=f.loss, load=_quantized_load_order(job),
-                                               buffers_share_dtype=f.rope_cache_bytes == e)
+                                               buffers_share_dtype=f.rope_cache_bytes == e,
+                                               shift_copy=A.shifted_copy_bytes(job) > 0)
     # FSDP1 makes the shard it all-gathers inside `with stream(pre_unshard_stream)` (_runtime_utils.py
     # _unshard -> FlatParamHandle.pre_unshard) when it is not the resident one: CPU offload copies it to
     # the GPU (flat_param_to(device)), mixed precision casts an fp32 shard to the compute dtype

@@ -12,7 +12,8 @@ What is replayed, through checks/allocator.py, for two steps (the second starts 
   its ops in the order activations.py walks them, every intermediate freed after its last use, the
   block's output kept as the next block's checkpointed input;
 - the head's bf16 logits and transformers 4.46-4.48 ForCausalLMLoss (loss/loss_utils.py): `logits.float()`,
-  the shifted `.contiguous()` copy, log_softmax's output (kept); the first two die when the loss returns,
+  the shifted `.contiguous()` copy (none at micro-batch 1: activations.shifted_copy_bytes), log_softmax's output
+  (kept); the first two die when the loss returns,
   the logits when compute_loss returns; its backward: nll_loss's zeros, log_softmax's input gradient,
   SliceBackward0's full-size zeros, ToCopyBackward0's 16-bit gradient, then the head's input gradient;
 - each block in reverse: its recompute (the forward again, its saved tensors kept), then its backward as
@@ -57,7 +58,7 @@ def segments(job, device: str = "cuda") -> Replay | None:
         return None
     t, shape = job.train, job.shape
     return _replay(A.block_facts(job, device), shape.layers, shape.vocab, shape.hidden, t.compute_bytes,
-                   t.micro_batch, t.micro_batch * t.seq_len)
+                   t.micro_batch, t.micro_batch * t.seq_len, A.shifted_copy_bytes(job) > 0)
 
 
 ALLOC, FREE, RENAME, GRAD_OUT = A.ALLOC, A.FREE, A.RENAME, A.GRAD_OUT
@@ -103,7 +104,8 @@ def _block_events(bf: A.BlockFacts) -> tuple[tuple, tuple, tuple]:
 
 
 @functools.lru_cache(maxsize=64)
-def _replay(bf: A.BlockFacts, layers: int, vocab: int, hidden: int, e: int, batch: int, tokens: int) -> Replay:
+def _replay(bf: A.BlockFacts, layers: int, vocab: int, hidden: int, e: int, batch: int, tokens: int,
+            shift_copy: bool = True) -> Replay:
     fwd, recompute, bwd = _block_events(bf)
     alloc = CachingAllocator()
     live: dict = {}
@@ -134,7 +136,7 @@ def _replay(bf: A.BlockFacts, layers: int, vocab: int, hidden: int, e: int, batc
         malloc(("x", 0), hidden * e)  # the embedding's output: the first block's input
         for i in range(layers):
             run(fwd, i)
-        for key, size in (("logits", e * full), ("fp32", 4 * full), ("shifted", 4 * shifted),
+        for key, size in (("logits", e * full), ("fp32", 4 * full), ("shifted", 4 * shifted * shift_copy),
                           ("log_softmax", 4 * shifted)):
             malloc(key, size, per_token=False)
         for key in ("fp32", "shifted", "logits"):

@@ -124,9 +124,11 @@ def test_fsdp1_backward_hands_off_with_two_blocks_gathered(job):
 
 
 def test_hf_439_loss_leaves_the_16_bit_logits_as_a_hole(job):
-    lb = A.loss_bytes(qlora(job), 512)
+    lb = A.loss_bytes(qlora(job, micro_batch=2), 512)
     # logits.float() frees the bf16 logits (2 B); everything after is 4 B per logit: it stays empty.
     assert (lb.forward, lb.backward, lb.kept, lb.hole) == (12, 16, 4, 2)
+    # One sequence: the shifted slice is contiguous, no copy (fp32 logits 4 + log-softmax 4 in forward).
+    assert A.loss_bytes(qlora(job, micro_batch=1), 512).forward == 8
 
 
 def test_forward_replay_peaks_with_the_loss_in_new_segments(job):

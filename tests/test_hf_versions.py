@@ -97,12 +97,27 @@ def test_rotary_buffers_are_on_every_gpu_and_other_families_end_elsewhere(job):
     ("", "fp32-upcast", 10, 12),
 ])
 def test_loss_path_follows_the_release(job, transformers, loss, forward, per_logit):
-    j = job(model='preset = "llama-3.2-3b"',
-            train=f"stack = 'hf'\nprecision = 'bf16'\nseq_len = 1024\ntransformers = '{transformers}'")
+    j = job(model='preset = "llama-3.2-3b"', train=f"stack = 'hf'\nprecision = 'bf16'\nmicro_batch = 2\n"
+                                                   f"seq_len = 512\ntransformers = '{transformers}'")
     assert j.facts.loss == loss and j.facts.loss_upcast
-    lb = A.loss_bytes(j, 1024)
+    lb = A.loss_bytes(j, 512)
     assert (lb.forward, lb.backward, lb.kept, lb.hole) == (forward, 12, 0, 2)
     assert part(estimate(j), "loss:", "forward-end") == per_logit * V_3 * 1024
+
+
+def test_one_sequence_shifts_without_a_copy(job):
+    """At micro-batch 1, logits[..., :-1, :] of a (1, s, vocab) tensor is contiguous, so `.contiguous()` returns
+    it: 4.46-4.48's loss holds 2 + 4 + 4 B per logit in forward, and its peak is backward's 3 x 4 B."""
+    import torch
+
+    logits = torch.zeros(1, 8, 16)
+    assert logits[..., :-1, :].contiguous().data_ptr() == logits.data_ptr()
+    assert torch.zeros(2, 8, 16)[..., :-1, :].contiguous().data_ptr() != logits.data_ptr()
+    j = job(model='preset = "llama-3.2-3b"',
+            train="stack = 'hf'\nprecision = 'bf16'\nmicro_batch = 1\nseq_len = 1024\ntransformers = '4.48.3'")
+    lb = A.loss_bytes(j, 1024)
+    assert (lb.forward, lb.backward) == (2 + 4 + 4, 12)
+    assert part(estimate(j), "loss:", "forward-end") == 12 * V_3 * 1024
 
 
 # ---- 4. reentrant checkpointing by default before transformers 5 --------------------------------------
@@ -136,7 +151,7 @@ def test_deepspeed_stack_follows_the_release_but_steps_with_deepspeeds_optimizer
         rest = "".join(f"\n{k} = '{v}'" for k, v in extra.items())
         return job(model="hidden = 8192\nlayers = 80\nheads = 64\nkv_heads = 8\nffn = 28672\nvocab = 32000\n"
                          "max_position_embeddings = 4096",
-                   train=f"stack = 'deepspeed'\nlora_rank = 8\nprecision = 'bf16-mixed'\nseq_len = 1024\n"
+                   train=f"stack = 'deepspeed'\nlora_rank = 8\nprecision = 'bf16-mixed'\nmicro_batch = 2\nseq_len = 512\n"
                          f"checkpointing = 'full'\ntransformers = '{transformers}'{rest}",
                    cluster="gpu = 'A100-80GB'\ngpus_per_node = 2\nsharding = 'zero3'")
 
@@ -150,6 +165,7 @@ def test_deepspeed_stack_follows_the_release_but_steps_with_deepspeeds_optimizer
     assert part(estimate(old), "rotary cos/sin", "step") == 80 * 2 * 4096 * 128 * 2
     assert part(estimate(shifted), "rotary cos/sin", "step") == 0
     # 4.46-4.48's loss keeps the 16-bit logits beside the fp32 copy and its shifted copy: 14 B per logit
-    # at the forward peak, against a current release's 12 (its backward's 3 x 4 B; test 3 above).
+    # at the forward peak (of two sequences: one shifts without a copy), against a current release's 12 (its
+    # backward's 3 x 4 B; test 3 above).
     assert part(estimate(shifted), "loss:", "forward-end") - part(estimate(current), "loss:", "forward-end") \
         == (14 - 12) * 32000 * 1024

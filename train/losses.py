@@ -49,8 +49,9 @@ def plain(logits: torch.Tensor, targets: torch.Tensor, upcast: bool = True) -> t
 def shifted_copy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """transformers <= 4.48's `shift_logits = logits[..., :-1, :].contiguous()` then cross_entropy: a copy
     of the fp32 logits. The targets here are already the next tokens, so the copy is taken at full
-    length (transformers' is one position per sequence shorter)."""
-    copy = logits.clone(memory_format=torch.contiguous_format)
+    length (transformers' is one position per sequence shorter). Of one sequence the slice is already
+    contiguous and transformers copies nothing (checks/activations.py shifted_copy_bytes): nor does this."""
+    copy = logits if logits.shape[0] == 1 else logits.clone(memory_format=torch.contiguous_format)
     return F.cross_entropy(copy.view(-1, copy.shape[-1]), targets.reshape(-1))
 
 
