@@ -357,9 +357,10 @@ def forward_events(s, T: int, e: int, targets, quant: bool, lsm: int = 4, flash:
     return ops.events
 
 
-def replay(events: list[tuple], alloc: CachingAllocator | None = None) -> CachingAllocator:
+def replay(events: list[tuple], alloc: CachingAllocator | None = None, live: dict | None = None) -> CachingAllocator:
+    """Run allocation events through `alloc`; `live` receives the blocks still allocated at the end."""
     alloc = alloc or CachingAllocator()
-    live = {}
+    live = {} if live is None else live
     for ev in events:
         if ev[0] == "a":
             live[ev[1]] = alloc.malloc(ev[2])
@@ -368,28 +369,71 @@ def replay(events: list[tuple], alloc: CachingAllocator | None = None) -> Cachin
     return alloc
 
 
+def shard_pieces(units: tuple[Unit, ...], world: int, bytes_per_value: int) -> list[int]:
+    """Value counts of the original parameters' pieces in rank 0's shard, unit by unit in wrap order: FSDP1
+    flattens a unit's parameters in order and rank 0 holds the first 1/world of the flat parameter
+    (FlatParamHandle._get_shard), so it holds the leading parameters whole and one in part."""
+    pieces = []
+    for params, _ in units:
+        values = [n // bytes_per_value for n in params]
+        left = -(-sum(values) // world)
+        for n in values:
+            if left <= 0:
+                break
+            pieces.append(min(n, left))
+            left -= n
+    return pieces
+
+
+def first_step(alloc: CachingAllocator, states: tuple[int, ...], temps: tuple[int, ...]) -> None:
+    """The first optimizer step after the first backward: torch.optim makes its states lazily, parameter by
+    parameter (torch/optim/adamw.py _init_group: `state["exp_avg"] = torch.zeros_like(p)`, then
+    exp_avg_sq), into whatever the step's freed activation and loss blocks offer (best fit splits them), and
+    the step's temporaries come and go. The states stay: the next forward's activations no longer find the
+    blocks they used, and need segments of their own."""
+    for n in states:
+        alloc.malloc(n)
+    for block in [alloc.malloc(n) for n in temps]:
+        alloc.free(block)
+
+
 @lru_cache(maxsize=64)
 def _step_replay(units: tuple[Unit, ...], world: int, sync: bool, offload: bool,
-                 block_key: tuple, load: tuple[int, ...], buffers_share_dtype: bool, nccl_events: bool) -> tuple[int, int]:
+                 block_key: tuple, load: tuple[int, ...], buffers_share_dtype: bool, nccl_events: bool,
+                 step: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())) -> tuple[int, int]:
     alloc = CachingAllocator()
     root = quantized_load(alloc, list(units[-1][0]), list(load)) if load else None
     _wrap(alloc, units, world, sync, offload, buffers_share_dtype, nccl_events, root)
     init_large = alloc.reserved_large
     shape, T, e, targets, quant, lsm, flash, loss, shift_copy = block_key
-    replay(forward_events(shape, T, e, targets, quant, lsm, flash, loss, shift_copy), alloc)
+    events = forward_events(shape, T, e, targets, quant, lsm, flash, loss, shift_copy)
+    live: dict = {}
+    replay(events, alloc, live)
+    states, temps = step
+    if states:
+        # Backward ends with every activation and loss tensor freed (its own tensors reuse the forward's
+        # blocks: not replayed), then the first step, then the second step's forward in what is left.
+        for block in live.values():
+            alloc.free(block)
+        first_step(alloc, states, temps)
+        replay(events, alloc)
     return init_large, alloc.reserved_large
 
 
 def step_reserved(units: list[Unit], world: int, shape, tokens: int, e: int, targets, quant: bool,
                   lsm: int = 4, sync: bool = True, offload: bool = False, flash: bool = False,
                   loss: str = "fp32-logits-kept", load: tuple[int, ...] = (), buffers_share_dtype: bool = False,
-                  nccl_events: bool = True, shift_copy: bool = True) -> tuple[int, int]:
+                  nccl_events: bool = True, shift_copy: bool = True,
+                  step: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())) -> tuple[int, int]:
     """(large-pool bytes reserved after the wrap, and at the loss's backward peak of the first step) on
     one rank's default stream: the wrap's replay followed by the step's forward in the same allocator,
     so the forward reuses what the wrap left cached where the sizes allow. `load`: the 4-bit weights'
     element counts when the model was quantized on the GPU while loading (quantized_load), whose
     QuantStates and 16-bit root parameters are then already in the allocator when the wrap starts.
-    `units`, `buffers_share_dtype` and `nccl_events` as for init_reserved; `shift_copy` as for forward_events."""
+    `units`, `buffers_share_dtype` and `nccl_events` as for init_reserved; `shift_copy` as for forward_events.
+    `step`: the first optimizer step's state and temporary byte sizes on this rank (first_step), when its
+    states are made on the GPU after the first backward; then the second step's forward is replayed too and
+    the bytes returned are those at its loss peak."""
     return _step_replay(tuple((tuple(p), tuple(b)) for p, b in units), world, sync, offload,
                         (shape, tokens, e, frozenset(targets), quant, lsm, flash, loss, shift_copy), tuple(load),
-                        buffers_share_dtype, nccl_events)
+                        buffers_share_dtype, nccl_events, (tuple(step[0]), tuple(step[1])))

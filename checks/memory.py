@@ -697,6 +697,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
     # and the default stream cannot reuse it: at any moment, reserved holds the pool's peak minus
     # what that stream's tensors use then.
     ag_pool = rs_pool = init_pool = 0
+    replayed = "first forward"
     if f.fsdp:
         ag_pool = _all_gather_pool(job, e)
         rs_pool = max(2 * block_grad * e, full_grads.bytes)
@@ -714,13 +715,20 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
         if (f.stack.fsdp_init_on_device and offload in ("none", "all") and shape.arch == "llama" and not shape.moe
                 and f.loss in ("fp32-logits-kept", "fp32-upcast-shifted", "fp32-upcast")):
             # Replay the wrap and the first step's forward up to the loss's backward peak through the
-            # caching allocator's rules: the default stream's large pool never shrinks after that.
-            _, init_pool = fsdp1.step_reserved(_fsdp1_units(job, e), param_shards, shape, T, e,
+            # caching allocator's rules: the default stream's large pool never shrinks after that. Where
+            # the optimizer's first step makes large states on the GPU (a full fine-tune), it fills the
+            # freed activation blocks, and the second step's forward is replayed into what is left.
+            units = _fsdp1_units(job, e)
+            step = _fsdp1_first_step(job, units, e, param_shards, state_bytes) if not f.lora and offload == "none" \
+                else ((), ())
+            if step[0]:
+                replayed = "first step's forward, optimizer step and the second forward"
+            _, init_pool = fsdp1.step_reserved(units, param_shards, shape, T, e,
                                                f.lora_targets, t.base_quant == "nf4", 4 if f.loss_upcast else e,
                                                offload=offload == "all", flash=t.attention == "flash-attn",
                                                loss=f.loss, load=_quantized_load_order(job),
                                                buffers_share_dtype=f.rope_cache_bytes == e,
-                                               shift_copy=A.shifted_copy_bytes(job) > 0)
+                                               shift_copy=A.shifted_copy_bytes(job) > 0, step=step)
     # FSDP1 makes the shard it all-gathers inside `with stream(pre_unshard_stream)` (_runtime_utils.py
     # _unshard -> FlatParamHandle.pre_unshard) when it is not the resident one: CPU offload copies it to
     # the GPU (flat_param_to(device)), mixed precision casts an fp32 shard to the compute dtype
@@ -780,8 +788,8 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
                      "the root and two blocks' flat parameters; the gathered weights above live in it", where="pool"),
                 Part("overhead", "FSDP1 post-backward stream pool (cached)", max(0, rs_pool - sharded_grads),
                      "every sharded gradient is a reduce-scatter output of that stream", where="pool"),
-                Part("overhead", "default-stream segments of the wrap and the first forward (cached)", init_left,
-                     f"replaying FSDP1's wrap and the first step's forward through the allocator's rules "
+                Part("overhead", f"default-stream segments of the wrap and the {replayed} (cached)", init_left,
+                     f"replaying FSDP1's wrap and the {replayed} through the allocator's rules "
                      f"reserves {init_pool:,} B (checks/fsdp1.py); what this moment's tensors do not fill",
                      where="pool"),
                 Part("overhead", "small-pool segments of the optimizer step (cached)",
@@ -1043,6 +1051,26 @@ def _stored_per_value(job: JobConfig, g: ParamGroup, e: int) -> float:
         # Only the packed 4-bit parameter is gathered; its QuantState stays on the module.
         return 0.5 if t.base_quant == "nf4" else 1 + 4 / g.rows
     return e
+
+
+def _fsdp1_first_step(job: JobConfig, units, e: int, world: int, state_bytes: int) -> tuple[tuple, tuple]:
+    """Byte sizes of the first optimizer step's states, in the order torch.optim makes them, and of its
+    temporaries, on rank 0's shard of a fully trained FSDP1 model (fsdp1.first_step): each parameter's
+    piece (fsdp1.shard_pieces) gets the optimizer's states (optimizer_bytes: AdamW exp_avg and exp_avg_sq;
+    bitsandbytes' 8-bit ones a byte each, its Lion one fp32; paged states live in managed memory, outside
+    the allocator), and the temporaries are those _step_transient prices, tensor by tensor."""
+    opt, impl = job.train.optimizer, job.facts.optimizer_impl
+    pieces = fsdp1.shard_pieces(tuple(units), world, e)
+    per_value = {"adamw": (state_bytes, state_bytes), "sgd": (state_bytes,), "adamw8bit": (1, 1), "lion": (4,),
+                 "lion8bit": (1,)}.get(opt, ())
+    states = tuple(n * b for n in pieces for b in per_value)
+    if (opt == "adamw" and impl == "foreach") or (opt == "sgd" and job.train.weight_decay and impl != "fused"):
+        temps = tuple(n * state_bytes for n in pieces)
+    elif opt == "adamw" and impl == "for-loop":
+        temps = (max(pieces, default=0) * state_bytes,) * 2
+    else:
+        temps = ()
+    return states, temps
 
 
 def _fsdp1_units(job: JobConfig, e: int) -> list[tuple[list[int], list[int]]]:

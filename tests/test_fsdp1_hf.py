@@ -150,3 +150,51 @@ def test_fsdp_version_2_prices_accelerates_fully_shard_instead(job, tmp_path):
     est = estimate(j)
     assert part(est, "FSDP all-gather stream pool", "forward-end") > 0
     assert part(est, "FSDP1 unshard-stream pool", "forward-end") == 0
+
+
+# ---- a full fine-tune's first optimizer step -----------------------------------------------------------
+
+
+def test_rank_zero_holds_the_leading_parameters_of_each_unit():
+    from podkit.checks.fsdp1 import shard_pieces
+
+    # Each unit's flat parameter is split in world parts; rank 0's part is the first: 90 of 100 + 50 + 30
+    # values, and of 40 + 30 + 50 the first 40 whole and 20 of the next.
+    assert shard_pieces((((100, 50, 30), ()), ((40, 30, 50), ())), 2, 1) == [90, 40, 20]
+    assert shard_pieces((((200, 100), ()),), 1, 2) == [100, 50]  # byte sizes of 2 B values, one rank
+
+
+def test_the_first_steps_states_take_the_freed_activation_blocks():
+    from podkit.checks.fsdp1 import first_step
+
+    alloc = CachingAllocator()
+    for block in [alloc.malloc(100 * MIB), alloc.malloc(100 * MIB)]:  # the first forward's activations, freed
+        alloc.free(block)
+    # Two 60 MiB states: best fit splits each cached 100 MiB block, leaving 40 MiB free in each; the 60 MiB
+    # temporary fits neither remainder and gets a segment of its own.
+    first_step(alloc, (60 * MIB, 60 * MIB), (60 * MIB,))
+    assert (alloc.allocated, alloc.reserved) == (120 * MIB, 260 * MIB)
+    # The second forward's two 100 MiB activations find no block that holds them: two new segments, so 460 MiB
+    # are reserved for 320 MiB at most allocated.
+    alloc.malloc(100 * MIB), alloc.malloc(100 * MIB)
+    assert (alloc.peak_allocated, alloc.reserved) == (320 * MIB, 460 * MIB)
+
+
+def test_a_full_fine_tune_replays_its_second_forward_beside_the_states(job):
+    from podkit.checks import fsdp1
+    from podkit.checks.memory import _fsdp1_first_step, _fsdp1_units
+
+    full = job(model='preset = "mistral-7b"', cluster="gpu = 'A100-80GB'\ngpus_per_node = 2\nsharding = 'zero3'",
+               train="stack = 'hf'\ntransformers = '4.48.1'\nprecision = 'bf16'\nmicro_batch = 2\nseq_len = 4096\n"
+                     "checkpointing = 'full'\nattention = 'flash-attn'\noptimizer_impl = 'foreach'")
+    units = _fsdp1_units(full, 2)
+    states, temps = _fsdp1_first_step(full, units, 2, 2, 2)
+    # AdamW: exp_avg and exp_avg_sq of rank 0's half of every parameter, bf16; foreach's sqrt: one more.
+    assert sum(states) == 2 * sum(temps) == 2 * 2 * sum(fsdp1.shard_pieces(tuple(units), 2, 2))
+    assert abs(sum(states) - 2 * full.shape.params) < 1e6  # 2 states x 2 B x half the parameters
+    args = (units, 2, full.shape, 8192, 2, frozenset(), False, 4)
+    kw = dict(flash=True, loss="fp32-upcast-shifted", shift_copy=True)
+    _, one_step = fsdp1.step_reserved(*args, **kw)
+    _, two_steps = fsdp1.step_reserved(*args, **kw, step=(states, temps))
+    # The second forward's loss peak holds everything the first's did, plus the states: at least that much more.
+    assert two_steps >= one_step + sum(states)
