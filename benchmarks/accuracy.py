@@ -137,11 +137,13 @@ def to_markdown(res: dict) -> str:
     for name, s in list(res["by_metric"].items()) + [("all", res["overall"])]:
         if s["n"]:
             out.append(f"| {name} | {s['n']} | {s['median']:.1%} | {s['max']:.1%} |")
-    out += ["", "By job kind (checks/ledger.py), the case whose peak read furthest above the prediction; preflight's "
-            "memory.ledger check warns when a job's headroom would not cover it:", "",
-            "| job kind | cases | worst error | metric | case |", "| --- | --- | --- | --- | --- |"]
-    for kind, m in res["by_kind"].items():
-        out.append(f"| {kind} | {m['cases']} | {m['error']:+.1%} | {m['metric']} | {m['case']} |")
+    out += ["", "By job kind (checks/ledger.py) and metric, the case whose peak read furthest above the prediction; "
+            "preflight's memory.ledger check scales a job's device total by its kind's worst nvidia-smi or reserved "
+            "miss and warns when the job would no longer fit:", "",
+            "| job kind | metric | cases | worst error | case |", "| --- | --- | --- | --- | --- |"]
+    for kind, by_metric in res["by_kind"].items():
+        for metric, m in by_metric.items():
+            out.append(f"| {kind} | {metric} | {m['cases']} | {m['error']:+.1%} | {m['case']} |")
     out += ["", "| case | metric | measured GiB | predicted GiB | error | peak moment |",
             "| --- | --- | --- | --- | --- | --- |"]
     for r in sorted(res["rows"], key=lambda r: (bool(r["excluded"]), r["case"])):

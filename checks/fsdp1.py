@@ -372,7 +372,9 @@ def replay(events: list[tuple], alloc: CachingAllocator | None = None, live: dic
 def shard_pieces(units: tuple[Unit, ...], world: int, bytes_per_value: int) -> list[int]:
     """Value counts of the original parameters' pieces in rank 0's shard, unit by unit in wrap order: FSDP1
     flattens a unit's parameters in order and rank 0 holds the first 1/world of the flat parameter
-    (FlatParamHandle._get_shard), so it holds the leading parameters whole and one in part."""
+    (FlatParamHandle._get_unpadded_shard: flatten().chunk(world)[rank]), so it holds the leading parameters
+    whole and one in part. The optimizer sees these pieces with use_orig_params=True (`accelerate launch`'s
+    default, checks/stacks.py hf); with False it would see one flat shard per unit."""
     pieces = []
     for params, _ in units:
         values = [n // bytes_per_value for n in params]
@@ -390,7 +392,9 @@ def first_step(alloc: CachingAllocator, states: tuple[int, ...], temps: tuple[in
     parameter (torch/optim/adamw.py _init_group: `state["exp_avg"] = torch.zeros_like(p)`, then
     exp_avg_sq), into whatever the step's freed activation and loss blocks offer (best fit splits them), and
     the step's temporaries come and go. The states stay: the next forward's activations no longer find the
-    blocks they used, and need segments of their own."""
+    blocks they used, and need segments of their own. A stand-in for the real order: states follow the wrap
+    (torch makes them in parameter order, the root's embedding first, per parameter group) and the backward
+    before the step, whose unsharded gradients and recompute also shape the cached blocks, is not replayed."""
     for n in states:
         alloc.malloc(n)
     for block in [alloc.malloc(n) for n in temps]:

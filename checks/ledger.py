@@ -3,8 +3,8 @@
 The public ledger (benchmarks/published/, scored by benchmarks/accuracy.py) measures the model, not one
 job; where the model is known to read low for a kind of job, a user deciding whether a job fits on a card
 should see that before renting it. benchmarks/accuracy.py groups its scored cases by `kind` and writes each
-kind's worst under-prediction to ledger_misses.json beside this module (tests/test_ledger.py holds that
-file to the ledger); preflight reads it here. Nothing in it changes the prediction itself.
+kind's worst under-prediction per metric to ledger_misses.json beside this module (tests/test_ledger.py holds
+that file to the ledger); preflight reads it here. Nothing in it changes the prediction itself.
 """
 
 from __future__ import annotations
@@ -32,6 +32,11 @@ def kind(job) -> str:
     return f"{f.stack.name} {trained}, {'MoE' if job.shape.moe else 'dense'}, {spread}"
 
 
+# What the card holds, and so what an OOM is about: a miss in either says how far the device total may read low.
+# An allocated miss does not bound them (the ledger's device misses run several times its allocated ones).
+DEVICE_METRICS = ("nvidia-smi", "reserved")
+
+
 @dataclass(frozen=True)
 class Miss:
     """The furthest a published peak of one kind read above podkit's prediction of the same metric."""
@@ -50,20 +55,25 @@ class Miss:
         """Measured over predicted for that case: what to scale this job's figure by to meet it."""
         return 1 / (1 + self.error)
 
+    @property
+    def above(self) -> float:
+        """How far the measured peak read above the prediction, as a share of the prediction."""
+        return self.ratio - 1
 
-def misses(rows: list[dict], kinds: dict[str, str]) -> dict[str, dict]:
-    """Per kind, the scored case whose published peak read furthest above the prediction. `rows`:
-    benchmarks/accuracy.py's; `kinds`: each case's kind."""
-    out: dict[str, dict] = {}
+
+def misses(rows: list[dict], kinds: dict[str, str]) -> dict[str, dict[str, dict]]:
+    """Per kind and metric, the scored case whose published peak read furthest above the prediction.
+    `rows`: benchmarks/accuracy.py's; `kinds`: each case's kind."""
+    out: dict[str, dict[str, dict]] = {}
     for r in rows:
         if r["excluded"]:
             continue
-        k = kinds[r["case"]]
-        entry = out.setdefault(k, {"cases": 0, "metric": r["metric"], "error": r["error"], "case": r["case"]})
+        by_metric = out.setdefault(kinds[r["case"]], {})
+        entry = by_metric.setdefault(r["metric"], {"cases": 0, "error": r["error"], "case": r["case"]})
         entry["cases"] += 1
         if r["error"] < entry["error"]:
-            entry.update(metric=r["metric"], error=r["error"], case=r["case"])
-    return dict(sorted(out.items()))
+            entry.update(error=r["error"], case=r["case"])
+    return {k: dict(sorted(v.items())) for k, v in sorted(out.items())}
 
 
 @functools.lru_cache(maxsize=1)
@@ -71,8 +81,14 @@ def _load() -> dict[str, dict]:
     return json.loads(MISSES.read_text()) if MISSES.exists() else {}
 
 
+def measured(job) -> dict[str, dict]:
+    """The ledger's cases of this job's kind, per metric (empty where it has none)."""
+    return _load().get(kind(job), {})
+
+
 def worst(job) -> Miss | None:
-    """This job's kind's worst miss in the ledger; None where the ledger holds no case of its kind."""
-    k = kind(job)
-    entry = _load().get(k)
-    return Miss(k, **entry) if entry else None
+    """The worst miss of this job's kind in a metric of what the card holds (DEVICE_METRICS); None where the
+    ledger holds no such case of its kind."""
+    k, by_metric = kind(job), measured(job)
+    found = [Miss(k, metric=m, **by_metric[m]) for m in DEVICE_METRICS if m in by_metric]
+    return min(found, key=lambda m: m.error) if found else None

@@ -58,23 +58,25 @@ LEDGER_AGREES = 0.03
 
 def ledger_margin(job: JobConfig, est: MemoryEstimate) -> CheckResult:
     """The fit again, at the worst miss the public ledger shows for this kind of job (checks/ledger.py)."""
-    miss = ledger.worst(job)
-    if miss is None:
-        return CheckResult("memory.ledger", SKIP, f"no published peak of a job like this ({ledger.kind(job)}) in "
-                                                  "benchmarks/published/")
-    if miss.error >= -LEDGER_AGREES:
-        return CheckResult("memory.ledger", PASS, f"{miss.cases} published peak(s) of {miss.kind} jobs read within "
-                                                  f"{LEDGER_AGREES:.0%} of podkit's figures or below them")
     if not est.fits:
         return CheckResult("memory.ledger", SKIP, "does not fit even as predicted (memory.fit)")
+    miss = ledger.worst(job)
+    if miss is None:
+        seen = ledger.measured(job)
+        also = "; only allocated peaks, which do not bound the device's" if seen else ""
+        return CheckResult("memory.ledger", SKIP, f"no published device or reserved peak of a job like this "
+                                                  f"({ledger.kind(job)}) in benchmarks/published/{also}")
+    if miss.error >= -LEDGER_AGREES:
+        return CheckResult("memory.ledger", PASS, f"{miss.cases} published {miss.metric} peak(s) of {miss.kind} jobs "
+                                                  f"read within {LEDGER_AGREES:.0%} of podkit's or below them")
     need = est.total * miss.ratio
-    said = (f"published peaks of {miss.kind} jobs read up to {-miss.error:.0%} above podkit's figure ({miss.metric}, "
+    said = (f"published peaks of {miss.kind} jobs read up to {miss.above:.0%} above podkit's figure ({miss.metric}, "
             f"{miss.case}, worst of {miss.cases}); at that miss this job holds {gib(need)} of {gib(est.capacity)}")
     if need <= est.capacity:
         return CheckResult("memory.ledger", PASS, f"{said}: it still fits")
     return CheckResult("memory.ledger", WARN, f"{said}: it may not fit",
-                       f"leave {-miss.error:.0%} more headroom (e.g. a smaller micro-batch), or prove the peak "
-                       "with bin/smoke on the pod before the full run")
+                       f"leave {miss.above:.0%} of the device total free (e.g. a smaller micro-batch), or prove the "
+                       "peak with bin/smoke on the pod before the full run")
 
 
 def host_ram(job: JobConfig, est: MemoryEstimate) -> CheckResult:

@@ -181,9 +181,11 @@ STACK_FACTS: dict[str, Stack] = {
         # upcasts adapters of a bf16/fp16 base to fp32.
         # Its FSDP is accelerate's FullyShardedDataParallelPlugin, FSDP1 (FullyShardedDataParallel; the
         # only one before accelerate 1.6 and the default after): accelerator.py prepare_model (0.28.0
-        # l.1406-1422) wraps with device_id=self.device, use_orig_params False and sync_module_states True
-        # by default (utils/dataclasses.py 0.28.0 __post_init__: FSDP_USE_ORIG_PARAMS "False",
-        # FSDP_SYNC_MODULE_STATES "True", then param_init_fn = to_empty(device)); the Trainer does not
+        # l.1406-1422) wraps with device_id=self.device and sync_module_states True by default
+        # (utils/dataclasses.py 0.28.0 __post_init__: FSDP_SYNC_MODULE_STATES "True", then param_init_fn =
+        # to_empty(device)); use_orig_params falls back to "False" there only when nothing set
+        # FSDP_USE_ORIG_PARAMS, and `accelerate launch` sets it, "true" by default (accelerate 1.0.1
+        # commands/launch.py l.564-565 --fsdp_use_orig_params, exported by utils/launch.py l.282); the Trainer does not
         # place an FSDP model on the GPU, so each unit's parameters are moved there by FSDP's
         # _move_module_to_device, unit by unit, and nothing calls empty_cache between that wrap and
         # training (Trainer._inner_training_loop frees memory before it, not after). With a LoRA

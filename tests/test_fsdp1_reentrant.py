@@ -49,7 +49,10 @@ WORKER = textwrap.dedent('''
 
         def body(self, x):
             y = self.lin(x)
-            if self.i == 0 and torch.is_grad_enabled():  # the recompute: fires inside block 0's backward
+            if torch.is_grad_enabled():  # the recompute, in backward: how many block units are gathered
+                gathered.append(len(unsharded()))
+                y.register_hook(lambda g: gathered.append(len(unsharded())))
+            if self.i == 0 and torch.is_grad_enabled():  # fires inside block 0's backward
                 y.register_hook(lambda g: snap("in the first block's backward"))
             return x + torch.tanh(y)
 
@@ -70,7 +73,7 @@ WORKER = textwrap.dedent('''
                 x = ckpt.checkpoint(b.__call__, x, use_reentrant=True) if place == "around" else b(x)
             return x
 
-    seen, saved = {}, []
+    seen, saved, gathered = {}, [], []
     def snap(moment):
         alive = [r() for r in made if r() is not None]
         seen[moment] = {"alive": len(alive), "with_grad": sum(t.grad is not None for t in alive),
@@ -80,8 +83,12 @@ WORKER = textwrap.dedent('''
 
     model = FSDP(Model(), auto_wrap_policy=ModuleWrapPolicy({Block}), sharding_strategy=ShardingStrategy.FULL_SHARD,
                  device_id=torch.device("cpu"), use_orig_params=False)
+    units = [m for m in model.modules() if isinstance(m, FSDP) and m is not model]
+    def unsharded():
+        return [u for u in units if u._handle.flat_param._full_param_padded.untyped_storage().size() > 0]
     model(torch.randn(B, S, H)).sum().backward()
     snap("backward returned")
+    seen["most blocks gathered in backward"] = max(gathered)
     if dist.get_rank() == 0:
         json.dump(seen, open(out, "w"))
     dist.destroy_process_group()
@@ -122,6 +129,10 @@ def test_fsdp1_keeps_each_recomputed_input_and_its_gradient_until_backward_ends(
     assert inside["first block done"]["alive"] == 0
     assert inside["backward returned"]["alive"] == 0
     assert inside["in the first block's backward"]["alive"] == 1  # block 0's own, in use
+    # Around the unit, each block is resharded before the previous block's recompute gathers it: one block
+    # gathered at a time in backward (no two-block handoff, memory.py); inside, backward prefetch gathers two.
+    assert around["most blocks gathered in backward"] == 1
+    assert inside["most blocks gathered in backward"] == 2
 
 
 def test_a_trained_block_unit_keeps_no_input_copies(tmp_path):
