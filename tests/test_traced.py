@@ -469,6 +469,15 @@ def test_transformers_4_46_loss_copies_the_fp32_logits_it_shifts():
         assert (f1 - f0, b1 - b0) == (4 * logits, 0), precision
 
 
+def test_transformers_4_45_loss_keeps_the_fp32_logits_and_copies_them_shifted():
+    """transformers <= 4.45: `logits = logits.float()` kept in the output, then a shifted .contiguous() copy:
+    in bf16, 4 + 4 + 4 B per logit at the forward peak against >= 4.49's 2 + 4 + 4, and at backward's the
+    kept 4 beside its 3 x 4 (checks/activations.py loss_bytes: fp32-logits-kept)."""
+    logits = 4 * 128 * 512
+    (f0, b0), (f1, b1) = _loss_peaks("fp32-upcast", "bf16"), _loss_peaks("fp32-logits-kept", "bf16")
+    assert (f1 - f0, b1 - b0) == (2 * logits, 4 * logits)
+
+
 def test_chunked_and_fused_losses_save_less_than_kept_logits():
     x, y = torch.randint(512, (4, 128)), torch.randint(512, (4, 128))
     saved = {loss: _saved_bytes(_tiny_model(128, loss=loss), x, y)[0] for loss in model_mod.LOSSES}

@@ -372,6 +372,8 @@ class Decoder(nn.Module):
         if loss == "fp32-logits-kept":
             logits = logits.float()
             self.kept_logits = logits  # the caller's output object holds it until after backward
+            # transformers <= 4.45 then cross-entropies a shifted .contiguous() copy (none of one sequence)
+            return losses.shifted_copy(logits, targets)
         if self.opts.logits_kept:
             self.kept_logits = logits
         return losses.plain(logits, targets, upcast=loss != "native" and self.opts.loss_upcast)
