@@ -263,6 +263,7 @@ def _param_bytes(job: JobConfig) -> int:
 
 
 def optimizer_bytes(job: JobConfig, groups: list[ParamGroup], state_bytes: int) -> int:
+    # _fsdp1_first_step makes these states tensor by tensor for the FSDP1 replay: keep the two in step.
     opt = job.train.optimizer
     total = 0.0
     for g in groups:
