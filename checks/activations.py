@@ -541,11 +541,17 @@ GRAD_OUT = "grad out"
 tensor's key is id(tensor); GRAD_OUT is the gradient of the trace's output, alive before the first node."""
 
 
-def backward_events(tr: Trace) -> tuple[tuple, dict]:
+def backward_events(tr: Trace, pinned_out: bool = False) -> tuple[tuple, dict]:
     """A trace's backward in autograd's engine order (backward_intermediates_per_token): per node, its inputs'
     new gradients, then its scratch, then the gradients summed into existing ones and its output gradients
     freed; the saved tensors it was the first op to save released after it (bitsandbytes < 0.43.2's ctx
-    attributes never). Returns the events and the keys of the gradients alive at the end, by tensor id."""
+    attributes never). Returns the events and the keys of the gradients alive at the end, by tensor id.
+
+    pinned_out: something outside the trace also holds the output's gradient (FSDP1's reshard hook keeps the
+    later block's input and its .grad, JobFacts.fsdp1_keeps_block_inputs). InputBuffer::accumulate sums in
+    place only into a tensor whose last reference it holds (torch/csrc/autograd/input_buffer.cpp:
+    `old_var.use_count() == 1`), so a gradient reaching one that aliases the output's gradient is summed out
+    of place (`old_var + var`) into a new buffer, and the output's gradient is never freed here."""
     first_saver: dict[int, int] = {}
     for i, op in enumerate(tr.ops):
         for t in op.saved:
@@ -559,13 +565,16 @@ def backward_events(tr: Trace) -> tuple[tuple, dict]:
     def drop(buf: int) -> None:
         buffers[buf][1] -= 1
         if buffers[buf][1] == 0:
-            ev.append((FREE, buffers.pop(buf)[0], 0))
+            key = buffers.pop(buf)[0]
+            if not (pinned_out and buf == 0):
+                ev.append((FREE, key, 0))
 
     for i in range(len(tr.ops) - 1, -1, -1):
         op = tr.ops[i]
         outs = [grad_of[id(o)] for o in op.outputs if id(o) in grad_of]
         if outs:
             summed = []  # gradients summed into an existing one, freed after the node
+            replaced = []  # the pinned output gradient's references, given up for an out-of-place sum
             for t in op.inputs:
                 if not t.grad:
                     continue
@@ -587,6 +596,12 @@ def backward_events(tr: Trace) -> tuple[tuple, dict]:
                     if not alias:
                         summed.append(("sum", i, id(t)))
                         ev.append((ALLOC, summed[-1], t.bytes))
+                        if pinned_out and grad_of[id(t)] == 0:  # the node's gradient, then their sum
+                            n = next(ids)
+                            buffers[n] = [("grad", n), 1]
+                            replaced.append(grad_of[id(t)])
+                            grad_of[id(t)] = n
+                            ev.append((ALLOC, ("grad", n), t.bytes))
                 elif alias:
                     buffers[outs[0]][1] += 1
                     grad_of[id(t)] = outs[0]
@@ -598,6 +613,8 @@ def backward_events(tr: Trace) -> tuple[tuple, dict]:
             if op.scratch:
                 ev += [(ALLOC, ("scratch", i), op.scratch), (FREE, ("scratch", i), 0)]
             ev += [(FREE, key, 0) for key in summed]
+            for buf in replaced:
+                drop(buf)
             for o in op.outputs:
                 if id(o) in grad_of:
                     drop(grad_of.pop(id(o)))

@@ -102,36 +102,52 @@ class CachingAllocator:
         return pool
 
     def malloc(self, size: int, stream: int = 0) -> _Block:
-        size = round_size(size)
+        # Written out (round_size, best_fit, remove inlined): the FSDP1 step replay makes tens of thousands
+        # of requests within preflight's half second.
+        size = K_MIN_BLOCK if size <= K_MIN_BLOCK else -(-size // K_MIN_BLOCK) * K_MIN_BLOCK
         small = size <= K_SMALL_SIZE
-        pool = self._pool(small, stream)
-        block = pool.best_fit(size)
-        if block is not None:
-            pool.remove(block)
+        pool = self.free_blocks.get((small, stream)) or self._pool(small, stream)
+        order = pool.order
+        i = bisect_left(order, (size,))
+        if i < len(order):
+            _, segment, offset = order.pop(i)
+            block = pool.starts.pop((segment, offset))
+            del pool.ends[(segment, offset + block.size)]
         else:
             seg = segment_size(size)
             block = _Block(self._segments, 0, seg, small, stream)
             self._segments += 1
             self.reserved += seg
-            self.reserved_large += 0 if small else seg
+            if not small:
+                self.reserved_large += seg
         rest = block.size - size
         if rest >= K_MIN_BLOCK if small else rest > K_SMALL_SIZE:
             pool.add(_Block(block.segment, block.offset + size, rest, small, stream))
             block.size = size
         block.free = False
         self.allocated += block.size
-        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        if self.allocated > self.peak_allocated:
+            self.peak_allocated = self.allocated
         return block
 
     def free(self, block: _Block) -> None:
         block.free = True
         self.allocated -= block.size
-        pool = self._pool(block.small, block.stream)
-        before = pool.ends.get((block.segment, block.offset))
-        after = pool.starts.get((block.segment, block.offset + block.size))
-        for other in (before, after):
-            if other is not None:
-                pool.remove(other)
-                block.offset = min(block.offset, other.offset)
-                block.size += other.size
-        pool.add(block)
+        pool = self.free_blocks[(block.small, block.stream)]
+        order, starts, ends = pool.order, pool.starts, pool.ends
+        seg, offset, size = block.segment, block.offset, block.size
+        before = ends.pop((seg, offset), None)
+        after = starts.pop((seg, offset + size), None)
+        if before is not None:
+            del order[bisect_left(order, (before.size, seg, before.offset))]
+            del starts[(seg, before.offset)]
+            offset = before.offset
+            size += before.size
+        if after is not None:
+            del order[bisect_left(order, (after.size, seg, after.offset))]
+            del ends[(seg, after.offset + after.size)]
+            size += after.size
+        block.offset, block.size = offset, size
+        insort(order, (size, seg, offset))
+        starts[(seg, offset)] = block
+        ends[(seg, offset + size)] = block

@@ -309,7 +309,7 @@ def _block(ops: _Ops, x: str, T: int, s, e: int, targets, quant: bool, flash: bo
 
 
 def forward_events(s, T: int, e: int, targets, quant: bool, lsm: int = 4, flash: bool = False,
-                   loss: str = "fp32-logits-kept", shift_copy: bool = True) -> list[tuple]:
+                   loss: str = "fp32-logits-kept", shift_copy: bool = True, names: dict | None = None) -> list[tuple]:
     """The default stream's allocations of one step of an HF Llama (transformers 4.39 decoder layers),
     up to the loss peak: embedding output, every checkpointed block under no_grad, the final norm (with
     grad: its fp32 input is saved), the head and the loss, then backward through the loss to
@@ -321,11 +321,17 @@ def forward_events(s, T: int, e: int, targets, quant: bool, lsm: int = 4, flash:
       fp32-upcast       the loss upcasts the 16-bit logits itself (transformers >= 4.49 ForCausalLMLoss)
                         and the Trainer drops `outputs` when compute_loss returns: the logits and their
                         fp32 copy are freed before backward.
-    shift_copy: the shifted slice is copied (activations.shifted_copy_bytes: not at micro-batch 1)."""
+    shift_copy: the shifted slice is copied (activations.shifted_copy_bytes: not at micro-batch 1).
+    names, when given, receives the blocks' inputs ("inputs": the embedding's output, then each block's
+    output) and what else is alive at the peak ("loss"), for backward_events."""
     ops = _Ops()
     x = ops.new(e * s.hidden * T)
+    inputs = [x]
     for _ in range(s.layers):
         x = _block(ops, x, T, s, e, targets, quant, flash)
+        inputs.append(x)
+    if names is not None:
+        names["inputs"] = inputs
     x32 = ops.new(4 * s.hidden * T)  # saved by pow / mul for backward
     sq = ops.new(4 * s.hidden * T)
     ops.free(sq)
@@ -342,8 +348,9 @@ def forward_events(s, T: int, e: int, targets, quant: bool, lsm: int = 4, flash:
         ops.free(upcast, shifted, final)  # the copies die with the loss function
         ops.free(logits16)  # compute_loss returns: `outputs` (the 16-bit logits) is dropped
         grad_log_probs = ops.new(lsm * s.vocab * T)  # nll_loss backward
-        ops.new(lsm * s.vocab * T)  # log_softmax backward: the peak
-        del x32, log_probs, grad_log_probs  # live at the peak: named only for the reader
+        lsm_grad = ops.new(lsm * s.vocab * T)  # log_softmax backward: the peak
+        if names is not None:
+            names["loss"] = [x32, log_probs, grad_log_probs, lsm_grad]
         return ops.events
     logits = ops.new(4 * s.vocab * T)  # `logits = logits.float()`: kept in the output until after the step
     ops.free(logits16)
@@ -352,9 +359,57 @@ def forward_events(s, T: int, e: int, targets, quant: bool, lsm: int = 4, flash:
     log_probs = ops.new(lsm * s.vocab * T)  # log_softmax's output, saved for backward
     ops.free(shifted, final)
     grad_log_probs = ops.new(lsm * s.vocab * T)  # nll_loss backward
-    ops.new(lsm * s.vocab * T)  # log_softmax backward: the peak
-    del x32, logits, log_probs, grad_log_probs  # live at the peak: named only for the reader
+    lsm_grad = ops.new(lsm * s.vocab * T)  # log_softmax backward: the peak
+    if names is not None:
+        names["loss"] = [x32, log_probs, grad_log_probs, lsm_grad]
+        names["logits"] = logits
     return ops.events
+
+
+def backward_events(names: dict, s, T: int, e: int, loss: str, block: tuple[tuple, tuple, tuple],
+                    kept: bool) -> list[tuple]:
+    """The rest of the step after forward_events' peak (whose `names` it continues): the loss's backward
+    (SliceBackward0's full-size zeros where the loss shifted a slice, ToCopyBackward0's 16-bit gradient of
+    the logits), the head's input gradient, then every block in reverse, its recompute and its backward as
+    checks/step_replay.py runs them (`block`: its recompute, its backward and its backward with the output's
+    gradient held elsewhere, from step_replay._block_events, keyed per token as activations.backward_events
+    keys them). The final norm's few bytes per token are left out.
+    kept: FSDP1 keeps each block's input and its gradient until backward ends (JobFacts.
+    fsdp1_keeps_block_inputs), so every block but the last gets an output gradient that a later block's kept
+    input still holds as its .grad (CheckpointFunction.backward returns `inp.grad`), and sums into it out of
+    place; otherwise a block's input dies after its backward. Everything is freed when backward ends
+    (_finalize_params removes the hooks that hold the inputs)."""
+    from podkit.checks import activations as A
+
+    ev: list[tuple] = []
+    x32, log_probs, grad_log_probs, lsm_grad = names["loss"]
+    inputs, L = names["inputs"], s.layers
+    ev += [("f", grad_log_probs), ("f", log_probs)]
+    grad = lsm_grad
+    if loss != "fp32-upcast":  # the shifted slice's backward: zeros of the full logits, the slice copied in
+        ev += [("a", "slice grad", 4 * s.vocab * T), ("f", grad)]
+        grad = "slice grad"
+    ev += [("a", "logits grad", e * s.vocab * T), ("f", grad)]
+    ev += [("a", f"g{L}", e * s.hidden * T), ("f", "logits grad"), ("f", x32), ("f", inputs[L])]
+    recompute, bwd, bwd_pinned = block
+    for i in range(L - 1, -1, -1):
+        keys = {"in": inputs[i], A.GRAD_OUT: f"g{i + 1}", "grad in": f"g{i}"}
+        for kind, key, arg in recompute + (bwd_pinned if kept and i < L - 1 else bwd):
+            key = keys.get(key, f"b{i}:{key}")
+            if kind == A.ALLOC:
+                ev.append(("a", key, int(arg * T)))
+            elif kind == A.FREE:
+                ev.append(("f", key))
+            else:
+                ev.append(("r", key, keys.get(arg, f"b{i}:{arg}")))
+        if not kept:
+            ev.append(("f", inputs[i]))
+    ev.append(("f", "g0"))
+    if kept:
+        ev += [("f", x) for x in inputs[:L]] + [("f", f"g{i}") for i in range(1, L)]
+    if "logits" in names:
+        ev.append(("f", names["logits"]))
+    return ev
 
 
 def replay(events: list[tuple], alloc: CachingAllocator | None = None, live: dict | None = None) -> CachingAllocator:
@@ -364,6 +419,8 @@ def replay(events: list[tuple], alloc: CachingAllocator | None = None, live: dic
     for ev in events:
         if ev[0] == "a":
             live[ev[1]] = alloc.malloc(ev[2])
+        elif ev[0] == "r":
+            live[ev[2]] = live.pop(ev[1])
         else:
             alloc.free(live.pop(ev[1]))
     return alloc
@@ -393,8 +450,8 @@ def first_step(alloc: CachingAllocator, states: tuple[int, ...], temps: tuple[in
     exp_avg_sq), into whatever the step's freed activation and loss blocks offer (best fit splits them), and
     the step's temporaries come and go. The states stay: the next forward's activations no longer find the
     blocks they used, and need segments of their own. A stand-in for the real order: states follow the wrap
-    (torch makes them in parameter order, the root's embedding first, per parameter group) and the backward
-    before the step, whose unsharded gradients and recompute also shape the cached blocks, is not replayed."""
+    (torch makes them in parameter order, the root's embedding first, per parameter group), and of the backward
+    before the step the unsharded gradients, which also shape the cached blocks, are not replayed."""
     for n in states:
         alloc.malloc(n)
     for block in [alloc.malloc(n) for n in temps]:
@@ -404,22 +461,27 @@ def first_step(alloc: CachingAllocator, states: tuple[int, ...], temps: tuple[in
 @lru_cache(maxsize=64)
 def _step_replay(units: tuple[Unit, ...], world: int, sync: bool, offload: bool,
                  block_key: tuple, load: tuple[int, ...], buffers_share_dtype: bool, nccl_events: bool,
-                 step: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())) -> tuple[int, int]:
+                 step: tuple[tuple[int, ...], tuple[int, ...]] = ((), ()),
+                 block: tuple[tuple, tuple, tuple] | None = None, kept: bool = False) -> tuple[int, int]:
     alloc = CachingAllocator()
     root = quantized_load(alloc, list(units[-1][0]), list(load)) if load else None
     _wrap(alloc, units, world, sync, offload, buffers_share_dtype, nccl_events, root)
     init_large = alloc.reserved_large
     shape, T, e, targets, quant, lsm, flash, loss, shift_copy = block_key
-    events = forward_events(shape, T, e, targets, quant, lsm, flash, loss, shift_copy)
+    names: dict = {}
+    events = forward_events(shape, T, e, targets, quant, lsm, flash, loss, shift_copy, names)
+    if block is not None:
+        events = events + backward_events(names, shape, T, e, loss, block, kept)
     live: dict = {}
     replay(events, alloc, live)
     states, temps = step
-    if states:
-        # Backward ends with every activation and loss tensor freed (its own tensors reuse the forward's
-        # blocks: not replayed), then the first step, then the second step's forward in what is left.
-        for block in live.values():
-            alloc.free(block)
-        first_step(alloc, states, temps)
+    if states or block is not None:
+        # Without the backward replayed, backward ends with every activation and loss tensor freed (its own
+        # tensors reuse the forward's blocks), then the first step, then the second step in what is left.
+        for b in live.values():
+            alloc.free(b)
+        if states:
+            first_step(alloc, states, temps)
         replay(events, alloc)
     return init_large, alloc.reserved_large
 
@@ -428,7 +490,8 @@ def step_reserved(units: list[Unit], world: int, shape, tokens: int, e: int, tar
                   lsm: int = 4, sync: bool = True, offload: bool = False, flash: bool = False,
                   loss: str = "fp32-logits-kept", load: tuple[int, ...] = (), buffers_share_dtype: bool = False,
                   nccl_events: bool = True, shift_copy: bool = True,
-                  step: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())) -> tuple[int, int]:
+                  step: tuple[tuple[int, ...], tuple[int, ...]] = ((), ()),
+                  block: tuple[tuple, tuple, tuple] | None = None, kept: bool = False) -> tuple[int, int]:
     """(large-pool bytes reserved after the wrap, and at the loss's backward peak of the first step) on
     one rank's default stream: the wrap's replay followed by the step's forward in the same allocator,
     so the forward reuses what the wrap left cached where the sizes allow. `load`: the 4-bit weights'
@@ -437,7 +500,9 @@ def step_reserved(units: list[Unit], world: int, shape, tokens: int, e: int, tar
     `units`, `buffers_share_dtype` and `nccl_events` as for init_reserved; `shift_copy` as for forward_events.
     `step`: the first optimizer step's state and temporary byte sizes on this rank (first_step), when its
     states are made on the GPU after the first backward; then the second step's forward is replayed too and
-    the bytes returned are those at its loss peak."""
+    the bytes returned are those at its loss peak.
+    `block`: a block's recompute and backward events, as backward_events takes them: the first step's backward
+    is replayed too (`kept` as there), and the second step whole."""
     return _step_replay(tuple((tuple(p), tuple(b)) for p, b in units), world, sync, offload,
                         (shape, tokens, e, frozenset(targets), quant, lsm, flash, loss, shift_copy), tuple(load),
-                        buffers_share_dtype, nccl_events, (tuple(step[0]), tuple(step[1])))
+                        buffers_share_dtype, nccl_events, (tuple(step[0]), tuple(step[1])), block, kept)

@@ -698,7 +698,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
     # and the default stream cannot reuse it: at any moment, reserved holds the pool's peak minus
     # what that stream's tensors use then.
     ag_pool = rs_pool = init_pool = 0
-    replayed = "first forward"
+    replayed = ""
     if f.fsdp:
         ag_pool = _all_gather_pool(job, e)
         rs_pool = max(2 * block_grad * e, full_grads.bytes)
@@ -715,21 +715,22 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
         rs_pool = grads_all if offload == "all" else full_grads.bytes
         if (f.stack.fsdp_init_on_device and offload in ("none", "all") and shape.arch == "llama" and not shape.moe
                 and f.loss in ("fp32-logits-kept", "fp32-upcast-shifted", "fp32-upcast")):
-            # Replay the wrap and the first step's forward up to the loss's backward peak through the
-            # caching allocator's rules: the default stream's large pool never shrinks after that. Where
-            # the optimizer's first step makes large states on the GPU (a full fine-tune), it fills the
-            # freed activation blocks, and the second step's forward is replayed into what is left.
+            # Replay the wrap and two whole steps (forward, loss, each block's recompute and backward, with
+            # FSDP1's kept inputs where it keeps them) through the caching allocator's rules: the default
+            # stream's large pool never shrinks. Where the optimizer's first step makes large states on the
+            # GPU (a full fine-tune), they fill the freed activation blocks between the two steps.
             units = _fsdp1_units(job, e)
             step = _fsdp1_first_step(job, units, e, param_shards, state_bytes) if not f.lora and offload == "none" \
                 else ((), ())
-            if step[0]:
-                replayed = "first step's forward, optimizer step and the second forward"
+            replayed = "first two steps" + (" and the optimizer step between them" if step[0] else "")
             _, init_pool = fsdp1.step_reserved(units, param_shards, shape, T, e,
                                                f.lora_targets, t.base_quant == "nf4", 4 if f.loss_upcast else e,
                                                offload=offload == "all", flash=t.attention == "flash-attn",
                                                loss=f.loss, load=_quantized_load_order(job),
                                                buffers_share_dtype=f.rope_cache_bytes == e,
-                                               shift_copy=A.shifted_copy_bytes(job) > 0, step=step)
+                                               shift_copy=A.shifted_copy_bytes(job) > 0, step=step,
+                                               block=step_replay.backward_replay(bf),
+                                               kept=f.fsdp1_keeps_block_inputs)
     # FSDP1 makes the shard it all-gathers inside `with stream(pre_unshard_stream)` (_runtime_utils.py
     # _unshard -> FlatParamHandle.pre_unshard) when it is not the resident one: CPU offload copies it to
     # the GPU (flat_param_to(device)), mixed precision casts an fp32 shard to the compute dtype

@@ -68,9 +68,10 @@ IN, OUT, GRAD_IN = "in", "out", "grad in"
 
 
 @functools.lru_cache(maxsize=64)
-def _block_events(bf: A.BlockFacts) -> tuple[tuple, tuple, tuple]:
+def _block_events(bf: A.BlockFacts, pinned: bool = False) -> tuple[tuple, tuple, tuple]:
     """A block's forward under no_grad, its recompute and its backward as allocator events (the kinds of
-    activations.backward_events), recorded once per walk."""
+    activations.backward_events), recorded once per walk. `pinned`: the output's gradient is held outside
+    the block (activations.backward_events pinned_out), as FSDP1's kept inputs hold it."""
     tr, x_in = A._walk_block(bf, False)
     last_use: dict[int, int] = {}  # per tensor, the forward's last op to use it
     for j, op in enumerate(tr.ops):
@@ -95,12 +96,19 @@ def _block_events(bf: A.BlockFacts) -> tuple[tuple, tuple, tuple]:
         return tuple(ev)
 
     def backward() -> tuple:
-        ev, grads = A.backward_events(tr)
+        ev, grads = A.backward_events(tr, pinned)
         # The block input stays alive through its backward (the reentrant checkpoint's detached input holds
         # it); _replay frees it after. Its gradient becomes the previous block's output gradient.
         return tuple(x for x in ev if x[1] != id(x_in)) + ((RENAME, grads[id(x_in)], GRAD_IN),)
 
     return forward(False), forward(True), backward()
+
+
+def backward_replay(bf: A.BlockFacts) -> tuple[tuple, tuple, tuple]:
+    """A checkpointed block's recompute, its backward, and its backward with the output's gradient held
+    elsewhere (FSDP1's kept inputs), as events: what checks/fsdp1.py replays of the blocks' backward."""
+    _, recompute, bwd = _block_events(bf)
+    return recompute, bwd, _block_events(bf, True)[2]
 
 
 @functools.lru_cache(maxsize=64)

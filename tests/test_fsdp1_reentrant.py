@@ -238,3 +238,91 @@ def test_two_blocks_are_gathered_at_the_handoff_only_when_the_checkpoint_is_insi
     inside, around = gathered_in_backward("4.52.1"), gathered_in_backward("4.48.1")
     assert [p.formula.startswith("the block being gathered for backward") for p in inside] == [True]
     assert not any(p.formula.startswith("the block being gathered") for p in around)
+
+
+# ---------------------------------------------------------------- where the kept gradients land
+
+
+def test_autograd_sums_out_of_place_into_a_gradient_something_else_holds():
+    """The rule the replay of FSDP1's kept inputs rests on (torch/csrc/autograd/input_buffer.cpp accumulate: in
+    place only into a buffer whose last reference it holds), on real torch: a residual block's output gradient
+    reaches the residual sum h itself (AddBackward hands it on) and the branch's gradient is added to it there."""
+    import torch
+
+    def h_grad_is_the_output_grad(hold: bool) -> bool:
+        x = torch.randn(64, 64, requires_grad=True)
+        h = x + torch.tanh(x)
+        out = h + torch.sin(h)
+        held, ptr = [], {}
+
+        def on_out(g):
+            ptr["out"] = g.data_ptr()
+            if hold:  # as a later block's kept input holds it as its .grad
+                held.append(g)
+
+        out.register_hook(on_out)
+        h.register_hook(lambda g: ptr.__setitem__("h", g.data_ptr()))
+        (out * 2).sum().backward()
+        return ptr["out"] == ptr["h"]
+
+    assert h_grad_is_the_output_grad(hold=False)  # summed in place: one buffer runs through the block
+    assert not h_grad_is_the_output_grad(hold=True)  # held elsewhere: `old_var + var`, a new buffer
+
+
+def test_a_block_whose_output_gradient_is_held_makes_its_input_gradient_anew(job):
+    from podkit.checks import activations as A
+
+    j = job(model='preset = "mistral-7b"', cluster="gpu = 'A100-80GB'\ngpus_per_node = 2\nsharding = 'zero3'",
+            train="stack = 'hf'\ntransformers = '4.48.1'\nprecision = 'bf16'\nmicro_batch = 2\nseq_len = 4096\n"
+                  "checkpointing = 'full'\nattention = 'flash-attn'\nlora_rank = 16\nlora_targets = ['q_proj', 'v_proj']")
+    tr, x_in = A._walk_block(A.block_facts(j))
+    stream = j.shape.hidden * 2  # bf16 residual stream, bytes per token
+
+    def net(events):
+        """Bytes per token alive when the block's backward is done: the output gradient, the saved tensors it
+        starts with (each freed by its first saver), and what the events allocate."""
+        size = {A.GRAD_OUT: stream, **{k: t.bytes for k, t in {**tr.ctx_kept, **tr.saved}.items()}}
+        for kind, key, arg in events:
+            if kind == A.ALLOC:
+                size[key] = arg
+            elif kind == A.FREE:
+                del size[key]
+            else:
+                size[arg] = size.pop(key)
+        return sum(size.values()) - sum(t.bytes for t in tr.ctx_kept.values())
+
+    plain, grads = A.backward_events(tr)
+    pinned, pinned_grads = A.backward_events(tr, pinned_out=True)
+    # In place, the output's gradient becomes the input's (the residual path): one buffer alive at the end.
+    assert grads[id(x_in)] == A.GRAD_OUT and net(plain) == stream
+    # Held elsewhere, it is never freed here, and the post-attention residual's sum is a new buffer (after the
+    # MLP branch's gradient of the same size), which the attention residual then carries to the input.
+    assert all(key != A.GRAD_OUT for _, key, _ in pinned)
+    new = pinned_grads[id(x_in)]
+    at = next(k for k, ev in enumerate(pinned) if ev[:2] == (A.ALLOC, new))
+    assert pinned[at][2] == stream and pinned[at - 1][0] == A.ALLOC and pinned[at - 1][1][0] == "sum"
+    assert net(pinned) == 2 * stream
+
+
+def test_fsdp1_replay_holds_every_input_and_gradient_until_backward_ends(job):
+    from podkit.checks import fsdp1, step_replay
+    from podkit.checks import activations as A
+    from podkit.checks.allocator import CachingAllocator
+
+    j = job(model='preset = "mistral-7b"', cluster="gpu = 'A100-80GB'\ngpus_per_node = 2\nsharding = 'zero3'",
+            train="stack = 'hf'\ntransformers = '4.48.1'\nprecision = 'bf16'\nmicro_batch = 2\nseq_len = 4096\n"
+                  "checkpointing = 'full'\nattention = 'flash-attn'\nlora_rank = 16")
+    assert j.facts.fsdp1_keeps_block_inputs
+    s, T, L = j.shape, 8192, j.shape.layers
+    block = step_replay.backward_replay(A.block_facts(j))
+    for kept in (True, False):
+        names: dict = {}
+        events = fsdp1.forward_events(s, T, 2, frozenset(), False, 4, True, "fp32-upcast-shifted", True, names)
+        events += fsdp1.backward_events(names, s, T, 2, "fp32-upcast-shifted", block, kept)
+        ends = len(events) - (2 * L if kept else 1)  # the frees when backward ends
+        live: dict = {}
+        alloc = fsdp1.replay(events[:ends], CachingAllocator(), live)
+        # Kept: every block's input and its gradient, 2 x L x T x hidden x 2 B; else block 0's input gradient.
+        assert sum(b.size for b in live.values()) == (2 * L if kept else 1) * T * s.hidden * 2
+        fsdp1.replay(events[ends:], alloc, live)
+        assert not live and alloc.allocated == 0
