@@ -542,16 +542,19 @@ tensor's key is id(tensor); GRAD_OUT is the gradient of the trace's output, aliv
 
 
 def backward_events(tr: Trace, pinned_out: bool = False) -> tuple[tuple, dict]:
-    """A trace's backward in autograd's engine order (backward_intermediates_per_token): per node, its inputs'
-    new gradients, then its scratch, then the gradients summed into existing ones and its output gradients
-    freed; the saved tensors it was the first op to save released after it (bitsandbytes < 0.43.2's ctx
-    attributes never). Returns the events and the keys of the gradients alive at the end, by tensor id.
+    """A trace's backward in autograd's engine order (backward_intermediates_per_token; engine.cpp
+    evaluate_function): per node, its inputs' new gradients and its scratch (the call), its output gradients
+    freed (the call's inputs die with it), the saved tensors it was the first op to save released
+    (release_variables; bitsandbytes < 0.43.2's ctx attributes never), then each new gradient accumulated into
+    an existing one (input_buffer.cpp accumulate) and freed. Returns the events and the keys of the gradients
+    alive at the end, by tensor id.
 
-    pinned_out: something outside the trace also holds the output's gradient (FSDP1's reshard hook keeps the
-    later block's input and its .grad, JobFacts.fsdp1_keeps_block_inputs). InputBuffer::accumulate sums in
-    place only into a tensor whose last reference it holds (torch/csrc/autograd/input_buffer.cpp:
-    `old_var.use_count() == 1`), so a gradient reaching one that aliases the output's gradient is summed out
-    of place (`old_var + var`) into a new buffer, and the output's gradient is never freed here."""
+    accumulate adds in place only into a buffer whose last reference it holds (`adjusted_use_count(old_var) ==
+    1` and the storage's too), else `old_var + var` makes a new one. pinned_out: something outside the trace
+    also holds the output's gradient, so a gradient reaching one that aliases it is summed out of place, and
+    the output's gradient is never freed here: a reentrant checkpoint's CheckpointFunction.backward holds it
+    (its `args`) through the block's inner backward, and FSDP1's kept inputs hold it to the end of backward
+    (JobFacts.fsdp1_keeps_block_inputs); the caller frees it."""
     first_saver: dict[int, int] = {}
     for i, op in enumerate(tr.ops):
         for t in op.saved:
@@ -572,9 +575,9 @@ def backward_events(tr: Trace, pinned_out: bool = False) -> tuple[tuple, dict]:
     for i in range(len(tr.ops) - 1, -1, -1):
         op = tr.ops[i]
         outs = [grad_of[id(o)] for o in op.outputs if id(o) in grad_of]
+        summed = []  # gradients summed into an existing one, freed after the accumulation
+        replaced = []  # (new buffer, the pinned buffer it replaces, bytes) for out-of-place sums
         if outs:
-            summed = []  # gradients summed into an existing one, freed after the node
-            replaced = []  # the pinned output gradient's references, given up for an out-of-place sum
             for t in op.inputs:
                 if not t.grad:
                     continue
@@ -596,12 +599,11 @@ def backward_events(tr: Trace, pinned_out: bool = False) -> tuple[tuple, dict]:
                     if not alias:
                         summed.append(("sum", i, id(t)))
                         ev.append((ALLOC, summed[-1], t.bytes))
-                        if pinned_out and grad_of[id(t)] == 0:  # the node's gradient, then their sum
+                        if pinned_out and grad_of[id(t)] == 0:
                             n = next(ids)
                             buffers[n] = [("grad", n), 1]
-                            replaced.append(grad_of[id(t)])
+                            replaced.append((n, grad_of[id(t)], t.bytes))
                             grad_of[id(t)] = n
-                            ev.append((ALLOC, ("grad", n), t.bytes))
                 elif alias:
                     buffers[outs[0]][1] += 1
                     grad_of[id(t)] = outs[0]
@@ -612,9 +614,6 @@ def backward_events(tr: Trace, pinned_out: bool = False) -> tuple[tuple, dict]:
                     ev.append((ALLOC, ("grad", n), t.bytes))
             if op.scratch:
                 ev += [(ALLOC, ("scratch", i), op.scratch), (FREE, ("scratch", i), 0)]
-            ev += [(FREE, key, 0) for key in summed]
-            for buf in replaced:
-                drop(buf)
             for o in op.outputs:
                 if id(o) in grad_of:
                     drop(grad_of.pop(id(o)))
@@ -622,6 +621,10 @@ def backward_events(tr: Trace, pinned_out: bool = False) -> tuple[tuple, dict]:
             if first_saver[id(t)] == i and id(t) in saved:
                 del saved[id(t)]
                 ev.append((FREE, id(t), 0))
+        for n, old, size in replaced:  # `old_var + var`
+            ev.append((ALLOC, ("grad", n), size))
+            drop(old)
+        ev += [(FREE, key, 0) for key in summed]
     return tuple(ev), {k: buffers[b][0] for k, b in grad_of.items()}
 
 

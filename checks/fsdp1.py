@@ -366,19 +366,20 @@ def forward_events(s, T: int, e: int, targets, quant: bool, lsm: int = 4, flash:
     return ops.events
 
 
-def backward_events(names: dict, s, T: int, e: int, loss: str, block: tuple[tuple, tuple, tuple],
+def backward_events(names: dict, s, T: int, e: int, loss: str, block: tuple[tuple, tuple, bool],
                     kept: bool) -> list[tuple]:
     """The rest of the step after forward_events' peak (whose `names` it continues): the loss's backward
     (SliceBackward0's full-size zeros where the loss shifted a slice, ToCopyBackward0's 16-bit gradient of
     the logits), the head's input gradient, then every block in reverse, its recompute and its backward as
-    checks/step_replay.py runs them (`block`: its recompute, its backward and its backward with the output's
-    gradient held elsewhere, from step_replay._block_events, keyed per token as activations.backward_events
-    keys them). The final norm's few bytes per token are left out.
+    checks/step_replay.py runs them (`block`: step_replay.backward_replay's recompute, backward and whether
+    the output's gradient is held outside the block, keyed per token as activations.backward_events keys
+    them). The final norm's few bytes per token are left out. transformers <= 4.45's loss shifts a slice too,
+    but is priced as >= 4.49's (stacks.transformers_facts): no SliceBackward0 zeros here.
     kept: FSDP1 keeps each block's input and its gradient until backward ends (JobFacts.
-    fsdp1_keeps_block_inputs), so every block but the last gets an output gradient that a later block's kept
-    input still holds as its .grad (CheckpointFunction.backward returns `inp.grad`), and sums into it out of
-    place; otherwise a block's input dies after its backward. Everything is freed when backward ends
-    (_finalize_params removes the hooks that hold the inputs)."""
+    fsdp1_keeps_block_inputs): every block but the last gets an output gradient that a later block's kept
+    input still holds as its .grad (CheckpointFunction.backward returns `inp.grad`), alive to the end;
+    otherwise a block's input and a held output gradient die after its backward. Everything is freed when
+    backward ends (_finalize_params removes the hooks that hold the inputs)."""
     from podkit.checks import activations as A
 
     ev: list[tuple] = []
@@ -391,10 +392,12 @@ def backward_events(names: dict, s, T: int, e: int, loss: str, block: tuple[tupl
         grad = "slice grad"
     ev += [("a", "logits grad", e * s.vocab * T), ("f", grad)]
     ev += [("a", f"g{L}", e * s.hidden * T), ("f", "logits grad"), ("f", x32), ("f", inputs[L])]
-    recompute, bwd, bwd_pinned = block
+    recompute, bwd, out_held = block
+    # A held output gradient the block does not pass on as its input's (renamed): freed after the block.
+    free_out = out_held and not any(kind == A.RENAME and key == A.GRAD_OUT for kind, key, _ in bwd)
     for i in range(L - 1, -1, -1):
         keys = {"in": inputs[i], A.GRAD_OUT: f"g{i + 1}", "grad in": f"g{i}"}
-        for kind, key, arg in recompute + (bwd_pinned if kept and i < L - 1 else bwd):
+        for kind, key, arg in recompute + bwd:
             key = keys.get(key, f"b{i}:{key}")
             if kind == A.ALLOC:
                 ev.append(("a", key, int(arg * T)))
@@ -404,6 +407,8 @@ def backward_events(names: dict, s, T: int, e: int, loss: str, block: tuple[tupl
                 ev.append(("r", key, keys.get(arg, f"b{i}:{arg}")))
         if not kept:
             ev.append(("f", inputs[i]))
+        if free_out and not (kept and i < L - 1):
+            ev.append(("f", f"g{i + 1}"))
     ev.append(("f", "g0"))
     if kept:
         ev += [("f", x) for x in inputs[:L]] + [("f", f"g{i}") for i in range(1, L)]
@@ -462,7 +467,7 @@ def first_step(alloc: CachingAllocator, states: tuple[int, ...], temps: tuple[in
 def _step_replay(units: tuple[Unit, ...], world: int, sync: bool, offload: bool,
                  block_key: tuple, load: tuple[int, ...], buffers_share_dtype: bool, nccl_events: bool,
                  step: tuple[tuple[int, ...], tuple[int, ...]] = ((), ()),
-                 block: tuple[tuple, tuple, tuple] | None = None, kept: bool = False) -> tuple[int, int]:
+                 block: tuple[tuple, tuple, bool] | None = None, kept: bool = False) -> tuple[int, int]:
     alloc = CachingAllocator()
     root = quantized_load(alloc, list(units[-1][0]), list(load)) if load else None
     _wrap(alloc, units, world, sync, offload, buffers_share_dtype, nccl_events, root)
@@ -491,10 +496,11 @@ def step_reserved(units: list[Unit], world: int, shape, tokens: int, e: int, tar
                   loss: str = "fp32-logits-kept", load: tuple[int, ...] = (), buffers_share_dtype: bool = False,
                   nccl_events: bool = True, shift_copy: bool = True,
                   step: tuple[tuple[int, ...], tuple[int, ...]] = ((), ()),
-                  block: tuple[tuple, tuple, tuple] | None = None, kept: bool = False) -> tuple[int, int]:
-    """(large-pool bytes reserved after the wrap, and at the loss's backward peak of the first step) on
-    one rank's default stream: the wrap's replay followed by the step's forward in the same allocator,
-    so the forward reuses what the wrap left cached where the sizes allow. `load`: the 4-bit weights'
+                  block: tuple[tuple, tuple, bool] | None = None, kept: bool = False) -> tuple[int, int]:
+    """(large-pool bytes reserved after the wrap, and at the end of the replay) on one rank's default stream:
+    the wrap's replay followed by the step in the same allocator, so the step reuses what the wrap left
+    cached where the sizes allow; without `block` or `step`, the first step's forward up to the loss's
+    backward peak only. `load`: the 4-bit weights'
     element counts when the model was quantized on the GPU while loading (quantized_load), whose
     QuantStates and 16-bit root parameters are then already in the allocator when the wrap starts.
     `units`, `buffers_share_dtype` and `nccl_events` as for init_reserved; `shift_copy` as for forward_events.

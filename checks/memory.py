@@ -698,7 +698,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
     # and the default stream cannot reuse it: at any moment, reserved holds the pool's peak minus
     # what that stream's tensors use then.
     ag_pool = rs_pool = init_pool = 0
-    replayed = ""
+    replayed = "first forward"
     if f.fsdp:
         ag_pool = _all_gather_pool(job, e)
         rs_pool = max(2 * block_grad * e, full_grads.bytes)
@@ -722,14 +722,17 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
             units = _fsdp1_units(job, e)
             step = _fsdp1_first_step(job, units, e, param_shards, state_bytes) if not f.lora and offload == "none" \
                 else ((), ())
-            replayed = "first two steps" + (" and the optimizer step between them" if step[0] else "")
+            block = step_replay.backward_replay(bf, f.reentrant) if f.ac_policy == "block" else None
+            replayed = ("first two steps" + (" and the optimizer step between them" if step[0] else "")
+                        if block else "first step's forward, optimizer step and the second forward" if step[0]
+                        else replayed)
             _, init_pool = fsdp1.step_reserved(units, param_shards, shape, T, e,
                                                f.lora_targets, t.base_quant == "nf4", 4 if f.loss_upcast else e,
                                                offload=offload == "all", flash=t.attention == "flash-attn",
                                                loss=f.loss, load=_quantized_load_order(job),
                                                buffers_share_dtype=f.rope_cache_bytes == e,
                                                shift_copy=A.shifted_copy_bytes(job) > 0, step=step,
-                                               block=step_replay.backward_replay(bf),
+                                               block=block,
                                                kept=f.fsdp1_keeps_block_inputs)
     # FSDP1 makes the shard it all-gathers inside `with stream(pre_unshard_stream)` (_runtime_utils.py
     # _unshard -> FlatParamHandle.pre_unshard) when it is not the resident one: CPU offload copies it to

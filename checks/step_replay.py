@@ -68,10 +68,11 @@ IN, OUT, GRAD_IN = "in", "out", "grad in"
 
 
 @functools.lru_cache(maxsize=64)
-def _block_events(bf: A.BlockFacts, pinned: bool = False) -> tuple[tuple, tuple, tuple]:
+def _block_events(bf: A.BlockFacts, out_held: bool = True) -> tuple[tuple, tuple, tuple]:
     """A block's forward under no_grad, its recompute and its backward as allocator events (the kinds of
-    activations.backward_events), recorded once per walk. `pinned`: the output's gradient is held outside
-    the block (activations.backward_events pinned_out), as FSDP1's kept inputs hold it."""
+    activations.backward_events), recorded once per walk. `out_held`: the output's gradient is held outside
+    the block's graph (activations.backward_events pinned_out), as a reentrant checkpoint's backward holds
+    it; the caller frees it after the block."""
     tr, x_in = A._walk_block(bf, False)
     last_use: dict[int, int] = {}  # per tensor, the forward's last op to use it
     for j, op in enumerate(tr.ops):
@@ -96,7 +97,7 @@ def _block_events(bf: A.BlockFacts, pinned: bool = False) -> tuple[tuple, tuple,
         return tuple(ev)
 
     def backward() -> tuple:
-        ev, grads = A.backward_events(tr, pinned)
+        ev, grads = A.backward_events(tr, out_held)
         # The block input stays alive through its backward (the reentrant checkpoint's detached input holds
         # it); _replay frees it after. Its gradient becomes the previous block's output gradient.
         return tuple(x for x in ev if x[1] != id(x_in)) + ((RENAME, grads[id(x_in)], GRAD_IN),)
@@ -104,17 +105,19 @@ def _block_events(bf: A.BlockFacts, pinned: bool = False) -> tuple[tuple, tuple,
     return forward(False), forward(True), backward()
 
 
-def backward_replay(bf: A.BlockFacts) -> tuple[tuple, tuple, tuple]:
-    """A checkpointed block's recompute, its backward, and its backward with the output's gradient held
-    elsewhere (FSDP1's kept inputs), as events: what checks/fsdp1.py replays of the blocks' backward."""
-    _, recompute, bwd = _block_events(bf)
-    return recompute, bwd, _block_events(bf, True)[2]
+def backward_replay(bf: A.BlockFacts, reentrant: bool) -> tuple[tuple, tuple, bool]:
+    """A checkpointed block's recompute and backward as events, and whether its output's gradient is held
+    outside it (a reentrant checkpoint: CheckpointFunction.backward holds its `args` through the inner
+    backward, so the block sums into it out of place and the caller frees it after the block): what
+    checks/fsdp1.py replays of the blocks' backward."""
+    _, recompute, bwd = _block_events(bf, reentrant)
+    return recompute, bwd, reentrant
 
 
 @functools.lru_cache(maxsize=64)
 def _replay(bf: A.BlockFacts, layers: int, vocab: int, hidden: int, e: int, batch: int, tokens: int,
             shift_copy: bool = True) -> Replay:
-    fwd, recompute, bwd = _block_events(bf)
+    fwd, recompute, bwd = _block_events(bf, True)  # reentrant (applies): each output gradient held
     alloc = CachingAllocator()
     live: dict = {}
 
@@ -161,5 +164,6 @@ def _replay(bf: A.BlockFacts, layers: int, vocab: int, hidden: int, e: int, batc
             run(recompute, i)
             run(bwd, i)
             free(("x", i))
+            free(("g", i + 1))  # CheckpointFunction.backward returns: its `args` go
         free(("g", 0))
     return Replay(alloc.peak_allocated, alloc.reserved, alloc.reserved_large)

@@ -244,29 +244,42 @@ def test_two_blocks_are_gathered_at_the_handoff_only_when_the_checkpoint_is_insi
 
 
 def test_autograd_sums_out_of_place_into_a_gradient_something_else_holds():
-    """The rule the replay of FSDP1's kept inputs rests on (torch/csrc/autograd/input_buffer.cpp accumulate: in
-    place only into a buffer whose last reference it holds), on real torch: a residual block's output gradient
-    reaches the residual sum h itself (AddBackward hands it on) and the branch's gradient is added to it there."""
+    """The rule the replay rests on (torch/csrc/autograd/input_buffer.cpp accumulate: in place only into a buffer
+    whose last reference it holds), on real torch: a residual block's output gradient reaches the residual sum h
+    itself (AddBackward hands it on) and the branch's gradient is added to it there. A later block's kept input
+    holds it (FSDP1), and so does a reentrant checkpoint's backward (its `args`) while the block's inner backward
+    runs; a non-reentrant checkpoint's recompute does not."""
     import torch
+    import torch.utils.checkpoint as ckpt
 
-    def h_grad_is_the_output_grad(hold: bool) -> bool:
-        x = torch.randn(64, 64, requires_grad=True)
+    def body(x):
         h = x + torch.tanh(x)
-        out = h + torch.sin(h)
-        held, ptr = [], {}
+        return h, h + torch.sin(h)
+
+    def h_grad_is_the_output_grad(hold: bool = False, checkpoint: str = "") -> bool:
+        x = torch.randn(64, 64, requires_grad=True)
+        ptr, held = {}, []
+
+        def block(x):
+            h, out = body(x)
+            if torch.is_grad_enabled():
+                h.register_hook(lambda g: ptr.__setitem__("h", g.data_ptr()))
+            return out
 
         def on_out(g):
             ptr["out"] = g.data_ptr()
             if hold:  # as a later block's kept input holds it as its .grad
                 held.append(g)
 
+        out = ckpt.checkpoint(block, x, use_reentrant=checkpoint == "reentrant") if checkpoint else block(x)
         out.register_hook(on_out)
-        h.register_hook(lambda g: ptr.__setitem__("h", g.data_ptr()))
         (out * 2).sum().backward()
         return ptr["out"] == ptr["h"]
 
-    assert h_grad_is_the_output_grad(hold=False)  # summed in place: one buffer runs through the block
+    assert h_grad_is_the_output_grad()  # summed in place: one buffer runs through the block
     assert not h_grad_is_the_output_grad(hold=True)  # held elsewhere: `old_var + var`, a new buffer
+    assert not h_grad_is_the_output_grad(checkpoint="reentrant")
+    assert h_grad_is_the_output_grad(checkpoint="non-reentrant")
 
 
 def test_a_block_whose_output_gradient_is_held_makes_its_input_gradient_anew(job):
@@ -295,12 +308,17 @@ def test_a_block_whose_output_gradient_is_held_makes_its_input_gradient_anew(job
     pinned, pinned_grads = A.backward_events(tr, pinned_out=True)
     # In place, the output's gradient becomes the input's (the residual path): one buffer alive at the end.
     assert grads[id(x_in)] == A.GRAD_OUT and net(plain) == stream
-    # Held elsewhere, it is never freed here, and the post-attention residual's sum is a new buffer (after the
-    # MLP branch's gradient of the same size), which the attention residual then carries to the input.
+    # Held elsewhere, it is never freed here, and the post-attention residual's sum is a new buffer, which the
+    # attention residual then carries to the input. Engine order (engine.cpp evaluate_function): the node's
+    # gradient of the same size is made, the node's incoming gradients and saved tensors go, then
+    # accumulate's `old_var + var`, then var.
     assert all(key != A.GRAD_OUT for _, key, _ in pinned)
     new = pinned_grads[id(x_in)]
     at = next(k for k, ev in enumerate(pinned) if ev[:2] == (A.ALLOC, new))
-    assert pinned[at][2] == stream and pinned[at - 1][0] == A.ALLOC and pinned[at - 1][1][0] == "sum"
+    var = next(ev[1] for ev in reversed(pinned[:at]) if ev[0] == A.ALLOC)
+    assert var[0] == "sum" and pinned[at][2] == stream
+    assert pinned[at + 1] == (A.FREE, var, 0)
+    assert any(ev[0] == A.FREE for ev in pinned[pinned.index((A.ALLOC, var, stream)):at])
     assert net(pinned) == 2 * stream
 
 
@@ -312,9 +330,9 @@ def test_fsdp1_replay_holds_every_input_and_gradient_until_backward_ends(job):
     j = job(model='preset = "mistral-7b"', cluster="gpu = 'A100-80GB'\ngpus_per_node = 2\nsharding = 'zero3'",
             train="stack = 'hf'\ntransformers = '4.48.1'\nprecision = 'bf16'\nmicro_batch = 2\nseq_len = 4096\n"
                   "checkpointing = 'full'\nattention = 'flash-attn'\nlora_rank = 16")
-    assert j.facts.fsdp1_keeps_block_inputs
+    assert j.facts.fsdp1_keeps_block_inputs and j.facts.reentrant
     s, T, L = j.shape, 8192, j.shape.layers
-    block = step_replay.backward_replay(A.block_facts(j))
+    block = step_replay.backward_replay(A.block_facts(j), True)
     for kept in (True, False):
         names: dict = {}
         events = fsdp1.forward_events(s, T, 2, frozenset(), False, 4, True, "fp32-upcast-shifted", True, names)
