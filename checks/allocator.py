@@ -151,3 +151,19 @@ class CachingAllocator:
         insort(order, (size, seg, offset))
         starts[(seg, offset)] = block
         ends[(seg, offset + size)] = block
+
+
+def replay(events: list[tuple], alloc: CachingAllocator | None = None, live: dict | None = None) -> CachingAllocator:
+    """Run allocation events through `alloc`: ("a", key, bytes) allocates, ("f", key) frees, ("r", key, new
+    key) renames (a gradient written into a tensor's storage, handed on); `live` receives the blocks still
+    allocated at the end, by key."""
+    alloc = alloc or CachingAllocator()
+    live = {} if live is None else live
+    for ev in events:
+        if ev[0] == "a":
+            live[ev[1]] = alloc.malloc(ev[2])
+        elif ev[0] == "r":
+            live[ev[2]] = live.pop(ev[1])
+        else:
+            alloc.free(live.pop(ev[1]))
+    return alloc

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from podkit.checks.allocator import CachingAllocator
+from podkit.checks.allocator import CachingAllocator, replay
 
 # torch/distributed/fsdp/_init_utils.py: PARAM_BROADCAST_BUCKET_SIZE = int(250 * 1024 * 1024), passed to
 # dist._broadcast_coalesced (torch/csrc/distributed/c10d/comm.cpp broadcast_coalesced): buckets close
@@ -368,67 +368,18 @@ def forward_events(s, T: int, e: int, targets, quant: bool, lsm: int = 4, flash:
 
 def backward_events(names: dict, s, T: int, e: int, loss: str, block: tuple[tuple, tuple, bool],
                     kept: bool) -> list[tuple]:
-    """The rest of the step after forward_events' peak (whose `names` it continues): the loss's backward
-    (SliceBackward0's full-size zeros where the loss shifted a slice, ToCopyBackward0's 16-bit gradient of
-    the logits), the head's input gradient, then every block in reverse, its recompute and its backward as
-    checks/step_replay.py runs them (`block`: step_replay.backward_replay's recompute, backward and whether
-    the output's gradient is held outside the block, keyed per token as activations.backward_events keys
-    them). The final norm's few bytes per token are left out. transformers <= 4.45's loss shifts a slice too,
-    but is priced as >= 4.49's (stacks.transformers_facts): no SliceBackward0 zeros here.
-    kept: FSDP1 keeps each block's input and its gradient until backward ends (JobFacts.
-    fsdp1_keeps_block_inputs): every block but the last gets an output gradient that a later block's kept
-    input still holds as its .grad (CheckpointFunction.backward returns `inp.grad`), alive to the end;
-    otherwise a block's input and a held output gradient die after its backward. Everything is freed when
-    backward ends (_finalize_params removes the hooks that hold the inputs)."""
-    from podkit.checks import activations as A
+    """The rest of the step after forward_events' peak (whose `names` it continues), as the single-GPU replay
+    runs it (step_replay.backward_events), the final norm's fp32 input freed with the head's. `block`:
+    step_replay.backward_replay's; transformers <= 4.45's loss shifts a slice too, but is priced as >= 4.49's
+    (stacks.transformers_facts): no SliceBackward0 zeros. kept: FSDP1 keeps each block's input and its
+    gradient until backward ends (JobFacts.fsdp1_keeps_block_inputs; _finalize_params removes the hooks that
+    hold them)."""
+    from podkit.checks import step_replay
 
-    ev: list[tuple] = []
     x32, log_probs, grad_log_probs, lsm_grad = names["loss"]
-    inputs, L = names["inputs"], s.layers
-    ev += [("f", grad_log_probs), ("f", log_probs)]
-    grad = lsm_grad
-    if loss != "fp32-upcast":  # the shifted slice's backward: zeros of the full logits, the slice copied in
-        ev += [("a", "slice grad", 4 * s.vocab * T), ("f", grad)]
-        grad = "slice grad"
-    ev += [("a", "logits grad", e * s.vocab * T), ("f", grad)]
-    ev += [("a", f"g{L}", e * s.hidden * T), ("f", "logits grad"), ("f", x32), ("f", inputs[L])]
-    recompute, bwd, out_held = block
-    # A held output gradient the block does not pass on as its input's (renamed): freed after the block.
-    free_out = out_held and not any(kind == A.RENAME and key == A.GRAD_OUT for kind, key, _ in bwd)
-    for i in range(L - 1, -1, -1):
-        keys = {"in": inputs[i], A.GRAD_OUT: f"g{i + 1}", "grad in": f"g{i}"}
-        for kind, key, arg in recompute + bwd:
-            key = keys.get(key, f"b{i}:{key}")
-            if kind == A.ALLOC:
-                ev.append(("a", key, int(arg * T)))
-            elif kind == A.FREE:
-                ev.append(("f", key))
-            else:
-                ev.append(("r", key, keys.get(arg, f"b{i}:{arg}")))
-        if not kept:
-            ev.append(("f", inputs[i]))
-        if free_out and not (kept and i < L - 1):
-            ev.append(("f", f"g{i + 1}"))
-    ev.append(("f", "g0"))
-    if kept:
-        ev += [("f", x) for x in inputs[:L]] + [("f", f"g{i}") for i in range(1, L)]
-    if "logits" in names:
-        ev.append(("f", names["logits"]))
-    return ev
-
-
-def replay(events: list[tuple], alloc: CachingAllocator | None = None, live: dict | None = None) -> CachingAllocator:
-    """Run allocation events through `alloc`; `live` receives the blocks still allocated at the end."""
-    alloc = alloc or CachingAllocator()
-    live = {} if live is None else live
-    for ev in events:
-        if ev[0] == "a":
-            live[ev[1]] = alloc.malloc(ev[2])
-        elif ev[0] == "r":
-            live[ev[2]] = live.pop(ev[1])
-        else:
-            alloc.free(live.pop(ev[1]))
-    return alloc
+    ev = step_replay.backward_events(names["inputs"], (grad_log_probs, log_probs, lsm_grad), T, s.vocab, s.hidden,
+                                     e, loss != "fp32-upcast", block, kept, head_frees=(x32,))
+    return ev + ([("f", names["logits"])] if "logits" in names else [])
 
 
 def shard_pieces(units: tuple[Unit, ...], world: int, bytes_per_value: int) -> list[int]:

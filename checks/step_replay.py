@@ -17,7 +17,8 @@ What is replayed, through checks/allocator.py, for two steps (the second starts 
   the logits when compute_loss returns; its backward: nll_loss's zeros, log_softmax's input gradient,
   SliceBackward0's full-size zeros, ToCopyBackward0's 16-bit gradient, then the head's input gradient;
 - each block in reverse: its recompute (the forward again, its saved tensors kept), then its backward as
-  activations.backward_events orders it (engine.cpp), its input released at the end.
+  activations.backward_events orders it (engine.cpp), its input and its output gradient (which the reentrant
+  checkpoint's backward holds, so the block sums into it out of place) released at the end.
 Scope, where this order is the one the code runs: one GPU (no sharding, no offload), per-block reentrant
 checkpointing, that loss, a frozen base (LoRA/QLoRA: AdamW's states are made once, in the first step; the
 adapters' gradients are left out, small-pool blocks while r x hidden x 4 B <= 1 MiB) and dense blocks (a MoE
@@ -31,7 +32,7 @@ import functools
 from dataclasses import dataclass
 
 from podkit.checks import activations as A
-from podkit.checks.allocator import CachingAllocator
+from podkit.checks.allocator import CachingAllocator, replay
 
 
 def applies(job) -> bool:
@@ -88,7 +89,7 @@ def _block_events(bf: A.BlockFacts, out_held: bool = True) -> tuple[tuple, tuple
                 if id(t) not in made:
                     made.add(id(t))
                     ev.append((ALLOC, OUT if t is tr.output and not recompute else name(t), t.bytes))
-            for t in (*op.inputs, *op.holds, *op.saved):
+            for t in {id(t): t for t in (*op.inputs, *op.holds, *op.saved)}.values():  # once each
                 if last_use[id(t)] == j and t is not x_in and t is not tr.output \
                         and not (recompute and id(t) in tr.saved):
                     ev.append((FREE, name(t), 0))
@@ -109,61 +110,91 @@ def backward_replay(bf: A.BlockFacts, reentrant: bool) -> tuple[tuple, tuple, bo
     """A checkpointed block's recompute and backward as events, and whether its output's gradient is held
     outside it (a reentrant checkpoint: CheckpointFunction.backward holds its `args` through the inner
     backward, so the block sums into it out of place and the caller frees it after the block): what
-    checks/fsdp1.py replays of the blocks' backward."""
+    backward_events replays of each block."""
     _, recompute, bwd = _block_events(bf, reentrant)
     return recompute, bwd, reentrant
+
+
+def _scaled(events: tuple, i: int, keys: dict, tokens: int, zero: set) -> list[tuple]:
+    """Block i's per-token events (activations.backward_events' kinds) at `tokens`, as allocator.replay takes
+    them: IN, OUT, GRAD_IN and GRAD_OUT by `keys`, the block's own tensors by (i, key); a tensor of no bytes (a
+    view, an in-place result) is neither allocated nor freed."""
+    out = []
+    for kind, key, arg in events:
+        k = keys.get(key, (i, key))
+        if kind == ALLOC:
+            n = int(arg * tokens)
+            if n > 0:
+                out.append(("a", k, n))
+            else:
+                zero.add(k)
+        elif kind == FREE:
+            if k in zero:
+                zero.discard(k)
+            else:
+                out.append(("f", k))
+        else:
+            new = keys.get(arg, (i, arg))
+            if k in zero:
+                zero.discard(k)
+                zero.add(new)
+            else:
+                out.append(("r", k, new))
+    return out
+
+
+def backward_events(inputs: list, loss_live: tuple, tokens: int, vocab: int, hidden: int, e: int, sliced: bool,
+                    block: tuple[tuple, tuple, bool], kept: bool = False, head_frees: tuple = ()) -> list[tuple]:
+    """A step from log_softmax's backward peak to the end of backward, as allocator.replay events, for this
+    replay and FSDP1's (checks/fsdp1.py). `inputs`: the keys of the embedding's output and of each block's
+    output (L + 1); `loss_live`: nll_loss's gradient, log_softmax's output and log_softmax's input gradient
+    (just made). Then: SliceBackward0's full-size zeros where the loss shifted a slice (`sliced`), the slice
+    copied in; ToCopyBackward0's 16-bit gradient of the logits; the head's input gradient, the last block's
+    output gradient (`head_frees` go with the logits' gradient; the final norm's few bytes per token are left
+    out); each block in reverse, its recompute and its backward (`block`: backward_replay's), after which its
+    input dies, and a held output gradient too, unless FSDP1 keeps the inputs (`kept`: JobFacts.
+    fsdp1_keeps_block_inputs: every block's input and its gradient, which a later block's kept input holds as
+    its .grad, live until backward ends)."""
+    nll_grad, log_probs, grad = loss_live
+    L = len(inputs) - 1
+    ev: list[tuple] = [("f", nll_grad), ("f", log_probs)]
+    if sliced:
+        ev += [("a", "slice grad", 4 * vocab * tokens), ("f", grad)]
+        grad = "slice grad"
+    ev += [("a", "logits grad", e * vocab * tokens), ("f", grad), ("a", ("g", L), e * hidden * tokens),
+           ("f", "logits grad"), *[("f", k) for k in head_frees], ("f", inputs[L])]
+    recompute, bwd, out_held = block
+    # A held output gradient the block does not pass on as its input's (renamed): freed after the block.
+    free_out = out_held and not any(kind == RENAME and key == GRAD_OUT for kind, key, _ in bwd)
+    zero: set = set()
+    for i in range(L - 1, -1, -1):
+        ev += _scaled(recompute + bwd, i, {IN: inputs[i], GRAD_OUT: ("g", i + 1), GRAD_IN: ("g", i)}, tokens, zero)
+        if not kept:
+            ev.append(("f", inputs[i]))
+        if free_out and not (kept and i < L - 1):
+            ev.append(("f", ("g", i + 1)))  # CheckpointFunction.backward returns: its `args` go
+    ev.append(("f", ("g", 0)))
+    if kept:
+        ev += [("f", x) for x in inputs[:L]] + [("f", ("g", i)) for i in range(1, L)]
+    return ev
 
 
 @functools.lru_cache(maxsize=64)
 def _replay(bf: A.BlockFacts, layers: int, vocab: int, hidden: int, e: int, batch: int, tokens: int,
             shift_copy: bool = True) -> Replay:
     fwd, recompute, bwd = _block_events(bf, True)  # reentrant (applies): each output gradient held
-    alloc = CachingAllocator()
-    live: dict = {}
-
-    def malloc(key, per_token_or_bytes: float, per_token: bool = True) -> None:
-        n = int(per_token_or_bytes * tokens) if per_token else int(per_token_or_bytes)
-        if n > 0:
-            live[key] = alloc.malloc(n)
-
-    def free(key) -> None:
-        block = live.pop(key, None)
-        if block is not None:
-            alloc.free(block)
-
-    def run(events: tuple, i: int) -> None:
-        names = {IN: ("x", i), OUT: ("x", i + 1), GRAD_IN: ("g", i), GRAD_OUT: ("g", i + 1)}
-        for kind, key, arg in events:
-            key = names.get(key, key)
-            if kind == ALLOC:
-                malloc(key, arg)
-            elif kind == FREE:
-                free(key)
-            else:
-                live[names.get(arg, arg)] = live.pop(key)
-
     full, shifted = vocab * tokens, vocab * (tokens - batch)
+    zero: set = set()
+    step = [("a", ("x", 0), hidden * e * tokens)]  # the embedding's output: the first block's input
+    for i in range(layers):
+        step += _scaled(fwd, i, {IN: ("x", i), OUT: ("x", i + 1)}, tokens, zero)
+    step += [("a", "logits", e * full), ("a", "fp32", 4 * full)]
+    step += [("a", "shifted", 4 * shifted)] if shift_copy else []
+    step += [("a", "log_softmax", 4 * shifted), ("f", "fp32")] + ([("f", "shifted")] if shift_copy else [])
+    step += [("f", "logits"), ("a", "nll_grad", 4 * shifted), ("a", "lsm_grad", 4 * shifted)]
+    step += backward_events([("x", i) for i in range(layers + 1)], ("nll_grad", "log_softmax", "lsm_grad"), tokens,
+                            vocab, hidden, e, True, (recompute, bwd, True))
+    alloc = CachingAllocator()
     for _ in range(2):
-        malloc(("x", 0), hidden * e)  # the embedding's output: the first block's input
-        for i in range(layers):
-            run(fwd, i)
-        for key, size in (("logits", e * full), ("fp32", 4 * full), ("shifted", 4 * shifted * shift_copy),
-                          ("log_softmax", 4 * shifted)):
-            malloc(key, size, per_token=False)
-        for key in ("fp32", "shifted", "logits"):
-            free(key)
-        for key, size, done in (("nll_grad", 4 * shifted, ()), ("lsm_grad", 4 * shifted, ("nll_grad", "log_softmax")),
-                                ("slice_grad", 4 * full, ("lsm_grad",)), ("logits_grad", e * full, ("slice_grad",))):
-            malloc(key, size, per_token=False)
-            for k in done:
-                free(k)
-        malloc(("g", layers), hidden * e)
-        free("logits_grad")
-        free(("x", layers))
-        for i in range(layers - 1, -1, -1):
-            run(recompute, i)
-            run(bwd, i)
-            free(("x", i))
-            free(("g", i + 1))  # CheckpointFunction.backward returns: its `args` go
-        free(("g", 0))
+        replay(step, alloc)
     return Replay(alloc.peak_allocated, alloc.reserved, alloc.reserved_large)
