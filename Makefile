@@ -30,8 +30,10 @@ $(VENV)/.installed: pyproject.toml Makefile
 	@touch $@
 	@echo "setup: done. Next: bin/preflight, then bin/smoke"
 
+# Two workers on a 2-core machine (at most 4): the suite waits on sshd, torchrun and subprocesses as much as it
+# computes. --dist loadfile keeps each file's tests in order on one worker (test_pods.py's scenario shares a pod).
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --maxprocesses=4 --dist loadfile
 
 preflight: setup
 	bin/preflight $(ARGS)
