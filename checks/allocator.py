@@ -70,17 +70,6 @@ class _Pool:
         self.starts[(b.segment, b.offset)] = b
         self.ends[(b.segment, b.offset + b.size)] = b
 
-    def remove(self, b: _Block) -> None:
-        del self.order[bisect_left(self.order, (b.size, b.segment, b.offset))]
-        del self.starts[(b.segment, b.offset)]
-        del self.ends[(b.segment, b.offset + b.size)]
-
-    def best_fit(self, size: int) -> _Block | None:
-        i = bisect_left(self.order, (size,))
-        if i == len(self.order):
-            return None
-        _, segment, offset = self.order[i]
-        return self.starts[(segment, offset)]
 
 
 @dataclass
@@ -102,9 +91,9 @@ class CachingAllocator:
         return pool
 
     def malloc(self, size: int, stream: int = 0) -> _Block:
-        # Written out (round_size, best_fit, remove inlined): the FSDP1 step replay makes tens of thousands
-        # of requests within preflight's half second.
-        size = K_MIN_BLOCK if size <= K_MIN_BLOCK else -(-size // K_MIN_BLOCK) * K_MIN_BLOCK
+        # Best fit and the pool's bookkeeping written out here and in free: the FSDP1 step replay makes tens
+        # of thousands of requests within preflight's half second.
+        size = round_size(size)
         small = size <= K_SMALL_SIZE
         pool = self.free_blocks.get((small, stream)) or self._pool(small, stream)
         order = pool.order
