@@ -43,6 +43,7 @@ def test_probe_reads_this_machine():
     assert fp.cpus >= 1 and fp.ram_total_mib > 0 and fp.disk_free_mib and fp.python_tag.startswith("cp3")
 
 
+@pytest.mark.slow
 def test_local_envsetup_interrupted_then_rerun_then_skipped(tmp_path):
     project = project_copy(tmp_path / "proj")
     (project / ".venv").unlink()  # a machine without a venv yet

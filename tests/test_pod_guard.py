@@ -90,6 +90,7 @@ def alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_idle_stop_waits_for_the_job_then_stops_the_pod_through_runpod(world):
     # Armed by `up` with an idle time no test machine can reach, so the job below is running before the
     # short guard exists: a loaded machine that takes seconds to start `pod run` cannot make it fire early.

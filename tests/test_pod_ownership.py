@@ -53,6 +53,7 @@ def test_system_and_home_directories_are_refused_after_normalising(world, remote
     assert "//" not in line.split("REMOTE_DIR ", 1)[1].split()[0] and "/." not in line.split("REMOTE_DIR ", 1)[1].split()[0]
 
 
+@pytest.mark.slow
 def test_a_foreign_directory_is_refused_then_force_keeps_every_file_of_its_owner(world):
     theirs = world.base / "pod-side" / "existing"
     (theirs / "notes").mkdir(parents=True)

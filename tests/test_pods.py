@@ -47,6 +47,7 @@ def sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@pytest.mark.slow
 def test_first_deploy_then_no_change_then_a_change(world):
     pod, remote = world.pod, Path(world.pod.remote_dir)
     first = cli(world, "deploy", pod.spec, *pod_args(pod), env={"HF_TOKEN": "hf_SECRETvalue123"})
@@ -164,6 +165,7 @@ def test_dropped_connection_mid_sync_then_rerun_completes(world):
     big.unlink()
 
 
+@pytest.mark.slow
 def test_a_silent_cut_mid_sync_is_noticed_then_a_rerun_completes(world):
     """No reset, no closed session: the pod's link just stops answering (a stopped pod, an outage).
     The kernel drops the connection after 3x --timeout of unacknowledged data, not TCP's ~15 min."""

@@ -25,6 +25,7 @@ def strict_load(path: Path) -> dict:
     return json.loads(path.read_text(), parse_constant=refuse)
 
 
+@pytest.mark.slow
 def test_cpu_out_of_memory_is_oom_exit_3(tmp_path):
     job = tmp_path / "big.toml"
     # 2,000 x 128 tokens: about 8 GiB predicted, over the 6 GiB address-space limit below, yet under this

@@ -72,6 +72,7 @@ def test_resolved_config_reruns(tmp_path):
     assert s2["loss_first"] == s["loss_first"]  # same job, same seed, same first batch
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sharding", ["none", "zero3"])
 def test_two_process_gloo(tmp_path, sharding):
     job = tiny_job(tmp_path, train={"precision": '"bf16-mixed"'},

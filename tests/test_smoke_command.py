@@ -106,6 +106,7 @@ def test_an_out_of_memory_error_is_status_oom(tmp_path):
     assert proc.returncode == 3 and s["status"] == "oom" and s["steps"] == 3
 
 
+@pytest.mark.slow
 def test_a_hang_past_the_timeout(tmp_path):
     name = script(tmp_path, "hang.py", LOOP.format(extra="if step == 2: import time; time.sleep(600)"))
     t0 = time.monotonic()

@@ -126,6 +126,7 @@ EIGHT_BLOCKS = ("[model]\nhidden = 256\nlayers = 8\nheads = 4\nkv_heads = 2\nffn
                 "tie_embeddings = true\n")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("train", [
     "precision = 'fp32'\ncheckpointing = 'none'",
     "precision = 'bf16'\ncheckpointing = 'none'\ngrad_accum = 2",

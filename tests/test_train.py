@@ -169,6 +169,7 @@ def test_accumulation_keeps_gradients_and_trains(tmp_path):
     assert abs(r["grads"].error) < 0.10
 
 
+@pytest.mark.slow
 def test_bf16_mixed_and_pure(tmp_path):
     for precision in ("bf16-mixed", "bf16"):
         run, verdict, r = run_tiny(tmp_path / precision, steps=30, precision=precision)
