@@ -723,9 +723,10 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
             step = _fsdp1_first_step(job, units, e, param_shards, state_bytes) if not f.lora and offload == "none" \
                 else ((), ())
             block = step_replay.backward_replay(bf, f.reentrant) if f.ac_policy == "block" else None
-            replayed = ("first two steps" + (" and the optimizer step between them" if step[0] else "")
-                        if block else "first step's forward, optimizer step and the second forward" if step[0]
-                        else replayed)
+            if block:
+                replayed = "first two steps" + (" and the optimizer step between them" if step[0] else "")
+            elif step[0]:
+                replayed = "first step's forward, optimizer step and the second forward"
             _, init_pool = fsdp1.step_reserved(units, param_shards, shape, T, e,
                                                f.lora_targets, t.base_quant == "nf4", 4 if f.loss_upcast else e,
                                                offload=offload == "all", flash=t.attention == "flash-attn",
