@@ -309,77 +309,38 @@ def _block(ops: _Ops, x: str, T: int, s, e: int, targets, quant: bool, flash: bo
 
 
 def forward_events(s, T: int, e: int, targets, quant: bool, lsm: int = 4, flash: bool = False,
-                   loss: str = "fp32-logits-kept", shift_copy: bool = True, names: dict | None = None) -> list[tuple]:
+                   loss: str = "fp32-logits-kept", shift_copy: bool = True, names: dict | None = None, *,
+                   batch: int, norm_trains: bool = False) -> list[tuple]:
     """The default stream's allocations of one step of an HF Llama (transformers 4.39 decoder layers),
-    up to the loss peak: embedding output, every checkpointed block under no_grad, the final norm (with
-    grad: its fp32 input is saved), the head and the loss, then backward through the loss to
-    log_softmax's gradient. loss:
-      fp32-logits-kept  transformers 4.39's (`logits.float()`, a shifted .contiguous() copy,
-                        log_softmax) with the fp32 logits kept by the loop (fsdp_qlora train.py);
-      fp32-upcast-shifted  transformers 4.46-4.48 ForCausalLMLoss: the loss upcasts the 16-bit logits
-                        and shifts a .contiguous() copy of them; both die with the loss function;
-      fp32-upcast       the loss upcasts the 16-bit logits itself (transformers >= 4.49 ForCausalLMLoss)
-                        and the Trainer drops `outputs` when compute_loss returns: the logits and their
-                        fp32 copy are freed before backward.
-    shift_copy: the shifted slice is copied (activations.shifted_copy_bytes: not at micro-batch 1).
+    up to the loss peak: embedding output, every checkpointed block under no_grad, then the final norm, the
+    head and the loss, and backward through the loss to log_softmax's gradient, as the single-GPU replay runs
+    them (step_replay.head_events: `loss`, `shift_copy`, `lsm`, `batch` sequences, `norm_trains`).
     names, when given, receives the blocks' inputs ("inputs": the embedding's output, then each block's
-    output) and what else is alive at the peak ("loss"), for backward_events."""
+    output) and what head_events names, for backward_events."""
+    from podkit.checks import step_replay
+
     ops = _Ops()
     x = ops.new(e * s.hidden * T)
     inputs = [x]
     for _ in range(s.layers):
         x = _block(ops, x, T, s, e, targets, quant, flash)
         inputs.append(x)
+    head, head_names = step_replay.head_events(T, batch, s.vocab, s.hidden, e, loss, shift_copy, lsm, norm_trains)
     if names is not None:
-        names["inputs"] = inputs
-    x32 = ops.new(4 * s.hidden * T)  # saved by pow / mul for backward
-    sq = ops.new(4 * s.hidden * T)
-    ops.free(sq)
-    normed = ops.new(4 * s.hidden * T)
-    cast = ops.new(e * s.hidden * T)
-    ops.free(normed)
-    final = ops.new(e * s.hidden * T)
-    ops.free(cast)
-    logits16 = ops.new(e * s.vocab * T)
-    if loss in ("fp32-upcast", "fp32-upcast-shifted"):
-        upcast = ops.new(4 * s.vocab * T)  # logits.float() inside the loss
-        shifted = ops.new(4 * s.vocab * T) if loss == "fp32-upcast-shifted" and shift_copy else None  # as below
-        log_probs = ops.new(lsm * s.vocab * T)  # log_softmax's output, saved for backward
-        ops.free(upcast, shifted, final)  # the copies die with the loss function
-        ops.free(logits16)  # compute_loss returns: `outputs` (the 16-bit logits) is dropped
-        grad_log_probs = ops.new(lsm * s.vocab * T)  # nll_loss backward
-        lsm_grad = ops.new(lsm * s.vocab * T)  # log_softmax backward: the peak
-        if names is not None:
-            names["loss"] = [x32, log_probs, grad_log_probs, lsm_grad]
-        return ops.events
-    logits = ops.new(4 * s.vocab * T)  # `logits = logits.float()`: kept in the output until after the step
-    ops.free(logits16)
-    # shift_logits is one position shorter per sequence; taken at full length (within 1 / seq_len).
-    shifted = ops.new(4 * s.vocab * T) if shift_copy else None
-    log_probs = ops.new(lsm * s.vocab * T)  # log_softmax's output, saved for backward
-    ops.free(shifted, final)
-    grad_log_probs = ops.new(lsm * s.vocab * T)  # nll_loss backward
-    lsm_grad = ops.new(lsm * s.vocab * T)  # log_softmax backward: the peak
-    if names is not None:
-        names["loss"] = [x32, log_probs, grad_log_probs, lsm_grad]
-        names["logits"] = logits
-    return ops.events
+        names.update(head_names, inputs=inputs)
+    return ops.events + head
 
 
-def backward_events(names: dict, s, T: int, e: int, loss: str, block: tuple[tuple, tuple, bool],
-                    kept: bool) -> list[tuple]:
+def backward_events(names: dict, s, T: int, e: int, block: tuple[tuple, tuple, bool], kept: bool) -> list[tuple]:
     """The rest of the step after forward_events' peak (whose `names` it continues), as the single-GPU replay
-    runs it (step_replay.backward_events), the final norm's fp32 input freed with the head's. `block`:
-    step_replay.backward_replay's; transformers <= 4.45's loss shifts a slice too, but is priced as >= 4.49's
-    (stacks.transformers_facts): no SliceBackward0 zeros. kept: FSDP1 keeps each block's input and its
-    gradient until backward ends (JobFacts.fsdp1_keeps_block_inputs; _finalize_params removes the hooks that
-    hold them)."""
+    runs it (step_replay.backward_events), then the fp32 logits a loop kept. `block`:
+    step_replay.backward_replay's. kept: FSDP1 keeps each block's input and its gradient until backward ends
+    (JobFacts.fsdp1_keeps_block_inputs; _finalize_params removes the hooks that hold them)."""
     from podkit.checks import step_replay
 
-    x32, log_probs, grad_log_probs, lsm_grad = names["loss"]
-    ev = step_replay.backward_events(names["inputs"], (grad_log_probs, log_probs, lsm_grad), T, s.vocab, s.hidden,
-                                     e, loss != "fp32-upcast", block, kept, head_frees=(x32,))
-    return ev + ([("f", names["logits"])] if "logits" in names else [])
+    ev = step_replay.backward_events(names["inputs"], names["loss"], T, s.vocab, s.hidden, e, names["sliced"], block,
+                                     kept, head_frees=names["head_frees"])
+    return ev + ([("f", names["logits"])] if names["logits"] else [])
 
 
 def shard_pieces(units: tuple[Unit, ...], world: int, bytes_per_value: int) -> list[int]:
@@ -423,11 +384,12 @@ def _step_replay(units: tuple[Unit, ...], world: int, sync: bool, offload: bool,
     root = quantized_load(alloc, list(units[-1][0]), list(load)) if load else None
     _wrap(alloc, units, world, sync, offload, buffers_share_dtype, nccl_events, root)
     init_large = alloc.reserved_large
-    shape, T, e, targets, quant, lsm, flash, loss, shift_copy = block_key
+    shape, T, batch, e, targets, quant, lsm, flash, loss, shift_copy, norm_trains = block_key
     names: dict = {}
-    events = forward_events(shape, T, e, targets, quant, lsm, flash, loss, shift_copy, names)
+    events = forward_events(shape, T, e, targets, quant, lsm, flash, loss, shift_copy, names, batch=batch,
+                            norm_trains=norm_trains)
     if block is not None:
-        events = events + backward_events(names, shape, T, e, loss, block, kept)
+        events = events + backward_events(names, shape, T, e, block, kept)
     live: dict = {}
     replay(events, alloc, live)
     states, temps = step
@@ -447,19 +409,22 @@ def step_reserved(units: list[Unit], world: int, shape, tokens: int, e: int, tar
                   loss: str = "fp32-logits-kept", load: tuple[int, ...] = (), buffers_share_dtype: bool = False,
                   nccl_events: bool = True, shift_copy: bool = True,
                   step: tuple[tuple[int, ...], tuple[int, ...]] = ((), ()),
-                  block: tuple[tuple, tuple, bool] | None = None, kept: bool = False) -> tuple[int, int]:
+                  block: tuple[tuple, tuple, bool] | None = None, kept: bool = False, *, batch: int,
+                  norm_trains: bool = False) -> tuple[int, int]:
     """(large-pool bytes reserved after the wrap, and at the end of the replay) on one rank's default stream:
     the wrap's replay followed by the step in the same allocator, so the step reuses what the wrap left
     cached where the sizes allow; without `block` or `step`, the first step's forward up to the loss's
     backward peak only. `load`: the 4-bit weights'
     element counts when the model was quantized on the GPU while loading (quantized_load), whose
     QuantStates and 16-bit root parameters are then already in the allocator when the wrap starts.
-    `units`, `buffers_share_dtype` and `nccl_events` as for init_reserved; `shift_copy` as for forward_events.
+    `units`, `buffers_share_dtype` and `nccl_events` as for init_reserved; `shift_copy`, `batch` (sequences in
+    the `tokens`) and `norm_trains` as for forward_events.
     `step`: the first optimizer step's state and temporary byte sizes on this rank (first_step), when its
     states are made on the GPU after the first backward; then the second step's forward is replayed too and
     the bytes returned are those at its loss peak.
     `block`: a block's recompute and backward events, as backward_events takes them: the first step's backward
     is replayed too (`kept` as there), and the second step whole."""
     return _step_replay(tuple((tuple(p), tuple(b)) for p, b in units), world, sync, offload,
-                        (shape, tokens, e, frozenset(targets), quant, lsm, flash, loss, shift_copy), tuple(load),
+                        (shape, tokens, batch, e, frozenset(targets), quant, lsm, flash, loss, shift_copy, norm_trains),
+                        tuple(load),
                         buffers_share_dtype, nccl_events, (tuple(step[0]), tuple(step[1])), block, kept)

@@ -734,7 +734,8 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
                                                buffers_share_dtype=f.rope_cache_bytes == e,
                                                shift_copy=A.shifted_copy_bytes(job) > 0, step=step,
                                                block=block,
-                                               kept=f.fsdp1_keeps_block_inputs)
+                                               kept=f.fsdp1_keeps_block_inputs, batch=t.micro_batch,
+                                               norm_trains=bf.weights_trainable)
     # FSDP1 makes the shard it all-gathers inside `with stream(pre_unshard_stream)` (_runtime_utils.py
     # _unshard -> FlatParamHandle.pre_unshard) when it is not the resident one: CPU offload copies it to
     # the GPU (flat_param_to(device)), mixed precision casts an fp32 shard to the compute dtype

@@ -11,11 +11,9 @@ What is replayed, through checks/allocator.py, for two steps (the second starts 
 - each block's forward under no_grad (a reentrant checkpoint: torch.utils.checkpoint CheckpointFunction),
   its ops in the order activations.py walks them, every intermediate freed after its last use, the
   block's output kept as the next block's checkpointed input;
-- the head's bf16 logits and transformers 4.46-4.48 ForCausalLMLoss (loss/loss_utils.py): `logits.float()`,
-  the shifted `.contiguous()` copy (none at micro-batch 1: activations.shifted_copy_bytes), log_softmax's output
-  (kept); the first two die when the loss returns,
-  the logits when compute_loss returns; its backward: nll_loss's zeros, log_softmax's input gradient,
-  SliceBackward0's full-size zeros, ToCopyBackward0's 16-bit gradient, then the head's input gradient;
+- the final norm, the head's bf16 logits and transformers 4.46-4.48 ForCausalLMLoss (head_events);
+  its backward: nll_loss's zeros, log_softmax's input gradient, SliceBackward0's full-size zeros,
+  ToCopyBackward0's 16-bit gradient, then the head's input gradient;
 - each block in reverse: its recompute (the forward again, its saved tensors kept), then its backward as
   activations.backward_events orders it (engine.cpp), its input and its output gradient (which the reentrant
   checkpoint's backward holds, so the block sums into it out of place) released at the end.
@@ -23,7 +21,7 @@ Scope, where this order is the one the code runs: one GPU (no sharding, no offlo
 checkpointing, that loss, a frozen base (LoRA/QLoRA: AdamW's states are made once, in the first step; the
 adapters' gradients are left out, small-pool blocks while r x hidden x 4 B <= 1 MiB) and dense blocks (a MoE
 block's expert loop is thousands of ops: too slow for preflight's half second). Elsewhere `segments` returns
-None and memory.py keeps its closed-form pool terms. The final norm's few bytes per token are left out.
+None and memory.py keeps its closed-form pool terms.
 """
 
 from __future__ import annotations
@@ -143,6 +141,50 @@ def _scaled(events: tuple, i: int, keys: dict, tokens: int, zero: set) -> list[t
     return out
 
 
+def head_events(tokens: int, batch: int, vocab: int, hidden: int, e: int, loss: str, shift_copy: bool,
+                lsm: int = 4, norm_trains: bool = False) -> tuple[list[tuple], dict]:
+    """The final norm, the head and the loss's forward, then backward through the loss to log_softmax's input
+    gradient (the loss's peak), as allocator.replay events, after the last block's output: for this replay and
+    FSDP1's (checks/fsdp1.py). transformers' LlamaRMSNorm (4.39-4.48) runs with grad: `hidden_states.to(float32)`
+    (saved by pow and mul until the norm's backward, which runs with the head's), its pow, the normalised fp32
+    product, its cast back, then `weight * ...` (the cast saved only when the weight trains, `norm_trains`); the
+    norm's output lives until the model's forward returns (its `hidden_states` local and `outputs`). loss:
+      fp32-logits-kept     transformers <= 4.45 (`logits = logits.float()` in the model, kept in the output by the
+                           loop until the step ends: fsdp_qlora train.py), a shifted .contiguous() copy, log_softmax;
+      fp32-upcast-shifted  4.46-4.48 loss_utils ForCausalLMLoss: the loss upcasts the 16-bit logits and shifts a
+                           .contiguous() copy of them; both die with the loss function, the 16-bit logits when
+                           compute_loss returns (the Trainer drops `outputs`);
+      fp32-upcast          >= 4.49: the same without the shifted copy (the labels are shifted by padding), so
+                           log_softmax spans every position.
+    A shifted loss works on batch x (seq - 1) positions; `shift_copy`: the slice is copied (not at micro-batch 1:
+    activations.shifted_copy_bytes). `lsm`: the log-softmax dtype's bytes. Returns the events and what
+    backward_events continues from: "loss" (nll_loss's gradient, log_softmax's output, its input gradient),
+    "head_frees", "sliced" and "logits" (the fp32 logits a loop keeps to the step's end, or None)."""
+    h, full = hidden * tokens, vocab * tokens
+    shifted = vocab * (tokens - batch) if loss != "fp32-upcast" else full
+    ev = [("a", "norm fp32 input", 4 * h), ("a", "norm pow", 4 * h), ("f", "norm pow"),
+          ("a", "norm product", 4 * h), ("a", "norm cast", e * h), ("f", "norm product"),
+          ("a", "norm output", e * h)] + ([] if norm_trains else [("f", "norm cast")])
+    ev += [("a", "logits", e * full)]
+    kept = None
+    if loss == "fp32-logits-kept":
+        kept = "fp32 logits"
+        ev += [("a", kept, 4 * full), ("f", "logits")]
+        ev += [("a", "shifted", 4 * shifted)] if shift_copy else []
+        ev += [("a", "log_softmax", lsm * shifted)] + ([("f", "shifted")] if shift_copy else [])
+        ev += [("f", "norm output")]
+    else:
+        ev += [("a", "fp32", 4 * full)]
+        copy = loss == "fp32-upcast-shifted" and shift_copy
+        ev += [("a", "shifted", 4 * shifted)] if copy else []
+        ev += [("a", "log_softmax", lsm * shifted), ("f", "fp32")] + ([("f", "shifted")] if copy else [])
+        ev += [("f", "norm output"), ("f", "logits")]
+    ev += [("a", "nll_grad", lsm * shifted), ("a", "lsm_grad", lsm * shifted)]
+    frees = ("norm fp32 input",) + (("norm cast",) if norm_trains else ())
+    return ev, {"loss": ("nll_grad", "log_softmax", "lsm_grad"), "head_frees": frees,
+                "sliced": loss != "fp32-upcast", "logits": kept}
+
+
 def backward_events(inputs: list, loss_live: tuple, tokens: int, vocab: int, hidden: int, e: int, sliced: bool,
                     block: tuple[tuple, tuple, bool], kept: bool = False, head_frees: tuple = ()) -> list[tuple]:
     """A step from log_softmax's backward peak to the end of backward, as allocator.replay events, for this
@@ -150,8 +192,8 @@ def backward_events(inputs: list, loss_live: tuple, tokens: int, vocab: int, hid
     output (L + 1); `loss_live`: nll_loss's gradient, log_softmax's output and log_softmax's input gradient
     (just made). Then: SliceBackward0's full-size zeros where the loss shifted a slice (`sliced`), the slice
     copied in; ToCopyBackward0's 16-bit gradient of the logits; the head's input gradient, the last block's
-    output gradient (`head_frees` go with the logits' gradient; the final norm's few bytes per token are left
-    out); each block in reverse, its recompute and its backward (`block`: backward_replay's), after which its
+    output gradient (`head_frees`: what the final norm saved, freed with the logits' gradient; the norm's own
+    backward temporaries are left out); each block in reverse, its recompute and its backward (`block`: backward_replay's), after which its
     input dies, and a held output gradient too, unless FSDP1 keeps the inputs (`kept`: JobFacts.
     fsdp1_keeps_block_inputs: every block's input and its gradient, which a later block's kept input holds as
     its .grad, live until backward ends)."""
@@ -183,17 +225,13 @@ def backward_events(inputs: list, loss_live: tuple, tokens: int, vocab: int, hid
 def _replay(bf: A.BlockFacts, layers: int, vocab: int, hidden: int, e: int, batch: int, tokens: int,
             shift_copy: bool = True) -> Replay:
     fwd, recompute, bwd = _block_events(bf, True)  # reentrant (applies): each output gradient held
-    full, shifted = vocab * tokens, vocab * (tokens - batch)
     zero: set = set()
     step = [("a", ("x", 0), hidden * e * tokens)]  # the embedding's output: the first block's input
     for i in range(layers):
         step += _scaled(fwd, i, {IN: ("x", i), OUT: ("x", i + 1)}, tokens, zero)
-    step += [("a", "logits", e * full), ("a", "fp32", 4 * full)]
-    step += [("a", "shifted", 4 * shifted)] if shift_copy else []
-    step += [("a", "log_softmax", 4 * shifted), ("f", "fp32")] + ([("f", "shifted")] if shift_copy else [])
-    step += [("f", "logits"), ("a", "nll_grad", 4 * shifted), ("a", "lsm_grad", 4 * shifted)]
-    step += backward_events([("x", i) for i in range(layers + 1)], ("nll_grad", "log_softmax", "lsm_grad"), tokens,
-                            vocab, hidden, e, True, (recompute, bwd, True))
+    head, names = head_events(tokens, batch, vocab, hidden, e, "fp32-upcast-shifted", shift_copy)
+    step += head + backward_events([("x", i) for i in range(layers + 1)], names["loss"], tokens, vocab, hidden, e,
+                                   names["sliced"], (recompute, bwd, True), head_frees=names["head_frees"])
     alloc = CachingAllocator()
     for _ in range(2):
         replay(step, alloc)

@@ -134,7 +134,7 @@ def test_hf_439_loss_leaves_the_16_bit_logits_as_a_hole(job):
 def test_forward_replay_peaks_with_the_loss_in_new_segments(job):
     j = qlora(job, micro_batch=4, seq_len=2048)
     T = 8192
-    events = forward_events(j.shape, T, 2, frozenset(j.facts.lora_targets), True)
+    events = forward_events(j.shape, T, 2, frozenset(j.facts.lora_targets), True, batch=4)
     a = replay(events)
     # At log_softmax's backward: the kept fp32 logits, the fp32 log-softmax, its gradient in and out
     # (4 x 4 B per logit) are live; the 16-bit logits' and the shifted copy's blocks are free.

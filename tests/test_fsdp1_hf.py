@@ -66,11 +66,12 @@ def test_trainer_loss_frees_the_logits_before_backward_and_leaves_the_16_bit_hol
     j = qlora70b(job)
     T = 512
     targets = frozenset(j.facts.lora_targets)
-    kept = replay(forward_events(j.shape, T, 2, targets, True, loss="fp32-logits-kept"))
-    trainer = replay(forward_events(j.shape, T, 2, targets, True, loss="fp32-upcast"))
+    kept = replay(forward_events(j.shape, T, 2, targets, True, loss="fp32-logits-kept", batch=1))
+    trainer = replay(forward_events(j.shape, T, 2, targets, True, loss="fp32-upcast", batch=1))
     # At log_softmax's backward the 4.39 loop still holds the fp32 logits (4 B per logit); the Trainer
-    # dropped `outputs` when compute_loss returned.
-    assert kept.allocated - trainer.allocated == 4 * V * T
+    # dropped `outputs` when compute_loss returned. The 4.39 loss shifts: its log-softmax output and the two
+    # gradients (4 B each) span T - 1 positions, the >= 4.49 loss's all T.
+    assert kept.allocated - trainer.allocated == 4 * V * T - 3 * 4 * V
     # The 16-bit logits (2 B) and the fp32 copy (4 B) got segments of their own (each over 10 MiB, larger
     # than any freed block); backward's first 4 B gradient takes the copy's, the second cannot use the
     # 2 B one: it stays reserved, empty.
@@ -193,7 +194,7 @@ def test_a_full_fine_tune_replays_its_second_forward_beside_the_states(job):
     assert sum(states) == 2 * sum(temps) == 2 * 2 * sum(fsdp1.shard_pieces(tuple(units), 2, 2))
     assert abs(sum(states) - 2 * full.shape.params) < 1e6  # 2 states x 2 B x half the parameters
     args = (units, 2, full.shape, 8192, 2, frozenset(), False, 4)
-    kw = dict(flash=True, loss="fp32-upcast-shifted", shift_copy=True)
+    kw = dict(flash=True, loss="fp32-upcast-shifted", shift_copy=True, batch=2, norm_trains=True)
     _, one_step = fsdp1.step_reserved(*args, **kw)
     _, two_steps = fsdp1.step_reserved(*args, **kw, step=(states, temps))
     # The second forward's loss peak holds everything the first's did, plus the states: at least that much more.

@@ -335,8 +335,8 @@ def test_fsdp1_replay_holds_every_input_and_gradient_until_backward_ends(job):
     block = step_replay.backward_replay(A.block_facts(j), True)
     for kept in (True, False):
         names: dict = {}
-        events = fsdp1.forward_events(s, T, 2, frozenset(), False, 4, True, "fp32-upcast-shifted", True, names)
-        events += fsdp1.backward_events(names, s, T, 2, "fp32-upcast-shifted", block, kept)
+        events = fsdp1.forward_events(s, T, 2, frozenset(), False, 4, True, "fp32-upcast-shifted", True, names, batch=2)
+        events += fsdp1.backward_events(names, s, T, 2, block, kept)
         ends = len(events) - (2 * L if kept else 1)  # the frees when backward ends
         live: dict = {}
         alloc = fsdp1.replay(events[:ends], CachingAllocator(), live)
