@@ -67,6 +67,9 @@ class Op:
     grads_in_saved: bool = False
     """The backward writes its inputs' gradients into the storage of the saved inputs themselves
     (Liger's SiLU-mul): no new buffer, the saved tensor becomes the gradient."""
+    weight_grad: float = 0.0
+    """Bytes (not per token) of the weight gradient this node's backward makes after its input's: a trained
+    nn.Linear's, fan_in x fan_out in the compute dtype (MmBackward0: mat1's gradient, then mat2's)."""
 
 
 @dataclass(frozen=True)
@@ -177,9 +180,9 @@ class Trace:
         self.ops[-1] = dataclasses.replace(last, holds=last.holds + tensors)
 
     def op(self, inputs, outputs, saved=(), scratch: float = 0.0, grad_alias: bool = False, holds=(),
-           grads_in_saved: bool = False) -> None:
+           grads_in_saved: bool = False, weight_grad: float = 0.0) -> None:
         self.ops.append(Op(tuple(inputs), tuple(outputs), tuple(saved), scratch, grad_alias, tuple(holds),
-                           grads_in_saved))
+                           grads_in_saved, weight_grad))
         self.save(*saved)
 
     # ---- ops -----------------------------------------------------------------------------
@@ -227,7 +230,9 @@ class Trace:
             inp = self.new(f"{name}: autocast input cast", fan_in, f.e)
             self.op([x], [inp])
         out = self.new(f"{name}: output", fan_out, f.e)
-        self.op([inp], [out], saved=(inp,) if f.weights_trainable else ())
+        trained = f.weights_trainable and module
+        self.op([inp], [out], saved=(inp,) if f.weights_trainable else (),
+                weight_grad=fan_in * fan_out / copies ** 2 * f.e if trained else 0.0)
         if f.quant_saves_input and module:
             self.save(inp)
             self.ctx_kept[id(inp)] = inp  # a ctx attribute: alive until the graph itself is freed
@@ -535,13 +540,15 @@ def final_norm_backward_per_token(facts: BlockFacts) -> float:
     return _replay_backward(tr)
 
 
-ALLOC, FREE, RENAME = 0, 1, 2
+ALLOC, FREE, RENAME, ALLOC_FIXED = 0, 1, 2, 3
 GRAD_OUT = "grad out"
-"""Events of a replayed backward: (ALLOC, key, bytes per token), (FREE, key, 0), (RENAME, key, new key). A saved
-tensor's key is id(tensor); GRAD_OUT is the gradient of the trace's output, alive before the first node."""
+WEIGHT_GRAD = "weight grad"
+"""Events of a replayed backward: (ALLOC, key, bytes per token), (FREE, key, 0), (RENAME, key, new key),
+(ALLOC_FIXED, (WEIGHT_GRAD, node), bytes). A saved tensor's key is id(tensor); GRAD_OUT is the gradient of the
+trace's output, alive before the first node."""
 
 
-def backward_events(tr: Trace, pinned_out: bool = False) -> tuple[tuple, dict]:
+def backward_events(tr: Trace, pinned_out: bool = False, weight_grads: bool = False) -> tuple[tuple, dict]:
     """A trace's backward in autograd's engine order (backward_intermediates_per_token; engine.cpp
     evaluate_function): per node, its inputs' new gradients and its scratch (the call), its output gradients
     freed (the call's inputs die with it), the saved tensors it was the first op to save released
@@ -554,7 +561,10 @@ def backward_events(tr: Trace, pinned_out: bool = False) -> tuple[tuple, dict]:
     also holds the output's gradient, so a gradient reaching one that aliases it is summed out of place, and
     the output's gradient is never freed here: a reentrant checkpoint's CheckpointFunction.backward holds it
     (its `args`) through the block's inner backward, and FSDP1's kept inputs hold it to the end of backward
-    (JobFacts.fsdp1_keeps_block_inputs); the caller frees it."""
+    (JobFacts.fsdp1_keeps_block_inputs); the caller frees it. weight_grads: each trained linear's weight
+    gradient too (Op.weight_grad), which the caller frees: under FSDP1 the weights are views of the unit's
+    flat parameter, so their gradients wait in the input buffer of the views' backward until it concatenates
+    them, after the unit's whole backward."""
     first_saver: dict[int, int] = {}
     for i, op in enumerate(tr.ops):
         for t in op.saved:
@@ -612,6 +622,8 @@ def backward_events(tr: Trace, pinned_out: bool = False) -> tuple[tuple, dict]:
                     buffers[n] = [("grad", n), 1]
                     grad_of[id(t)] = n
                     ev.append((ALLOC, ("grad", n), t.bytes))
+            if weight_grads and op.weight_grad:
+                ev.append((ALLOC_FIXED, (WEIGHT_GRAD, i), op.weight_grad))
             if op.scratch:
                 ev += [(ALLOC, ("scratch", i), op.scratch), (FREE, ("scratch", i), 0)]
             for o in op.outputs:

@@ -560,10 +560,13 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
                         f"{n_trainable:,} x {grad_bytes} B, not divided by the {param_shards} ranks", transient=True)
         start_grads = end_grads = [unsynced]
     elif f.fsdp and f.fsdp_version == 1:
-        # FSDP1 _reduce_grad reduce-scatters the unsharded .grad itself (F.pad copies it only when its
-        # numel does not divide by the world size).
-        rs = Part("grads", "unsharded block gradient", block_grad * grad_bytes,
-                  "the block's gradient, reduce-scattered in place", transient=True)
+        # A unit's weights are views of its flat parameter: their gradients wait in the input buffer of the views'
+        # backward, which concatenates them into the flat gradient (split_with_sizes_backward: at::cat) while
+        # they are alive; FSDP1 _reduce_grad then reduce-scatters that .grad itself (F.pad copies it only when
+        # its numel does not divide by the world size). checks/step_replay.py backward_events.
+        rs = Part("grads", "unsharded block gradient", 2 * block_grad * grad_bytes,
+                  "the block's weight gradients beside their concatenation, reduce-scattered in place",
+                  transient=True)
         start_grads = start_grads + [rs]
         end_grads = end_grads + [rs]
     elif f.fsdp:
@@ -722,7 +725,12 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
             units = _fsdp1_units(job, e)
             step = _fsdp1_first_step(job, units, e, param_shards, state_bytes) if not f.lora and offload == "none" \
                 else ((), ())
-            block = step_replay.backward_replay(bf, f.reentrant) if f.ac_policy == "block" else None
+            # A full fine-tune's weight gradients and flat gradients (step_replay.backward_events).
+            trained = bf.weights_trainable
+            block = step_replay.backward_replay(bf, f.reentrant, trained) if f.ac_policy == "block" else None
+            vocab_grad = shape.vocab * shape.hidden * e  # the head's weight gradient, and the embedding's
+            unit_grad, root_grads = ((sum(units[0][0]), (vocab_grad, vocab_grad, sum(units[-1][0]))) if trained
+                                     else (0, (0, 0, 0)))
             if block:
                 replayed = "first two steps" + (" and the optimizer step between them" if step[0] else "")
             elif step[0]:
@@ -735,7 +743,8 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
                                                shift_copy=A.shifted_copy_bytes(job) > 0, step=step,
                                                block=block,
                                                kept=f.fsdp1_keeps_block_inputs, batch=t.micro_batch,
-                                               norm_trains=bf.weights_trainable)
+                                               norm_trains=trained, unit_grad=unit_grad,
+                                               root_grads=root_grads)
     # FSDP1 makes the shard it all-gathers inside `with stream(pre_unshard_stream)` (_runtime_utils.py
     # _unshard -> FlatParamHandle.pre_unshard) when it is not the resident one: CPU offload copies it to
     # the GPU (flat_param_to(device)), mixed precision casts an fp32 shard to the compute dtype

@@ -60,18 +60,19 @@ def segments(job, device: str = "cuda") -> Replay | None:
                    t.micro_batch, t.micro_batch * t.seq_len, A.shifted_copy_bytes(job) > 0)
 
 
-ALLOC, FREE, RENAME, GRAD_OUT = A.ALLOC, A.FREE, A.RENAME, A.GRAD_OUT
+ALLOC, FREE, RENAME, ALLOC_FIXED, GRAD_OUT = A.ALLOC, A.FREE, A.RENAME, A.ALLOC_FIXED, A.GRAD_OUT
 # A block's input, its output (the checkpointed residual stream) and the input's gradient, by these names; the
 # block's other tensors by id, as activations.backward_events keys them.
 IN, OUT, GRAD_IN = "in", "out", "grad in"
 
 
 @functools.lru_cache(maxsize=64)
-def _block_events(bf: A.BlockFacts, out_held: bool = True) -> tuple[tuple, tuple, tuple]:
+def _block_events(bf: A.BlockFacts, out_held: bool = True, weight_grads: bool = False) -> tuple[tuple, tuple, tuple]:
     """A block's forward under no_grad, its recompute and its backward as allocator events (the kinds of
     activations.backward_events), recorded once per walk. `out_held`: the output's gradient is held outside
     the block's graph (activations.backward_events pinned_out), as a reentrant checkpoint's backward holds
-    it; the caller frees it after the block."""
+    it; the caller frees it after the block. `weight_grads`: the backward makes the trained weights' gradients
+    too, which the caller frees (activations.backward_events)."""
     tr, x_in = A._walk_block(bf, False)
     last_use: dict[int, int] = {}  # per tensor, the forward's last op to use it
     for j, op in enumerate(tr.ops):
@@ -96,7 +97,7 @@ def _block_events(bf: A.BlockFacts, out_held: bool = True) -> tuple[tuple, tuple
         return tuple(ev)
 
     def backward() -> tuple:
-        ev, grads = A.backward_events(tr, out_held)
+        ev, grads = A.backward_events(tr, out_held, weight_grads)
         # The block input stays alive through its backward (the reentrant checkpoint's detached input holds
         # it); _replay frees it after. Its gradient becomes the previous block's output gradient.
         return tuple(x for x in ev if x[1] != id(x_in)) + ((RENAME, grads[id(x_in)], GRAD_IN),)
@@ -104,12 +105,12 @@ def _block_events(bf: A.BlockFacts, out_held: bool = True) -> tuple[tuple, tuple
     return forward(False), forward(True), backward()
 
 
-def backward_replay(bf: A.BlockFacts, reentrant: bool) -> tuple[tuple, tuple, bool]:
+def backward_replay(bf: A.BlockFacts, reentrant: bool, weight_grads: bool = False) -> tuple[tuple, tuple, bool]:
     """A checkpointed block's recompute and backward as events, and whether its output's gradient is held
     outside it (a reentrant checkpoint: CheckpointFunction.backward holds its `args` through the inner
     backward, so the block sums into it out of place and the caller frees it after the block): what
-    backward_events replays of each block."""
-    _, recompute, bwd = _block_events(bf, reentrant)
+    backward_events replays of each block. `weight_grads`: as for _block_events."""
+    _, recompute, bwd = _block_events(bf, reentrant, weight_grads)
     return recompute, bwd, reentrant
 
 
@@ -120,7 +121,9 @@ def _scaled(events: tuple, i: int, keys: dict, tokens: int, zero: set) -> list[t
     out = []
     for kind, key, arg in events:
         k = keys.get(key, (i, key))
-        if kind == ALLOC:
+        if kind == ALLOC_FIXED:
+            out.append(("a", k, int(arg)))
+        elif kind == ALLOC:
             n = int(arg * tokens)
             if n > 0:
                 out.append(("a", k, n))
@@ -186,7 +189,8 @@ def head_events(tokens: int, batch: int, vocab: int, hidden: int, e: int, loss: 
 
 
 def backward_events(inputs: list, loss_live: tuple, tokens: int, vocab: int, hidden: int, e: int, sliced: bool,
-                    block: tuple[tuple, tuple, bool], kept: bool = False, head_frees: tuple = ()) -> list[tuple]:
+                    block: tuple[tuple, tuple, bool], kept: bool = False, head_frees: tuple = (),
+                    unit_grad: int = 0, root_grads: tuple[int, int, int] = (0, 0, 0), tied: bool = False) -> list[tuple]:
     """A step from log_softmax's backward peak to the end of backward, as allocator.replay events, for this
     replay and FSDP1's (checks/fsdp1.py). `inputs`: the keys of the embedding's output and of each block's
     output (L + 1); `loss_live`: nll_loss's gradient, log_softmax's output and log_softmax's input gradient
@@ -196,26 +200,59 @@ def backward_events(inputs: list, loss_live: tuple, tokens: int, vocab: int, hid
     backward temporaries are left out); each block in reverse, its recompute and its backward (`block`: backward_replay's), after which its
     input dies, and a held output gradient too, unless FSDP1 keeps the inputs (`kept`: JobFacts.
     fsdp1_keeps_block_inputs: every block's input and its gradient, which a later block's kept input holds as
-    its .grad, live until backward ends)."""
+    its .grad, live until backward ends).
+
+    FSDP1 full fine-tune (`block` from backward_replay with weight_grads; `unit_grad`: the bytes of a block's flat
+    gradient): a unit's weights are views of its flat parameter, so their gradients wait in the input buffer of
+    the views' backward until the unit's backward ends; split_with_sizes_backward then concatenates them into one
+    flat gradient (at::cat) and they go; AccumulateGrad makes it flat_param.grad, and _post_backward_hook
+    (torch/distributed/fsdp/_runtime_utils.py) reduce-scatters it on the post-backward stream and drops it after
+    _no_dispatch_record_stream, so its block is reusable only once that reduce-scatter has run (the allocator's
+    process_events). When that is depends on the GPU, bounded by limit_all_gathers: the host unshards the block
+    after next only once the compute stream has passed the reshard of the block before this one
+    (_limiter_utils.py, 2 all-gathers in flight), so it issues a block while the GPU still computes the one
+    before, whose reduce-scatter has not started. Taken so: a block's flat gradient is reusable from the backward
+    of the block two further on (a GPU-bound step: the reduce-scatter of one block takes less than the host's
+    issuing of the next). `root_grads`: the root unit's head weight gradient (made with the head's input
+    gradient), the embedding's dense gradient (embedding_dense_backward, after the first block) and the root's
+    flat gradient, concatenated from them when backward ends; `tied`: the head and the embedding share one weight,
+    whose two gradients autograd sums out of place first (input_buffer.cpp: the head's is not stealable)."""
     nll_grad, log_probs, grad = loss_live
+    head_grad, embedding_grad, root_flat = root_grads
     L = len(inputs) - 1
     ev: list[tuple] = [("f", nll_grad), ("f", log_probs)]
     if sliced:
         ev += [("a", "slice grad", 4 * vocab * tokens), ("f", grad)]
         grad = "slice grad"
-    ev += [("a", "logits grad", e * vocab * tokens), ("f", grad), ("a", ("g", L), e * hidden * tokens),
-           ("f", "logits grad"), *[("f", k) for k in head_frees], ("f", inputs[L])]
+    ev += [("a", "logits grad", e * vocab * tokens), ("f", grad), ("a", ("g", L), e * hidden * tokens)]
+    ev += [("a", "head weight grad", head_grad)] if head_grad else []
+    ev += [("f", "logits grad"), *[("f", k) for k in head_frees], ("f", inputs[L])]
     recompute, bwd, out_held = block
     # A held output gradient the block does not pass on as its input's (renamed): freed after the block.
     free_out = out_held and not any(kind == RENAME and key == GRAD_OUT for kind, key, _ in bwd)
+    weight_grads = [key for kind, key, _ in bwd if kind == ALLOC_FIXED]
+    pending: list = []  # flat gradients whose reduce-scatter may still run
     zero: set = set()
     for i in range(L - 1, -1, -1):
+        if len(pending) == 2:
+            ev.append(("f", pending.pop(0)))
         ev += _scaled(recompute + bwd, i, {IN: inputs[i], GRAD_OUT: ("g", i + 1), GRAD_IN: ("g", i)}, tokens, zero)
+        if weight_grads:
+            ev += [("a", (i, "flat grad"), unit_grad), *[("f", (i, key)) for key in weight_grads]]
+            pending.append((i, "flat grad"))
         if not kept:
             ev.append(("f", inputs[i]))
         if free_out and not (kept and i < L - 1):
             ev.append(("f", ("g", i + 1)))  # CheckpointFunction.backward returns: its `args` go
+    ev += [("a", "embedding grad", embedding_grad)] if embedding_grad else []
     ev.append(("f", ("g", 0)))
+    root = [k for k, n in (("head weight grad", head_grad), ("embedding grad", embedding_grad)) if n]
+    if tied and len(root) == 2:
+        ev += [("a", "tied weight grad", embedding_grad), *[("f", k) for k in root]]
+        root = ["tied weight grad"]
+    ev += [("a", "root flat grad", root_flat)] if root_flat else []
+    ev += [("f", k) for k in root] + ([("f", "root flat grad")] if root_flat else [])
+    ev += [("f", k) for k in pending]
     if kept:
         ev += [("f", x) for x in inputs[:L]] + [("f", ("g", i)) for i in range(1, L)]
     return ev
