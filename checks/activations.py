@@ -68,8 +68,9 @@ class Op:
     """The backward writes its inputs' gradients into the storage of the saved inputs themselves
     (Liger's SiLU-mul): no new buffer, the saved tensor becomes the gradient."""
     weight_grad: float = 0.0
-    """Bytes (not per token) of the weight gradient this node's backward makes after its input's: a trained
-    nn.Linear's, fan_in x fan_out in the compute dtype (MmBackward0: mat1's gradient, then mat2's)."""
+    """Bytes (not per token) of the weight gradient this node's backward makes before its input's: a trained
+    nn.Linear's, fan_in x fan_out in the compute dtype (MmBackward0 computes mat2's gradient, then self's:
+    torchgen load_derivatives.py emits the formulas in sorted order)."""
 
 
 @dataclass(frozen=True)
@@ -588,6 +589,8 @@ def backward_events(tr: Trace, pinned_out: bool = False, weight_grads: bool = Fa
         summed = []  # gradients summed into an existing one, freed after the accumulation
         replaced = []  # (new buffer, the pinned buffer it replaces, bytes) for out-of-place sums
         if outs:
+            if weight_grads and op.weight_grad:  # before the input's gradient (Op.weight_grad)
+                ev.append((ALLOC_FIXED, (WEIGHT_GRAD, i), op.weight_grad))
             for t in op.inputs:
                 if not t.grad:
                     continue
@@ -622,8 +625,6 @@ def backward_events(tr: Trace, pinned_out: bool = False, weight_grads: bool = Fa
                     buffers[n] = [("grad", n), 1]
                     grad_of[id(t)] = n
                     ev.append((ALLOC, ("grad", n), t.bytes))
-            if weight_grads and op.weight_grad:
-                ev.append((ALLOC_FIXED, (WEIGHT_GRAD, i), op.weight_grad))
             if op.scratch:
                 ev += [(ALLOC, ("scratch", i), op.scratch), (FREE, ("scratch", i), 0)]
             for o in op.outputs:

@@ -332,17 +332,18 @@ def forward_events(s, T: int, e: int, targets, quant: bool, lsm: int = 4, flash:
 
 
 def backward_events(names: dict, s, T: int, e: int, block: tuple[tuple, tuple, bool], kept: bool,
-                    unit_grad: int = 0, root_grads: tuple[int, int, int] = (0, 0, 0)) -> list[tuple]:
+                    unit_grad: int = 0, root_grads: tuple[int, int, int] = (0, 0, 0),
+                    around_unit: bool = True) -> list[tuple]:
     """The rest of the step after forward_events' peak (whose `names` it continues), as the single-GPU replay
     runs it (step_replay.backward_events), then the fp32 logits a loop kept. `block`:
     step_replay.backward_replay's. kept: FSDP1 keeps each block's input and its gradient until backward ends
     (JobFacts.fsdp1_keeps_block_inputs; _finalize_params removes the hooks that hold them). `unit_grad`,
-    `root_grads`: a full fine-tune's flat gradients, as step_replay.backward_events takes them."""
+    `root_grads`: a full fine-tune's flat gradients, and `around_unit`, as step_replay.backward_events takes them."""
     from podkit.checks import step_replay
 
     ev = step_replay.backward_events(names["inputs"], names["loss"], T, s.vocab, s.hidden, e, names["sliced"], block,
                                      kept, head_frees=names["head_frees"], unit_grad=unit_grad,
-                                     root_grads=root_grads, tied=s.tie_embeddings)
+                                     root_grads=root_grads, tied=s.tie_embeddings, around_unit=around_unit)
     return ev + ([("f", names["logits"])] if names["logits"] else [])
 
 
@@ -383,7 +384,7 @@ def _step_replay(units: tuple[Unit, ...], world: int, sync: bool, offload: bool,
                  block_key: tuple, load: tuple[int, ...], buffers_share_dtype: bool, nccl_events: bool,
                  step: tuple[tuple[int, ...], tuple[int, ...]] = ((), ()),
                  block: tuple[tuple, tuple, bool] | None = None, kept: bool = False,
-                 grads: tuple[int, tuple[int, int, int]] = (0, (0, 0, 0))) -> tuple[int, int]:
+                 grads: tuple[int, tuple[int, int, int], bool] = (0, (0, 0, 0), True)) -> tuple[int, int]:
     alloc = CachingAllocator()
     root = quantized_load(alloc, list(units[-1][0]), list(load)) if load else None
     _wrap(alloc, units, world, sync, offload, buffers_share_dtype, nccl_events, root)
@@ -415,7 +416,7 @@ def step_reserved(units: list[Unit], world: int, shape, tokens: int, e: int, tar
                   step: tuple[tuple[int, ...], tuple[int, ...]] = ((), ()),
                   block: tuple[tuple, tuple, bool] | None = None, kept: bool = False, *, batch: int,
                   norm_trains: bool = False, unit_grad: int = 0,
-                  root_grads: tuple[int, int, int] = (0, 0, 0)) -> tuple[int, int]:
+                  root_grads: tuple[int, int, int] = (0, 0, 0), around_unit: bool = True) -> tuple[int, int]:
     """(large-pool bytes reserved after the wrap, and at the end of the replay) on one rank's default stream:
     the wrap's replay followed by the step in the same allocator, so the step reuses what the wrap left
     cached where the sizes allow; without `block` or `step`, the first step's forward up to the loss's
@@ -428,10 +429,11 @@ def step_reserved(units: list[Unit], world: int, shape, tokens: int, e: int, tar
     states are made on the GPU after the first backward; then the second step's forward is replayed too and
     the bytes returned are those at its loss peak.
     `block`: a block's recompute and backward events, as backward_events takes them: the first step's backward
-    is replayed too (`kept` as there), and the second step whole; `unit_grad` and `root_grads` (a full
-    fine-tune's flat gradients, with `block` from step_replay.backward_replay's weight_grads) as there."""
+    is replayed too (`kept` as there), and the second step whole; `unit_grad`, `root_grads` (a full
+    fine-tune's flat gradients, with `block` from step_replay.backward_replay's weight_grads) and `around_unit`
+    as there."""
     return _step_replay(tuple((tuple(p), tuple(b)) for p, b in units), world, sync, offload,
                         (shape, tokens, batch, e, frozenset(targets), quant, lsm, flash, loss, shift_copy, norm_trains),
                         tuple(load),
                         buffers_share_dtype, nccl_events, (tuple(step[0]), tuple(step[1])), block, kept,
-                        (unit_grad, tuple(root_grads)))
+                        (unit_grad, tuple(root_grads), around_unit))

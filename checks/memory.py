@@ -115,6 +115,7 @@ def reserved_bytes(parts: list[Part]) -> int:
 
 PHASES = ("forward-end", "backward", "backward-end", "step")
 ROOT_RS_INPUT = "the root's reduce-scatter input"
+EMBEDDING_GRAD = "the input embedding's gradient, being made"
 BLOCK_RS_INPUT = "the first block's reduce-scatter input, kept until the root's post-backward"
 RS_INPUTS = (ROOT_RS_INPUT, BLOCK_RS_INPUT)
 
@@ -495,6 +496,9 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
     root_early_numel = max(0, root_trainable - (0 if lora else _embedding_only(job)))
     grads_persist = ddp or t.grad_accum > 1
     grads_on_gpu = offload == "none"
+    # An FSDP1 root unit that trains (a full fine-tune), its gradients on the GPU: they stay unsharded until
+    # the root's backward ends (step_replay.backward_events root_grads).
+    fsdp1_root = f.fsdp_version == 1 and root_trainable > 0 and grads_on_gpu
     full_grads = Part(
         "grads",
         "gradients" + (", sharded" if f.fsdp else ""),
@@ -515,8 +519,10 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
                                         grads_all, f"{n_trainable:,} x {grad_bytes} B / {param_shards}: each "
                                         "shard is copied to the host and kept until the post-backward callback",
                                         transient=True)]
-    elif fsdp2:
-        # FSDP2 reduce-scatters the root module (embeddings, final norm, head) in its post-backward, which
+    elif fsdp2 or fsdp1_root:
+        # FSDP1 concatenates and reduce-scatters the root unit's gradients when its backward ends (the head's
+        # waits in the views' input buffer from the head's backward on: step_replay.backward_events). FSDP2
+        # reduce-scatters the root module (embeddings, final norm, head) in its post-backward, which
         # the root's final callback runs when backward ends (torch/distributed/fsdp/_fully_shard/
         # _fsdp_state.py _root_post_backward_final_callback): until then its gradients stay unsharded, in
         # the gathered dtype, the head's from its backward on. A block's are sharded by its post-backward.
@@ -564,9 +570,11 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
         # backward, which concatenates them into the flat gradient (split_with_sizes_backward: at::cat) while
         # they are alive; FSDP1 _reduce_grad then reduce-scatters that .grad itself (F.pad copies it only when
         # its numel does not divide by the world size). checks/step_replay.py backward_events.
-        rs = Part("grads", "unsharded block gradient", 2 * block_grad * grad_bytes,
-                  "the block's weight gradients beside their concatenation, reduce-scattered in place",
-                  transient=True)
+        # With LoRA units (Stack.lora_units) each adapter is a unit of its own, concatenated alone.
+        copies = 1 if lora_units else 2
+        rs = Part("grads", "unsharded block gradient", copies * block_grad * grad_bytes,
+                  "the block's weight gradients" + (" beside their concatenation" if copies == 2 else "")
+                  + ", reduce-scattered in place", transient=True)
         start_grads = start_grads + [rs]
         end_grads = end_grads + [rs]
     elif f.fsdp:
@@ -744,7 +752,8 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
                                                block=block,
                                                kept=f.fsdp1_keeps_block_inputs, batch=t.micro_batch,
                                                norm_trains=trained, unit_grad=unit_grad,
-                                               root_grads=root_grads)
+                                               root_grads=root_grads,
+                                               around_unit=f.fsdp1_checkpoint_around_unit)
     # FSDP1 makes the shard it all-gathers inside `with stream(pre_unshard_stream)` (_runtime_utils.py
     # _unshard -> FlatParamHandle.pre_unshard) when it is not the resident one: CPU offload copies it to
     # the GPU (flat_param_to(device)), mixed precision casts an fp32 shard to the compute dtype
@@ -790,7 +799,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
             tensors = [p for p in tensors if not p.label.startswith("freed logits' slot")]
         if f.fsdp_version == 1:
             gathered = sum(p.bytes for p in tensors if p.label.startswith("unsharded weights"))
-            sharded_grads = sum(p.bytes for p in tensors if p.term == "grads" and not p.label.startswith("unsharded"))
+            sharded_grads = sum(p.bytes for p in tensors if _reduce_scattered(p))
             # Tensors of 1 MiB or less live in the small pool, which the wrap's large segments cannot serve.
             small = small_static + (small_step if step_temp in tensors else 0)
             default_stream = tensor_bytes(tensors) - gathered - sharded_grads - small
@@ -814,8 +823,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
                      "kept from the first step on", where="pool")]
             held = [p for p in held if p.bytes]
         elif f.fsdp:
-            sharded_grads = sum(p.bytes for p in tensors if p.term == "grads"
-                                and not p.label.startswith("unsharded") and p.label not in RS_INPUTS)
+            sharded_grads = sum(p.bytes for p in tensors if _reduce_scattered(p) and p.label not in RS_INPUTS)
             if f.rs_input_on_rs_stream:
                 # The block's reduce-scatter input counted among the tensors lives in that stream's pool.
                 sharded_grads += sum(p.bytes // 2 for p in tensors if p.label.endswith("+ reduce-scatter input"))
@@ -963,10 +971,10 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
     # weight gradient, which it cannot steal, so `old_var + var` makes a third (measured on torch 2.13
     # with profile_memory: aten::add allocates vocab x hidden, aten::add_ under autocast nothing).
     # Under FSDP2 the root is still gathered then and its gradients unsharded.
-    if not lora and f.fsdp_version != 1 and shape.vocab:
-        emb_bytes = e if fsdp2 else grad_bytes
+    if not lora and shape.vocab:
+        emb_bytes = e if f.fsdp_version in (1, 2) else grad_bytes
         emb_grad = shape.vocab * shape.hidden * emb_bytes
-        emb_parts = [Part("grads", "the input embedding's gradient, being made", emb_grad,
+        emb_parts = [Part("grads", EMBEDDING_GRAD, emb_grad,
                           f"vocab x hidden x {emb_bytes} B (embedding_dense_backward)", transient=True),
                      Part("activations", "gradient of the embedding's output", T * shape.hidden * bf.stream,
                           f"{shape.hidden} x {bf.stream} B per token x {T:,}", transient=True)]
@@ -981,9 +989,18 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
                      "the root module, as gathered", transient=True),
                 Part("grads", BLOCK_RS_INPUT, block_grad * grad_bytes, f"{block_grad:,} x {grad_bytes} B",
                      transient=True)]
+        elif fsdp1_root and not grads_persist:
+            grads_now = blocks_all + root_early  # every block's gradient reduce-scattered by then
         else:
             grads_now = [g for g in end_grads if g.label != "weight gradient being accumulated"]
         backward_ends.append(phase("backward-end", static + grads_now + kept_logits + emb_parts))
+        if fsdp1_root:
+            # split_with_sizes_backward concatenates the root's weight gradients into its flat gradient while
+            # they are alive (the embedding's, the head's, the final norm's).
+            root_flat = Part("grads", "unsharded root flat gradient (its weights' gradients concatenated)",
+                             root_trainable * e, f"{root_trainable:,} x {e} B", transient=True)
+            backward_ends.append(phase("backward-end", static + grads_now + kept_logits + emb_parts[:1]
+                                       + emb_parts[2:] + [root_flat]))
     # FSDP2's root post-backward, when backward ends: the root resharded, its unsharded gradients copied
     # into the reduce-scatter input, in the reduce dtype (fp32 under mixed precision), and freed only
     # after that copy (_fsdp_collectives.py foreach_reduce: foreach_reduce_scatter_copy_in, then
@@ -1039,6 +1056,12 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
         approximate=shape.approximate,
         notes=notes,
     )
+
+
+def _reduce_scattered(p: Part) -> bool:
+    """A gradient FSDP has reduce-scattered (a sharded .grad, made on its reduce-scatter stream), not one on the
+    default stream: unsharded ones and the input embedding's, being made."""
+    return p.term == "grads" and not p.label.startswith("unsharded") and p.label != EMBEDDING_GRAD
 
 
 def _round_segment(size: float) -> int:

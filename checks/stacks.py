@@ -330,6 +330,13 @@ class JobFacts:
     its first input (0.43.3 nn/modules.py set_compute_type) and returns `out.to(inp_dtype)`, so a block's
     projections of fp32 norm outputs are fp32, and the block adds them into the residual stream: fp32 from the
     first block's output on (activations.block_facts). Modelled under autocast only (TRL's bf16=True)."""
+    fsdp1_checkpoint_around_unit: bool = False
+    """A reentrant checkpoint around each block's FSDP1 unit (Stack.checkpoint_around_unit): the unit's first
+    forward runs under no_grad and registers no pre-backward hook, so backward gathers each unit twice (for its
+    recompute, then in its pre-backward hook) and prefetches none (torch/distributed/fsdp/_runtime_utils.py
+    _register_pre_backward_hooks: not when grad is disabled; _pre_backward_hook's prefetch follows
+    _needs_pre_backward_unshard). Elsewhere BACKWARD_PRE prefetching lets the host run up to two blocks ahead
+    of the GPU (the limiter's two all-gathers in flight)."""
     fsdp1_keeps_block_inputs: bool = False
     """FSDP1 keeps every block's input and that input's gradient until backward ends. A block's FSDP unit
     holds only frozen weights (Stack.lora_units), so FSDP1's pre-forward registers a multi-grad hook on the
@@ -632,6 +639,7 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
                           "use precision 'bf16-mixed' without FSDP sharding, or set kbit_prepare = 'off'")
     old_bnb_4bit = (train.base_quant != "none" and bool(train.bitsandbytes)
                     and parse_version(train.bitsandbytes) < (0, 43, 2))
+    around = fsdp and fsdp_version == 1 and ac == "block" and reentrant and around_unit
     return JobFacts(
         stack=stack,
         loss=loss,
@@ -689,7 +697,7 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
                                and parse_version(train.torch) < (2, 5)),
         # pytorch PR #101982 "[FSDP] Reshard frozen params in backward" (2023-06, first in 2.1.0) added the
         # reshard-only hook; before it a frozen unit stayed gathered through backward instead.
-        fsdp1_keeps_block_inputs=(fsdp and fsdp_version == 1 and lora and stack.lora_units and ac == "block"
-                                  and reentrant and around_unit
+        fsdp1_checkpoint_around_unit=around,
+        fsdp1_keeps_block_inputs=(around and lora and stack.lora_units
                                   and (not train.torch or parse_version(train.torch) >= (2, 1))),
     )

@@ -151,7 +151,9 @@ def head_events(tokens: int, batch: int, vocab: int, hidden: int, e: int, loss: 
     FSDP1's (checks/fsdp1.py). transformers' LlamaRMSNorm (4.39-4.48) runs with grad: `hidden_states.to(float32)`
     (saved by pow and mul until the norm's backward, which runs with the head's), its pow, the normalised fp32
     product, its cast back, then `weight * ...` (the cast saved only when the weight trains, `norm_trains`); the
-    norm's output lives until the model's forward returns (its `hidden_states` local and `outputs`). loss:
+    norm's output lives until the model's forward returns (its `hidden_states` local and `outputs`), or, when the
+    head's weight trains too (`norm_trains`: a full fine-tune), until the head's backward, whose MmBackward0 saves
+    it. loss:
       fp32-logits-kept     transformers <= 4.45 (`logits = logits.float()` in the model, kept in the output by the
                            loop until the step ends: fsdp_qlora train.py), a shifted .contiguous() copy, log_softmax;
       fp32-upcast-shifted  4.46-4.48 loss_utils ForCausalLMLoss: the loss upcasts the 16-bit logits and shifts a
@@ -175,22 +177,23 @@ def head_events(tokens: int, batch: int, vocab: int, hidden: int, e: int, loss: 
         ev += [("a", kept, 4 * full), ("f", "logits")]
         ev += [("a", "shifted", 4 * shifted)] if shift_copy else []
         ev += [("a", "log_softmax", lsm * shifted)] + ([("f", "shifted")] if shift_copy else [])
-        ev += [("f", "norm output")]
+        ev += [] if norm_trains else [("f", "norm output")]
     else:
         ev += [("a", "fp32", 4 * full)]
         copy = loss == "fp32-upcast-shifted" and shift_copy
         ev += [("a", "shifted", 4 * shifted)] if copy else []
         ev += [("a", "log_softmax", lsm * shifted), ("f", "fp32")] + ([("f", "shifted")] if copy else [])
-        ev += [("f", "norm output"), ("f", "logits")]
+        ev += ([] if norm_trains else [("f", "norm output")]) + [("f", "logits")]
     ev += [("a", "nll_grad", lsm * shifted), ("a", "lsm_grad", lsm * shifted)]
-    frees = ("norm fp32 input",) + (("norm cast",) if norm_trains else ())
+    frees = ("norm fp32 input",) + (("norm cast", "norm output") if norm_trains else ())
     return ev, {"loss": ("nll_grad", "log_softmax", "lsm_grad"), "head_frees": frees,
                 "sliced": loss != "fp32-upcast", "logits": kept}
 
 
 def backward_events(inputs: list, loss_live: tuple, tokens: int, vocab: int, hidden: int, e: int, sliced: bool,
                     block: tuple[tuple, tuple, bool], kept: bool = False, head_frees: tuple = (),
-                    unit_grad: int = 0, root_grads: tuple[int, int, int] = (0, 0, 0), tied: bool = False) -> list[tuple]:
+                    unit_grad: int = 0, root_grads: tuple[int, int, int] = (0, 0, 0), tied: bool = False,
+                    around_unit: bool = True) -> list[tuple]:
     """A step from log_softmax's backward peak to the end of backward, as allocator.replay events, for this
     replay and FSDP1's (checks/fsdp1.py). `inputs`: the keys of the embedding's output and of each block's
     output (L + 1); `loss_live`: nll_loss's gradient, log_softmax's output and log_softmax's input gradient
@@ -208,15 +211,19 @@ def backward_events(inputs: list, loss_live: tuple, tokens: int, vocab: int, hid
     flat gradient (at::cat) and they go; AccumulateGrad makes it flat_param.grad, and _post_backward_hook
     (torch/distributed/fsdp/_runtime_utils.py) reduce-scatters it on the post-backward stream and drops it after
     _no_dispatch_record_stream, so its block is reusable only once that reduce-scatter has run (the allocator's
-    process_events). When that is depends on the GPU, bounded by limit_all_gathers: the host unshards the block
-    after next only once the compute stream has passed the reshard of the block before this one
-    (_limiter_utils.py, 2 all-gathers in flight), so it issues a block while the GPU still computes the one
-    before, whose reduce-scatter has not started. Taken so: a block's flat gradient is reusable from the backward
-    of the block two further on (a GPU-bound step: the reduce-scatter of one block takes less than the host's
-    issuing of the next). `root_grads`: the root unit's head weight gradient (made with the head's input
-    gradient), the embedding's dense gradient (embedding_dense_backward, after the first block) and the root's
-    flat gradient, concatenated from them when backward ends; `tied`: the head and the embedding share one weight,
-    whose two gradients autograd sums out of place first (input_buffer.cpp: the head's is not stealable)."""
+    process_events). When that is depends on how far the host runs ahead of the GPU, which limit_all_gathers
+    bounds: _unshard waits for the free event of the second-last reshard (_limiter_utils.py, 2 all-gathers in
+    flight). Under a reentrant checkpoint around the unit (`around_unit`: JobFacts.fsdp1_checkpoint_around_unit)
+    each block is gathered twice in backward and none is prefetched, so the host issues block j once the GPU has
+    finished block j + 1's part: block k's flat gradient is reusable from block k - 2's backward on. Otherwise
+    BACKWARD_PRE prefetching lets the host issue block j once the GPU has finished block j + 2, just when block
+    k's reduce-scatter starts at k - 2: reusable from block k - 3 on. Both take a GPU-bound step whose
+    reduce-scatter of a block is shorter than a block's backward, and no memory pressure (a cudaMalloc that fails
+    makes the allocator wait for pending events and reuse their blocks instead). `root_grads`: the root unit's
+    head weight gradient (made with the head's backward), the embedding's dense gradient (embedding_dense_backward,
+    after the first block) and the root's flat gradient, concatenated from them when backward ends; `tied`: the
+    head and the embedding share one weight, whose two gradients autograd sums out of place first
+    (input_buffer.cpp: the head's is not stealable)."""
     nll_grad, log_probs, grad = loss_live
     head_grad, embedding_grad, root_flat = root_grads
     L = len(inputs) - 1
@@ -224,17 +231,21 @@ def backward_events(inputs: list, loss_live: tuple, tokens: int, vocab: int, hid
     if sliced:
         ev += [("a", "slice grad", 4 * vocab * tokens), ("f", grad)]
         grad = "slice grad"
-    ev += [("a", "logits grad", e * vocab * tokens), ("f", grad), ("a", ("g", L), e * hidden * tokens)]
+    ev += [("a", "logits grad", e * vocab * tokens), ("f", grad)]
+    # MmBackward0 computes mat2's (the weight's) gradient before self's (torchgen load_derivatives.py emits the
+    # formulas in sorted order).
     ev += [("a", "head weight grad", head_grad)] if head_grad else []
-    ev += [("f", "logits grad"), *[("f", k) for k in head_frees], ("f", inputs[L])]
+    ev += [("a", ("g", L), e * hidden * tokens), ("f", "logits grad"), *[("f", k) for k in head_frees],
+           ("f", inputs[L])]
     recompute, bwd, out_held = block
     # A held output gradient the block does not pass on as its input's (renamed): freed after the block.
     free_out = out_held and not any(kind == RENAME and key == GRAD_OUT for kind, key, _ in bwd)
     weight_grads = [key for kind, key, _ in bwd if kind == ALLOC_FIXED]
     pending: list = []  # flat gradients whose reduce-scatter may still run
+    lag = 2 if around_unit else 3
     zero: set = set()
     for i in range(L - 1, -1, -1):
-        if len(pending) == 2:
+        if len(pending) == lag:
             ev.append(("f", pending.pop(0)))
         ev += _scaled(recompute + bwd, i, {IN: inputs[i], GRAD_OUT: ("g", i + 1), GRAD_IN: ("g", i)}, tokens, zero)
         if weight_grads:

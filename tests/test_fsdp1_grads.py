@@ -7,6 +7,7 @@ autograd mechanism on real torch; the others hold podkit's events to it and to t
 free, derived by hand.
 """
 
+import pytest
 import torch
 
 from podkit.checks import activations as A
@@ -56,8 +57,8 @@ def test_views_of_a_flat_parameter_hold_every_weight_gradient_until_their_concat
     assert abs(views - separate - flat_bytes) < 4 * 1024
 
 
-def _events(job):
-    j = job(**FULL_FSDP1)
+def _events(job, transformers: str = "4.48.1"):
+    j = job(**{**FULL_FSDP1, "train": FULL_FSDP1["train"].replace("4.48.1", transformers)})
     s, T, e = j.shape, 2 * 4096, 2
     units = _fsdp1_units(j, e)
     block = step_replay.backward_replay(A.block_facts(j), True, weight_grads=True)
@@ -65,14 +66,19 @@ def _events(job):
     ev = fsdp1.forward_events(s, T, e, frozenset(), False, 4, True, "fp32-upcast-shifted", True, names, batch=2,
                               norm_trains=True)
     vocab_grad = s.vocab * s.hidden * e
-    ev += fsdp1.backward_events(names, s, T, e, block, False, sum(units[0][0]), (vocab_grad, vocab_grad,
-                                                                                 sum(units[-1][0])))
+    ev += fsdp1.backward_events(names, s, T, e, block, False, sum(units[0][0]),
+                                (vocab_grad, vocab_grad, sum(units[-1][0])), j.facts.fsdp1_checkpoint_around_unit)
     return j, units, ev
 
 
-def test_each_block_concatenates_its_weight_gradients_and_frees_them(job):
-    j, units, ev = _events(job)
+@pytest.mark.parametrize("transformers, waits", [("4.48.1", 1), ("4.52.4", 2)])
+def test_each_block_concatenates_its_weight_gradients_and_frees_them(job, transformers, waits):
+    j, units, ev = _events(job, transformers)
     s = j.shape
+    # transformers < 4.52 checkpoints around the FSDP1 unit (each block gathered twice, none prefetched): a flat
+    # gradient waits one block; 4.52's GradientCheckpointingLayer checkpoints inside it, BACKWARD_PRE prefetch
+    # runs the host a block further ahead: two.
+    assert j.facts.fsdp1_checkpoint_around_unit == (waits == 1)
     # Mistral 7B's block by hand: q and o 4096 x 4096, k and v 4096 x 1024, gate, up and down 4096 x 14336, and
     # two 4096-wide norm weights, all bf16 (no mixed precision: pure bf16).
     linears = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336
@@ -89,10 +95,10 @@ def test_each_block_concatenates_its_weight_gradients_and_frees_them(job):
                 # Every trained linear's gradient is alive at the concatenation: 2 x the unit's flat gradient.
                 assert sum(weight_grads.values()) == 2 * linears
                 assert size[0] == sum(units[0][0])
-                # The block before (i + 1) still waits for its reduce-scatter; the one before that was released
-                # when this block's backward began.
+                # The blocks before still wait for their reduce-scatter; the one before them was released when
+                # this block's backward began.
                 waiting = [k[0] for k in live if isinstance(k, tuple) and k[1:] == ("flat grad",)]
-                assert waiting == ([i + 1] if i + 1 < s.layers else [])
+                assert waiting == [b for b in range(i + waits, i, -1) if b < s.layers]
                 cats += 1
             live[key] = size[0]
         elif kind == "f":
