@@ -52,11 +52,12 @@ def init_world(device_type: str) -> World:
 
 
 def shutdown(sync: bool = False) -> None:
-    """Leave the process group. sync: every rank has finished the run (the success path), so wait for all of
+    """Leave the process group. sync: every rank ran every step (SmokeRun.in_step), so wait for all of
     them before tearing down: a rank that destroys its group, or whose process and torchrun agent exit (node 0's
     agent hosts the rendezvous store), while a peer is still in its last collective or its own teardown aborts
-    that peer (seen across two nodes: "terminate called without an active exception", exit -6). Not on an
-    error path, where a peer may never arrive."""
+    that peer (seen across two nodes: "terminate called without an active exception", exit -6). Not after an
+    error or a signal, where a peer may never arrive or may wait in another collective (a barrier there hung
+    a stopped two-rank smoke until its SIGKILL)."""
     if dist.is_available() and dist.is_initialized():
         if sync and dist.get_world_size() > 1:
             dist.barrier()
