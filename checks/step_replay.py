@@ -199,11 +199,11 @@ def backward_events(inputs: list, loss_live: tuple, tokens: int, vocab: int, hid
     output (L + 1); `loss_live`: nll_loss's gradient, log_softmax's output and log_softmax's input gradient
     (just made). Then: SliceBackward0's full-size zeros where the loss shifted a slice (`sliced`), the slice
     copied in; ToCopyBackward0's 16-bit gradient of the logits; the head's input gradient, the last block's
-    output gradient (`head_frees`: what the final norm saved, freed with the logits' gradient; the norm's own
-    backward temporaries are left out); each block in reverse, its recompute and its backward (`block`: backward_replay's), after which its
-    input dies, and a held output gradient too, unless FSDP1 keeps the inputs (`kept`: JobFacts.
-    fsdp1_keeps_block_inputs: every block's input and its gradient, which a later block's kept input holds as
-    its .grad, live until backward ends).
+    output gradient (`head_frees`: what the final norm and the head saved, freed with the logits' gradient; the
+    norm's own backward temporaries are left out); each block in reverse, its recompute and its backward
+    (`block`: backward_replay's), after which its input dies, and a held output gradient too, unless FSDP1 keeps
+    the inputs (`kept`: JobFacts.fsdp1_keeps_block_inputs: every block's input and its gradient, which a later
+    block's kept input holds as its .grad, live until backward ends).
 
     FSDP1 full fine-tune (`block` from backward_replay with weight_grads; `unit_grad`: the bytes of a block's flat
     gradient): a unit's weights are views of its flat parameter, so their gradients wait in the input buffer of
