@@ -264,7 +264,7 @@ def _run(job, path, device, root: Path, run_id: str, fault, as_json: bool) -> in
         parallel.shutdown()
         _fail(exc, as_json)
     # Only where every rank ran every step: an interrupted or failed peer may be inside another collective.
-    parallel.shutdown(sync=smoke.in_step)
+    parallel.shutdown(sync=smoke.in_lockstep)
     # The verdict is decided and summary.json written: another Ctrl-C (a user pressing again) must not
     # turn the run's exit code into a death by signal halfway through the report.
     for sig in (signal.SIGINT, signal.SIGTERM):

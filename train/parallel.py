@@ -52,7 +52,7 @@ def init_world(device_type: str) -> World:
 
 
 def shutdown(sync: bool = False) -> None:
-    """Leave the process group. sync: every rank ran every step (SmokeRun.in_step), so wait for all of
+    """Leave the process group. sync: every rank ran every step (SmokeRun.in_lockstep), so wait for all of
     them before tearing down: a rank that destroys its group, or whose process and torchrun agent exit (node 0's
     agent hosts the rendezvous store), while a peer is still in its last collective or its own teardown aborts
     that peer (seen across two nodes: "terminate called without an active exception", exit -6). Not after an

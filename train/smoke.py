@@ -178,7 +178,7 @@ class SmokeRun:
         self.t, self.c = job.train, job.cluster
         self.measured = Measured()
         self.verdict: Verdict | None = None
-        self.in_step = False
+        self.in_lockstep = False
         """Every rank ran every step to the end (no error, OOM or signal): all of them reach the same collectives."""
         self.error = ""
         self.started = time.time()
@@ -427,8 +427,8 @@ class SmokeRun:
         mon = self.monitor.summary() if self.monitor else {}
         peak_alloc = mon.get("peak_allocated")
         peak_reserved = mon.get("peak_reserved")
-        self.in_step = not (self.error or oom or interrupted)
-        if self.world.distributed and self.in_step:  # a failed rank may not join
+        self.in_lockstep = not (self.error or oom or interrupted)
+        if self.world.distributed and self.in_lockstep:  # a failed rank may not join
             peak_alloc = int(parallel.all_reduce_max(peak_alloc or 0, self.device)) or None
             peak_reserved = int(parallel.all_reduce_max(peak_reserved or 0, self.device)) or None
         limit = self._limit()
