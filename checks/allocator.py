@@ -71,7 +71,6 @@ class _Pool:
         self.ends[(b.segment, b.offset + b.size)] = b
 
 
-
 @dataclass
 class CachingAllocator:
     """Replays malloc/free; `reserved` only grows (nothing calls empty_cache)."""
