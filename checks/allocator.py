@@ -48,12 +48,16 @@ def segment_size(size: int) -> int:
 
 @dataclass(eq=False, slots=True)
 class _Block:
-    segment: int
-    offset: int
+    key: int  # segment << OFFSET_BITS | offset: orders like (segment, offset) and hashes as one int
     size: int
-    small: bool
-    stream: int
-    free: bool = True
+    pool: int  # _pool_id(small, stream)
+
+
+OFFSET_BITS = 48  # offsets within a segment stay below 256 TiB
+
+
+def _pool_id(small: bool, stream: int) -> int:
+    return stream << 1 | small
 
 
 @dataclass(slots=True)
@@ -61,21 +65,16 @@ class _Pool:
     """One pool's cached free blocks: sorted by (size, segment, offset) for best fit (the order of
     the allocator's BlockComparatorSize), and indexed by where each starts and ends for merging."""
 
-    order: list = field(default_factory=list)
-    starts: dict = field(default_factory=dict)
-    ends: dict = field(default_factory=dict)
-
-    def add(self, b: _Block) -> None:
-        insort(self.order, (b.size, b.segment, b.offset))
-        self.starts[(b.segment, b.offset)] = b
-        self.ends[(b.segment, b.offset + b.size)] = b
+    order: list = field(default_factory=list)  # (size, key)
+    starts: dict = field(default_factory=dict)  # key -> block
+    ends: dict = field(default_factory=dict)  # key + size -> block
 
 
 @dataclass
 class CachingAllocator:
     """Replays malloc/free; `reserved` only grows (nothing calls empty_cache)."""
 
-    free_blocks: dict = field(default_factory=dict)  # (small, stream) -> _Pool of cached free blocks
+    pools: dict = field(default_factory=dict)  # _pool_id -> _Pool of cached free blocks
     reserved: int = 0
     reserved_large: int = 0
     """Of `reserved`, the large pool's segments (what requests over 1 MiB can use)."""
@@ -83,62 +82,59 @@ class CachingAllocator:
     peak_allocated: int = 0
     _segments: int = 0
 
-    def _pool(self, small: bool, stream: int) -> _Pool:
-        pool = self.free_blocks.get((small, stream))
-        if pool is None:
-            pool = self.free_blocks[(small, stream)] = _Pool()
-        return pool
-
     def malloc(self, size: int, stream: int = 0) -> _Block:
-        # Best fit and the pool's bookkeeping written out here and in free: the FSDP1 step replay makes tens
-        # of thousands of requests within preflight's half second.
-        size = round_size(size)
+        # Best fit and the pool's bookkeeping written out here and in free, keys as single ints: the FSDP1
+        # step replay makes tens of thousands of requests within preflight's half second.
+        size = -(-size // K_MIN_BLOCK) * K_MIN_BLOCK or K_MIN_BLOCK  # round_size
         small = size <= K_SMALL_SIZE
-        pool = self.free_blocks.get((small, stream)) or self._pool(small, stream)
+        pid = stream << 1 | small
+        pool = self.pools.get(pid)
+        if pool is None:
+            pool = self.pools[pid] = _Pool()
         order = pool.order
         i = bisect_left(order, (size,))
         if i < len(order):
-            _, segment, offset = order.pop(i)
-            block = pool.starts.pop((segment, offset))
-            del pool.ends[(segment, offset + block.size)]
+            have, key = order.pop(i)
+            block = pool.starts.pop(key)
+            del pool.ends[key + have]
         else:
-            seg = segment_size(size)
-            block = _Block(self._segments, 0, seg, small, stream)
+            have = segment_size(size)
+            block = _Block(self._segments << OFFSET_BITS, have, pid)
             self._segments += 1
-            self.reserved += seg
+            self.reserved += have
             if not small:
-                self.reserved_large += seg
-        rest = block.size - size
+                self.reserved_large += have
+        rest = have - size
         if rest >= K_MIN_BLOCK if small else rest > K_SMALL_SIZE:
-            pool.add(_Block(block.segment, block.offset + size, rest, small, stream))
-            block.size = size
-        block.free = False
-        self.allocated += block.size
+            key = block.key + size
+            insort(order, (rest, key))
+            pool.starts[key] = pool.ends[key + rest] = _Block(key, rest, pid)
+            block.size = have = size
+        self.allocated += have
         if self.allocated > self.peak_allocated:
             self.peak_allocated = self.allocated
         return block
 
     def free(self, block: _Block) -> None:
-        block.free = True
-        self.allocated -= block.size
-        pool = self.free_blocks[(block.small, block.stream)]
+        size = block.size
+        self.allocated -= size
+        pool = self.pools[block.pool]
         order, starts, ends = pool.order, pool.starts, pool.ends
-        seg, offset, size = block.segment, block.offset, block.size
-        before = ends.pop((seg, offset), None)
-        after = starts.pop((seg, offset + size), None)
+        key = block.key
+        before = ends.pop(key, None)  # blocks of different segments never meet: keys differ in the high bits
+        after = starts.pop(key + size, None)
         if before is not None:
-            del order[bisect_left(order, (before.size, seg, before.offset))]
-            del starts[(seg, before.offset)]
-            offset = before.offset
+            del order[bisect_left(order, (before.size, before.key))]
+            del starts[before.key]
+            key = before.key
             size += before.size
         if after is not None:
-            del order[bisect_left(order, (after.size, seg, after.offset))]
-            del ends[(seg, after.offset + after.size)]
+            del order[bisect_left(order, (after.size, after.key))]
+            del ends[after.key + after.size]
             size += after.size
-        block.offset, block.size = offset, size
-        insort(order, (size, seg, offset))
-        starts[(seg, offset)] = block
-        ends[(seg, offset + size)] = block
+        block.key, block.size = key, size
+        insort(order, (size, key))
+        starts[key] = ends[key + size] = block
 
 
 def replay(events: list[tuple], alloc: CachingAllocator | None = None, live: dict | None = None) -> CachingAllocator:
@@ -147,11 +143,13 @@ def replay(events: list[tuple], alloc: CachingAllocator | None = None, live: dic
     allocated at the end, by key."""
     alloc = alloc or CachingAllocator()
     live = {} if live is None else live
+    malloc, free, pop = alloc.malloc, alloc.free, live.pop
     for ev in events:
-        if ev[0] == "a":
-            live[ev[1]] = alloc.malloc(ev[2])
-        elif ev[0] == "r":
-            live[ev[2]] = live.pop(ev[1])
+        kind = ev[0]
+        if kind == "a":
+            live[ev[1]] = malloc(ev[2])
+        elif kind == "r":
+            live[ev[2]] = pop(ev[1])
         else:
-            alloc.free(live.pop(ev[1]))
+            free(pop(ev[1]))
     return alloc
