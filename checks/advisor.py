@@ -95,9 +95,9 @@ def _options(job: JobConfig, allow_seq: bool):
         yield train, {"sharding": sh, "offload": off}
 
 
-def _fits(est: MemoryEstimate, host_known: bool) -> bool:
+def _fits(est: MemoryEstimate, host_known: bool, total: int | None = None) -> bool:
     host_ok = not est.host_needed or not host_known or est.host_needed <= est.host_capacity
-    return est.total <= est.capacity * (1 - HEADROOM) and host_ok
+    return (est.total if total is None else total) <= est.capacity * (1 - HEADROOM) and host_ok
 
 
 def neighbours(job: JobConfig) -> list[JobConfig]:
@@ -116,13 +116,20 @@ def neighbours(job: JobConfig) -> list[JobConfig]:
 
 def advise(job: JobConfig, limit: int = 4) -> list[Suggestion]:
     """The cheapest few configurations that fit with 10% headroom, cheapest first, explored from the
-    job as given and from its nearest valid neighbours."""
+    job as given and from its nearest valid neighbours.
+
+    A full estimate replays the caching allocator (tens of milliseconds), so the search is a branch and
+    bound: each option's largest micro-batch is first bounded on its tensors alone (`_floor_index`, no
+    replays); that bounds its rank (`_rank`: a smaller micro-batch only ranks it lower), and options are
+    estimated in full in that order until no option left could displace the last one chosen. The result is
+    the one estimating every option in full would give."""
     base_cost = _cost(job)
     host_known = job.cluster.host_ram_gb > 0
-    found: list[Suggestion] = []
     seen: set = set()
     starts = [job] + neighbours(job)
+    found: list[tuple[tuple, int, Suggestion]] = []
     for allow_seq in (False, True):  # the sequence length only when nothing else fits
+        options = []
         for train, cluster in (o for start in starts for o in _options(start, allow_seq)):
             key = (tuple(sorted(train.items())), tuple(sorted(cluster.items())))
             if key in seen:
@@ -130,47 +137,115 @@ def advise(job: JobConfig, limit: int = 4) -> list[Suggestion]:
             seen.add(key)
             if job.replace(train=train, cluster=cluster).facts.bnb_unsupported:
                 continue
-            batches = _micro_batches(job.train.micro_batch)
-            effective = job.train.micro_batch * job.train.grad_accum
-            # Memory falls as the micro-batch halves: find the largest that fits by bisection.
-            lo, hi, best = 0, len(batches) - 1, None
-            while lo <= hi:
-                mid = (lo + hi) // 2
-                b = batches[mid]
-                candidate = job.replace(
-                    train={**train, "micro_batch": b, "grad_accum": max(1, effective // b)}, cluster=cluster)
-                est = estimate(candidate)
-                if _fits(est, host_known):
-                    best, hi = (candidate, est, mid), mid - 1
-                else:
-                    lo = mid + 1
+            batches = _Batches(job, train, cluster)
+            first = _floor_index(batches, host_known)
+            if first is not None:
+                bound = _rank(job, batches.at(first), first, base_cost)
+                options.append((bound, len(options), batches, first))
+        options.sort(key=lambda o: o[:2])
+        for bound, index, batches, first in options:
+            chosen = _choose(found, limit)
+            if len(chosen) == limit and bound > chosen[-1][0][:-1]:
+                break  # this option, and every one after it, ranks below the last chosen
+            levers = _changes(job, batches.at(0))  # what any micro-batch of it changes
+            if any(bound > c[0][:-1] and _dominated(levers, c[2].changes) for c in found):
+                continue  # it would rank below a suggestion it only adds to: never chosen
+            best = _largest_fitting(batches, first, host_known)
             if best is None:
                 continue
             candidate, est, halvings = best
             changes = _changes(job, candidate)
-            if not changes:
-                continue
-            caveat = []
-            if candidate.train.lora_rank and not job.train.lora_rank:
-                caveat.append("trains LoRA adapters, not the full model")
-            if candidate.train.base_quant != job.train.base_quant:
-                caveat.append("4-bit base weights")
-            if candidate.train.seq_len != job.train.seq_len:
-                caveat.append("shorter context than intended")
-            slowdown = _cost(candidate) / base_cost * HALVING_COST ** halvings
-            found.append(Suggestion(changes, est, slowdown, "; ".join(caveat)))
+            if changes:
+                caveat = _caveat(job, candidate)
+                slowdown = _cost(candidate) / base_cost * HALVING_COST ** halvings
+                found.append((_rank(job, candidate, halvings, base_cost) + (est.total,), index,
+                               Suggestion(changes, est, slowdown, caveat)))
         if found:
             break
-    found.sort(key=lambda s: (bool(s.caveat), round(s.slowdown, 2), len(s.changes), s.estimate.total))
-    chosen: list[Suggestion] = []
-    for s in found:
-        # Skip a suggestion that only adds changes to one already chosen: it is never better.
-        if any(set(c.changes) <= set(s.changes) for c in chosen):
+    return [s for _, _, s in _choose(found, limit)]
+
+
+def _choose(found: list, limit: int) -> list:
+    """The best `limit` of the (rank, option index, suggestion) found, in rank order (the option order
+    breaking ties), skipping any that a suggestion already chosen dominates (`_dominated`): it is never
+    better."""
+    chosen: list = []
+    for item in sorted(found, key=lambda f: f[:2]):
+        if any(_dominated(item[2].changes, c[2].changes) for c in chosen):
             continue
-        chosen.append(s)
+        chosen.append(item)
         if len(chosen) == limit:
             break
     return chosen
+
+
+def _dominated(changes, other) -> bool:
+    """`changes` makes every change `other` makes, save that it may shorten the context further."""
+    def split(cs):
+        seq = [new for name, _, new in cs if name == "train.seq_len"]
+        return {c for c in cs if c[0] != "train.seq_len"}, (seq[0] if seq else None)
+
+    (rest, seq), (other_rest, other_seq) = split(changes), split(other)
+    return other_rest <= rest and (other_seq is None or (seq is not None and seq <= other_seq))
+
+
+def _rank(job: JobConfig, candidate: JobConfig, halvings: int, base_cost: float) -> tuple:
+    """How a suggestion ranks, before its memory breaks ties: changes that alter what is trained last, then
+    the slowdown, then the fewest changes, then the longest context kept. None of them improves as the
+    micro-batch halves."""
+    slowdown = _cost(candidate) / base_cost * HALVING_COST ** halvings
+    return (bool(_caveat(job, candidate)), round(slowdown, 2), len(_changes(job, candidate)),
+            -candidate.train.seq_len)
+
+
+def _caveat(job: JobConfig, candidate: JobConfig) -> str:
+    caveat = []
+    if candidate.train.lora_rank and not job.train.lora_rank:
+        caveat.append("trains LoRA adapters, not the full model")
+    if candidate.train.base_quant != job.train.base_quant:
+        caveat.append("4-bit base weights")
+    if candidate.train.seq_len != job.train.seq_len:
+        caveat.append("shorter context than intended")
+    return "; ".join(caveat)
+
+
+class _Batches:
+    """An option at each micro-batch the advisor tries, largest first, the effective batch kept by
+    accumulation."""
+
+    def __init__(self, job: JobConfig, train: dict, cluster: dict) -> None:
+        self.job, self.train, self.cluster = job, train, cluster
+        self.sizes = _micro_batches(job.train.micro_batch)
+        self.effective = job.train.micro_batch * job.train.grad_accum
+
+    def at(self, i: int) -> JobConfig:
+        b = self.sizes[i]
+        return self.job.replace(train={**self.train, "micro_batch": b, "grad_accum": max(1, self.effective // b)},
+                                cluster=self.cluster)
+
+
+def _floor_index(batches: _Batches, host_known: bool) -> int | None:
+    """The largest micro-batch (its index) whose tensors alone fit: no full estimate fits above it. Memory
+    falls as the micro-batch halves, so it bisects."""
+    lo, hi, first = 0, len(batches.sizes) - 1, None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        lite = estimate(batches.at(mid), replay=False)
+        if _fits(lite, host_known, lite.floor):
+            first, hi = mid, mid - 1
+        else:
+            lo = mid + 1
+    return first
+
+
+def _largest_fitting(batches: _Batches, first: int, host_known: bool):
+    """(candidate, estimate, halvings) at the largest micro-batch from index `first` down that fits in full,
+    or None. The floor puts `first` at or just above that micro-batch, so it steps down one at a time."""
+    for i in range(first, len(batches.sizes)):
+        est = estimate(candidate := batches.at(i))
+        if _fits(est, host_known):
+            return candidate, est, i
+    return None
 
 
 def _changes(old: JobConfig, new: JobConfig) -> tuple[tuple[str, object, object], ...]:

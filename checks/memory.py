@@ -177,6 +177,12 @@ class MemoryEstimate:
         return sum(p.bytes for p in self.parts if p.where == "device")
 
     @property
+    def floor(self) -> int:
+        """A lower bound on `total` that the allocator's pools cannot lower: the largest tensor and
+        device-only total of any moment (pools only add)."""
+        return max(sum(p.bytes for p in parts if p.where != "pool") for parts in self.phase_parts.values())
+
+    @property
     def fits(self) -> bool:
         return self.total <= self.capacity
 
@@ -340,11 +346,14 @@ def _rounding(sizes: list[tuple[float, int]]) -> int:
 # ---------------------------------------------------------------- the estimate
 
 
-def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -> MemoryEstimate:
+def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *,
+             replay: bool = True) -> MemoryEstimate:
     """Per-GPU memory at each moment of a training step, for the job as its stack trains it.
 
     device = "cpu" predicts the tensors of the same step run on a CPU (bin/smoke's CPU mode): the
-    same terms, with the kernels torch picks there."""
+    same terms, with the kernels torch picks there. replay=False skips the allocator replays
+    (checks/fsdp1.py, checks/step_replay.py), which decide only pool parts: its `floor` is the full
+    estimate's, for a quick screen (checks/advisor.py)."""
     gpu = gpu or job.gpu
     if gpu is not job.gpu:
         job = job.replace(cluster={"gpu": gpu.name})  # the SDPA kernel depends on the card
@@ -724,7 +733,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
         # post-backward stream.
         ag_pool = int(_root_stored_bytes(job, e) + min(2, L) * _layer_stored_bytes(job, e))
         rs_pool = grads_all if offload == "all" else full_grads.bytes
-        if (f.stack.fsdp_init_on_device and offload in ("none", "all") and shape.arch == "llama" and not shape.moe
+        if (replay and f.stack.fsdp_init_on_device and offload in ("none", "all") and shape.arch == "llama" and not shape.moe
                 and f.loss in ("fp32-logits-kept", "fp32-upcast-shifted", "fp32-upcast")):
             # Replay the wrap and two whole steps (forward, loss, each block's recompute and backward, with
             # FSDP1's kept inputs where it keeps them) through the caching allocator's rules: the default
@@ -1019,7 +1028,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda") -
         "backward-end": window(backward_ends),
         "step": phase("step", static + [full_grads, step_temp]),
     }
-    replayed = step_replay.segments(job, device)
+    replayed = step_replay.segments(job, device) if replay else None
     if replayed:
         # The step's activation and loss segments, replayed through the allocator's rules
         # (checks/step_replay.py), replace the closed-form pool terms: at each moment, reserved holds those

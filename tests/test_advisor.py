@@ -58,3 +58,80 @@ def test_liger_is_a_lever_for_hugging_face_trainer_jobs_only(job):
     assert liger[0].estimate.total < estimate(hf.replace(train={"micro_batch": 2, "grad_accum": 2})).total
     podkit = job(model='preset = "llama-3.1-8b"', train=train, cluster="gpu = 'L40S'")
     assert not any(name in ("train.loss", "train.block_kernels") for s in advise(podkit) for name, _, _ in s.changes)
+
+
+def _every_option_in_full(job, limit=4):
+    """The advisor's answer the slow way: every option at every micro-batch estimated in full (allocator
+    replays included), the largest fitting micro-batch kept per option, then the same ranking and choice."""
+    from podkit.checks import advisor
+
+    base, host_known = advisor._cost(job), job.cluster.host_ram_gb > 0
+    seen, found = set(), []
+    for allow_seq in (False, True):
+        for train, cluster in (o for s in [job] + advisor.neighbours(job) for o in advisor._options(s, allow_seq)):
+            key = (tuple(sorted(train.items())), tuple(sorted(cluster.items())))
+            if key in seen or job.replace(train=train, cluster=cluster).facts.bnb_unsupported:
+                continue
+            seen.add(key)
+            batches = advisor._Batches(job, train, cluster)
+            fitting = [(i, est) for i in range(len(batches.sizes))
+                       if advisor._fits(est := estimate(batches.at(i)), host_known)]
+            if not fitting or not advisor._changes(job, batches.at(fitting[0][0])):
+                continue
+            (i, est), candidate = fitting[0], batches.at(fitting[0][0])
+            found.append((advisor._rank(job, candidate, i, base) + (est.total,), len(seen),
+                          advisor.Suggestion(advisor._changes(job, candidate), est, 0.0, "")))
+        if found:
+            break
+    return [(s.changes, s.estimate.total) for _, _, s in advisor._choose(found, limit)]
+
+
+def test_the_bounded_search_finds_what_estimating_every_option_finds(job):
+    """advise() estimates in full (replaying the allocator) only the options whose tensors alone fit and that
+    could still rank among the chosen: on a job near its card's limit with FSDP1 replays, a job that needs
+    micro-batch halvings, and one only a shorter context saves, its answer is the exhaustive one."""
+    fsdp_qlora = job(model='preset = "llama-2-7b"',
+                     train="precision = 'bf16'\nmicro_batch = 4\nseq_len = 2048\ncheckpointing = 'full'\n"
+                           "lora_rank = 64\nstack = 'fsdp_qlora'\nlora_targets = ['q_proj', 'v_proj']",
+                     cluster="gpu = 'RTX3090'\ngpus_per_node = 2\nsharding = 'none'\nhost_ram_gb = 128")
+    halvings = job(model='preset = "llama-3.2-3b"', train="micro_batch = 8\nseq_len = 4096", cluster="gpu = 'A10G'")
+    context = job(model='preset = "llama-3.1-8b"',
+                  train="micro_batch = 1\nseq_len = 65536\nlora_rank = 16\nbase_quant = 'nf4'", cluster="gpu = 'A10G'")
+    for j in (fsdp_qlora, halvings, context):
+        got = [(s.changes, s.estimate.total) for s in advise(j)]
+        assert got and got == _every_option_in_full(j)
+
+
+def test_a_shorter_context_is_the_longest_that_fits(job):
+    """Where only a shorter context fits, the advisor offers the longest that does, not the shortest: halving
+    it once more would also fit, with less memory, and train on even less of each sequence."""
+    j = job(model='preset = "llama-3.1-8b"', train="micro_batch = 1\nseq_len = 65536\nlora_rank = 16\nbase_quant = 'nf4'",
+            cluster="gpu = 'A10G'")
+    suggestions = advise(j)
+    for s in suggestions:
+        seq = dict((name, new) for name, _, new in s.changes)["train.seq_len"]
+        other = {name: new for name, _, new in s.changes if name != "train.seq_len"}
+        longer = j.replace(train={**{k.split(".")[1]: v for k, v in other.items() if k.startswith("train.")},
+                                  "seq_len": seq * 2},
+                           cluster={k.split(".")[1]: v for k, v in other.items() if k.startswith("cluster.")})
+        assert estimate(longer).total > estimate(longer).capacity * (1 - HEADROOM)  # twice as long does not fit
+    seqs_alone = [dict((n, v) for n, _, v in s.changes)["train.seq_len"] for s in suggestions if len(s.changes) == 1]
+    assert len(seqs_alone) <= 1  # one context per set of other changes
+
+
+def test_the_floor_is_what_no_allocator_pool_can_lower(job):
+    """estimate(replay=False) skips the allocator replays (FSDP1's, the single-GPU step's), which decide only
+    pool parts: its floor, the largest tensor and device-only total of any moment, is the full estimate's,
+    and never above the full total."""
+    fsdp1 = job(model='preset = "llama-2-7b"',
+                train="precision = 'bf16'\nmicro_batch = 2\nseq_len = 2048\ncheckpointing = 'full'\nlora_rank = 64\n"
+                      "stack = 'fsdp_qlora'", cluster="gpu = 'RTX3090'\ngpus_per_node = 2\nsharding = 'zero3'")
+    one_gpu = job(model='preset = "mistral-7b"',
+                  train="precision = 'bf16-mixed'\nmicro_batch = 4\nseq_len = 4096\ncheckpointing = 'full'\n"
+                        "lora_rank = 16\nstack = 'hf'\ntransformers = '4.48.1'\nattention = 'flash-attn'",
+                  cluster="gpu = 'A100-80GB'")
+    for j, replayed in ((fsdp1, "default-stream segments of the wrap"), (one_gpu, "segments the step's")):
+        full, lite = estimate(j), estimate(j, replay=False)
+        assert any(p.label.startswith(replayed) for p in full.parts)
+        assert not any(p.label.startswith(replayed) for parts in lite.phase_parts.values() for p in parts)
+        assert lite.floor == full.floor <= full.total
