@@ -22,7 +22,9 @@ from podkit.checks.memory import MemoryEstimate, estimate
 
 HEADROOM = 0.10  # below this a job "fits" but one longer batch away from an OOM
 
-CHECKPOINT_COST = {"none": 1.0, "selective": 1.08, "full": 1.33}
+# By the policy the job's stack runs (stacks.AC_POLICIES): a stack whose "selective" is per-block recompute
+# (Hugging Face, litgpt, torchtune, ...: checks/stacks.py) pays what "full" pays.
+CHECKPOINT_COST = {"none": 1.0, "matmuls": 1.08, "op-sac": 1.08, "block": 1.33}
 SHARDING_COST = {"none": 1.0, "zero1": 1.0, "zero2": 1.05, "zero3": 1.15}
 OFFLOAD_COST = {"none": 1.0, "optimizer": 1.6, "all": 3.0}
 HALVING_COST = 1.05  # per halving of the micro-batch: smaller matmuls, more launches
@@ -46,7 +48,7 @@ class Suggestion:
 
 def _cost(job: JobConfig) -> float:
     t, c = job.train, job.cluster
-    cost = CHECKPOINT_COST[t.checkpointing] * SHARDING_COST[c.sharding] * OFFLOAD_COST[c.offload]
+    cost = CHECKPOINT_COST[job.facts.ac_policy] * SHARDING_COST[c.sharding] * OFFLOAD_COST[c.offload]
     if c.nodes > 1 and c.sharding == "zero3":
         cost *= 1.15  # gathers cross the slower inter-node network
     if t.lora_rank:
@@ -65,6 +67,9 @@ def _options(job: JobConfig, allow_seq: bool):
     t, c = job.train, job.cluster
     ckpt = ["none", "selective", "full"]
     ckpts = ckpt[ckpt.index(t.checkpointing):]
+    if job.facts.stack.selective == "block":
+        # One policy under two names: keep the job's own, else the name that says what it does.
+        ckpts = [ck for ck in ckpts if ck != ("full" if t.checkpointing == "selective" else "selective")]
     stages = ["none", "zero1", "zero2", "zero3"]
     shardings = stages[stages.index(c.sharding):] if c.world_size > 1 else [c.sharding]
     offloads = ["none", "optimizer", "all"][["none", "optimizer", "all"].index(c.offload):]

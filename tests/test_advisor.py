@@ -135,3 +135,16 @@ def test_the_floor_is_what_no_allocator_pool_can_lower(job):
         assert any(p.label.startswith(replayed) for p in full.parts)
         assert not any(p.label.startswith(replayed) for parts in lite.phase_parts.values() for p in parts)
         assert lite.floor == full.floor <= full.total
+
+
+def test_a_stack_whose_selective_is_block_recompute_is_offered_full_at_its_cost(job):
+    """Hugging Face's gradient_checkpointing (and litgpt's, torchtune's) recomputes whole decoder layers,
+    whatever the job calls it (checks/stacks.py: selective -> "block"): the advisor offers that policy once,
+    as "full", costed as full recompute; podkit's own stack keeps its cheaper matmul-keeping "selective"."""
+    train = "micro_batch = 1\nseq_len = 2048\nlora_rank = 16\n"
+    hf = job(model='preset = "llama-3.2-3b"', train=train + "stack = 'hf'", cluster="gpu = 'A10G'")
+    ckpt = [s for s in advise(hf) if any(name == "train.checkpointing" for name, _, _ in s.changes)]
+    assert ckpt and all(("train.checkpointing", "none", "full") in s.changes for s in ckpt)
+    assert all(s.slowdown >= 1.33 for s in ckpt)
+    podkit = job(model='preset = "llama-3.2-3b"', train=train, cluster="gpu = 'A10G'")
+    assert any(("train.checkpointing", "none", "selective") in s.changes and s.slowdown < 1.33 for s in advise(podkit))
