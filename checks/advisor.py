@@ -14,6 +14,7 @@ makes it slower than LoRA (Dettmers et al. 2023).
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from dataclasses import dataclass
 
@@ -123,18 +124,19 @@ def advise(job: JobConfig, limit: int = 4) -> list[Suggestion]:
     """The cheapest few configurations that fit with 10% headroom, cheapest first, explored from the
     job as given and from its nearest valid neighbours.
 
-    A full estimate replays the caching allocator (tens of milliseconds), so the search is a branch and
-    bound: each option's largest micro-batch is first bounded on its tensors alone (`_floor_index`, no
-    replays); that bounds its rank (`_rank`: a smaller micro-batch only ranks it lower), and options are
-    estimated in full in that order until no option left could displace the last one chosen. The result is
-    the one estimating every option in full would give."""
+    Estimates cost milliseconds, a full one with its allocator replays tens of them, and a job far over its
+    card has hundreds of options, so the search is a branch and bound on how each option could at best rank
+    (`_rank`; a smaller micro-batch only ranks it lower): first bounded at the job's micro-batch, then, once
+    taken up, at the largest micro-batch whose tensors alone fit (`_floor_index`, no replays), then estimated
+    in full. It stops once no option left could displace the last one chosen, and skips one that could only
+    rank below a suggestion it adds to. The result is the one estimating every option in full would give."""
     base_cost = _cost(job)
     host_known = job.cluster.host_ram_gb > 0
     seen: set = set()
     starts = [job] + neighbours(job)
     found: list[tuple[tuple, int, Suggestion]] = []
     for allow_seq in (False, True):  # the sequence length only when nothing else fits
-        options = []
+        heap = []  # (bound on the rank, option index, its micro-batches, floor index or None)
         for train, cluster in (o for start in starts for o in _options(start, allow_seq)):
             key = (tuple(sorted(train.items())), tuple(sorted(cluster.items())))
             if key in seen:
@@ -143,18 +145,21 @@ def advise(job: JobConfig, limit: int = 4) -> list[Suggestion]:
             if job.replace(train=train, cluster=cluster).facts.bnb_unsupported:
                 continue
             batches = _Batches(job, train, cluster)
-            first = _floor_index(batches, host_known)
-            if first is not None:
-                bound = _rank(job, batches.at(first), first, base_cost)
-                options.append((bound, len(options), batches, first))
-        options.sort(key=lambda o: o[:2])
-        for bound, index, batches, first in options:
+            heap.append((_rank(job, batches.at(0), 0, base_cost), len(heap), batches, None))
+        heapq.heapify(heap)
+        while heap:
+            bound, index, batches, first = heapq.heappop(heap)
             chosen = _choose(found, limit)
             if len(chosen) == limit and bound > chosen[-1][0][:-1]:
                 break  # this option, and every one after it, ranks below the last chosen
             levers = _changes(job, batches.at(0))  # what any micro-batch of it changes
             if any(bound > c[0][:-1] and _dominated(levers, c[2].changes) for c in found):
                 continue  # it would rank below a suggestion it only adds to: never chosen
+            if first is None:
+                first = _floor_index(batches, host_known)
+                if first is not None:
+                    heapq.heappush(heap, (_rank(job, batches.at(first), first, base_cost), index, batches, first))
+                continue
             best = _largest_fitting(batches, first, host_known)
             if best is None:
                 continue
@@ -196,11 +201,11 @@ def _dominated(changes, other) -> bool:
 
 def _rank(job: JobConfig, candidate: JobConfig, halvings: int, base_cost: float) -> tuple:
     """How a suggestion ranks, before its memory breaks ties: changes that alter what is trained last, then
-    the slowdown, then the fewest changes, then the longest context kept. None of them improves as the
+    the slowdown, then the longest context kept, then the fewest changes. None of them improves as the
     micro-batch halves."""
     slowdown = _cost(candidate) / base_cost * HALVING_COST ** halvings
-    return (bool(_caveat(job, candidate)), round(slowdown, 2), len(_changes(job, candidate)),
-            -candidate.train.seq_len)
+    return (bool(_caveat(job, candidate)), round(slowdown, 2), -candidate.train.seq_len,
+            len(_changes(job, candidate)))
 
 
 def _caveat(job: JobConfig, candidate: JobConfig) -> str:
@@ -230,13 +235,20 @@ class _Batches:
 
 
 def _floor_index(batches: _Batches, host_known: bool) -> int | None:
-    """The largest micro-batch (its index) whose tensors alone fit: no full estimate fits above it. Memory
-    falls as the micro-batch halves, so it bisects."""
-    lo, hi, first = 0, len(batches.sizes) - 1, None
+    """The largest micro-batch (its index) whose tensors alone fit: no full estimate fits above it. The
+    smallest first, which settles an option that fits at none (most of them, on a job far over its card);
+    then, as memory falls when the micro-batch halves, a bisection."""
+    def fits(i: int) -> bool:
+        lite = estimate(batches.at(i), replay=False)
+        return _fits(lite, host_known, lite.floor)
+
+    last = len(batches.sizes) - 1
+    if not fits(last):
+        return None
+    lo, hi, first = 0, last - 1, last
     while lo <= hi:
         mid = (lo + hi) // 2
-        lite = estimate(batches.at(mid), replay=False)
-        if _fits(lite, host_known, lite.floor):
+        if fits(mid):
             first, hi = mid, mid - 1
         else:
             lo = mid + 1

@@ -148,3 +148,16 @@ def test_a_stack_whose_selective_is_block_recompute_is_offered_full_at_its_cost(
     assert all(s.slowdown >= 1.33 for s in ckpt)
     podkit = job(model='preset = "llama-3.2-3b"', train=train, cluster="gpu = 'A10G'")
     assert any(("train.checkpointing", "none", "selective") in s.changes and s.slowdown < 1.33 for s in advise(podkit))
+
+
+def test_among_equally_slow_suggestions_the_longer_context_comes_first(job):
+    """Llama 3.2 3B at 64k tokens on a T4: Liger's kernels keep 4096 of the context where shortening alone
+    keeps 2048, at the same speed; one more change is worth twice the context, so it ranks first."""
+    j = job(model='preset = "llama-3.2-3b"', train="micro_batch = 1\nseq_len = 65536\ncheckpointing = 'full'\n"
+                                                  "lora_rank = 16\nstack = 'hf'", cluster="gpu = 'T4'")
+    suggestions = advise(j)
+    seq = [dict((name, new) for name, _, new in s.changes)["train.seq_len"] for s in suggestions]
+    ranks = [(bool(s.caveat), round(s.slowdown, 2), -n) for s, n in zip(suggestions, seq)]
+    assert ranks == sorted(ranks)
+    assert seq[0] > seq[1] and len(suggestions[0].changes) > len(suggestions[1].changes)
+    assert suggestions[0].slowdown == suggestions[1].slowdown
