@@ -68,6 +68,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--cpu-tiny", action="store_true", help="run the matrix's plumbing on CPU with the tiny model")
     ap.add_argument("--only", default="", help="regex over 'preset precision optimizer checkpointing'")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="where the table and JSON go")
     args = ap.parse_args()
     import torch
 
@@ -109,11 +110,11 @@ def main() -> int:
     table = _table(rows)
     print(table)
     date = time.strftime("%Y-%m-%d")
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
     slug = re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-")
     out = {"date": date, "device": gpu, "torch": torch.__version__, "steps": args.steps, "rows": rows}
-    (RESULTS / f"smoke_gpu_matrix_{slug}.json").write_text(json.dumps(out, indent=2) + "\n")
-    (RESULTS / f"smoke_gpu_matrix_{slug}.md").write_text(
+    (args.out / f"smoke_gpu_matrix_{slug}.json").write_text(json.dumps(out, indent=2) + "\n")
+    (args.out / f"smoke_gpu_matrix_{slug}.md").write_text(
         f"# Smoke matrix on {gpu} ({date}, torch {torch.__version__}, {args.steps} steps each)\n\n"
         "Produced by `benchmarks/smoke_gpu_matrix.py`. error = measured / predicted - 1 for "
         "torch's peak allocated.\n\n" + table + "\n")
