@@ -19,6 +19,7 @@ import itertools
 from dataclasses import dataclass
 
 from podkit.checks.config import JobConfig
+from podkit.checks.errors import ConfigError
 from podkit.checks.memory import MemoryEstimate, estimate
 
 HEADROOM = 0.10  # below this a job "fits" but one longer batch away from an OOM
@@ -142,8 +143,11 @@ def advise(job: JobConfig, limit: int = 4) -> list[Suggestion]:
             if key in seen:
                 continue
             seen.add(key)
-            if job.replace(train=train, cluster=cluster).facts.bnb_unsupported:
-                continue
+            try:
+                if job.replace(train=train, cluster=cluster).facts.bnb_unsupported:
+                    continue
+            except ConfigError:
+                continue  # not a job the stack can run (LoRA where the model has none of its default targets)
             batches = _Batches(job, train, cluster)
             heap.append((_rank(job, batches.at(0), 0, base_cost), len(heap), batches, None))
         heapq.heapify(heap)
@@ -235,17 +239,22 @@ class _Batches:
 
 
 def _floor_index(batches: _Batches, host_known: bool) -> int | None:
-    """The largest micro-batch (its index) whose tensors alone fit: no full estimate fits above it. The
-    smallest first, which settles an option that fits at none (most of them, on a job far over its card);
-    then, as memory falls when the micro-batch halves, a bisection."""
+    """The largest micro-batch (its index) whose tensors alone fit: no full estimate fits above it.
+
+    Memory falls as the micro-batch halves once gradients accumulate, but not on the first halving of a job
+    without accumulation: from there on the gradients are held through each forward (grad_accum 1 -> 2).
+    So the job's own micro-batch on its own, then the smallest, which settles an option that fits at none
+    (most of them, on a job far over its card), then a bisection between."""
     def fits(i: int) -> bool:
         lite = estimate(batches.at(i), replay=False)
         return _fits(lite, host_known, lite.floor)
 
     last = len(batches.sizes) - 1
-    if not fits(last):
+    if fits(0):
+        return 0
+    if last == 0 or not fits(last):
         return None
-    lo, hi, first = 0, last - 1, last
+    lo, hi, first = 1, last - 1, last
     while lo <= hi:
         mid = (lo + hi) // 2
         if fits(mid):
@@ -257,7 +266,8 @@ def _floor_index(batches: _Batches, host_known: bool) -> int | None:
 
 def _largest_fitting(batches: _Batches, first: int, host_known: bool):
     """(candidate, estimate, halvings) at the largest micro-batch from index `first` down that fits in full,
-    or None. The floor puts `first` at or just above that micro-batch, so it steps down one at a time."""
+    or None. The floor puts `first` at or just above that micro-batch, so it steps down one at a time (which
+    also holds where the first halving adds held gradients: _floor_index)."""
     for i in range(first, len(batches.sizes)):
         est = estimate(candidate := batches.at(i))
         if _fits(est, host_known):

@@ -1,4 +1,5 @@
 from podkit.checks.advisor import HEADROOM, advise
+from podkit.checks.errors import ConfigError
 from podkit.checks.memory import estimate
 
 
@@ -70,9 +71,14 @@ def _every_option_in_full(job, limit=4):
     for allow_seq in (False, True):
         for train, cluster in (o for s in [job] + advisor.neighbours(job) for o in advisor._options(s, allow_seq)):
             key = (tuple(sorted(train.items())), tuple(sorted(cluster.items())))
-            if key in seen or job.replace(train=train, cluster=cluster).facts.bnb_unsupported:
+            if key in seen:
                 continue
             seen.add(key)
+            try:
+                if job.replace(train=train, cluster=cluster).facts.bnb_unsupported:
+                    continue
+            except ConfigError:
+                continue
             batches = advisor._Batches(job, train, cluster)
             fitting = [(i, est) for i in range(len(batches.sizes))
                        if advisor._fits(est := estimate(batches.at(i)), host_known)]
@@ -89,7 +95,8 @@ def _every_option_in_full(job, limit=4):
 def test_the_bounded_search_finds_what_estimating_every_option_finds(job):
     """advise() estimates in full (replaying the allocator) only the options whose tensors alone fit and that
     could still rank among the chosen: on a job near its card's limit with FSDP1 replays, a job that needs
-    micro-batch halvings, and one only a shorter context saves, its answer is the exhaustive one."""
+    micro-batch halvings, one only a shorter context saves, and one whose memory rises on the first halving,
+    its answer is the exhaustive one."""
     fsdp_qlora = job(model='preset = "llama-2-7b"',
                      train="precision = 'bf16'\nmicro_batch = 4\nseq_len = 2048\ncheckpointing = 'full'\n"
                            "lora_rank = 64\nstack = 'fsdp_qlora'\nlora_targets = ['q_proj', 'v_proj']",
@@ -97,7 +104,12 @@ def test_the_bounded_search_finds_what_estimating_every_option_finds(job):
     halvings = job(model='preset = "llama-3.2-3b"', train="micro_batch = 8\nseq_len = 4096", cluster="gpu = 'A10G'")
     context = job(model='preset = "llama-3.1-8b"',
                   train="micro_batch = 1\nseq_len = 65536\nlora_rank = 16\nbase_quant = 'nf4'", cluster="gpu = 'A10G'")
-    for j in (fsdp_qlora, halvings, context):
+    # Not monotone: halving a micro-batch without accumulation holds the gradients through the next forward
+    # (grad_accum 1 -> 2), so Liger alone fits at micro-batch 2 and not at 1.
+    held_grads = job(model='preset = "llama-3.2-3b"',
+                     train="precision = 'fp16-mixed'\noptimizer = 'adamw8bit'\nmicro_batch = 2\nseq_len = 16384\n"
+                           "checkpointing = 'full'\nstack = 'hf'", cluster="gpu = 'L40S'\nhost_ram_gb = 256")
+    for j in (fsdp_qlora, halvings, context, held_grads):
         got = [(s.changes, s.estimate.total) for s in advise(j)]
         assert got and got == _every_option_in_full(j)
 
@@ -161,3 +173,15 @@ def test_among_equally_slow_suggestions_the_longer_context_comes_first(job):
     assert ranks == sorted(ranks)
     assert seq[0] > seq[1] and len(suggestions[0].changes) > len(suggestions[1].changes)
     assert suggestions[0].slowdown == suggestions[1].slowdown
+
+
+def test_a_lever_the_stack_cannot_run_is_left_out_not_raised(job):
+    """Phi-3 fuses q, k and v into qkv_proj, and peft has no default LoRA targets for it (peft utils/constants.py
+    TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING has no "phi3"): a Hugging Face full fine-tune that does
+    not fit used to end preflight with a LoRA-targets error the job never asked about. The LoRA lever is now
+    left out, and the others are offered."""
+    j = job(model='preset = "phi-3-mini"', train="stack = 'hf'\nmicro_batch = 4\nseq_len = 4096", cluster="gpu = 'A10G'")
+    assert not estimate(j).fits
+    suggestions = advise(j)
+    assert suggestions
+    assert not any(name == "train.lora_rank" for s in suggestions for name, _, _ in s.changes)
