@@ -117,8 +117,8 @@ def test_the_bounded_search_finds_what_estimating_every_option_finds(job):
 def test_a_shorter_context_is_the_longest_that_fits(job):
     """Where only a shorter context fits, the advisor offers the longest that does, not the shortest: halving
     it once more would also fit, with less memory, and train on even less of each sequence."""
-    j = job(model='preset = "llama-3.1-8b"', train="micro_batch = 1\nseq_len = 65536\nlora_rank = 16\nbase_quant = 'nf4'",
-            cluster="gpu = 'A10G'")
+    j = job(model='preset = "llama-3.1-8b"',
+            train="micro_batch = 1\nseq_len = 65536\nlora_rank = 16\nbase_quant = 'nf4'", cluster="gpu = 'A10G'")
     suggestions = advise(j)
     for s in suggestions:
         seq = dict((name, new) for name, _, new in s.changes)["train.seq_len"]
@@ -180,7 +180,8 @@ def test_a_lever_the_stack_cannot_run_is_left_out_not_raised(job):
     TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING has no "phi3"): a Hugging Face full fine-tune that does
     not fit used to end preflight with a LoRA-targets error the job never asked about. The LoRA lever is now
     left out, and the others are offered."""
-    j = job(model='preset = "phi-3-mini"', train="stack = 'hf'\nmicro_batch = 4\nseq_len = 4096", cluster="gpu = 'A10G'")
+    j = job(model='preset = "phi-3-mini"', train="stack = 'hf'\nmicro_batch = 4\nseq_len = 4096",
+            cluster="gpu = 'A10G'")
     assert not estimate(j).fits
     suggestions = advise(j)
     assert suggestions

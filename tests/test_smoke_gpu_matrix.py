@@ -10,7 +10,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_one_row_on_the_cpu_measures_and_compares_against_the_prediction(tmp_path):
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "smoke_gpu_matrix.py"), "--cpu-tiny", "--steps", "3",
+    script = ROOT / "benchmarks" / "smoke_gpu_matrix.py"
+    proc = subprocess.run([sys.executable, str(script), "--cpu-tiny", "--steps", "3",
                            "--only", "^llama-3.2-1b bf16-mixed adamw none $", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
