@@ -134,22 +134,11 @@ def advise(job: JobConfig, limit: int = 4) -> list[Suggestion]:
     base_cost = _cost(job)
     host_known = job.cluster.host_ram_gb > 0
     seen: set = set()
-    starts = [job] + neighbours(job)
     found: list[tuple[tuple, int, Suggestion]] = []
     for allow_seq in (False, True):  # the sequence length only when nothing else fits
-        heap = []  # (bound on the rank, option index, its micro-batches, floor index or None)
-        for train, cluster in (o for start in starts for o in _options(start, allow_seq)):
-            key = (tuple(sorted(train.items())), tuple(sorted(cluster.items())))
-            if key in seen:
-                continue
-            seen.add(key)
-            try:
-                if job.replace(train=train, cluster=cluster).facts.bnb_unsupported:
-                    continue
-            except ConfigError:
-                continue  # not a job the stack can run (LoRA where the model has none of its default targets)
-            batches = _Batches(job, train, cluster)
-            heap.append((_rank(job, batches.at(0), 0, base_cost), len(heap), batches, None))
+        # (bound on the rank, option index, its micro-batches, floor index or None)
+        heap = [(_rank(job, batches.at(0), 0, base_cost), index, batches, None)
+                for index, batches in enumerate(valid_options(job, allow_seq, seen))]
         heapq.heapify(heap)
         while heap:
             bound, index, batches, first = heapq.heappop(heap)
@@ -177,6 +166,22 @@ def advise(job: JobConfig, limit: int = 4) -> list[Suggestion]:
         if found:
             break
     return [s for _, _, s in _choose(found, limit)]
+
+
+def valid_options(job: JobConfig, allow_seq: bool, seen: set):
+    """Each option to explore (its micro-batches: _Batches), from the job as given and from its nearest valid
+    neighbours, once across the calls that share `seen`; those the stack cannot run are left out."""
+    for train, cluster in (o for start in [job] + neighbours(job) for o in _options(start, allow_seq)):
+        key = (tuple(sorted(train.items())), tuple(sorted(cluster.items())))
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            if job.replace(train=train, cluster=cluster).facts.bnb_unsupported:
+                continue
+        except ConfigError:
+            continue  # LoRA where the model has none of the stack's default targets, as peft refuses it
+        yield _Batches(job, train, cluster)
 
 
 def _choose(found: list, limit: int) -> list:

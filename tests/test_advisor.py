@@ -1,5 +1,4 @@
 from podkit.checks.advisor import HEADROOM, advise
-from podkit.checks.errors import ConfigError
 from podkit.checks.memory import estimate
 
 
@@ -69,23 +68,13 @@ def _every_option_in_full(job, limit=4):
     base, host_known = advisor._cost(job), job.cluster.host_ram_gb > 0
     seen, found = set(), []
     for allow_seq in (False, True):
-        for train, cluster in (o for s in [job] + advisor.neighbours(job) for o in advisor._options(s, allow_seq)):
-            key = (tuple(sorted(train.items())), tuple(sorted(cluster.items())))
-            if key in seen:
-                continue
-            seen.add(key)
-            try:
-                if job.replace(train=train, cluster=cluster).facts.bnb_unsupported:
-                    continue
-            except ConfigError:
-                continue
-            batches = advisor._Batches(job, train, cluster)
+        for index, batches in enumerate(advisor.valid_options(job, allow_seq, seen)):
             fitting = [(i, est) for i in range(len(batches.sizes))
                        if advisor._fits(est := estimate(batches.at(i)), host_known)]
             if not fitting or not advisor._changes(job, batches.at(fitting[0][0])):
                 continue
             (i, est), candidate = fitting[0], batches.at(fitting[0][0])
-            found.append((advisor._rank(job, candidate, i, base) + (est.total,), len(seen),
+            found.append((advisor._rank(job, candidate, i, base) + (est.total,), index,
                           advisor.Suggestion(advisor._changes(job, candidate), est, 0.0, "")))
         if found:
             break
