@@ -50,14 +50,10 @@ def segment_size(size: int) -> int:
 class _Block:
     key: int  # segment << OFFSET_BITS | offset: orders like (segment, offset) and hashes as one int
     size: int
-    pool: int  # _pool_id(small, stream)
+    pool: int  # stream << 1 | small: the pool it belongs to
 
 
 OFFSET_BITS = 48  # offsets within a segment stay below 256 TiB
-
-
-def _pool_id(small: bool, stream: int) -> int:
-    return stream << 1 | small
 
 
 @dataclass(slots=True)
@@ -74,7 +70,7 @@ class _Pool:
 class CachingAllocator:
     """Replays malloc/free; `reserved` only grows (nothing calls empty_cache)."""
 
-    pools: dict = field(default_factory=dict)  # _pool_id -> _Pool of cached free blocks
+    pools: dict = field(default_factory=dict)  # stream << 1 | small -> _Pool of cached free blocks
     reserved: int = 0
     reserved_large: int = 0
     """Of `reserved`, the large pool's segments (what requests over 1 MiB can use)."""
@@ -85,7 +81,7 @@ class CachingAllocator:
     def malloc(self, size: int, stream: int = 0) -> _Block:
         # Best fit and the pool's bookkeeping written out here and in free, keys as single ints: the FSDP1
         # step replay makes tens of thousands of requests within preflight's half second.
-        size = -(-size // K_MIN_BLOCK) * K_MIN_BLOCK or K_MIN_BLOCK  # round_size
+        size = round_size(size)
         small = size <= K_SMALL_SIZE
         pid = stream << 1 | small
         pool = self.pools.get(pid)
