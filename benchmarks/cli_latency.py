@@ -4,8 +4,9 @@ Times, as subprocesses from the project root (so interpreter start and imports c
 for a user): `bin/preflight --no-probe` and `bin/preflight` on the bundled example, `--repeat`
 times each (median, min, max); `bin/preflight --no-probe` on each job of the accuracy ledger
 (benchmarks/published/, its [published] table cut off), the fastest of 3 runs per job (a shared
-host's stalls are not the job's): median, min and max over the jobs, the slowest named, as these are the FSDP1 replays and the advisor's searches real jobs run;
-`bin/preflight --traced` on the bundled 1B example and on a 7B job
+host's stalls are not the job's): median, min and max over the jobs, the slowest named, as these
+run the FSDP1 replays and the advisor's searches that real jobs run; `bin/preflight --traced` on
+the bundled 1B example and on a 7B job
 once each; `bin/smoke` on its CPU default (the tiny job, 100 steps) once, into a temporary
 directory. Records the machine, its load average before and after (other work on a shared machine
 shows up here), and the date.
@@ -68,12 +69,12 @@ def ledger_row(tmp: Path, env: dict[str, str]) -> dict:
         times[f"{path.parent.name}/{path.stem}"] = min(timed(argv, env, ok=(0, 1)) for _ in range(3))
     slowest = max(times, key=times.get)
     over = sum(t > 0.5 for t in times.values())
-    print(f"ledger jobs: median {statistics.median(times.values()):.2f} s, {over} over 0.5 s", file=sys.stderr)
+    median = statistics.median(times.values())
+    print(f"ledger jobs: median {median:.2f} s, {over} over 0.5 s", file=sys.stderr)
     return {"command": "bin/preflight --no-probe",
             "job": f"each of the {len(times)} ledger jobs (benchmarks/published/), fastest of 3; {over} over 0.5 s; "
                    f"slowest: {slowest}",
-            "runs": len(times), "median_s": statistics.median(times.values()), "min_s": min(times.values()),
-            "max_s": times[slowest]}
+            "runs": len(times), "median_s": median, "min_s": min(times.values()), "max_s": times[slowest]}
 
 
 def cpu_times() -> tuple[int, int]:
