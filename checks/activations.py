@@ -167,9 +167,17 @@ class Trace:
     attention_out: list = field(default_factory=list)  # SDPA flash/efficient outputs
     ops: list = field(default_factory=list)  # autograd nodes in creation order
     output: Tensor | None = None  # the block's output (its gradient starts the block's backward)
+    expert_of: dict = field(default_factory=dict)
+    """In a loop over routed experts (BlockFacts.expert_loop), the expert each tensor (by id) and op (by
+    ("op", index)) belongs to: their sizes follow that expert's share of the tokens, which only a routing
+    decides (checks/step_replay.py draws one); everything here prices the even share."""
+    expert: int = -1  # the routed expert whose tensors and ops are being made, or -1
 
     def new(self, label: str, width: float, dtype_bytes: float, grad: bool = True) -> Tensor:
-        return Tensor(label, width * dtype_bytes, dtype_bytes, grad)
+        t = Tensor(label, width * dtype_bytes, dtype_bytes, grad)
+        if self.expert >= 0:
+            self.expert_of[id(t)] = self.expert
+        return t
 
     def save(self, *tensors: Tensor) -> None:
         for t in tensors:
@@ -182,6 +190,8 @@ class Trace:
 
     def op(self, inputs, outputs, saved=(), scratch: float = 0.0, grad_alias: bool = False, holds=(),
            grads_in_saved: bool = False, weight_grad: float = 0.0) -> None:
+        if self.expert >= 0:
+            self.expert_of[("op", len(self.ops))] = self.expert
         self.ops.append(Op(tuple(inputs), tuple(outputs), tuple(saved), scratch, grad_alias, tuple(holds),
                            grads_in_saved, weight_grad))
         self.save(*saved)
@@ -425,7 +435,8 @@ class Trace:
             res = self.new("MoE output (zeros the experts are added into)", f.hidden, y.dtype_bytes, grad=False)
             self.op([], [res])
             acc = res
-            for _ in range(m.experts):
+            for j in range(m.experts):
+                self.expert = j
                 routed = self.new("tokens gathered for an expert", f.hidden * rows, y.dtype_bytes)
                 self.op([y], [routed])
                 out = self.mlp(routed, m.expert_ffn, "experts.", rows, f.expert_names, f.expert_linears)
@@ -443,6 +454,7 @@ class Trace:
                 else:
                     self.op([acc, weighted], [summed], saved=(weighted,), grad_alias=True)
                 acc = summed
+            self.expert = -1
             self.hold(res)  # the zeros' storage is the sum's: alive to the end of the loop
             res = acc
         if m.shared_experts or m.shared_ffn:
@@ -549,7 +561,8 @@ WEIGHT_GRAD = "weight grad"
 trace's output, alive before the first node."""
 
 
-def backward_events(tr: Trace, pinned_out: bool = False, weight_grads: bool = False) -> tuple[tuple, dict]:
+def backward_events(tr: Trace, pinned_out: bool = False, weight_grads: bool = False,
+                    owners: dict | None = None) -> tuple[tuple, dict]:
     """A trace's backward in autograd's engine order (backward_intermediates_per_token; engine.cpp
     evaluate_function): per node, its inputs' new gradients and its scratch (the call), its output gradients
     freed (the call's inputs die with it), the saved tensors it was the first op to save released
@@ -565,7 +578,9 @@ def backward_events(tr: Trace, pinned_out: bool = False, weight_grads: bool = Fa
     (JobFacts.fsdp1_keeps_block_inputs); the caller frees it. weight_grads: each trained linear's weight
     gradient too (Op.weight_grad), which the caller frees: under FSDP1 the weights are views of the unit's
     flat parameter, so their gradients wait in the input buffer of the views' backward until it concatenates
-    them, after the unit's whole backward."""
+    them, after the unit's whole backward. owners, when given, receives the tensor (by id) whose gradient each
+    ("grad", n) key allocates."""
+    owners = {} if owners is None else owners
     first_saver: dict[int, int] = {}
     for i, op in enumerate(tr.ops):
         for t in op.saved:
@@ -615,6 +630,7 @@ def backward_events(tr: Trace, pinned_out: bool = False, weight_grads: bool = Fa
                         if pinned_out and grad_of[id(t)] == 0:
                             n = next(ids)
                             buffers[n] = [("grad", n), 1]
+                            owners[("grad", n)] = id(t)
                             replaced.append((n, grad_of[id(t)], t.bytes))
                             grad_of[id(t)] = n
                 elif alias:
@@ -624,6 +640,7 @@ def backward_events(tr: Trace, pinned_out: bool = False, weight_grads: bool = Fa
                     n = next(ids)
                     buffers[n] = [("grad", n), 1]
                     grad_of[id(t)] = n
+                    owners[("grad", n)] = id(t)
                     ev.append((ALLOC, ("grad", n), t.bytes))
             if op.scratch:
                 ev += [(ALLOC, ("scratch", i), op.scratch), (FREE, ("scratch", i), 0)]

@@ -1,10 +1,14 @@
 """The single-GPU HF step replayed through the caching allocator (checks/step_replay.py)."""
 
+import json
+
+from podkit.checks import activations as A
 from podkit.checks import step_replay
 from podkit.checks.allocator import segment_size
 from podkit.checks.memory import estimate, tensor_bytes
 
 MIB = 1 << 20
+GIB = 1 << 30
 # Blocks so narrow that every activation is <= 1 MiB (the small pool), so the large pool holds the loss alone.
 TINY = 'name = "tiny"\nhidden = 64\nlayers = 2\nheads = 2\nkv_heads = 2\nffn = 128\nvocab = 65536\narch = "llama"'
 HF_LORA = ('stack = "hf"\ntransformers = "4.48.1"\nprecision = "bf16"\nmicro_batch = 8\nseq_len = 256\n'
@@ -50,3 +54,76 @@ def test_the_replay_applies_only_where_its_order_is_the_codes(job):
     assert step_replay.segments(job(model=TINY, train=HF_LORA.replace('"4.48.1"', '"4.44.2"'),
                                     cluster='gpu = "A100-80GB"')) is None  # fp32 logits kept in the model
     assert step_replay.segments(job(model=TINY, train=HF_LORA, cluster='gpu = "A100-80GB"'), device="cpu") is None
+
+
+# A Mixtral-shaped MoE small enough to walk in milliseconds, whose experts' tensors are large-pool blocks at
+# 8 x 1024 tokens (4 experts, top-2: about 4096 rows each; the intermediates 4096 x 512 x 2 B = 4 MiB).
+def tiny_mixtral(tmp_path) -> str:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "mixtral", "hidden_size": 256, "intermediate_size": 512,
+                                "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 2,
+                                "num_local_experts": 4, "num_experts_per_tok": 2, "vocab_size": 1024,
+                                "tie_word_embeddings": False}))
+    return f'hf_config = "{path}"'
+
+
+MOE_LORA = HF_LORA.replace("seq_len = 256", "seq_len = 1024")
+
+
+def test_routed_tokens_are_a_balanced_routers_counts_smallest_first_by_hand():
+    # 16,384 tokens, top-2 of 8: each expert is picked with p = 1/4, binomial mean 4,096 and standard deviation
+    # sqrt(16384 x 1/4 x 3/4) = 55.43. Blom's quantiles (j + 1/2) / 8 of the standard normal:
+    # -1.534, -0.887, -0.489, -0.157 and their mirror images -> 4096 + 55.43 z, rounded.
+    assert step_replay.routed_tokens(16384, 8, 2) == (4011, 4047, 4069, 4087, 4105, 4123, 4145, 4181)
+    rows = step_replay.routed_tokens(8192, 64, 6)  # rounding away from the quantiles' symmetry is put back
+    assert sum(rows) == 8192 * 6 and list(rows) == sorted(rows)
+
+
+def test_each_routed_experts_tensors_follow_its_rows(job, tmp_path):
+    j = job(model=tiny_mixtral(tmp_path), train=MOE_LORA, cluster='gpu = "A100-80GB"')
+    bf = A.block_facts(j)
+    assert bf.expert_loop == "index_add" and bf.moe.experts == 4
+    tokens = 8 * 1024
+    rows = step_replay.routed_tokens(tokens, 4, 2)
+    fwd, experts = step_replay._block_walk(bf, True)[0], step_replay._block_walk(bf, True)[3]
+    tr, _ = A._walk_block(bf, True)
+    gathered = {id(t): tr.expert_of[id(t)] for op in tr.ops for t in op.outputs
+                if t.label == "tokens gathered for an expert"}
+    assert sorted(gathered.values()) == [0, 1, 2, 3]
+    sizes = {ev[1][1]: ev[2] for ev in step_replay._scaled(fwd, 0, {}, tokens, set(), experts, rows) if ev[0] == "a"}
+    # hidden_states[top_x]: the expert's rows x 256 x 2 B (bf16), not the even share (tokens x 2 / 4 rows).
+    assert [sizes[t] for t in gathered] == [256 * 2 * rows[e] for e in gathered.values()]
+    assert rows[0] < tokens * 2 // 4 < rows[-1]
+
+
+def test_uneven_routing_reserves_segments_that_even_shares_reuse(job, tmp_path):
+    j = job(model=tiny_mixtral(tmp_path), train=MOE_LORA, cluster='gpu = "A100-80GB"')
+    bf, s = A.block_facts(j), j.shape
+    args = (bf, s.layers, s.vocab, s.hidden, 2, 8, 8 * 1024, True)
+    # Equal rows scale every expert's events by one: the replay of the walk's even share, to the byte.
+    assert step_replay._replay(*args, ((4096,) * 4,) * 2) == step_replay._replay(*args)
+    # fms-acceleration's Mixtral 8x7B QLoRA on one A100 at 4 x 4096 tokens (benchmarks/published): each expert's
+    # intermediates are about 112 MiB, segments of their own. Each expert larger than the one before: best fit
+    # finds none of the previous expert's freed blocks big enough, so the loop takes segments that even shares
+    # (16.8 GiB for the step's activations and loss) reuse.
+    mixtral = job(model='preset = "mixtral-8x7b"', train=MOE_LORA.replace("micro_batch = 8", "micro_batch = 4")
+                  .replace("seq_len = 1024", "seq_len = 4096").replace('"bf16"', '"bf16-mixed"')
+                  + '\nbase_quant = "nf4"\nlora_dtype = "compute"\nbitsandbytes = "0.43.3"',
+                  cluster='gpu = "A100-80GB"')
+    bf, s = A.block_facts(mixtral), mixtral.shape
+    even = step_replay._replay(bf, s.layers, s.vocab, s.hidden, 2, 4, 4 * 4096, True)
+    routed = step_replay.segments(mixtral)
+    assert routed.reserved_large > even.reserved_large + GIB
+    assert abs(routed.peak_allocated - even.peak_allocated) < 0.01 * even.peak_allocated
+    est = estimate(mixtral)
+    pools = [p for p in est.phase_parts[est.peak_phase] if p.where == "pool"]
+    assert "routed unevenly" in pools[0].formula
+
+
+def test_the_replay_routes_only_a_loop_it_can_afford(job, tmp_path):
+    gpu = 'gpu = "A100-80GB"'
+    assert step_replay.segments(job(model='preset = "mixtral-8x7b"', train=MOE_LORA, cluster=gpu)) is not None
+    # OLMoE's 64 experts x 16 layers: the loop's events would cost preflight seconds; the closed form prices it.
+    olmoe = job(model='preset = "olmoe-1b-7b"', train=MOE_LORA, cluster=gpu)
+    assert olmoe.shape.moe.experts * olmoe.shape.layers > step_replay.MAX_EXPERT_RUNS
+    assert step_replay.segments(olmoe) is None
