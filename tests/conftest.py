@@ -1,3 +1,4 @@
+import os
 import signal
 import textwrap
 
@@ -11,6 +12,12 @@ from podkit.checks.config import parse_job
 # never see the Ctrl-C. Restored here, the children start with SIGINT at its default, as from a terminal.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+# One OpenMP thread per process, set before any test imports torch and inherited by every command a test
+# starts: `make test` runs a worker per core, and torch's default of a thread per core in each of them (and in
+# each smoke or torchrun rank they start) oversubscribes the cores; OpenMP threads that spin-wait for a busy
+# core made CPU training tests 3-10 times slower under the suite than alone.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture
