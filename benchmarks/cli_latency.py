@@ -9,7 +9,9 @@ run the FSDP1 replays and the advisor's searches that real jobs run; `bin/prefli
 the bundled 1B example and on a 7B job
 once each; `bin/smoke` on its CPU default (the tiny job, 100 steps) once, into a temporary
 directory. Records the machine, its load average before and after (other work on a shared machine
-shows up here), and the date.
+shows up here), and the date. podkit's modules are byte-compiled first, as a user's second run finds
+them: where PYTHONDONTWRITEBYTECODE is set, every run would otherwise compile each module changed
+since its .pyc was last written.
 
     .venv/bin/python benchmarks/cli_latency.py     # writes benchmarks/results/cli_latency.{md,json}
 """
@@ -17,6 +19,7 @@ shows up here), and the date.
 from __future__ import annotations
 
 import argparse
+import compileall
 import datetime
 import importlib.metadata
 import json
@@ -104,6 +107,8 @@ def main() -> None:
     args = ap.parse_args()
 
     env = {**os.environ, "NO_COLOR": "1"}
+    for package in ("checks", "train", "envsetup", "pods", "podkit"):
+        compileall.compile_dir(ROOT / package, quiet=1)
     load_before, ticks_before = os.getloadavg(), cpu_times()
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
