@@ -170,7 +170,7 @@ class Trace:
     expert_of: dict = field(default_factory=dict)
     """In a loop over routed experts (BlockFacts.expert_loop), the expert each tensor (by id) and op (by
     ("op", index)) belongs to: their sizes follow that expert's share of the tokens, which only a routing
-    decides (checks/step_replay.py draws one); everything here prices the even share."""
+    decides (checks/step_replay.py routes them); everything here prices the even share."""
     expert: int = -1  # the routed expert whose tensors and ops are being made, or -1
 
     def new(self, label: str, width: float, dtype_bytes: float, grad: bool = True) -> Tensor:

@@ -1040,8 +1040,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
             phases[name] = kept + [Part(
                 "overhead", "segments the step's activations and loss leave (cached)", max(0, act_reserved - filled),
                 f"two steps replayed through the caching allocator's rules reserve {act_reserved:,} B for them "
-                + ("(each MoE block's experts routed unevenly: step_replay.routed_tokens) "
-                   if A.block_facts(job, device).expert_loop else "")
+                + ("(each MoE block's experts routed unevenly: step_replay.routed_tokens) " if bf.expert_loop else "")
                 + "(checks/step_replay.py); what this moment's activations do not fill", where="pool")]
     peak = max(phases, key=lambda name: total_bytes(phases[name]))
 
