@@ -186,18 +186,18 @@ def _scaled(events: tuple, i: int, keys: dict, tokens: int, zero: set, experts: 
     out = []
     for kind, key, arg in _sized(events, tokens, experts, rows):
         k = keys.get(key, (i, key))
-        if kind == "a":
+        if kind == ALLOC_FIXED:
+            out.append(("a", k, arg))
+        elif kind == ALLOC:
             if arg > 0:
                 out.append(("a", k, arg))
             else:
                 zero.add(k)
-        elif kind == "f":
+        elif kind == FREE:
             if k in zero:
                 zero.discard(k)
             else:
                 out.append(("f", k))
-        elif kind == "fixed":
-            out.append(("a", k, arg))
         else:
             new = keys.get(arg, (i, arg))
             if k in zero:
@@ -210,18 +210,14 @@ def _scaled(events: tuple, i: int, keys: dict, tokens: int, zero: set, experts: 
 
 @functools.lru_cache(maxsize=256)
 def _sized(events: tuple, tokens: int, experts: tuple, rows: tuple | None) -> tuple:
-    """`events` with each allocation's bytes at `tokens` (_scaled), once for all the blocks that share them."""
+    """`events` with each allocation's per-token bytes made bytes at `tokens` (_scaled), once for all the blocks
+    that share them."""
     even = sum(rows) / len(rows) if rows else 0.0  # tokens x top_k / experts
     out = []
     for j, (kind, key, arg) in enumerate(events):
-        if kind == ALLOC_FIXED:
-            out.append(("fixed", key, int(arg)))
-        elif kind == ALLOC:
-            out.append(("a", key, int(arg * tokens * (rows[experts[j]] / even if rows and experts[j] >= 0 else 1))))
-        elif kind == FREE:
-            out.append(("f", key, 0))
-        else:
-            out.append(("r", key, arg))
+        if kind == ALLOC:
+            arg = arg * tokens * (rows[experts[j]] / even if rows and experts[j] >= 0 else 1)
+        out.append((kind, key, int(arg) if kind in (ALLOC, ALLOC_FIXED) else arg))
     return tuple(out)
 
 
