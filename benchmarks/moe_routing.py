@@ -30,22 +30,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from accuracy import load_case  # noqa: E402  (the ledger's own reader: job, metric, bytes)
+
 from podkit.checks import activations as A  # noqa: E402
 from podkit.checks import step_replay  # noqa: E402
-from podkit.checks.config import parse_job  # noqa: E402
 
 GIB = 1 << 30
 PUBLISHED = ROOT / "benchmarks" / "published" / "fms-acceleration"
 RESULTS = ROOT / "benchmarks" / "results"
 CASES = ("mixtral-8x7b-qlora-r16-qkvo-1xa100-mb4-seq4096", "mixtral-8x7b-qlora-r16-qkvo-1xa100-mb8-seq4096")
-
-
-def published(name: str) -> float:
-    """A ledger case's published value in GiB (its [published] table: MiB or bytes)."""
-    import tomllib
-
-    table = tomllib.loads((PUBLISHED / f"{name}.toml").read_text())["published"]
-    return table["value"] / (1024 if table["unit"] == "MiB" else GIB)
 
 
 def random_routing(tokens: int, experts: int, top_k: int, layers: int, rng: random.Random) -> tuple:
@@ -67,7 +62,8 @@ def main() -> None:
 
     rows_out = []
     for name in CASES:
-        job = parse_job((PUBLISHED / f"{name}.toml").read_text().split("[published]")[0], name)
+        case, device = load_case(PUBLISHED / f"{name}.toml"), load_case(PUBLISHED / f"{name}-nvidia-smi.toml")
+        job = case.job
         t, s, bf = job.train, job.shape, A.block_facts(job)
         tokens, m = t.micro_batch * t.seq_len, s.moe
         replay_args = (bf, s.layers, s.vocab, s.hidden, t.compute_bytes, t.micro_batch, tokens,
@@ -82,7 +78,7 @@ def main() -> None:
         row = {"case": name, "even": reserved(None), "descending": reserved((ascending[::-1],) * s.layers),
                "ascending": reserved((ascending,) * s.layers), "random_min": min(draws),
                "random_median": statistics.median(draws), "random_max": max(draws), "draws": args.draws,
-               "published_device_minus_allocated": published(f"{name}-nvidia-smi") - published(name)}
+               "published_device_minus_allocated": (device.measured - case.measured) / GIB}
         rows_out.append(row)
         print(f"{name}: even {row['even']:.2f}, ascending {row['ascending']:.2f}, random "
               f"{row['random_min']:.2f}-{row['random_max']:.2f} GiB", file=sys.stderr)
