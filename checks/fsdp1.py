@@ -310,20 +310,29 @@ def _block(ops: _Ops, x: str, T: int, s, e: int, targets, quant: bool, flash: bo
 
 def forward_events(s, T: int, e: int, targets, quant: bool, lsm: int = 4, flash: bool = False,
                    loss: str = "fp32-logits-kept", shift_copy: bool = True, names: dict | None = None, *,
-                   batch: int, norm_trains: bool = False) -> list[tuple]:
+                   batch: int, norm_trains: bool = False, moe=None, routing: tuple | None = None) -> list[tuple]:
     """The default stream's allocations of one step of an HF Llama (transformers 4.39 decoder layers),
     up to the loss peak: embedding output, every checkpointed block under no_grad, then the final norm, the
     head and the loss, and backward through the loss to log_softmax's gradient, as the single-GPU replay runs
     them (step_replay.head_events: `loss`, `shift_copy`, `lsm`, `batch` sequences, `norm_trains`).
     names, when given, receives the blocks' inputs ("inputs": the embedding's output, then each block's
-    output) and what head_events names, for backward_events."""
+    output) and what head_events names, for backward_events.
+
+    `moe`: the blocks' activations.BlockFacts where they are MoE blocks, which _block (a dense layer) cannot run:
+    each is then walked as the single-GPU replay walks it (step_replay.forward_events), its routed experts' rows
+    per block given by `routing` (step_replay.block_routing) where they run in a loop."""
     from podkit.checks import step_replay
 
     ops = _Ops()
     x = ops.new(e * s.hidden * T)
     inputs = [x]
-    for _ in range(s.layers):
-        x = _block(ops, x, T, s, e, targets, quant, flash)
+    zero: set = set()
+    for i in range(s.layers):
+        if moe is None:
+            x = _block(ops, x, T, s, e, targets, quant, flash)
+        else:
+            x = ("block output", i)
+            ops.events += step_replay.forward_events(moe, i, inputs[i], x, T, zero, routing[i] if routing else None)
         inputs.append(x)
     head, head_names = step_replay.head_events(T, batch, s.vocab, s.hidden, e, loss, shift_copy, lsm, norm_trains)
     if names is not None:
@@ -333,17 +342,19 @@ def forward_events(s, T: int, e: int, targets, quant: bool, lsm: int = 4, flash:
 
 def backward_events(names: dict, s, T: int, e: int, block: tuple[tuple, tuple, bool], kept: bool,
                     unit_grad: int = 0, root_grads: tuple[int, int, int] = (0, 0, 0),
-                    around_unit: bool = True) -> list[tuple]:
+                    around_unit: bool = True, experts: tuple = (), routing: tuple | None = None) -> list[tuple]:
     """The rest of the step after forward_events' peak (whose `names` it continues), as the single-GPU replay
     runs it (step_replay.backward_events), then the fp32 logits a loop kept. `block`:
     step_replay.backward_replay's. kept: FSDP1 keeps each block's input and its gradient until backward ends
     (JobFacts.fsdp1_keeps_block_inputs; _finalize_params removes the hooks that hold them). `unit_grad`,
-    `root_grads`: a full fine-tune's flat gradients, and `around_unit`, as step_replay.backward_events takes them."""
+    `root_grads`: a full fine-tune's flat gradients, and `around_unit`, `experts` and `routing` (MoE blocks), as
+    step_replay.backward_events takes them."""
     from podkit.checks import step_replay
 
     ev = step_replay.backward_events(names["inputs"], names["loss"], T, s.vocab, s.hidden, e, names["sliced"], block,
                                      kept, head_frees=names["head_frees"], unit_grad=unit_grad,
-                                     root_grads=root_grads, tied=s.tie_embeddings, around_unit=around_unit)
+                                     root_grads=root_grads, tied=s.tie_embeddings, around_unit=around_unit,
+                                     experts=experts, routing=routing)
     return ev + ([("f", names["logits"])] if names["logits"] else [])
 
 
@@ -384,17 +395,19 @@ def _step_replay(units: tuple[Unit, ...], world: int, sync: bool, offload: bool,
                  block_key: tuple, load: tuple[int, ...], buffers_share_dtype: bool, nccl_events: bool,
                  step: tuple[tuple[int, ...], tuple[int, ...]] = ((), ()),
                  block: tuple[tuple, tuple, bool] | None = None, kept: bool = False,
-                 grads: tuple[int, tuple[int, int, int], bool] = (0, (0, 0, 0), True)) -> tuple[int, int]:
+                 grads: tuple[int, tuple[int, int, int], bool] = (0, (0, 0, 0), True),
+                 moe: tuple | None = None) -> tuple[int, int]:
     alloc = CachingAllocator()
     root = quantized_load(alloc, list(units[-1][0]), list(load)) if load else None
     _wrap(alloc, units, world, sync, offload, buffers_share_dtype, nccl_events, root)
     init_large = alloc.reserved_large
     shape, T, batch, e, targets, quant, lsm, flash, loss, shift_copy, norm_trains = block_key
     names: dict = {}
+    bf, experts, routing = moe or (None, (), None)
     events = forward_events(shape, T, e, targets, quant, lsm, flash, loss, shift_copy, names, batch=batch,
-                            norm_trains=norm_trains)
+                            norm_trains=norm_trains, moe=bf, routing=routing)
     if block is not None:
-        events = events + backward_events(names, shape, T, e, block, kept, *grads)
+        events = events + backward_events(names, shape, T, e, block, kept, *grads, experts=experts, routing=routing)
     live: dict = {}
     replay(events, alloc, live)
     states, temps = step
@@ -416,7 +429,8 @@ def step_reserved(units: list[Unit], world: int, shape, tokens: int, e: int, tar
                   step: tuple[tuple[int, ...], tuple[int, ...]] = ((), ()),
                   block: tuple[tuple, tuple, bool] | None = None, kept: bool = False, *, batch: int,
                   norm_trains: bool = False, unit_grad: int = 0,
-                  root_grads: tuple[int, int, int] = (0, 0, 0), around_unit: bool = True) -> tuple[int, int]:
+                  root_grads: tuple[int, int, int] = (0, 0, 0), around_unit: bool = True,
+                  moe: tuple | None = None) -> tuple[int, int]:
     """(large-pool bytes reserved after the wrap, and at the end of the replay) on one rank's default stream:
     the wrap's replay followed by the step in the same allocator, so the step reuses what the wrap left
     cached where the sizes allow; without `block` or `step`, the first step's forward up to the loss's
@@ -431,9 +445,11 @@ def step_reserved(units: list[Unit], world: int, shape, tokens: int, e: int, tar
     `block`: a block's recompute and backward events, as backward_events takes them: the first step's backward
     is replayed too (`kept` as there), and the second step whole; `unit_grad`, `root_grads` (a full
     fine-tune's flat gradients, with `block` from step_replay.backward_replay's weight_grads) and `around_unit`
-    as there."""
+    as there.
+    `moe`: for MoE blocks, their activations.BlockFacts (forward_events' `moe`), the routed expert beside each of
+    `block`'s events (step_replay.backward_experts) and each block's routing (step_replay.block_routing)."""
     return _step_replay(tuple((tuple(p), tuple(b)) for p, b in units), world, sync, offload,
                         (shape, tokens, batch, e, frozenset(targets), quant, lsm, flash, loss, shift_copy, norm_trains),
                         tuple(load),
                         buffers_share_dtype, nccl_events, (tuple(step[0]), tuple(step[1])), block, kept,
-                        (unit_grad, tuple(root_grads), around_unit))
+                        (unit_grad, tuple(root_grads), around_unit), moe)

@@ -734,11 +734,13 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
         ag_pool = int(_root_stored_bytes(job, e) + min(2, L) * _layer_stored_bytes(job, e))
         rs_pool = grads_all if offload == "all" else full_grads.bytes
         if (replay and f.stack.fsdp_init_on_device and offload in ("none", "all") and shape.arch == "llama"
-                and not shape.moe and f.loss in ("fp32-logits-kept", "fp32-upcast-shifted", "fp32-upcast")):
+                and step_replay.blocks_replayable(job)
+                and f.loss in ("fp32-logits-kept", "fp32-upcast-shifted", "fp32-upcast")):
             # Replay the wrap and two whole steps (forward, loss, each block's recompute and backward, with
             # FSDP1's kept inputs where it keeps them) through the caching allocator's rules: the default
             # stream's large pool never shrinks. Where the optimizer's first step makes large states on the
-            # GPU (a full fine-tune), they fill the freed activation blocks between the two steps.
+            # GPU (a full fine-tune), they fill the freed activation blocks between the two steps. MoE blocks
+            # are walked as on one GPU, a loop's experts routed as there (step_replay.block_routing).
             units = _fsdp1_units(job, e)
             step = _fsdp1_first_step(job, units, e, param_shards, state_bytes) if not f.lora and offload == "none" \
                 else ((), ())
@@ -748,6 +750,11 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
             vocab_grad = shape.vocab * shape.hidden * e  # the head's weight gradient, and the embedding's
             unit_grad, root_grads = ((sum(units[0][0]), (vocab_grad, vocab_grad, sum(units[-1][0]))) if trained
                                      else (0, (0, 0, 0)))
+            moe = None
+            if shape.moe:
+                routing = step_replay.block_routing(job, bf)
+                moe = (bf, step_replay.backward_experts(bf, f.reentrant, trained) if block and routing else (),
+                       routing)
             if block:
                 replayed = "first two steps" + (" and the optimizer step between them" if step[0] else "")
             elif step[0]:
@@ -762,7 +769,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
                                                kept=f.fsdp1_keeps_block_inputs, batch=t.micro_batch,
                                                norm_trains=trained, unit_grad=unit_grad,
                                                root_grads=root_grads,
-                                               around_unit=f.fsdp1_checkpoint_around_unit)
+                                               around_unit=f.fsdp1_checkpoint_around_unit, moe=moe)
     # FSDP1 makes the shard it all-gathers inside `with stream(pre_unshard_stream)` (_runtime_utils.py
     # _unshard -> FlatParamHandle.pre_unshard) when it is not the resident one: CPU offload copies it to
     # the GPU (flat_param_to(device)), mixed precision casts an fp32 shard to the compute dtype
@@ -1179,14 +1186,22 @@ def _small_state_bytes(job: JobConfig) -> int:
 def _quantized_load_order(job: JobConfig) -> tuple[int, ...]:
     """The 4-bit weights' element counts in checkpoint order when the stack quantizes them on the GPU
     while loading (empty otherwise): block by block, each block's keys sorted as safetensors stores them
-    (mlp.down/gate/up_proj, then self_attn.k/o/q/v_proj)."""
+    (mlp.down/gate/up_proj, then self_attn.k/o/q/v_proj; a MoE block's under its MoE module, each routed
+    expert's as `experts.{i}.` with i sorted as text, e.g. Mixtral's block_sparse_moe.experts.0.w1 ...
+    block_sparse_moe.gate, then self_attn.*)."""
     if not (job.facts.stack.quantized_load_on_gpu and job.train.base_quant == "nf4" and job.train.lora_rank):
         return ()
-    path = {n: ("mlp." if n in ("gate_proj", "up_proj", "down_proj") else "self_attn.") + n
-            for n in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")}
-    block = sorted(((path.get(g.name, g.name), g.rows * g.cols) for g in job.shape.linear_groups()
-                    if g.count == job.shape.layers), key=lambda kv: kv[0])
-    return tuple(n for _, n in block) * job.shape.layers
+    s = job.shape
+    attention = {g.name for g in s.attention_groups()}
+    mlp = s.moe_module + "." if s.moe else "mlp."
+    keys = []
+    for g in s.linear_groups():
+        if g.expert:  # one group entry per kind of expert weight, named experts.<name>
+            keys += [(f"{mlp}experts.{i}.{g.name.removeprefix('experts.')}", g.rows * g.cols)
+                     for i in range(s.moe.experts)]
+        elif g.count == s.layers:
+            keys.append((("self_attn." if g.name in attention else mlp) + g.name, g.rows * g.cols))
+    return tuple(n for _, n in sorted(keys)) * s.layers
 
 
 def _layer_stored_bytes(job: JobConfig, e: int) -> float:

@@ -290,7 +290,7 @@ class ModelShape:
     def dense_ffn(self) -> int:
         return self.moe.dense_ffn if self.moe else self.ffn
 
-    def _attention_groups(self) -> list[ParamGroup]:
+    def attention_groups(self) -> list[ParamGroup]:
         h, L = self.hidden, self.layers
         if self.mla:
             # transformers 5.23.0 models/deepseek_v3/modeling_deepseek_v3.py DeepseekV3Attention
@@ -400,7 +400,7 @@ class ModelShape:
             ]
         else:
             groups = [ParamGroup("embed_tokens", self.vocab, h, 1, False, False)]
-            groups += self._attention_groups()
+            groups += self.attention_groups()
             if self.moe:
                 m, Lm = self.moe, self.moe_layers
                 groups += self._mlp_groups("mlp.", m.dense_ffn, m.dense_layers)
@@ -490,6 +490,12 @@ class ModelShape:
         w2 in 4.x (MixtralBlockSparseTop2MLP); gate_proj / up_proj / down_proj otherwise (banks included)."""
         mixtral = self.family == "mixtral" and self.expert_linears
         return ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+
+    @property
+    def moe_module(self) -> str:
+        """The decoder layer's MoE module, its checkpoint keys' prefix: transformers 4.x MixtralDecoderLayer's
+        `block_sparse_moe` (modeling_mixtral.py), `mlp` in Qwen2/3-MoE, OLMoE and DeepSeek layers."""
+        return "block_sparse_moe" if self.family == "mixtral" and self.expert_linears else "mlp"
 
     @property
     def router_linear(self) -> bool:

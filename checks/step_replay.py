@@ -50,7 +50,7 @@ def applies(job) -> bool:
     f, t, c = job.facts, job.train, job.cluster
     return (f.stack.name == "hf" and not f.fsdp and not f.offloaded and c.sharding == "none"
             and c.gpus_per_node * c.nodes == 1 and f.ac_policy == "block" and f.reentrant
-            and f.loss == "fp32-upcast-shifted" and f.lora and _blocks_replayable(job)
+            and f.loss == "fp32-upcast-shifted" and f.lora and blocks_replayable(job)
             and f.block_kernels == "torch" and not f.quant_saves_input and t.compute_bytes != 4)
 
 
@@ -59,8 +59,9 @@ def applies(job) -> bool:
 MAX_EXPERT_RUNS = 8 * 32
 
 
-def _blocks_replayable(job) -> bool:
-    """All blocks dense, or all MoE with their experts as 3-D banks or a loop short enough to replay."""
+def blocks_replayable(job) -> bool:
+    """All blocks dense, or all MoE with their experts as 3-D banks or a loop short enough to replay (this
+    replay and FSDP1's, checks/fsdp1.py)."""
     s = job.shape
     if s.moe is None:
         return True
@@ -98,10 +99,17 @@ def segments(job, device: str = "cuda") -> Replay | None:
         return None
     t, shape = job.train, job.shape
     bf = A.block_facts(job, device)
-    tokens = t.micro_batch * t.seq_len
-    routing = (routed_tokens(tokens, shape.moe.experts, shape.moe.top_k),) * shape.layers if bf.expert_loop else None
-    return _replay(bf, shape.layers, shape.vocab, shape.hidden, t.compute_bytes, t.micro_batch, tokens,
-                   A.shifted_copy_bytes(job) > 0, routing)
+    return _replay(bf, shape.layers, shape.vocab, shape.hidden, t.compute_bytes, t.micro_batch,
+                   t.micro_batch * t.seq_len, A.shifted_copy_bytes(job) > 0, block_routing(job, bf))
+
+
+def block_routing(job, bf: A.BlockFacts) -> tuple | None:
+    """Per block, each routed expert's rows in one micro-batch (routed_tokens) where the experts run in a loop
+    (`bf.expert_loop`), as _scaled takes them; None otherwise. Every block is routed alike."""
+    if not bf.expert_loop:
+        return None
+    m, tokens = job.shape.moe, job.train.micro_batch * job.train.seq_len
+    return (routed_tokens(tokens, m.experts, m.top_k),) * job.shape.layers
 
 
 ALLOC, FREE, RENAME, ALLOC_FIXED, GRAD_OUT = A.ALLOC, A.FREE, A.RENAME, A.ALLOC_FIXED, A.GRAD_OUT
@@ -174,6 +182,21 @@ def backward_replay(bf: A.BlockFacts, reentrant: bool, weight_grads: bool = Fals
     backward_events replays of each block. `weight_grads`: as for _block_events."""
     _, recompute, bwd = _block_events(bf, reentrant, weight_grads)
     return recompute, bwd, reentrant
+
+
+def backward_experts(bf: A.BlockFacts, reentrant: bool, weight_grads: bool = False) -> tuple:
+    """Beside each of backward_replay's recompute and backward events, the routed expert (or -1) whose rows size
+    it (_block_walk): backward_events' `experts`."""
+    walk = _block_walk(bf, reentrant, weight_grads)
+    return walk[4] + walk[5]
+
+
+def forward_events(bf: A.BlockFacts, i: int, x_in, x_out, tokens: int, zero: set, rows: tuple | None = None) -> list:
+    """Block i's forward under no_grad (a reentrant checkpoint's first pass) at `tokens`, as allocator.replay
+    events from its input's key `x_in` to its output's `x_out`, which stays alive; `zero` and `rows` as _scaled
+    takes them."""
+    walk = _block_walk(bf, True)
+    return _scaled(walk[0], i, {IN: x_in, OUT: x_out}, tokens, zero, walk[3], rows)
 
 
 def _scaled(events: tuple, i: int, keys: dict, tokens: int, zero: set, experts: tuple = (),
@@ -354,16 +377,15 @@ def _replay(bf: A.BlockFacts, layers: int, vocab: int, hidden: int, e: int, batc
     """Two steps; `routing`: per block, each routed expert's rows (routed_tokens) where the experts run in a loop,
     else None; both steps route alike."""
     # reentrant (applies): each output gradient held
-    fwd, recompute, bwd, fwd_experts, recompute_experts, bwd_experts = _block_walk(bf, True)
+    recompute, bwd, _ = backward_replay(bf, True)
     zero: set = set()
     step = [("a", ("x", 0), hidden * e * tokens)]  # the embedding's output: the first block's input
     for i in range(layers):
-        step += _scaled(fwd, i, {IN: ("x", i), OUT: ("x", i + 1)}, tokens, zero, fwd_experts,
-                        routing[i] if routing else None)
+        step += forward_events(bf, i, ("x", i), ("x", i + 1), tokens, zero, routing[i] if routing else None)
     head, names = head_events(tokens, batch, vocab, hidden, e, "fp32-upcast-shifted", shift_copy)
     step += head + backward_events([("x", i) for i in range(layers + 1)], names["loss"], tokens, vocab, hidden, e,
                                    names["sliced"], (recompute, bwd, True), head_frees=names["head_frees"],
-                                   experts=recompute_experts + bwd_experts, routing=routing)
+                                   experts=backward_experts(bf, True), routing=routing)
     alloc = CachingAllocator()
     for _ in range(2):
         replay(step, alloc)
