@@ -62,19 +62,21 @@ def _buckets(states: list[int], buffers: int, buffers_share_dtype: bool) -> list
     return sorted(buckets, key=lambda b: b[0])
 
 
-def quantized_load(alloc: CachingAllocator, root: list[int], weights: list[int]) -> list:
+def quantized_load(alloc: CachingAllocator, root: list[int], weights: list[int], root_on_gpu: bool = True) -> list:
     """transformers 4.39 from_pretrained of a bitsandbytes 4-bit model on each FSDP rank
     (FSDP_CPU_RAM_EFFICIENT_LOADING): a quantized model skips the rank-0-only path
     (modeling_utils.py l.3951 `not is_quantized`), the 4-bit quantizer's device map is
     {"": current device} (quantizer_bnb_4bit.py update_device_map), so every 16-bit parameter (`root`,
-    byte sizes: embedding, head, norms) is placed on the GPU and kept, and each 4-bit weight (`weights`,
+    byte sizes: embedding, head, norms) is placed on the GPU and kept (`root_on_gpu`; from 4.45 they go to
+    the host or meta instead: JobFacts.quantized_load_16bit_on_gpu), and each 4-bit weight (`weights`,
     element counts, in load order) is quantized there and then moved to the host
     (_load_state_dict_into_meta_model l.818-823: `value.data.to("cpu")`), its QuantState staying behind.
     Per weight, bitsandbytes 0.43.0: Params4bit._quantize `w = self.data.contiguous().cuda(device)`
     (2 B per weight); quantize_4bit allocates the fp32 absmax (4 B per 64) then the packed output (0.5 B);
     double quantization (quantize_blockwise, blocksize 256) its fp32 absmax (4 B per 256 absmax) then the
-    uint8 absmax (1 B per 64), `del absmax`. Returns the kept 16-bit parameters' blocks."""
-    kept = [alloc.malloc(n) for n in root[:1]]  # the embedding comes first in the checkpoint
+    uint8 absmax (1 B per 64), `del absmax`. Returns the kept 16-bit parameters' blocks, or None where they
+    are not on the GPU."""
+    kept = [alloc.malloc(n) for n in root[:1]] if root_on_gpu else []  # the embedding comes first
     for n in weights:
         w = alloc.malloc(2 * n)
         absmax = alloc.malloc(4 * -(-n // 64))
@@ -84,7 +86,7 @@ def quantized_load(alloc: CachingAllocator, root: list[int], weights: list[int])
         alloc.free(absmax)
         alloc.free(w)
         alloc.free(packed)  # the packed data went to the host
-    return kept + [alloc.malloc(n) for n in root[1:]]
+    return kept + [alloc.malloc(n) for n in root[1:]] if root_on_gpu else None
 
 
 def _unit_init(alloc: CachingAllocator, tensors: list[int], world: int, sync: bool, offload: bool = False,
@@ -396,9 +398,9 @@ def _step_replay(units: tuple[Unit, ...], world: int, sync: bool, offload: bool,
                  step: tuple[tuple[int, ...], tuple[int, ...]] = ((), ()),
                  block: tuple[tuple, tuple, bool] | None = None, kept: bool = False,
                  grads: tuple[int, tuple[int, int, int], bool] = (0, (0, 0, 0), True),
-                 moe: tuple | None = None) -> tuple[int, int]:
+                 moe: tuple | None = None, load_root: bool = True) -> tuple[int, int]:
     alloc = CachingAllocator()
-    root = quantized_load(alloc, list(units[-1][0]), list(load)) if load else None
+    root = quantized_load(alloc, list(units[-1][0]), list(load), load_root) if load else None
     _wrap(alloc, units, world, sync, offload, buffers_share_dtype, nccl_events, root)
     init_large = alloc.reserved_large
     shape, T, batch, e, targets, quant, lsm, flash, loss, shift_copy, norm_trains = block_key
@@ -430,13 +432,14 @@ def step_reserved(units: list[Unit], world: int, shape, tokens: int, e: int, tar
                   block: tuple[tuple, tuple, bool] | None = None, kept: bool = False, *, batch: int,
                   norm_trains: bool = False, unit_grad: int = 0,
                   root_grads: tuple[int, int, int] = (0, 0, 0), around_unit: bool = True,
-                  moe: tuple | None = None) -> tuple[int, int]:
+                  moe: tuple | None = None, load_root: bool = True) -> tuple[int, int]:
     """(large-pool bytes reserved after the wrap, and at the end of the replay) on one rank's default stream:
     the wrap's replay followed by the step in the same allocator, so the step reuses what the wrap left
     cached where the sizes allow; without `block` or `step`, the first step's forward up to the loss's
     backward peak only. `load`: the 4-bit weights'
     element counts when the model was quantized on the GPU while loading (quantized_load), whose
-    QuantStates and 16-bit root parameters are then already in the allocator when the wrap starts.
+    QuantStates and, with `load_root`, 16-bit root parameters are then already in the allocator when the wrap
+    starts.
     `units`, `buffers_share_dtype` and `nccl_events` as for init_reserved; `shift_copy`, `batch` (sequences in
     the `tokens`) and `norm_trains` as for forward_events.
     `step`: the first optimizer step's state and temporary byte sizes on this rank (first_step), when its
@@ -452,4 +455,4 @@ def step_reserved(units: list[Unit], world: int, shape, tokens: int, e: int, tar
                         (shape, tokens, batch, e, frozenset(targets), quant, lsm, flash, loss, shift_copy, norm_trains),
                         tuple(load),
                         buffers_share_dtype, nccl_events, (tuple(step[0]), tuple(step[1])), block, kept,
-                        (unit_grad, tuple(root_grads), around_unit), moe)
+                        (unit_grad, tuple(root_grads), around_unit), moe, load_root)

@@ -127,7 +127,8 @@ class Stack:
     block's flat parameter holds only frozen weights and has no gradient."""
     quantized_load_on_gpu: bool = False
     """A 4-bit base is quantized on each rank's GPU while loading (transformers' bitsandbytes quantizer
-    with FSDP CPU-efficient loading), which keeps every QuantState and the 16-bit parameters there."""
+    with FSDP CPU-efficient loading), which keeps every QuantState there, and before transformers 4.45 the
+    16-bit parameters too (TransformersFacts.quantized_load_16bit_on_gpu)."""
     fsdp_no_sync: bool = False
     """Gradient accumulation runs every micro-step but the last under the FSDP root's no_sync(), so FSDP1
     keeps whole unsharded gradients between them (accelerate's accumulate() without sync_each_batch)."""
@@ -337,6 +338,10 @@ class JobFacts:
     _register_pre_backward_hooks: not when grad is disabled; _pre_backward_hook's prefetch follows
     _needs_pre_backward_unshard). Elsewhere BACKWARD_PRE prefetching lets the host run up to two blocks ahead
     of the GPU (the limiter's two all-gathers in flight)."""
+    quantized_load_16bit_on_gpu: bool = False
+    """Where the stack quantizes the 4-bit base on each rank's GPU while loading (Stack.quantized_load_on_gpu),
+    the model's 16-bit parameters are loaded onto that GPU too, before the FSDP wrap (the hf stack's
+    transformers before 4.45: TransformersFacts.quantized_load_16bit_on_gpu); else they reach it in the wrap."""
     fsdp1_keeps_block_inputs: bool = False
     """FSDP1 keeps every block's input and that input's gradient until backward ends. A block's FSDP unit
     holds only frozen weights (Stack.lora_units), so FSDP1's pre-forward registers a multi-grad hook on the
@@ -419,6 +424,7 @@ class TransformersFacts:
     rope_buffers: bool
     expert_linears: bool
     checkpoint_around_unit: bool
+    quantized_load_16bit_on_gpu: bool
 
 
 def transformers_facts(version: str, torch: str, family: str) -> TransformersFacts:
@@ -479,7 +485,14 @@ def transformers_facts(version: str, torch: str, family: str) -> TransformersFac
     # DeepseekV2DecoderLayer(GradientCheckpointingLayer)`): before that it runs the hub's own modeling code,
     # whose loop checkpoints the layer's call.
     around = v < checkpointing_layer_release(family)
-    return TransformersFacts(loss, impl, reentrant, rope, experts, around)
+    # A quantized model loaded under FSDP's CPU-efficient loading: its 16-bit parameters (embedding, head,
+    # norms) go where the bitsandbytes quantizer's device map ({"": current device}) puts them, the GPU,
+    # through 4.44.2 (modeling_utils.py _load_state_dict_into_meta_model l.952-961: set_module_tensor_to_device
+    # with param_device); 4.45.0 sends them to the CPU on local rank 0 and to meta elsewhere first (4.45.2
+    # l.969-970 `if is_fsdp_enabled(): param_device = "cpu" if is_local_dist_rank_0() else "meta"`), and the
+    # FSDP wrap moves them.
+    load_16bit_on_gpu = v < (4, 45)
+    return TransformersFacts(loss, impl, reentrant, rope, experts, around, load_16bit_on_gpu)
 
 
 # The model families whose decoder layer is a GradientCheckpointingLayer in transformers 4.52 (each
@@ -556,11 +569,13 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
     stack_loss, stack_impl, reentrant = stack.loss, stack.adamw_impl, stack.reentrant
     rope_buffers, expert_linears = stack.rope_cache_buffers, stack.expert_linears
     around_unit = stack.checkpoint_around_unit
+    load_16bit_on_gpu = stack.quantized_load_on_gpu
     if stack.transformers_release:
         # The transformers model and Trainer facts of the job's release (train.transformers).
         tf = transformers_facts(train.transformers, train.torch, hf_family(shape))
         stack_loss, reentrant, rope_buffers, expert_linears = tf.loss, tf.reentrant, tf.rope_buffers, tf.expert_linears
         around_unit = tf.checkpoint_around_unit
+        load_16bit_on_gpu = load_16bit_on_gpu and tf.quantized_load_16bit_on_gpu
         if not stack.deepspeed_engine:
             stack_impl = tf.adamw_impl
     rope_buffers = rope_buffers and not replica  # the replica has none, whichever release decided them
@@ -698,6 +713,7 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
         # pytorch PR #101982 "[FSDP] Reshard frozen params in backward" (2023-06, first in 2.1.0) added the
         # reshard-only hook; before it a frozen unit stayed gathered through backward instead.
         fsdp1_checkpoint_around_unit=around,
+        quantized_load_16bit_on_gpu=load_16bit_on_gpu and train.base_quant == "nf4",
         fsdp1_keeps_block_inputs=(around and lora and stack.lora_units
                                   and (not train.torch or parse_version(train.torch) >= (2, 1))),
     )

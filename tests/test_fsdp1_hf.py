@@ -116,6 +116,20 @@ def test_quantized_loading_keeps_the_quant_state_and_the_16_bit_root_on_the_gpu(
     assert a.allocated == (200 + 4) * MIB + 64 * 1024 + 1024
 
 
+def test_transformers_4_45_loads_the_16_bit_root_to_the_host_not_the_gpu(job):
+    # The same linear without the 16-bit parameters on the GPU (4.45's `param_device = "cpu" if
+    # is_local_dist_rank_0() else "meta"`): the bf16 weight (512 MiB), fp32 absmax (16 MiB) and packed data
+    # (128 MiB) still take a segment each, the uint8 absmax (4 MiB) a 20 MiB one; what stays is the QuantState.
+    a = CachingAllocator()
+    assert quantized_load(a, [100 * MIB, 1024, 100 * MIB], [1 << 28], root_on_gpu=False) is None
+    assert a.reserved_large == (512 + 16 + 128 + 20) * MIB
+    assert a.allocated == 4 * MIB + 64 * 1024
+    for version, on_gpu in (("4.44.2", True), ("4.45.0", False), ("4.48.1", False)):
+        j = qlora70b(job).replace(train={"transformers": version})
+        assert j.facts.quantized_load_16bit_on_gpu is on_gpu, version
+    assert not qlora70b(job).replace(train={"transformers": "4.44.2", "base_quant": "none"}).facts.quantized_load_16bit_on_gpu
+
+
 def test_hf_qlora_wrap_starts_from_the_loaded_root_and_quant_state(job):
     # The replay of the 70B QLoRA's load and wrap holds, after wrapping with CPU offload, exactly what
     # stays on the GPU: every QuantState (uint8 absmax per 64 + fp32 per 16,384 weights), nothing else.
