@@ -62,7 +62,8 @@ def _buckets(states: list[int], buffers: int, buffers_share_dtype: bool) -> list
     return sorted(buckets, key=lambda b: b[0])
 
 
-def quantized_load(alloc: CachingAllocator, root: list[int], weights: list[int], root_on_gpu: bool = True) -> list:
+def quantized_load(alloc: CachingAllocator, root: list[int], weights: list[int],
+                   root_on_gpu: bool = True) -> list | None:
     """transformers 4.39 from_pretrained of a bitsandbytes 4-bit model on each FSDP rank
     (FSDP_CPU_RAM_EFFICIENT_LOADING): a quantized model skips the rank-0-only path
     (modeling_utils.py l.3951 `not is_quantized`), the 4-bit quantizer's device map is

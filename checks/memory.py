@@ -1193,6 +1193,8 @@ def _quantized_load_order(job: JobConfig) -> tuple[int, ...]:
     if not (job.facts.stack.quantized_load_on_gpu and job.train.base_quant == "nf4" and job.train.lora_rank):
         return ()
     s = job.shape
+    # Every block alike: all dense or all MoE (the FSDP1 replay's scope, step_replay.blocks_replayable), not
+    # DeepSeek's dense first blocks.
     attention = {g.name for g in s.attention_groups()}
     mlp = s.moe_module + "." if s.moe else "mlp."
     keys = []

@@ -135,12 +135,13 @@ def test_hf_qlora_wrap_starts_from_the_loaded_root_and_quant_state(job):
     # stays on the GPU: every QuantState (uint8 absmax per 64 + fp32 per 16,384 weights), nothing else.
     from podkit.checks.memory import _fsdp1_units, _quantized_load_order
 
-    j = qlora70b(job, offload="all")
+    j = qlora70b(job, offload="all").replace(train={"transformers": "4.39.3"})  # the peft doc's release
     load = _quantized_load_order(j)
     assert len(load) == 7 * L and sum(load) == LINEARS * L
     a = CachingAllocator()
     units = [params for params, _ in _fsdp1_units(j, 2)]  # (parameters, buffers): the hf stack has no buffers
-    root = quantized_load(a, units[-1], list(load))
+    assert j.facts.quantized_load_16bit_on_gpu  # before 4.45 the root is loaded onto the GPU
+    root = quantized_load(a, units[-1], list(load), j.facts.quantized_load_16bit_on_gpu)
     for tensors in units[:-1]:
         _unit_init(a, tensors, 2, True, offload=True)
     _unit_init(a, units[-1], 2, True, offload=True, resident=root)
