@@ -41,6 +41,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from podkit.checks import activations as A
 from podkit.checks.allocator import CachingAllocator, replay
@@ -118,19 +119,25 @@ ALLOC, FREE, RENAME, ALLOC_FIXED, GRAD_OUT = A.ALLOC, A.FREE, A.RENAME, A.ALLOC_
 IN, OUT, GRAD_IN = "in", "out", "grad in"
 
 
-def _block_events(bf: A.BlockFacts, out_held: bool = True, weight_grads: bool = False) -> tuple[tuple, tuple, tuple]:
+class BlockWalk(NamedTuple):
     """A block's forward under no_grad, its recompute and its backward as allocator events (the kinds of
-    activations.backward_events), recorded once per walk. `out_held`: the output's gradient is held outside
-    the block's graph (activations.backward_events pinned_out), as a reentrant checkpoint's backward holds
-    it; the caller frees it after the block. `weight_grads`: the backward makes the trained weights' gradients
-    too, which the caller frees (activations.backward_events)."""
-    return _block_walk(bf, out_held, weight_grads)[:3]
+    activations.backward_events), recorded once per walk, and beside each event the routed expert (or -1) whose
+    share of the tokens sizes it (activations.Trace.expert_of)."""
+
+    forward: tuple
+    recompute: tuple
+    backward: tuple
+    forward_experts: tuple
+    recompute_experts: tuple
+    backward_experts: tuple
 
 
 @functools.lru_cache(maxsize=64)
-def _block_walk(bf: A.BlockFacts, out_held: bool = True, weight_grads: bool = False) -> tuple[tuple, ...]:
-    """_block_events' three event lists, and beside each the routed expert (or -1) whose share of the tokens
-    sizes each event (activations.Trace.expert_of): a MoE block (`bf.moe`) is walked with its MoE MLP."""
+def _block_walk(bf: A.BlockFacts, out_held: bool = True, weight_grads: bool = False) -> BlockWalk:
+    """The block's events (a MoE block, `bf.moe`, walked with its MoE MLP). `out_held`: the output's gradient is
+    held outside the block's graph (activations.backward_events pinned_out), as a reentrant checkpoint's backward
+    holds it; the caller frees it after the block. `weight_grads`: the backward makes the trained weights'
+    gradients too, which the caller frees (activations.backward_events)."""
     tr, x_in = A._walk_block(bf, bf.moe is not None)
     last_use: dict[int, int] = {}  # per tensor, the forward's last op to use it
     for j, op in enumerate(tr.ops):
@@ -172,23 +179,23 @@ def _block_walk(bf: A.BlockFacts, out_held: bool = True, weight_grads: bool = Fa
         return tr.expert_of.get(owners.get(key, key), -1)
 
     lists = forward(False), forward(True), backward()
-    return lists + tuple(tuple(expert(kind, key) for kind, key, _ in ev) for ev in lists)
+    return BlockWalk(*lists, *(tuple(expert(kind, key) for kind, key, _ in ev) for ev in lists))
 
 
 def backward_replay(bf: A.BlockFacts, reentrant: bool, weight_grads: bool = False) -> tuple[tuple, tuple, bool]:
     """A checkpointed block's recompute and backward as events, and whether its output's gradient is held
     outside it (a reentrant checkpoint: CheckpointFunction.backward holds its `args` through the inner
     backward, so the block sums into it out of place and the caller frees it after the block): what
-    backward_events replays of each block. `weight_grads`: as for _block_events."""
-    _, recompute, bwd = _block_events(bf, reentrant, weight_grads)
-    return recompute, bwd, reentrant
+    backward_events replays of each block. `weight_grads`: as for _block_walk."""
+    walk = _block_walk(bf, reentrant, weight_grads)
+    return walk.recompute, walk.backward, reentrant
 
 
 def backward_experts(bf: A.BlockFacts, reentrant: bool, weight_grads: bool = False) -> tuple:
     """Beside each of backward_replay's recompute and backward events, the routed expert (or -1) whose rows size
     it (_block_walk): backward_events' `experts`."""
     walk = _block_walk(bf, reentrant, weight_grads)
-    return walk[4] + walk[5]
+    return walk.recompute_experts + walk.backward_experts
 
 
 def forward_events(bf: A.BlockFacts, i: int, x_in, x_out, tokens: int, zero: set, rows: tuple | None = None) -> list:
@@ -196,7 +203,7 @@ def forward_events(bf: A.BlockFacts, i: int, x_in, x_out, tokens: int, zero: set
     events from its input's key `x_in` to its output's `x_out`, which stays alive; `zero` and `rows` as _scaled
     takes them."""
     walk = _block_walk(bf, True)
-    return _scaled(walk[0], i, {IN: x_in, OUT: x_out}, tokens, zero, walk[3], rows)
+    return _scaled(walk.forward, i, {IN: x_in, OUT: x_out}, tokens, zero, walk.forward_experts, rows)
 
 
 def _scaled(events: tuple, i: int, keys: dict, tokens: int, zero: set, experts: tuple = (),

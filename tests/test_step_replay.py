@@ -85,7 +85,8 @@ def test_each_routed_experts_tensors_follow_its_rows(job, tmp_path):
     assert bf.expert_loop == "index_add" and bf.moe.experts == 4
     tokens = 8 * 1024
     rows = step_replay.routed_tokens(tokens, 4, 2)
-    fwd, experts = step_replay._block_walk(bf, True)[0], step_replay._block_walk(bf, True)[3]
+    walk = step_replay._block_walk(bf, True)
+    fwd, experts = walk.forward, walk.forward_experts
     tr, _ = A._walk_block(bf, True)
     gathered = {id(t): tr.expert_of[id(t)] for op in tr.ops for t in op.outputs
                 if t.label == "tokens gathered for an expert"}
