@@ -72,3 +72,18 @@ def test_short_names_say_which_card_they_mean():
     from podkit.checks.gpus import short_name_meanings
 
     assert "H100 = H100-SXM (80 GiB)" in short_name_meanings() and "A100 = A100-80GB" in short_name_meanings()
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("A100 40G", "A100-40GB"), ("A100-40G", "A100-40GB"), ("A100 40 GiB", "A100-40GB"),
+    ("V100-32G", "V100-32GB"), ("V100 32", "V100-32GB"), ("H100SXM", "H100-SXM")])
+def test_a_size_written_without_gb_picks_that_card(name, expected):
+    """'A100 40G' used to skip the 40 GB rule and the stated-size check both, and predict for the 80 GB card:
+    a false "fits"."""
+    assert lookup(name).name == expected
+
+
+@pytest.mark.parametrize("name,hint", [("A10X", "A10"), ("H100X", "H100"), ("T4X", "T4")])
+def test_a_model_name_with_letters_run_on_is_refused(name, hint):
+    with pytest.raises(ConfigError, match=f"unknown GPU '{name}' \\(did you mean '{hint}'"):
+        lookup(name)
