@@ -524,6 +524,56 @@ def recomputed_per_token(facts: BlockFacts, policy: str, moe_layer: bool = False
     return sum(t.bytes for k, t in tr.saved.items() if k not in kept)
 
 
+@functools.lru_cache(maxsize=1024)
+def sac_released_per_token(facts: BlockFacts, policy: str, moe_layer: bool = False) -> float:
+    """Bytes per token of a block's selectively kept outputs that its recompute releases: torch's selective
+    checkpoint (torch/utils/checkpoint.py _CachingTorchDispatchMode) stores every op the policy saves, needed
+    by autograd or not (a frozen linear's output, lora_B's output), and the recompute pops each from its
+    storage (_CachedTorchDispatchMode: `storage[func].pop(0)`) as the op comes round again. One that autograd
+    does not save is then only a local of the recomputed forward, gone when that forward stops (early
+    stopping ends it at the last saved tensor, unwinding its frames); one whose op comes after that stop is
+    never popped and stays stored until the block's backward is done. So while the block's backward runs,
+    only the tensors autograd saves remain of what the policy kept."""
+    if policy not in ("matmuls", "op-sac"):
+        return 0.0
+    tr, block_input = _walk_block(facts, moe_layer)
+    last_save = max((i for i, op in enumerate(tr.ops) if op.saved), default=-1)
+    popped = {id(t) for op in tr.ops[:last_save + 1] for t in op.outputs}
+    kept = {id(t): t for t in _policy_kept(tr, block_input, policy, ctx=False)}
+    return sum(t.bytes for k, t in kept.items()
+               if k in popped and k not in tr.saved and t is not block_input)
+
+
+@functools.lru_cache(maxsize=1024)
+def sac_recompute_transient_per_token(facts: BlockFacts, policy: str, moe_layer: bool = False) -> float:
+    """recompute_transient_per_token for a selective policy: the most the block's recompute holds beyond what
+    the policy kept and what the recompute saves again (recomputed_per_token), per token. The kept outputs
+    are there from the start and come back from storage, not as new allocations; one autograd does not save
+    dies after its last consumer (sac_released_per_token); early stopping ends the walk at the last saved
+    tensor. May be negative: the releases can outweigh the recompute's own intermediates."""
+    tr, x = _walk_block(facts, moe_layer)
+    kept = {id(t): t for t in _policy_kept(tr, x, policy)}
+    last_use: dict[int, int] = {}
+    for i, op in enumerate(tr.ops):
+        for t in (*op.inputs, *op.holds, *op.saved):
+            last_use[id(t)] = i
+    last_save = max((i for i, op in enumerate(tr.ops) if op.saved), default=-1)
+    pinned = set(tr.saved) | set(tr.ctx_kept) | {id(x)}  # autograd's, a node's ctx, the checkpoint's input
+    live = {k: t.bytes for k, t in kept.items()}
+    settled = sum(live.values()) + sum(t.bytes for k, t in tr.saved.items() if k not in kept)
+    total = peak = sum(live.values())
+    for i, op in enumerate(tr.ops[:last_save + 1]):
+        for t in (*op.outputs, *op.saved):
+            if id(t) not in live:
+                live[id(t)] = t.bytes
+                total += t.bytes
+        peak = max(peak, total)
+        for t in (*op.inputs, *op.holds, *op.saved):
+            if last_use[id(t)] == i and id(t) not in pinned and id(t) in live:
+                total -= live.pop(id(t))
+    return peak - settled + tr.output.bytes
+
+
 def ctx_kept_per_token(facts: BlockFacts, moe_layer: bool = False) -> float:
     """Bytes per token one block's graph holds outside autograd's saved tensors (bitsandbytes < 0.43.2)."""
     tr, _ = _walk_block(facts, moe_layer)

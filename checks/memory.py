@@ -672,13 +672,25 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
                        f"{stored_pt:,.0f} B per token x {T:,}", transient=True)
     recompute = int(recompute_pt * T)
     # A checkpointed block's backward starts with its recompute, whose last ops hold their own
-    # intermediates beside nearly every saved tensor; then the backward itself (gradients).
-    grad_inter = int(max(max(A.backward_intermediates_per_token(bf, m),
-                             A.recompute_transient_per_token(bf_re, m, f.reentrant) if f.ac_policy != "none" else 0)
-                         for m, _ in kinds) * T)
+    # intermediates beside nearly every saved tensor; then the backward itself (gradients), by which time a
+    # selective policy's outputs that autograd does not save are gone (activations.sac_released_per_token).
+    released_pt = max(A.sac_released_per_token(bf, f.ac_policy, m) for m, _ in kinds)
+    sac = f.ac_policy in ("matmuls", "op-sac")
+
+    def recompute_transient(m: bool) -> float:
+        if f.ac_policy == "none":
+            return 0.0
+        if sac:
+            return A.sac_recompute_transient_per_token(bf_re, f.ac_policy, m)
+        return A.recompute_transient_per_token(bf_re, m, f.reentrant)
+
+    grad_inter = int(max(max(A.backward_intermediates_per_token(bf, m) - A.sac_released_per_token(bf, f.ac_policy, m),
+                             recompute_transient(m)) for m, _ in kinds) * T)
     in_backward = Part("activations", "one block in backward", recompute + grad_inter,
                        (f"recomputed block {recompute_pt:,.0f} B + " if recompute else "")
-                       + f"gradient intermediates, per token x {T:,}", transient=True)
+                       + f"gradient intermediates, per token x {T:,}"
+                       + (f" (its selectively kept outputs autograd does not save, {released_pt:,.0f} B per token, "
+                          "released by the recompute)" if released_pt else ""), transient=True)
     lb = A.loss_bytes(job, t.seq_len)
     logits = shape.vocab * T
     lg = A.liger_loss(job, T, bf.stream) if f.loss == "liger" else None
