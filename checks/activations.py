@@ -122,7 +122,7 @@ def block_facts(job, device: str = "cuda") -> BlockFacts:
     # block's output on (JobFacts.kbit_prepared; the first block's input, the embedding, is 16-bit:
     # memory.estimate prices it so).
     stream = 4 if (f.autocast and not lora) or f.kbit_prepared else e
-    adapter = f.adapter_bytes or e
+    adapter = f.adapter_compute_bytes or e
     # The stack's k/v repeat happens before SDPA and eager attention; the flash-attn package takes grouped
     # k/v as they are (transformers 4.48 integrations/flash_attention.py passes key/value to
     # _flash_attention_forward unrepeated; the 4.3x-4.47 *FlashAttention2 classes alike).

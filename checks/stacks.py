@@ -283,6 +283,12 @@ class JobFacts:
     lora_dtype: str
     adapter_bytes: int
     """Bytes per adapter weight (and its gradient and, for AdamW, each state); 0 without LoRA."""
+    adapter_compute_bytes: int
+    """Bytes per adapter weight as the adapter's matmuls see it, so the dtype of its input cast and outputs;
+    0 without LoRA. FSDP's mixed-precision gather casts fp32 adapters to the compute dtype like every other
+    parameter (FSDP2 MixedPrecisionPolicy param_dtype, FSDP1 MixedPrecision), and DeepSpeed's engine casts
+    the whole module, peft's fp32 adapters included (runtime/engine.py _configure_distributed_model:
+    `self.module.bfloat16()` / `.half()`, through DeepSpeed 0.19.1)."""
     lora_dropout: float
     optimizer_impl: str
     fsdp: bool
@@ -655,6 +661,8 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
     old_bnb_4bit = (train.base_quant != "none" and bool(train.bitsandbytes)
                     and parse_version(train.bitsandbytes) < (0, 43, 2))
     around = fsdp and fsdp_version == 1 and ac == "block" and reentrant and around_unit
+    adapter = (0 if not lora else 4 if lora_dtype == "fp32" or train.compute_bytes == 4
+               else 2 if lora_dtype == "compute" or train.precision == "bf16" else 4)
     return JobFacts(
         stack=stack,
         loss=loss,
@@ -666,8 +674,8 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
         lora=lora,
         lora_targets=resolve_targets(train.lora_targets, linears, default_targets) if lora else (),
         lora_dtype=lora_dtype,
-        adapter_bytes=(0 if not lora else 4 if lora_dtype == "fp32" or train.compute_bytes == 4
-                       else 2 if lora_dtype == "compute" or train.precision == "bf16" else 4),
+        adapter_bytes=adapter,
+        adapter_compute_bytes=train.compute_bytes if adapter and ((fsdp and mixed) or stack.deepspeed_engine) else adapter,
         lora_dropout=train.lora_dropout if lora else 0.0,
         optimizer_impl=impl,
         fsdp=fsdp,

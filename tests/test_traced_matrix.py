@@ -38,6 +38,7 @@ MATRIX = [
     "8b-fp16mix-adamw-none-a100",
     "8b-lora16-hf-liger-none-h100",
     "1b-bf16-liger-full-a10g",
+    "mistral7b-lora16-bf16mix-sel-zero3-4xh100",
 ]
 
 
