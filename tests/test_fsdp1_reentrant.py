@@ -347,3 +347,30 @@ def test_fsdp1_replay_holds_every_input_and_gradient_until_backward_ends(job):
         assert sum(b.size for b in live.values()) == (2 * L if kept else 1) * T * s.hidden * 2
         fsdp1.replay(events[ends:], alloc, live)
         assert not live and alloc.allocated == 0
+
+
+def test_a_block_that_passes_its_output_gradient_on_leaves_one_gradient_to_free(job):
+    """Liger's in-place RMSNorm backward writes dX into dY, so a block hands its output gradient on as its
+    input's (a rename in the replay) and the chain ends as ("g", 0) alone. The kept-inputs cleanup freed
+    ("g", 1) .. ("g", L-1) anyway: a KeyError and a traceback from bin/preflight for any hf LoRA job with
+    Liger's kernels under FSDP1 with transformers < 4.52 (fuzzing, 2026-11-24), and in the advisor on jobs
+    that did not fit."""
+    from podkit.checks import fsdp1, step_replay
+    from podkit.checks import activations as A
+    from podkit.checks.allocator import CachingAllocator
+
+    j = job(model='preset = "tiny"', cluster="gpus_per_node = 2\nsharding = 'zero3'",
+            train="stack = 'hf'\ntransformers = '4.37.2'\nlora_rank = 4\nblock_kernels = 'liger'\n"
+                  "checkpointing = 'full'")
+    assert j.facts.fsdp1_keeps_block_inputs
+    block = step_replay.backward_replay(A.block_facts(j), j.facts.reentrant)
+    assert any(kind == A.RENAME and key == A.GRAD_OUT for kind, key, _ in block[1])
+    names: dict = {}
+    s, T = j.shape, 1024
+    events = fsdp1.forward_events(s, T, 2, frozenset(), False, 4, False, "fp32-upcast", True, names, batch=1)
+    events += fsdp1.backward_events(names, s, T, 2, block, kept=True)
+    live: dict = {}
+    alloc = fsdp1.replay(events, CachingAllocator(), live)
+    assert not live and alloc.allocated == 0
+    est = estimate(j)
+    assert est.phase_allocated(est.peak_phase) <= est.reserved
