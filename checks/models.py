@@ -564,7 +564,19 @@ def from_param_count(params: float, vocab: int = 32000) -> ModelShape:
     layers = max(1, int(round(hidden / 128)))
     heads = hidden // 128
     ffn = int(math.ceil(8 * hidden / 3 / 256)) * 256
-    return ModelShape(
-        f"~{params / 1e9:.2f}B", hidden, layers, heads, heads, ffn, vocab, False,
-        approximate=True, params_override=int(params),
-    )
+    shape = ModelShape(f"~{params / 1e9:.2f}B", hidden, layers, heads, heads, ffn, vocab, False, approximate=True)
+    # The shape prices the activations and the gathered blocks; at either end of the search (one block of
+    # hidden 128; hidden 65536) it stops tracking the count, and those terms would be off many times over.
+    inferred = shape.params
+    if not 0.75 <= inferred / params <= 1.25:
+        small, large = (_shape_params(128, vocab), _shape_params(65536, vocab))
+        raise ConfigError("model.params", f"{params:.3g} is outside what a Llama-like shape can be inferred for "
+                          f"({small:.2g} to {large:.2g} with a {vocab:,} vocabulary)",
+                          "give the dimensions (hidden, layers, heads, ffn, vocab), a preset, or hf_config")
+    return dataclasses.replace(shape, params_override=int(params))
+
+
+def _shape_params(hidden: int, vocab: int) -> int:
+    """Parameters of from_param_count's shape of this width: hidden / 128 blocks of ffn ~ 8h/3."""
+    heads, ffn = hidden // 128, int(math.ceil(8 * hidden / 3 / 256)) * 256
+    return ModelShape("", hidden, max(1, hidden // 128), heads, heads, ffn, vocab, False).params

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 import pytest
@@ -431,3 +432,19 @@ def test_every_preset_live_against_transformers():
 
     for name, (_, cfg) in CONFIGS.items():
         assert _transformers_count(cfg) == preset(name).params, name
+
+
+@pytest.mark.parametrize("params", [1e6, 5e6, 1e15])
+def test_a_count_no_inferred_shape_tracks_is_refused(params):
+    """At the ends of the search the shape stopped tracking the count (QA, 2026-11-24): 1e15 was priced as a
+    2.6e13-parameter shape's activations (38x low), 1e6 as one block of hidden 128 and a 32k vocabulary (8.5x
+    high). Refused, with the range it can infer."""
+    with pytest.raises(ConfigError, match=r"model.params: .* outside what a Llama-like shape can be inferred for"):
+        from_param_count(params)
+
+
+@pytest.mark.parametrize("params", [1e7, 1e8, 7e9, 405e9, 2e13])
+def test_an_inferred_shape_holds_within_a_quarter_of_the_count(params):
+    shape = from_param_count(params)
+    bare = dataclasses.replace(shape, params_override=0)
+    assert shape.params == int(params) and 0.75 <= bare.params / params <= 1.25
