@@ -144,8 +144,7 @@ def run_ranking(config: str, prices: str, as_json: bool, job=None) -> int:
     try:
         ranked = rank(job or load_job(config), load_offers(prices))
     except ConfigError as exc:
-        click.echo(f"preflight: {exc}", err=True)
-        return EXIT_BAD_INPUT
+        _bad_input(exc, as_json)
     if as_json:
         click.echo(strict_json.dumps([r.to_json() for r in ranked], indent=2))
     else:

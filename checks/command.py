@@ -4,11 +4,18 @@ input; click's default is a three-line block (usage, hint, error) that scripts c
 
 from __future__ import annotations
 
+import json
 import sys
 
 import click
 
 EXIT_BAD_INPUT = 2
+
+
+def wants_json(args=None) -> bool:
+    """--json among the command's own arguments (not those of a command after --)."""
+    argv = list(sys.argv[1:] if args is None else args)
+    return "--json" in (argv[:argv.index("--")] if "--" in argv else argv)
 
 
 class OneLineMain:
@@ -26,6 +33,10 @@ class OneLineMain:
             name = prog_name or self.name
             message = " ".join(exc.format_message().split())
             message = message[:1].lower() + message[1:]
+            if wants_json(args):  # click stopped before the command could: scripts still get their object
+                from podkit.checks.errors import ConfigError
+
+                click.echo(json.dumps(ConfigError("", message, f"see {name} --help").to_json(), indent=2))
             click.echo(f"{name}: {message} (see {name} --help)", err=True)
             sys.exit(EXIT_BAD_INPUT)
         except click.ClickException as exc:  # click.FileError and friends: one line too

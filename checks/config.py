@@ -267,6 +267,12 @@ class TrainConfig:
             raise ConfigError(
                 "train.base_quant", f"{self.base_quant} base needs adapters to train", "set train.lora_rank, e.g. 16"
             )
+        if self.lora_rank == 0:
+            # Adapter settings on a full fine-tune were dropped without a word, and the job priced as full.
+            for key, default in (("lora_targets", "stack"), ("lora_dropout", 0.0), ("lora_dtype", "stack")):
+                if getattr(self, key) != default:
+                    raise ConfigError(f"train.{key}", "applies to LoRA adapters, and lora_rank is 0 (a full fine-tune)",
+                                      f"set train.lora_rank, e.g. 16, or remove train.{key}")
         if self.kbit_prepare == "on" and self.base_quant == "none":
             raise ConfigError("train.kbit_prepare", "prepare_model_for_kbit_training prepares a quantized base, "
                               "and this job has none", "set train.base_quant, or leave kbit_prepare at 'stack'")

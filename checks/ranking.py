@@ -61,13 +61,25 @@ def load_offers(source: str) -> list[Offer]:
         text = sys.stdin.read() if source == "-" else Path(source).read_text()
     except OSError as exc:
         raise ConfigError("--rank-gpus", f"cannot read {source}: {exc.strerror}", "give the output of bin/pod gpus --json, or -") from None
+    fix = "pipe it from: bin/pod gpus --json | bin/preflight --rank-gpus -"
     try:
-        rows = json.loads(text)
-        return [Offer(str(r["id"]), int(r["memory_gb"]), None if r.get("price_per_hour") is None else float(r["price_per_hour"]))
-                for r in rows]
+        rows = json.loads(text, parse_constant=_refuse_constant)
+        if not isinstance(rows, list):
+            raise TypeError(f"a JSON {type(rows).__name__}, not a list of GPU types")
+        offers = [Offer(str(r["id"]), int(r["memory_gb"]), None if r.get("price_per_hour") is None else float(r["price_per_hour"]))
+                  for r in rows]
     except (ValueError, TypeError, KeyError) as exc:
-        raise ConfigError("--rank-gpus", f"{source} is not a GPU price list ({exc.__class__.__name__}: {exc})",
-                          "pipe it from: bin/pod gpus --json | bin/preflight --rank-gpus -") from None
+        raise ConfigError("--rank-gpus", f"{source} is not a GPU price list ({exc.__class__.__name__}: {exc})", fix) from None
+    for o in offers:
+        # bin/pod gpus writes null for a type not for rent now; a negative price is no price at all.
+        if o.memory_gb <= 0 or (o.price_per_hour is not None and o.price_per_hour < 0):
+            raise ConfigError("--rank-gpus", f"{source}: {o.id} has memory_gb {o.memory_gb} and price_per_hour "
+                              f"{o.price_per_hour}: not an offer", fix)
+    return offers
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not a price (bin/pod gpus writes null for a type not for rent)")
 
 
 def rank(job: JobConfig, offers: list[Offer]) -> list[Ranked]:

@@ -22,6 +22,7 @@ from typing import Iterator
 
 import click
 
+from podkit.checks.command import wants_json
 from podkit.pods import jobs as remote_jobs
 from podkit.pods.connection import PodConnection
 from podkit.pods.deploy import Outcome, PodOptions, Printer, connect, deploy, locate
@@ -103,6 +104,12 @@ class PodArgs:
             yield (conn, specs[0], *located)
 
 
+def _bad_input_json(problem: str, fix: str = "", host: str = "") -> None:
+    """What --json prints on stdout for bad input: preflight's and smoke's object, with the pod it concerns."""
+    click.echo(json.dumps({"ok": False, "status": "bad-input", "exit_code": 2,
+                           "error": {"field": "", "host": host, "problem": problem, "fix": fix}}, indent=2))
+
+
 def guarded(fn):
     """One line and exit 2 for PodError; 130 for Ctrl-C; never a traceback for expected faults."""
     @functools.wraps(fn)
@@ -110,6 +117,8 @@ def guarded(fn):
         try:
             return fn(*args, **kwargs)
         except PodError as exc:
+            if kwargs.get("as_json"):  # scripts get the error as the object they asked for
+                _bad_input_json(exc.problem, exc.fix, exc.host)
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)
         except KeyboardInterrupt:
@@ -688,6 +697,8 @@ def run() -> None:
             click.echo(exc.format_message(), err=True)
             sys.exit(2)
         where = f"bin/pod {exc.ctx.info_name} --help" if exc.ctx and exc.ctx.parent else "bin/pod --help"
+        if wants_json():
+            _bad_input_json(exc.format_message(), f"see {where}")
         click.echo(f"error: {exc.format_message()} (see {where})", err=True)
         sys.exit(2)
     except click.ClickException as exc:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -168,9 +169,26 @@ CASES = [
     ("smoke-from-model-contradicts-file", "smoke", ["--from", "args.json", "--model", "tiny"],
      {"args.json": '{"model_name_or_path": "Qwen/Qwen2.5-7B", "per_device_train_batch_size": 1}'},
      "names the model"),
+    # Adapter keys on a full fine-tune were ignored and the job priced as full (QA, 2026-11-24).
+    ("lora-targets-without-rank", "preflight", ["-c", "j.toml"], {"j.toml": job(train={"lora_targets": '["q_proj"]'})},
+     "train.lora_targets: applies to LoRA adapters, and lora_rank is 0"),
+    ("lora-dropout-without-rank", "preflight", ["-c", "j.toml"], {"j.toml": job(train={"lora_dropout": "0.1"})},
+     "train.lora_dropout: applies to LoRA adapters"),
+    ("lora-dtype-without-rank", "smoke", ["-c", "j.toml"], {"j.toml": job(train={"lora_dtype": '"fp32"'})},
+     "train.lora_dtype: applies to LoRA adapters"),
+    # bin/smoke --model without --from trained the default job instead (QA, 2026-11-24).
+    ("smoke-model-without-from", "smoke", ["--model", "llama-3.1-70b"], {}, "--model goes with --from"),
+    ("smoke-command-model-without-from", "smoke", ["--model", "tiny", "--", "python", "-c", "pass"], {},
+     "--model goes with --from"),
     # -- usage errors
     ("preflight-unknown-option", "preflight", ["--bogus"], {}, "bin/preflight"),
     ("preflight-gpu-without-value", "preflight", ["--gpu"], {}, "bin/preflight"),
+    # With --json, a script gets its object even when click or a pod command refuses the input (QA, 2026-11-24).
+    ("preflight-unknown-option-json", "preflight", ["--bogus", "--json"], {}, "no such option"),
+    ("smoke-steps-not-int-json", "smoke", ["--steps", "abc", "--json"], {}, "is not a valid integer"),
+    ("plot-missing-run-json", "plot", ["nonexist", "--json"], {}, "does not exist"),
+    ("pod-down-unknown-json", "pod", ["down", "nosuch", "--json"], {}, "no pod named 'nosuch'"),
+    ("pod-deploy-timeout-json", "pod", ["deploy", "--json", "--timeout", "0", "x"], {}, "--timeout"),
     # -- bin/smoke
     ("smoke-run-id-escape", "smoke", ["-c", "j.toml", "--run-id", "../../x"], {"j.toml": job()}, "--run-id"),
     ("smoke-run-id-slash", "smoke", ["-c", "j.toml", "--run-id", "a/b"], {"j.toml": job()}, "--run-id"),
@@ -319,3 +337,29 @@ def test_output_dir_under_a_file_fails_preflights_disk_check(tmp_path):
     disk = next(c for c in data["checks"] if c["id"] == "disk.free")
     assert disk["status"] == "fail" and "is a file" in disk["message"], disk
     assert out.returncode == 1
+
+
+@pytest.mark.parametrize("command", [["-c", "j.toml"], ["--", "python", "-c", "pass"]], ids=["job", "own-command"])
+def test_a_run_id_given_twice_is_refused_and_the_first_run_kept(tmp_path, command):
+    """A second run under the same --run-id appended its metrics and log to the first's and replaced its
+    summary (QA, 2026-11-24): refused before anything is written, the first run's files untouched."""
+    (tmp_path / "j.toml").write_text(job())
+    first = tmp_path / "runs" / "dup"
+    first.mkdir(parents=True)
+    (first / "metrics.jsonl").write_text('{"step": 1}\n')
+    env = dict(os.environ, PODKIT_PYTHON=str(ROOT / ".venv" / "bin" / "python"), COLUMNS="80")
+    out = subprocess.run([str(BIN / "smoke"), "--run-id", "dup", "--json", *command], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.splitlines() == [out.stderr.strip()] and "already exists" in out.stderr
+    assert json.loads(out.stdout)["error"]["field"] == "--run-id"
+    assert sorted(p.name for p in first.iterdir()) == ["metrics.jsonl"]
+    assert (first / "metrics.jsonl").read_text() == '{"step": 1}\n'
+
+
+def test_a_generated_run_id_is_a_plain_directory_name():
+    from podkit.train.outputs import check_run_id, new_run_id
+
+    for source in ("print('hi')", "b')", "a/b/job.toml", "<stdin>", "'''", "x" * 200):
+        run_id = new_run_id(source)
+        assert check_run_id(run_id) == run_id and re.fullmatch(r"[\w.-]+", run_id) and len(run_id) < 70, run_id

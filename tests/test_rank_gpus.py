@@ -89,3 +89,22 @@ def test_a_job_read_with_from_is_the_one_ranked(tmp_path):
     assert out.returncode == 0, out.stderr
     expect = memory.estimate(build_job(None, files, None).job, gpus.lookup("A6000")).total / 2**30
     assert json.loads(out.stdout)[0]["predicted_gib"] == round(expect, 2)
+
+
+@pytest.mark.parametrize("content,problem", [
+    ("{}", "a JSON dict, not a list"),
+    ('[{"id": "NVIDIA A100 80GB PCIe", "memory_gb": 80, "price_per_hour": NaN}]', "NaN is not a price"),
+    ('[{"id": "NVIDIA A100 80GB PCIe", "memory_gb": 80, "price_per_hour": -1}]', "not an offer"),
+    (None, "cannot read"),
+])
+def test_a_price_list_that_is_not_one_is_bad_input_with_json_for_scripts(tmp_path, content, problem):
+    """QA 2026-11-24: '{}' ranked as no offers (exit 1), NaN counted as for rent and a negative price was
+    taken; and with --json no object reached stdout."""
+    prices = tmp_path / "prices.json"
+    if content is not None:
+        prices.write_text(content)
+    out = subprocess.run([str(ROOT / "bin" / "preflight"), "--rank-gpus", str(prices), "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and len(out.stderr.splitlines()) == 1 and problem in out.stderr, out.stderr
+    data = json.loads(out.stdout)
+    assert data["ok"] is False and data["error"]["field"] == "--rank-gpus" and problem in data["error"]["problem"]

@@ -111,6 +111,8 @@ def main(config, steps, device, output_dir, run_id, as_json, sink, inject_fault,
         path = Path(config) if config else default_job(device)
         if timeout is not None:
             raise ConfigError("--timeout", "goes with -- COMMAND", "e.g. bin/smoke --timeout 900 -- python train.py")
+        if model_preset and not from_files:  # as bin/preflight: a --model alone would train the default job
+            raise ConfigError("--from", "--model goes with --from FILE", "add --from your config file")
         if from_files:  # podkit's replica of the job the user's own configs describe
             from podkit.checks.importers import build_job
 
@@ -129,7 +131,7 @@ def main(config, steps, device, output_dir, run_id, as_json, sink, inject_fault,
         fault = Fault.parse(inject_fault)
         target = pick_device(device)
         check_runnable(job, target)  # once, before any process is launched
-        from podkit.train.outputs import check_output_root, check_run_id, new_run_id
+        from podkit.train.outputs import check_new_run_dir, check_output_root, check_run_id, new_run_id
 
         if output_dir is not None and not output_dir.strip():
             raise ConfigError("--output-dir", "is empty", "give a directory, or leave it out for train.output_dir")
@@ -138,6 +140,8 @@ def main(config, steps, device, output_dir, run_id, as_json, sink, inject_fault,
         nodes = _nodes(job)
         if run_id is not None:
             check_run_id(run_id)
+            if not parallel.under_torchrun():  # torchrun's ranks all open the directory their launcher checked
+                check_new_run_dir(root, run_id)
         elif os.environ.get("PODKIT_RUN_ID"):
             run_id = os.environ["PODKIT_RUN_ID"]
             try:
@@ -194,6 +198,8 @@ def _smoke_command(command, config, from_files, model_preset, steps, timeout, ou
             raise ConfigError("--steps", f"must be at least 1, got {steps}")
         if timeout is not None and timeout <= 0:
             raise ConfigError("--timeout", f"must be positive, got {timeout:g}")
+        if model_preset and not from_files:
+            raise ConfigError("--from", "--model goes with --from FILE", "add --from your config file")
         if from_files:
             from podkit.checks.importers import build_job
 
@@ -201,9 +207,10 @@ def _smoke_command(command, config, from_files, model_preset, steps, timeout, ou
         elif config:
             job = load_job(config)
         if run_id is not None:
-            from podkit.train.outputs import check_run_id
+            from podkit.train.outputs import check_new_run_dir, check_run_id
 
             check_run_id(run_id)
+            check_new_run_dir(Path(output_dir or (job.train.output_dir if job else "runs")).absolute(), run_id)
         # The same switch as the built-in run: [smoke] sinks of the job, plus --sink.
         sinks = tuple(dict.fromkeys([*(job.smoke.sinks if job else []), *sink]))
         if sinks:

@@ -15,6 +15,7 @@ import dataclasses
 import json
 import os
 import platform
+import re
 import secrets
 import subprocess
 import sys
@@ -36,8 +37,19 @@ FILES = {"config": "config.toml", "env": "env.json", "metrics": "metrics.jsonl",
 
 
 def new_run_id(job_source: str) -> str:
+    """time-stem-random, the stem (a job file's, or a command's last word) cut to what check_run_id's own
+    advice allows: `bin/smoke -- python -c "print('hi')"` must not name a directory with quotes in it."""
     stem = Path(job_source).stem if job_source and not job_source.startswith("<") else "job"
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-.")[:40].strip("-.") or "job"
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{stem}-{secrets.token_hex(2)}"
+
+
+def check_new_run_dir(root: Path, run_id: str, field: str = "--run-id") -> None:
+    """A run id given by hand must name a new directory: a second run there would append its metrics to the
+    first's metrics.jsonl and smoke.log and replace its summary, and the two could no longer be told apart."""
+    if (root / run_id).exists():
+        raise ConfigError(field, f"{root / run_id} already exists (an earlier run)",
+                          "choose another --run-id, or leave it out for a fresh time-stamped one")
 
 
 def check_run_id(run_id: str) -> str:

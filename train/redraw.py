@@ -13,12 +13,16 @@ from pathlib import Path
 
 import click
 
-from podkit.checks.command import OneLineCommand
+from podkit.checks.command import OneLineCommand, wants_json
+from podkit.checks.errors import ConfigError
 
 EXIT_BAD_INPUT = 2
 
 
 def _fail(message: str) -> None:
+    """One line on stderr, exit 2; with --json also the error object on stdout, as preflight and smoke print it."""
+    if wants_json():
+        click.echo(json.dumps(ConfigError("", message).to_json(), indent=2))
     click.echo(f"plot: {message}", err=True)
     sys.exit(EXIT_BAD_INPUT)
 
