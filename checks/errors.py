@@ -26,5 +26,9 @@ def closest(name: str, choices) -> str:
     import difflib
 
     lowered = {c.lower(): c for c in choices}
+    # A name that is the start of exactly one choice means that one ('fp16' is 'fp16-mixed', not 'bf16').
+    prefixed = [c for c in lowered if c.startswith(name.lower())] if name else []
+    if len(prefixed) == 1:
+        return f"did you mean '{lowered[prefixed[0]]}'?"
     match = difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=0.5)
     return f"did you mean '{lowered[match[0]]}'?" if match else ""

@@ -67,3 +67,11 @@ def test_replace_changes_fields_and_keeps_the_resolved_shape(job):
 def test_hf_hub_id_is_one_model_source_among_the_others():
     with pytest.raises(ConfigError, match="more than one of preset, hf_config, hf, params"):
         parse_job('[model]\npreset = "qwen3-8b"\nhf = "Qwen/Qwen3-8B"\n')
+
+
+def test_a_value_that_starts_one_choice_is_pointed_at_it():
+    """'fp16' is the start of 'fp16-mixed'; difflib alone suggested 'bf16' (QA, 2026-11-24)."""
+    from podkit.checks.errors import closest
+
+    assert closest("fp16", ("fp32", "bf16", "bf16-mixed", "fp16-mixed")) == "did you mean 'fp16-mixed'?"
+    assert closest("bf16x", ("fp32", "bf16", "bf16-mixed")) == "did you mean 'bf16'?"
