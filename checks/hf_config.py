@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -231,6 +232,10 @@ def from_hub(repo_id: str, revision: str = "") -> ModelShape:
         raise ConfigError(field, "reading a Hub id needs huggingface_hub, which is not installed",
                           "pip install huggingface_hub==2.4.0, or set model.hf_config to a local config.json") from None
     at = f"@{revision}" if revision else ""
+    # Its retries over an unreachable Hub (five, 23 s) each log a warning: quiet, so that the outcome is one line.
+    hub_log = logging.getLogger("huggingface_hub")
+    level = hub_log.level
+    hub_log.setLevel(logging.ERROR)
     try:
         path = hf_hub_download(repo_id, "config.json", revision=revision or None)
     except errors.HFValidationError:
@@ -255,4 +260,6 @@ def from_hub(repo_id: str, revision: str = "") -> ModelShape:
     except (errors.HfHubHTTPError, OSError) as exc:
         raise ConfigError(field, f"cannot fetch {repo_id} config.json: {str(exc).splitlines()[0]}",
                           "check the network, or set model.hf_config to a local config.json") from None
+    finally:
+        hub_log.setLevel(level)
     return from_file(Path(path), field, name=repo_id)

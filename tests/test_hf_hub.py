@@ -8,6 +8,7 @@ an X-Error-Code header of GatedRepo or RepoNotFound (huggingface_hub utils/_http
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -122,3 +123,17 @@ def test_bad_repo_id_is_one_line(tmp_path):
     assert out.returncode == 2
     assert out.stderr.strip() == ("preflight: model.hf: 'not a repo id!' is not a Hub repo id "
                                   "(write it as owner/name, e.g. Qwen/Qwen3-8B)")
+
+
+@pytest.mark.slow
+def test_an_unreachable_hub_is_one_line_after_its_retries(tmp_path):
+    """huggingface_hub retries a refused connection five times (23 s), logging a warning each time: eleven
+    lines of stderr before podkit's one (QA, 2026-11-24). A port on 127.0.0.1 that nothing listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again when the block ends: connections are refused
+    out = preflight(job_file(tmp_path, "Qwen/Qwen3-8B"), {"HF_HOME": str(tmp_path / "hf"),
+                                                           "HF_ENDPOINT": f"http://127.0.0.1:{port}"})
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "the Hub cannot be reached" in out.stderr and json.loads(out.stdout)["error"]["field"] == "model.hf"
