@@ -537,8 +537,7 @@ def sac_released_per_token(facts: BlockFacts, policy: str, moe_layer: bool = Fal
     if policy not in ("matmuls", "op-sac"):
         return 0.0
     tr, block_input = _walk_block(facts, moe_layer)
-    last_save = max((i for i, op in enumerate(tr.ops) if op.saved), default=-1)
-    popped = {id(t) for op in tr.ops[:last_save + 1] for t in op.outputs}
+    popped = {id(t) for op in tr.ops[:_last_save(tr) + 1] for t in op.outputs}
     kept = {id(t): t for t in _policy_kept(tr, block_input, policy, ctx=False)}
     return sum(t.bytes for k, t in kept.items()
                if k in popped and k not in tr.saved and t is not block_input)
@@ -552,26 +551,10 @@ def sac_recompute_transient_per_token(facts: BlockFacts, policy: str, moe_layer:
     dies after its last consumer (sac_released_per_token); early stopping ends the walk at the last saved
     tensor. May be negative: the releases can outweigh the recompute's own intermediates."""
     tr, x = _walk_block(facts, moe_layer)
-    kept = {id(t): t for t in _policy_kept(tr, x, policy)}
-    last_use: dict[int, int] = {}
-    for i, op in enumerate(tr.ops):
-        for t in (*op.inputs, *op.holds, *op.saved):
-            last_use[id(t)] = i
-    last_save = max((i for i, op in enumerate(tr.ops) if op.saved), default=-1)
+    kept = {id(t): t.bytes for t in _policy_kept(tr, x, policy)}
     pinned = set(tr.saved) | set(tr.ctx_kept) | {id(x)}  # autograd's, a node's ctx, the checkpoint's input
-    live = {k: t.bytes for k, t in kept.items()}
-    settled = sum(live.values()) + sum(t.bytes for k, t in tr.saved.items() if k not in kept)
-    total = peak = sum(live.values())
-    for i, op in enumerate(tr.ops[:last_save + 1]):
-        for t in (*op.outputs, *op.saved):
-            if id(t) not in live:
-                live[id(t)] = t.bytes
-                total += t.bytes
-        peak = max(peak, total)
-        for t in (*op.inputs, *op.holds, *op.saved):
-            if last_use[id(t)] == i and id(t) not in pinned and id(t) in live:
-                total -= live.pop(id(t))
-    return peak - settled + tr.output.bytes
+    settled = sum(kept.values()) + sum(t.bytes for k, t in tr.saved.items() if k not in kept)
+    return _live_peak(tr, tr.ops[:_last_save(tr) + 1], kept, pinned) - settled + tr.output.bytes
 
 
 def ctx_kept_per_token(facts: BlockFacts, moe_layer: bool = False) -> float:
@@ -738,16 +721,27 @@ def forward_peak_per_token(facts: BlockFacts, moe_layer: bool = False, keep_save
     ctx.tensors). `stop_after_last_save`: a recompute with early stopping (torch/utils/checkpoint.py,
     the default) stops once the last saved tensor is packed."""
     tr, x = _walk_block(facts, moe_layer)
-    last_use: dict[int, int] = {}  # over the whole block: what a later op needs is alive at a stop
+    ops = tr.ops[:_last_save(tr) + 1] if stop_after_last_save else tr.ops
+    kept = (set(tr.saved) if keep_saved else set(tr.ctx_kept)) | {id(x)}
+    return _live_peak(tr, ops, {id(x): x.bytes}, kept)
+
+
+def _last_save(tr: Trace) -> int:
+    """The index of the last op that saves a tensor (where a recompute with early stopping ends), or -1."""
+    return max((i for i, op in enumerate(tr.ops) if op.saved), default=-1)
+
+
+def _live_peak(tr: Trace, ops: list, live: dict[int, float], pinned: set[int]) -> float:
+    """The most bytes alive at once while `ops` (tr.ops or a prefix of them) run, starting from `live`: each
+    op's outputs and saved tensors appear, and a tensor that is not `pinned` dies after its last use in
+    the whole block (what a later op needs is alive at a stop). A running sum: a MoE walk has thousands
+    of ops."""
+    last_use: dict[int, int] = {}
     for i, op in enumerate(tr.ops):
         for t in (*op.inputs, *op.holds, *op.saved):
             last_use[id(t)] = i
-    ops = tr.ops
-    if stop_after_last_save:
-        ops = ops[:max((i for i, op in enumerate(ops) if op.saved), default=-1) + 1]
-    kept = (set(tr.saved) if keep_saved else set(tr.ctx_kept)) | {id(x)}
-    live = {id(x): x.bytes}
-    total = peak = x.bytes  # the live bytes, kept as a running sum (a MoE walk has thousands of ops)
+    live = dict(live)
+    total = peak = sum(live.values())
     for i, op in enumerate(ops):
         for t in (*op.outputs, *op.saved):
             if id(t) not in live:
@@ -755,7 +749,7 @@ def forward_peak_per_token(facts: BlockFacts, moe_layer: bool = False, keep_save
                 total += t.bytes
         peak = max(peak, total)
         for t in (*op.inputs, *op.holds, *op.saved):
-            if last_use[id(t)] == i and id(t) not in kept and id(t) in live:
+            if last_use[id(t)] == i and id(t) not in pinned and id(t) in live:
                 total -= live.pop(id(t))
     return peak
 
