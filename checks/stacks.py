@@ -287,8 +287,11 @@ class JobFacts:
     """Bytes per adapter weight as the adapter's matmuls see it, so the dtype of its input cast and outputs;
     0 without LoRA. FSDP's mixed-precision gather casts fp32 adapters to the compute dtype like every other
     parameter (FSDP2 MixedPrecisionPolicy param_dtype, FSDP1 MixedPrecision), and DeepSpeed's engine casts
-    the whole module, peft's fp32 adapters included (runtime/engine.py _configure_distributed_model:
-    `self.module.bfloat16()` / `.half()`, through DeepSpeed 0.19.1)."""
+    the module's parameters, peft's fp32 adapters included (runtime/engine.py _configure_distributed_model:
+    `self.module.bfloat16()` through 0.19.1, then _cast_module_mixed_precision) - except, from 0.19.2
+    (#8066), a model made under ZeRO-3's zero.Init, which the HF Trainer's ZeRO-3 always is: its fp32
+    adapters stay fp32. podkit has no DeepSpeed release key and prices the current one (older releases
+    ran ZeRO-3 adapters in bf16, so this errs high for them)."""
     lora_dropout: float
     optimizer_impl: str
     fsdp: bool
@@ -675,7 +678,8 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
         lora_targets=resolve_targets(train.lora_targets, linears, default_targets) if lora else (),
         lora_dtype=lora_dtype,
         adapter_bytes=adapter,
-        adapter_compute_bytes=train.compute_bytes if adapter and ((fsdp and mixed) or stack.deepspeed_engine) else adapter,
+        adapter_compute_bytes=(train.compute_bytes if adapter and ((fsdp and mixed) or stack.deepspeed_engine)
+                               and not (stack.deepspeed_engine and cluster.sharding == "zero3") else adapter),
         lora_dropout=train.lora_dropout if lora else 0.0,
         optimizer_impl=impl,
         fsdp=fsdp,
