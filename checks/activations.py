@@ -528,16 +528,22 @@ def recomputed_per_token(facts: BlockFacts, policy: str, moe_layer: bool = False
 def sac_released_per_token(facts: BlockFacts, policy: str, moe_layer: bool = False) -> float:
     """Bytes per token of a block's selectively kept outputs that its recompute releases: torch's selective
     checkpoint (torch/utils/checkpoint.py _CachingTorchDispatchMode) stores every op the policy saves, needed
-    by autograd or not (a frozen linear's output, lora_B's output), and the recompute pops each from its
-    storage (_CachedTorchDispatchMode: `storage[func].pop(0)`) as the op comes round again. One that autograd
-    does not save is then only a local of the recomputed forward, gone when that forward stops (early
-    stopping ends it at the last saved tensor, unwinding its frames); one whose op comes after that stop is
-    never popped and stays stored until the block's backward is done. So while the block's backward runs,
+    by autograd or not (a frozen linear's output, lora_B's output), and the recompute takes each from its
+    storage (_CachedTorchDispatchMode, marking the entry consumed) as the op comes round again. One that
+    autograd does not save is then only a local of the recomputed forward, gone when that forward stops (early
+    stopping ends it at the last saved tensor, unwinding its frames); one whose op is not reached before that
+    stop stays stored until the block's backward is done. So while the block's backward runs,
     only the tensors autograd saves remain of what the policy kept."""
     if policy not in ("matmuls", "op-sac"):
         return 0.0
     tr, block_input = _walk_block(facts, moe_layer)
-    popped = {id(t) for op in tr.ops[:_last_save(tr) + 1] for t in op.outputs}
+    # The stop fires while autograd packs the last saving op's inputs, before that op is dispatched
+    # (torch/utils/checkpoint.py: the pack hook raises _StopRecomputationError), so its own outputs are
+    # never taken from the storage, unless it saves an output of its own.
+    last = _last_save(tr)
+    ops = tr.ops[:last + 1] if last >= 0 and any(id(t) in {id(o) for o in tr.ops[last].outputs}
+                                                 for t in tr.ops[last].saved) else tr.ops[:max(last, 0)]
+    popped = {id(t) for op in ops for t in op.outputs}
     kept = {id(t): t for t in _policy_kept(tr, block_input, policy, ctx=False)}
     return sum(t.bytes for k, t in kept.items()
                if k in popped and k not in tr.saved and t is not block_input)
