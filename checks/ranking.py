@@ -9,6 +9,7 @@ estimate preflight prints; the hourly cost is the price per GPU times the job's 
 from __future__ import annotations
 
 import json
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,8 +72,10 @@ def load_offers(source: str) -> list[Offer]:
     except (ValueError, TypeError, KeyError) as exc:
         raise ConfigError("--rank-gpus", f"{source} is not a GPU price list ({exc.__class__.__name__}: {exc})", fix) from None
     for o in offers:
-        # bin/pod gpus writes null for a type not for rent now; a negative price is no price at all.
-        if o.memory_gb <= 0 or (o.price_per_hour is not None and o.price_per_hour < 0):
+        # bin/pod gpus writes null for a type not for rent now, and memory 0 where RunPod gives none
+        # (pods/runpod.py; such a type is skipped as not in the catalog); a negative or NaN price is no price.
+        if o.memory_gb < 0 or (o.price_per_hour is not None and not (math.isfinite(o.price_per_hour)
+                                                                    and o.price_per_hour >= 0)):
             raise ConfigError("--rank-gpus", f"{source}: {o.id} has memory_gb {o.memory_gb} and price_per_hour "
                               f"{o.price_per_hour}: not an offer", fix)
     return offers

@@ -352,7 +352,11 @@ def _run_nodes(host: str, command: tuple[str, ...], detach: bool, run_id: str | 
     if detach:
         return 0
     if error:
-        raise PodError(error, "the other nodes were stopped; fetch what ran with: bin/pod fetch-logs " + host)
+        fault = PodError(error, "the other nodes were stopped; fetch what ran with: bin/pod fetch-logs " + host)
+        if as_json:  # the object above already carries the outcome: one line, and no second object
+            click.echo(f"error: {fault}", err=True)
+            return 2
+        raise fault
     say(f"run {run_id} exited {code}" + (" (the first node to fail)" if code else "")
         + f"; its logs: bin/pod fetch-logs {host}")
     return code

@@ -95,6 +95,7 @@ def test_a_job_read_with_from_is_the_one_ranked(tmp_path):
     ("{}", "a JSON dict, not a list"),
     ('[{"id": "NVIDIA A100 80GB PCIe", "memory_gb": 80, "price_per_hour": NaN}]', "NaN is not a price"),
     ('[{"id": "NVIDIA A100 80GB PCIe", "memory_gb": 80, "price_per_hour": -1}]', "not an offer"),
+    ('[{"id": "NVIDIA A100 80GB PCIe", "memory_gb": 80, "price_per_hour": "nan"}]', "not an offer"),
     (None, "cannot read"),
 ])
 def test_a_price_list_that_is_not_one_is_bad_input_with_json_for_scripts(tmp_path, content, problem):
@@ -108,3 +109,14 @@ def test_a_price_list_that_is_not_one_is_bad_input_with_json_for_scripts(tmp_pat
     assert out.returncode == 2 and len(out.stderr.splitlines()) == 1 and problem in out.stderr, out.stderr
     data = json.loads(out.stdout)
     assert data["ok"] is False and data["error"]["field"] == "--rank-gpus" and problem in data["error"]["problem"]
+
+
+def test_a_type_without_a_memory_size_is_still_ranked(tmp_path):
+    """bin/pod gpus writes memory_gb 0 where RunPod gives none (pods/runpod.py): such a row is no reason to
+    refuse the list (review of the stricter checks)."""
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps([{"id": "NVIDIA A100 80GB PCIe", "memory_gb": 0, "price_per_hour": 1.19}]))
+    out = subprocess.run([str(ROOT / "bin" / "preflight"), "--config", str(QLORA), "--rank-gpus", str(prices), "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode in (0, 1), out.stderr
+    assert json.loads(out.stdout)[0]["catalog"] == "A100-80GB"
