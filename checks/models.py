@@ -567,11 +567,13 @@ def from_param_count(params: float, vocab: int = 32000) -> ModelShape:
     shape = ModelShape(f"~{params / 1e9:.2f}B", hidden, layers, heads, heads, ffn, vocab, False, approximate=True)
     # The shape prices the activations and the gathered blocks; at either end of the search (one block of
     # hidden 128; hidden 65536) it stops tracking the count, and those terms would be off many times over.
+    # Between, widths in steps of 128 land within a factor of two of any count (the small models' steps are
+    # coarse: hidden 128 -> 256 doubles the embedding).
     inferred = shape.params
-    if not 0.75 <= inferred / params <= 1.25:
+    if not 0.5 <= inferred / params <= 2:
         small, large = (_shape_params(128, vocab), _shape_params(65536, vocab))
         raise ConfigError("model.params", f"{params:.3g} is outside what a Llama-like shape can be inferred for "
-                          f"({small:.2g} to {large:.2g} with a {vocab:,} vocabulary)",
+                          f"(about {small / 2:.2g} to {large * 2:.2g} with a {vocab:,} vocabulary)",
                           "give the dimensions (hidden, layers, heads, ffn, vocab), a preset, or hf_config")
     return dataclasses.replace(shape, params_override=int(params))
 
