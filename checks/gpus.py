@@ -99,6 +99,7 @@ _RULES: list[tuple[tuple[str, ...], str]] = [
     (("l40s",), "l40s"),
     (("l4",), "l4"),
     (("t4",), "t4"),
+    (("v100s",), "v100-32gb"),  # 'Tesla V100S-PCIE-32GB': the 32 GB V100 at a higher clock
     (("v100", "32gb"), "v100-32gb"),
     (("v100",), "v100"),
     (("3090",), "rtx3090"),

@@ -29,6 +29,7 @@ def test_required_gpus_are_catalogued(name):
     ("NVIDIA GeForce RTX 5090", "RTX5090"),
     ("Tesla T4", "T4"),
     ("Tesla V100-SXM2-32GB", "V100-32GB"),
+    ("Tesla V100S-PCIE-32GB", "V100-32GB"),
     ("NVIDIA L40S", "L40S"),
     ("NVIDIA L4", "L4"),
     ("NVIDIA RTX A6000", "A6000"),
