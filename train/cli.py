@@ -140,7 +140,9 @@ def main(config, steps, device, output_dir, run_id, as_json, sink, inject_fault,
         nodes = _nodes(job)
         if run_id is not None:
             check_run_id(run_id)
-            if not parallel.under_torchrun():  # torchrun's ranks all open the directory their launcher checked
+            # torchrun's ranks all open the directory their launcher checked; the nodes of one run (bin/pod run
+            # --nodes) may share an output directory that another node's ranks have made already.
+            if not parallel.under_torchrun() and nodes == 1:
                 check_new_run_dir(root, run_id)
         elif os.environ.get("PODKIT_RUN_ID"):
             run_id = os.environ["PODKIT_RUN_ID"]
