@@ -663,15 +663,18 @@ def backward_events(tr: Trace, pinned_out: bool = False, weight_grads: bool = Fa
                     continue
                 alias = op.grad_alias and len(outs) == 1 and t.dtype_bytes == op.outputs[0].dtype_bytes
                 if id(t) in grad_of:
+                    # Summed into the gradient t has: the new one is a tensor of its own, or, aliased (an
+                    # in-place kernel's dX written into dY), the output's gradient, freed with it below; into
+                    # a pinned gradient the sum is out of place (input_buffer.cpp accumulate).
                     if not alias:
                         summed.append(("sum", i, id(t)))
                         ev.append((ALLOC, summed[-1], t.bytes))
-                        if pinned_out and grad_of[id(t)] == 0:
-                            n = next(ids)
-                            buffers[n] = [("grad", n), 1]
-                            owners[("grad", n)] = id(t)
-                            replaced.append((n, grad_of[id(t)], t.bytes))
-                            grad_of[id(t)] = n
+                    if pinned_out and grad_of[id(t)] == 0:
+                        n = next(ids)
+                        buffers[n] = [("grad", n), 1]
+                        owners[("grad", n)] = id(t)
+                        replaced.append((n, grad_of[id(t)], t.bytes))
+                        grad_of[id(t)] = n
                 elif alias:
                     buffers[outs[0]][1] += 1
                     grad_of[id(t)] = outs[0]

@@ -346,8 +346,9 @@ def backward_events(inputs: list, loss_live: tuple, tokens: int, vocab: int, hid
     ev += [("a", ("g", L), e * hidden * tokens), ("f", "logits grad"), *[("f", k) for k in head_frees],
            ("f", inputs[L])]
     recompute, bwd, out_held = block
-    # A block that passes its output gradient on as its input's (renamed: Liger's in-place RMSNorm backward
-    # writes dX into dY) leaves one gradient for the whole chain, ("g", 0) at the end.
+    # A block that passes its output gradient on as its input's (renamed: the residual's AddBackward hands it
+    # on and the norms' sums go into it in place) leaves one gradient for the whole chain, ("g", 0) at the
+    # end; a held one (reentrant, and so every kept-inputs block) is summed out of place instead.
     passes_on = any(kind == RENAME and key == GRAD_OUT for kind, key, _ in bwd)
     # A held output gradient the block does not pass on as its input's: freed after the block.
     free_out = out_held and not passes_on

@@ -349,12 +349,14 @@ def test_fsdp1_replay_holds_every_input_and_gradient_until_backward_ends(job):
         assert not live and alloc.allocated == 0
 
 
-def test_a_block_that_passes_its_output_gradient_on_leaves_one_gradient_to_free(job):
-    """Liger's in-place RMSNorm backward writes dX into dY, so a block hands its output gradient on as its
-    input's (a rename in the replay) and the chain ends as ("g", 0) alone. The kept-inputs cleanup freed
-    ("g", 1) .. ("g", L-1) anyway: a KeyError and a traceback from bin/preflight for any hf LoRA job with
-    Liger's kernels under FSDP1 with transformers < 4.52 (fuzzing, 2026-11-24), and in the advisor on jobs
-    that did not fit."""
+def test_an_in_place_norm_under_a_reentrant_checkpoint_sums_out_of_place(job):
+    """Liger's in-place RMSNorm backward writes dX into dY, and the replay handed that aliased gradient on as
+    the block input's, skipping the sum into the gradient the input already had (the residual's, which is the
+    held output gradient): a rename the kept-inputs cleanup did not expect, so a KeyError and a traceback from
+    bin/preflight for hf LoRA jobs with Liger's kernels under FSDP1 before transformers 4.52 (fuzzing,
+    2026-11-24). autograd sums out of place into a gradient something else holds (input_buffer.cpp
+    accumulate; reentrant: CheckpointFunction.backward's `args`), so the block makes its input's gradient
+    anew, as without Liger (test_a_block_whose_output_gradient_is_held_makes_its_input_gradient_anew)."""
     from podkit.checks import fsdp1, step_replay
     from podkit.checks import activations as A
     from podkit.checks.allocator import CachingAllocator
@@ -362,9 +364,9 @@ def test_a_block_that_passes_its_output_gradient_on_leaves_one_gradient_to_free(
     j = job(model='preset = "tiny"', cluster="gpus_per_node = 2\nsharding = 'zero3'",
             train="stack = 'hf'\ntransformers = '4.37.2'\nlora_rank = 4\nblock_kernels = 'liger'\n"
                   "checkpointing = 'full'")
-    assert j.facts.fsdp1_keeps_block_inputs
+    assert j.facts.fsdp1_keeps_block_inputs and j.facts.reentrant
     block = step_replay.backward_replay(A.block_facts(j), j.facts.reentrant)
-    assert any(kind == A.RENAME and key == A.GRAD_OUT for kind, key, _ in block[1])
+    assert not any(kind == A.RENAME and key == A.GRAD_OUT for kind, key, _ in block[1])
     names: dict = {}
     s, T = j.shape, 1024
     events = fsdp1.forward_events(s, T, 2, frozenset(), False, 4, False, "fp32-upcast", True, names, batch=1)
