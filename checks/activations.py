@@ -541,9 +541,10 @@ def sac_released_per_token(facts: BlockFacts, policy: str, moe_layer: bool = Fal
     # (torch/utils/checkpoint.py: the pack hook raises _StopRecomputationError), so its own outputs are
     # never taken from the storage, unless it saves an output of its own.
     last = _last_save(tr)
-    ops = tr.ops[:last + 1] if last >= 0 and any(id(t) in {id(o) for o in tr.ops[last].outputs}
-                                                 for t in tr.ops[last].saved) else tr.ops[:max(last, 0)]
-    popped = {id(t) for op in ops for t in op.outputs}
+    reached = last  # the ops dispatched before the stop
+    if last >= 0 and {id(t) for t in tr.ops[last].saved} & {id(o) for o in tr.ops[last].outputs}:
+        reached = last + 1
+    popped = {id(t) for op in tr.ops[:max(reached, 0)] for t in op.outputs}
     kept = {id(t): t for t in _policy_kept(tr, block_input, policy, ctx=False)}
     return sum(t.bytes for k, t in kept.items()
                if k in popped and k not in tr.saved and t is not block_input)

@@ -346,12 +346,8 @@ def backward_events(inputs: list, loss_live: tuple, tokens: int, vocab: int, hid
     ev += [("a", ("g", L), e * hidden * tokens), ("f", "logits grad"), *[("f", k) for k in head_frees],
            ("f", inputs[L])]
     recompute, bwd, out_held = block
-    # A block that passes its output gradient on as its input's (renamed: the residual's AddBackward hands it
-    # on and the norms' sums go into it in place) leaves one gradient for the whole chain, ("g", 0) at the
-    # end; a held one (reentrant, and so every kept-inputs block) is summed out of place instead.
-    passes_on = any(kind == RENAME and key == GRAD_OUT for kind, key, _ in bwd)
-    # A held output gradient the block does not pass on as its input's: freed after the block.
-    free_out = out_held and not passes_on
+    # A held output gradient the block does not pass on as its input's (renamed): freed after the block.
+    free_out = out_held and not any(kind == RENAME and key == GRAD_OUT for kind, key, _ in bwd)
     weight_grads = [key for kind, key, _ in bwd if kind == ALLOC_FIXED]
     pending: list = []  # flat gradients whose reduce-scatter may still run
     lag = 2 if around_unit else 3
@@ -378,7 +374,7 @@ def backward_events(inputs: list, loss_live: tuple, tokens: int, vocab: int, hid
     ev += [("f", k) for k in root] + ([("f", "root flat grad")] if root_flat else [])
     ev += [("f", k) for k in pending]
     if kept:
-        ev += [("f", x) for x in inputs[:L]] + ([] if passes_on else [("f", ("g", i)) for i in range(1, L)])
+        ev += [("f", x) for x in inputs[:L]] + [("f", ("g", i)) for i in range(1, L)]
     return ev
 
 
