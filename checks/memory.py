@@ -674,7 +674,8 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
     # A checkpointed block's backward starts with its recompute, whose last ops hold their own
     # intermediates beside nearly every saved tensor; then the backward itself (gradients), by which time a
     # selective policy's outputs that autograd does not save are gone (activations.sac_released_per_token).
-    released_pt = max(A.sac_released_per_token(bf, f.ac_policy, m) for m, _ in kinds)
+    released = {m: A.sac_released_per_token(bf, f.ac_policy, m) for m, _ in kinds}
+    released_pt = max(released.values())
     sac = f.ac_policy in ("matmuls", "op-sac")
 
     def recompute_transient(m: bool) -> float:
@@ -684,7 +685,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
             return A.sac_recompute_transient_per_token(bf_re, f.ac_policy, m)
         return A.recompute_transient_per_token(bf_re, m, f.reentrant)
 
-    grad_inter = int(max(max(A.backward_intermediates_per_token(bf, m) - A.sac_released_per_token(bf, f.ac_policy, m),
+    grad_inter = int(max(max(A.backward_intermediates_per_token(bf, m) - released[m],
                              recompute_transient(m)) for m, _ in kinds) * T)
     in_backward = Part("activations", "one block in backward", recompute + grad_inter,
                        (f"recomputed block {recompute_pt:,.0f} B + " if recompute else "")

@@ -23,6 +23,7 @@ from typing import Iterator
 import click
 
 from podkit.checks.command import wants_json
+from podkit.checks.errors import ConfigError
 from podkit.pods import jobs as remote_jobs
 from podkit.pods.connection import PodConnection
 from podkit.pods.deploy import Outcome, PodOptions, Printer, connect, deploy, locate
@@ -106,8 +107,9 @@ class PodArgs:
 
 def _bad_input_json(problem: str, fix: str = "", host: str = "") -> None:
     """What --json prints on stdout for bad input: preflight's and smoke's object, with the pod it concerns."""
-    click.echo(json.dumps({"ok": False, "status": "bad-input", "exit_code": 2,
-                           "error": {"field": "", "host": host, "problem": problem, "fix": fix}}, indent=2))
+    data = ConfigError("", problem, fix).to_json()
+    data["error"]["host"] = host
+    click.echo(json.dumps(data, indent=2))
 
 
 def guarded(fn):
