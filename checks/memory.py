@@ -775,7 +775,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
             _, init_pool = fsdp1.step_reserved(units, param_shards, shape, T, e,
                                                f.lora_targets, t.base_quant == "nf4", 4 if f.loss_upcast else e,
                                                offload=offload == "all", flash=t.attention == "flash-attn",
-                                               loss=f.loss, load=_quantized_load_order(job),
+                                               loss=step_replay.head_loss(f), load=_quantized_load_order(job),
                                                buffers_share_dtype=f.rope_cache_bytes == e,
                                                shift_copy=A.shifted_copy_bytes(job) > 0, step=step,
                                                block=block,

@@ -272,6 +272,11 @@ class JobFacts:
 
     stack: Stack
     loss: str
+    loss_in_model: bool
+    """transformers <= 4.45 under the hf stack's own loss: LlamaForCausalLM.forward upcasts the logits
+    (`.float()`, the 16-bit ones freed at once), copies the shifted slice and runs CrossEntropyLoss, and the
+    Trainer drops `outputs`, the fp32 logits with it, when compute_loss returns, before backward. Priced as
+    fp32-upcast (the same bytes); the allocator replays follow this order (step_replay.head_events)."""
     loss_chunk_tokens: int
     loss_chunks: int
     loss_upcast: bool
@@ -434,6 +439,9 @@ class TransformersFacts:
     expert_linears: bool
     checkpoint_around_unit: bool
     quantized_load_16bit_on_gpu: bool
+    loss_in_model: bool = False
+    """The model's forward upcasts the logits and computes the loss itself (<= 4.45), so their order of
+    allocation and freeing differs from ForCausalLMLoss's though the bytes price alike (JobFacts.loss_in_model)."""
 
 
 def transformers_facts(version: str, torch: str, family: str) -> TransformersFacts:
@@ -501,7 +509,7 @@ def transformers_facts(version: str, torch: str, family: str) -> TransformersFac
     # l.969-970 `if is_fsdp_enabled(): param_device = "cpu" if is_local_dist_rank_0() else "meta"`), and the
     # FSDP wrap moves them.
     load_16bit_on_gpu = v < (4, 45)
-    return TransformersFacts(loss, impl, reentrant, rope, experts, around, load_16bit_on_gpu)
+    return TransformersFacts(loss, impl, reentrant, rope, experts, around, load_16bit_on_gpu, v < (4, 46))
 
 
 # The model families whose decoder layer is a GradientCheckpointingLayer in transformers 4.52 (each
@@ -576,6 +584,7 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
     stack = replica_stack(STACK_FACTS[train.stack]) if replica else STACK_FACTS[train.stack]
     arch = shape.arch
     stack_loss, stack_impl, reentrant = stack.loss, stack.adamw_impl, stack.reentrant
+    loss_in_model = False
     rope_buffers, expert_linears = stack.rope_cache_buffers, stack.expert_linears
     around_unit = stack.checkpoint_around_unit
     load_16bit_on_gpu = stack.quantized_load_on_gpu
@@ -583,6 +592,7 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
         # The transformers model and Trainer facts of the job's release (train.transformers).
         tf = transformers_facts(train.transformers, train.torch, hf_family(shape))
         stack_loss, reentrant, rope_buffers, expert_linears = tf.loss, tf.reentrant, tf.rope_buffers, tf.expert_linears
+        loss_in_model = tf.loss_in_model
         around_unit = tf.checkpoint_around_unit
         load_16bit_on_gpu = load_16bit_on_gpu and tf.quantized_load_16bit_on_gpu
         if not stack.deepspeed_engine:
@@ -669,6 +679,7 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
     return JobFacts(
         stack=stack,
         loss=loss,
+        loss_in_model=loss_in_model and native,
         loss_chunk_tokens=chunk_tokens,
         loss_chunks=chunks,
         loss_upcast=upcast,

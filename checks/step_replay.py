@@ -11,14 +11,15 @@ What is replayed, through checks/allocator.py, for two steps (the second starts 
 - each block's forward under no_grad (a reentrant checkpoint: torch.utils.checkpoint CheckpointFunction),
   its ops in the order activations.py walks them, every intermediate freed after its last use, the
   block's output kept as the next block's checkpointed input;
-- the final norm, the head's bf16 logits and transformers 4.46-4.48 ForCausalLMLoss (head_events);
-  its backward: nll_loss's zeros, log_softmax's input gradient, SliceBackward0's full-size zeros,
+- the final norm, the head's bf16 logits and the release's loss in its order (head_events): the model's own
+  (<= 4.45), ForCausalLMLoss with a shifted copy (4.46-4.48) or without (4.49 on);
+  its backward: nll_loss's zeros, log_softmax's input gradient, SliceBackward0's full-size zeros where it sliced,
   ToCopyBackward0's 16-bit gradient, then the head's input gradient;
 - each block in reverse: its recompute (the forward again, its saved tensors kept), then its backward as
   activations.backward_events orders it (engine.cpp), its input and its output gradient (which the reentrant
   checkpoint's backward holds, so the block sums into it out of place) released at the end.
 Scope, where this order is the one the code runs: one GPU (no sharding, no offload), per-block reentrant
-checkpointing, that loss, a frozen base (LoRA/QLoRA: AdamW's states are made once, in the first step; the
+checkpointing (transformers < 5.0), those losses, a frozen base (LoRA/QLoRA: AdamW's states are made once, in the first step; the
 adapters' gradients are left out, small-pool blocks while r x hidden x 4 B <= 1 MiB), and blocks all dense or all
 MoE. Elsewhere `segments` returns None and memory.py keeps its closed-form pool terms.
 
@@ -51,7 +52,7 @@ def applies(job) -> bool:
     f, t, c = job.facts, job.train, job.cluster
     return (f.stack.name == "hf" and not f.fsdp and not f.offloaded and c.sharding == "none"
             and c.gpus_per_node * c.nodes == 1 and f.ac_policy == "block" and f.reentrant
-            and f.loss == "fp32-upcast-shifted" and f.lora and blocks_replayable(job)
+            and f.loss in ("fp32-upcast-shifted", "fp32-upcast") and f.lora and blocks_replayable(job)
             and f.block_kernels == "torch" and not f.quant_saves_input and t.compute_bytes != 4)
 
 
@@ -101,7 +102,13 @@ def segments(job, device: str = "cuda") -> Replay | None:
     t, shape = job.train, job.shape
     bf = A.block_facts(job, device)
     return _replay(bf, shape.layers, shape.vocab, shape.hidden, t.compute_bytes, t.micro_batch,
-                   t.micro_batch * t.seq_len, A.shifted_copy_bytes(job) > 0, block_routing(job, bf))
+                   t.micro_batch * t.seq_len, A.shifted_copy_bytes(job) > 0, block_routing(job, bf), head_loss(job.facts))
+
+
+def head_loss(f) -> str:
+    """The loss as head_events orders it: the job's, or fp32-model-upcast where the model computes it
+    (JobFacts.loss_in_model)."""
+    return "fp32-model-upcast" if f.loss_in_model else f.loss
 
 
 def block_routing(job, bf: A.BlockFacts) -> tuple | None:
@@ -263,6 +270,9 @@ def head_events(tokens: int, batch: int, vocab: int, hidden: int, e: int, loss: 
     it. loss:
       fp32-logits-kept     transformers <= 4.45 (`logits = logits.float()` in the model, kept in the output by the
                            loop until the step ends: fsdp_qlora train.py), a shifted .contiguous() copy, log_softmax;
+      fp32-model-upcast    the same under the HF Trainer (JobFacts.loss_in_model): compute_loss returns the loss
+                           alone, so `outputs` and its fp32 logits go before backward (4.45.2 trainer.py
+                           training_step: `loss = self.compute_loss(model, inputs)`, then accelerator.backward);
       fp32-upcast-shifted  4.46-4.48 loss_utils ForCausalLMLoss: the loss upcasts the 16-bit logits and shifts a
                            .contiguous() copy of them; both die with the loss function, the 16-bit logits when
                            compute_loss returns (the Trainer drops `outputs`);
@@ -279,12 +289,15 @@ def head_events(tokens: int, batch: int, vocab: int, hidden: int, e: int, loss: 
           ("a", "norm output", e * h)] + ([] if norm_trains else [("f", "norm cast")])
     ev += [("a", "logits", e * full)]
     kept = None
-    if loss == "fp32-logits-kept":
+    if loss in ("fp32-logits-kept", "fp32-model-upcast"):
         kept = "fp32 logits"
         ev += [("a", kept, 4 * full), ("f", "logits")]
         ev += [("a", "shifted", 4 * shifted)] if shift_copy else []
         ev += [("a", "log_softmax", lsm * shifted)] + ([("f", "shifted")] if shift_copy else [])
         ev += [] if norm_trains else [("f", "norm output")]
+        if loss == "fp32-model-upcast":
+            ev.append(("f", kept))
+            kept = None
     else:
         ev += [("a", "fp32", 4 * full)]
         copy = loss == "fp32-upcast-shifted" and shift_copy
@@ -380,16 +393,16 @@ def backward_events(inputs: list, loss_live: tuple, tokens: int, vocab: int, hid
 
 @functools.lru_cache(maxsize=64)
 def _replay(bf: A.BlockFacts, layers: int, vocab: int, hidden: int, e: int, batch: int, tokens: int,
-            shift_copy: bool = True, routing: tuple | None = None) -> Replay:
+            shift_copy: bool = True, routing: tuple | None = None, loss: str = "fp32-upcast-shifted") -> Replay:
     """Two steps; `routing`: per block, each routed expert's rows (routed_tokens) where the experts run in a loop,
-    else None; both steps route alike."""
+    else None; both steps route alike; `loss` as head_events takes it."""
     # reentrant (applies): each output gradient held
     recompute, bwd, _ = backward_replay(bf, True)
     zero: set = set()
     step = [("a", ("x", 0), hidden * e * tokens)]  # the embedding's output: the first block's input
     for i in range(layers):
         step += forward_events(bf, i, ("x", i), ("x", i + 1), tokens, zero, routing[i] if routing else None)
-    head, names = head_events(tokens, batch, vocab, hidden, e, "fp32-upcast-shifted", shift_copy)
+    head, names = head_events(tokens, batch, vocab, hidden, e, loss, shift_copy)
     step += head + backward_events([("x", i) for i in range(layers + 1)], names["loss"], tokens, vocab, hidden, e,
                                    names["sliced"], (recompute, bwd, True), head_frees=names["head_frees"],
                                    experts=backward_experts(bf, True), routing=routing)

@@ -51,9 +51,38 @@ def test_the_replay_applies_only_where_its_order_is_the_codes(job):
                                                                        'sharding = "zero3"')) is None
     assert step_replay.segments(job(model=TINY, train=HF_LORA.replace('"hf"', '"podkit"'),
                                     cluster='gpu = "A100-80GB"')) is None
-    assert step_replay.segments(job(model=TINY, train=HF_LORA.replace('"4.48.1"', '"4.44.2"'),
-                                    cluster='gpu = "A100-80GB"')) is None  # fp32 logits kept in the model
+    assert step_replay.segments(job(model=TINY, train=HF_LORA.replace('"4.48.1"', '"5.0.0"'),
+                                    cluster='gpu = "A100-80GB"')) is None  # use_reentrant=False from 5.0
     assert step_replay.segments(job(model=TINY, train=HF_LORA, cluster='gpu = "A100-80GB"'), device="cpu") is None
+
+
+def test_the_loss_in_the_model_frees_the_16_bit_logits_first_by_hand(job):
+    """transformers <= 4.45: the model's `.float()` drops the 16-bit logits before the shifted copy, and the
+    fp32 logits go when compute_loss returns, before backward."""
+    j45 = job(model=TINY, train=HF_LORA.replace('"4.48.1"', '"4.45.2"'), cluster='gpu = "A100-80GB"')
+    assert j45.facts.loss_in_model and j45.facts.loss == "fp32-upcast"
+    r45 = step_replay.segments(j45)
+    r48 = step_replay.segments(job(model=TINY, train=HF_LORA, cluster='gpu = "A100-80GB"'))
+    tokens, batch, vocab = 8 * 256, 8, 65536
+    logits, full, shifted = 2 * vocab * tokens, 4 * vocab * tokens, 4 * vocab * (tokens - batch)
+    # Forward: the 16-bit logits' segment, then the fp32 logits'; the freed 16-bit block is too small for the
+    # shifted copy and log_softmax's output: a segment each. Backward: nll_loss's zeros take the shifted copy's
+    # segment, log_softmax's input gradient the fp32 logits' (freed with `outputs`), SliceBackward0's full-size
+    # zeros a fifth. The same segments as 4.46-4.48 (which frees the 16-bit logits last) ...
+    assert r45.reserved_large == r48.reserved_large == logits + 2 * full + 2 * segment_size(shifted)
+    # ... but the forward's peak lacks the 16-bit logits: fp32 + shifted copy + log_softmax (and small blocks).
+    assert r48.peak_allocated - r45.peak_allocated == logits
+    assert 0 <= r45.peak_allocated - (full + 2 * shifted) <= 2 * MIB
+
+
+def test_the_loss_without_a_shifted_copy_reserves_one_fp32_logits_less_by_hand(job):
+    """transformers >= 4.49 pads the labels: the fp32 upcast and log_softmax span every position, no copy."""
+    r = step_replay.segments(job(model=TINY, train=HF_LORA.replace('"4.48.1"', '"4.49.0"'),
+                                 cluster='gpu = "A100-80GB"'))
+    logits, full = 2 * 65536 * 8 * 256, 4 * 65536 * 8 * 256
+    # Forward: 16-bit logits, fp32 copy, log_softmax; backward: nll_loss's zeros in the fp32 copy's segment,
+    # log_softmax's input gradient a third full-size one; no slice, the 16-bit gradient in the logits'.
+    assert r.reserved_large == logits + 3 * full
 
 
 # A Mixtral-shaped MoE small enough to walk in milliseconds, whose experts' tensors are large-pool blocks at
