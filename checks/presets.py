@@ -3,7 +3,8 @@ Hub (https://huggingface.co/<repo>/blob/main/config.json), read by the same code
 
 Keys a config leaves to transformers' defaults are left out here too (Gemma 3's text_config relies
 on Gemma3TextConfig's vocab_size and head_dim). max_position_embeddings is given where a modelled
-stack sizes memory by it (fsdp_qlora's transformers 4.39 keeps rotary tables that long: Llama 2, Mistral). tests/test_models.py checks every total against
+stack sizes memory by it (transformers releases that keep rotary tables that long: Llama 2 and Mistral under
+fsdp_qlora's 4.39, Mixtral through 4.47). tests/test_models.py checks every total against
 the published one.
 """
 
@@ -115,10 +116,10 @@ CONFIGS: dict[str, tuple[str, dict]] = {
                    {"model_type": "phi3", **_llama(3072, 32, 24, 8, 8192, 200064, tie=True)}),
     # ---- Mixture of Experts
     "mixtral-8x7b": ("mistralai/Mixtral-8x7B-v0.1",
-                     {"model_type": "mixtral", **_llama(4096, 32, 32, 8, 14336, 32000),
+                     {"model_type": "mixtral", **_llama(4096, 32, 32, 8, 14336, 32000, max_position_embeddings=32768),
                       "num_local_experts": 8, "num_experts_per_tok": 2}),
     "mixtral-8x22b": ("mistralai/Mixtral-8x22B-v0.1",
-                      {"model_type": "mixtral", **_llama(6144, 56, 48, 8, 16384, 32768),
+                      {"model_type": "mixtral", **_llama(6144, 56, 48, 8, 16384, 32768, max_position_embeddings=65536),
                        "num_local_experts": 8, "num_experts_per_tok": 2}),
     "qwen1.5-moe-a2.7b": ("Qwen/Qwen1.5-MoE-A2.7B",
                           {"model_type": "qwen2_moe", **_llama(2048, 24, 16, 16, 5632, 151936),

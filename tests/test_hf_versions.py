@@ -75,6 +75,10 @@ def test_rotary_buffers_are_on_every_gpu_and_other_families_end_elsewhere(job):
     for transformers, kept in (("4.41.2", True), ("4.42.0", False)):
         j = job(model='preset = "mistral-7b"', train=f"stack = 'hf'\nlora_rank = 8\ntransformers = '{transformers}'")
         assert part(estimate(j), "rotary cos/sin", "step") == (32 * 2 * 32768 * 128 * 2 if kept else 0)
+    # Mixtral kept them through 4.47.x: its config.json's 32768 positions (the preset carries them).
+    for transformers, kept in (("4.47.1", True), ("4.48.0", False)):
+        j = job(model='preset = "mixtral-8x7b"', train=f"stack = 'hf'\nlora_rank = 8\ntransformers = '{transformers}'")
+        assert part(estimate(j), "rotary cos/sin", "step") == (32 * 2 * 32768 * 128 * 2 if kept else 0)
     # Explicit dimensions size them by model.max_position_embeddings (the peft doc's Llama-2-70B).
     j = job(model="hidden = 8192\nlayers = 80\nheads = 64\nkv_heads = 8\nffn = 28672\nvocab = 32000\n"
                   "max_position_embeddings = 4096",
