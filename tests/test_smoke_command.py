@@ -136,6 +136,69 @@ def test_ctrl_c_stops_the_command_and_leaves_an_interrupted_summary(tmp_path):
     assert script_pids.strip() == ""
 
 
+STUBBORN = """\
+import signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+print("ready", flush=True)
+while True:
+    time.sleep(0.1)
+"""
+
+
+def test_a_command_that_ignores_sigterm_is_killed_after_the_grace(tmp_path, monkeypatch):
+    import threading
+
+    from podkit.train import script_smoke
+    from podkit.train.outputs import RunDir
+
+    monkeypatch.setattr(script_smoke, "STOP_GRACE_S", 1.0)
+    name = script(tmp_path, "stubborn.py", STUBBORN)
+    run_dir = RunDir(tmp_path / "runs", "g")
+    # One SIGINT to this process once the command runs: run_command's handler forwards SIGTERM, which the command
+    # ignores; without a timeout the wait must still reach the SIGKILL.
+    def interrupt_once_ready():
+        deadline = time.monotonic() + 60
+        log = run_dir.file("log")
+        while time.monotonic() < deadline and not (log.exists() and "ready" in log.read_text()):
+            time.sleep(0.05)
+        sent.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(20)  # never hang the suite: past this the elapsed-time assertion fails instead
+        subprocess.run(["pkill", "-KILL", "-f", str(tmp_path / name)])
+
+    sent: list[float] = []
+    threading.Thread(target=interrupt_once_ready, daemon=True).start()
+    code, how = script_smoke.run_command((PY, str(tmp_path / name)), run_dir, steps=10, every=1, timeout=None,
+                                         echo=False)
+    assert how == "interrupted" and code == -signal.SIGKILL, code
+    assert time.monotonic() - sent[0] < 10
+
+
+def test_a_second_ctrl_c_kills_a_command_that_ignores_the_first(tmp_path):
+    name = script(tmp_path, "stubborn.py", STUBBORN)
+    proc = subprocess.Popen([str(SMOKE), "--output-dir", str(tmp_path / "runs"), "--run-id", "r", "--", PY, name],
+                            cwd=tmp_path, env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    log = tmp_path / "runs" / "r" / "smoke.log"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (log.exists() and "ready" in log.read_text()):
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGINT)
+    time.sleep(1.0)
+    assert proc.poll() is None  # within its grace
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=10)  # well inside STOP_GRACE_S: the second Ctrl-C killed it
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "second Ctrl-C" in err
+    s = json.loads((tmp_path / "runs" / "r" / "summary.json").read_text())
+    assert s["status"] == "interrupted"
+    assert subprocess.run(["pgrep", "-f", str(tmp_path / name)], capture_output=True, text=True).stdout.strip() == ""
+
 @pytest.mark.parametrize("args, needle", [
     (["--"], "no command after --"),
     (["--", "no-such-command-podkit"], "command not found: no-such-command-podkit"),

@@ -30,6 +30,7 @@ from podkit.train.verdict import EXIT_CODES, Row, judge, prediction_warnings
 ROOT = Path(__file__).resolve().parent.parent
 INJECT_DIR = Path(__file__).resolve().parent / "inject"
 STOP_GRACE_S = 15.0  # SIGTERM -> SIGKILL for the command's process group (torchrun itself waits 30 s per worker)
+POLL_S = 0.2
 EXIT_TIMEOUT = 1  # a hang is a failed run (DESIGN.md: 0 ok, 1 failed, 3 OOM, 130 interrupted)
 
 
@@ -65,6 +66,13 @@ def _tee(stream, log_file, echo) -> None:
             echo.flush()
 
 
+def _kill_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
 def run_command(command: tuple[str, ...], run_dir: RunDir, steps: int, every: int, timeout: float | None,
                 echo=True) -> tuple[int | None, str]:
     """Run the command to its end, a timeout or a signal. Returns (exit code or None, how it ended)."""
@@ -84,27 +92,35 @@ def run_command(command: tuple[str, ...], run_dir: RunDir, steps: int, every: in
 
     def forward(signum, _frame):
         stopped.append(signum)
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+        if len(stopped) == 1:
+            print(f"bin/smoke: stopping the command (SIGTERM to its process group); it is killed after "
+                  f"{STOP_GRACE_S:.0f} s, or at once on a second Ctrl-C", file=sys.stderr, flush=True)
+        _kill_group(proc.pid, signal.SIGTERM)
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     how = "exited"
     try:
         deadline = time.monotonic() + timeout if timeout else None
+        kill_at = None
         while True:
+            # A short wait, not a blocking one: a signal arriving inside waitpid() runs `forward` and the wait
+            # resumes (PEP 475), so a blocking wait would never reach the SIGKILL below.
             try:
-                wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-                code = proc.wait(timeout=STOP_GRACE_S if stopped else wait)
+                code = proc.wait(timeout=POLL_S)
                 break
             except subprocess.TimeoutExpired:
-                if stopped:
-                    os.killpg(proc.pid, signal.SIGKILL)  # past its grace
-                    continue
+                pass
+            now = time.monotonic()
+            if stopped:
+                if kill_at is None:
+                    kill_at = now + STOP_GRACE_S
+                if now >= kill_at or len(stopped) > 1:  # past its grace, or asked twice (a second Ctrl-C)
+                    _kill_group(proc.pid, signal.SIGKILL)
+                    kill_at = now + STOP_GRACE_S
+            elif deadline is not None and now >= deadline:
                 how = "timeout"
                 stopped.append(signal.SIGTERM)
-                os.killpg(proc.pid, signal.SIGTERM)
+                _kill_group(proc.pid, signal.SIGTERM)
         if stopped and how != "timeout":
             how = "interrupted"
         process_tree.stop_all_below(os.getpid(), grace=5.0 if stopped else 0.0, spare=own)
