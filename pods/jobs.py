@@ -9,6 +9,7 @@ until the process is gone); a dropped or killed client stops only the tail, neve
 from __future__ import annotations
 
 import re
+import secrets
 import shlex
 import time
 from dataclasses import dataclass
@@ -34,7 +35,8 @@ class Job:
 def new_id(command: str) -> str:
     words = [w for w in shlex.split(command) if not w.startswith("-")] or ["job"]
     word = re.sub(r"[^A-Za-z0-9_-]", "", words[0].rsplit("/", 1)[-1])[:20] or "job"
-    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + f"-{word}"
+    # A random tail: jobs started within the same second (a loop of --detach runs) get ids of their own.
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + f"-{word}-{secrets.token_hex(2)}"
 
 
 def valid_id(job_id: str) -> str:
@@ -58,11 +60,14 @@ def start(conn: PodConnection, command: str, job_id: str | None = None, *, env: 
     # code. setsid puts it in its own session, so the SSH session's hangup never reaches it.
     # PODKIT_JOB_ID tags the job's whole process tree for `stop`; PODKIT_SESSION is dropped so
     # a Ctrl-C of this client (PodConnection.stop_remote) never stops the job.
-    inner = (f"[ -r .podkit/env ] && . .podkit/env\n{exports}{command}\n"
-             f"rc=$?; echo $rc > {d}/exit_code.tmp && mv {d}/exit_code.tmp {d}/exit_code")
+    # The command runs in a subshell, which sees every variable the env file set: its `cd`, `exec` or
+    # `exit` end or move that subshell only, so the wrapper still records the code, at an absolute path.
+    inner = (f'jobdir="$PWD/{d}"\n[ -r .podkit/env ] && . .podkit/env\n{exports}(\n{command}\n)\n'
+             'rc=$?; echo $rc > "$jobdir/exit_code.tmp" && mv "$jobdir/exit_code.tmp" "$jobdir/exit_code"')
     script = (
         f"mkdir -p {d} || exit 2\n"
-        f"if [ -e {d}/pid ]; then echo 'job {job_id} exists' >&2; exit 2; fi\n"
+        f"if [ -e {d}/pid ]; then echo 'job {job_id} exists: give another --id, or bin/pod attach HOST {job_id}' >&2; "
+        f"exit 2; fi\n"
         f"printf '%s\\n' {shlex.quote(command)} > {d}/command\n"
         f"date -u +%Y-%m-%dT%H:%M:%S.%NZ > {d}/started\n"
         f"env -u PODKIT_SESSION PODKIT_JOB_ID={job_id} setsid nohup bash --noprofile --norc -c {shlex.quote(inner)} "

@@ -83,6 +83,18 @@ def test_job_ids_are_checked_everywhere_and_attach_picks_the_newest(world):
     assert attached.returncode == 0 and "hello aaa-second" in attached.stdout, attached.stdout + attached.stderr
 
 
+@pytest.mark.parametrize("command, code", [
+    ("cd jobs && pwd && exit 0", 0),  # a cd that moved the wrapper lost the exit code file's relative path
+    ("exec python -c 'import sys; sys.exit(5)'", 5),  # exec replaced the wrapper that records the code
+    ("false || exit 3", 3),  # exit ended the wrapper before it recorded anything
+])
+def test_a_one_string_command_that_moves_replaces_or_exits_keeps_its_exit_code(world, command, code):
+    (Path(world.pod.remote_dir) / "jobs").mkdir(exist_ok=True)
+    out = cli(world, "run", *args(world), world.pod.spec, "--", command)
+    assert out.returncode == code, out.stdout + out.stderr
+    assert "without an exit code" not in out.stderr
+
+
 def test_stop_ends_a_two_process_smoke_and_everything_it_started(world):
     remote = Path(world.pod.remote_dir)
     job = tiny_job(remote / "jobs", cluster={"gpus_per_node": 2}, smoke={"steps": 100000})  # made on the pod

@@ -384,3 +384,11 @@ def test_remote_disk_full_is_one_line_and_a_rerun_after_freeing_space_completes(
         assert (mount / "project" / "bin" / "smoke").exists() and (mount / "project" / ".venv" / "bin" / "python").exists()
     finally:
         subprocess.run(["umount", "-l", str(mount)])
+
+
+def test_generated_job_ids_differ_within_one_second():
+    from podkit.pods import jobs
+
+    ids = {jobs.new_id("python train.py --steps 10") for _ in range(20)}
+    assert len(ids) == 20, ids  # a loop of `bin/pod run --detach` starts several in the same second
+    assert all(jobs.valid_id(i) and "-python-" in i for i in ids)
