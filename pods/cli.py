@@ -306,6 +306,8 @@ def run_cmd(host, command, detach, job_id, as_json, nodes, nproc_per_node, pods:
             code = remote_jobs.attach(conn, jid, lambda line: click.echo(line, err=as_json))
         except PodError as exc:
             raise PodError(f"{exc.problem}; job {jid} keeps running on the pod", f"re-attach: bin/pod attach {host} {jid}") from None
+        except KeyboardInterrupt:
+            _left_running(host, jid, as_json, job)
     click.echo(f"job {jid} exited {code}", err=True)
     if as_json:
         click.echo(json.dumps({"ok": code == 0, **job, "detached": False, "exit_code": code}, indent=2))
@@ -364,6 +366,16 @@ def _run_nodes(host: str, command: tuple[str, ...], detach: bool, run_id: str | 
     return code
 
 
+def _left_running(host: str, job_id: str, as_json: bool, job: dict):
+    """Ctrl-C while following a job ends the following, not the job (it runs detached): say so, and how to
+    get back to it or stop it; exit 130."""
+    click.echo(f"\ndetached: job {job_id} keeps running on the pod; re-attach: bin/pod attach {host} {job_id}; "
+               f"stop it: bin/pod stop {host} {job_id}", err=True)
+    if as_json:
+        click.echo(json.dumps({"ok": False, **job, "detached": True, "interrupted": True, "exit_code": None}, indent=2))
+    sys.exit(130)
+
+
 def _command_line(command: tuple[str, ...]) -> str:
     import shlex
 
@@ -383,11 +395,14 @@ def attach_cmd(host, job_id, as_json, pods: PodArgs):
         remote_jobs.valid_id(job_id)  # before connecting: an id never reaches a shell unchecked
     with pods.one(host, err=as_json) as (conn, spec, _, _, rdir):
         job_id = job_id or _newest(conn, spec)
-        code = remote_jobs.attach(conn, job_id, lambda line: click.echo(line, err=as_json))
+        job = {"job": job_id, "pod": spec.name, "host": spec.host,
+               "log": f"{rdir}/{remote_jobs.JOBS_DIR}/{job_id}/output.log"}
+        try:
+            code = remote_jobs.attach(conn, job_id, lambda line: click.echo(line, err=as_json))
+        except KeyboardInterrupt:
+            _left_running(host, job_id, as_json, job)
     if as_json:
-        click.echo(json.dumps({"ok": code == 0, "job": job_id, "pod": spec.name, "host": spec.host,
-                               "log": f"{rdir}/{remote_jobs.JOBS_DIR}/{job_id}/output.log", "exit_code": code},
-                              indent=2))
+        click.echo(json.dumps({"ok": code == 0, **job, "exit_code": code}, indent=2))
     sys.exit(code)
 
 

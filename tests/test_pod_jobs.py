@@ -5,6 +5,7 @@ SetEnv, read by every non-interactive bash), and every test checks what is left 
 listing this machine's processes, which are the pod's.
 """
 
+import json
 import os
 import re
 import signal
@@ -120,6 +121,38 @@ def test_stop_ends_a_two_process_smoke_and_everything_it_started(world):
     summary = (Path(world.pod.remote_dir) / "runs" / jid / "summary.json").read_text()
     assert '"status": "interrupted"' in summary
 
+
+@pytest.mark.parametrize("command", ["run", "attach"])
+def test_ctrl_c_while_following_a_job_leaves_it_running_and_says_how_to_get_back(world, command):
+    jid = f"follow-{command}-{uuid.uuid4().hex[:6]}"
+    started = cli(world, "run", *args(world), "--id", jid, "--detach", world.pod.spec, "--",
+                  "bash", "-c", "for i in $(seq 1 600); do echo tick $i; sleep 0.1; done")
+    assert started.returncode == 0, started.stderr
+    env = {**os.environ}
+    env.pop("PYTHONPATH", None)
+    follow = (["attach", "--known-hosts", str(world.known_hosts), world.pod.spec, *args(world), jid, "--json"]
+              if command == "attach" else None)
+    if follow is None:  # `run` without --detach follows a job of its own
+        jid = f"{jid}-r"
+        follow = ["run", "--known-hosts", str(world.known_hosts), *args(world), "--id", jid, "--json", world.pod.spec,
+                  "--", "bash", "-c", "for i in $(seq 1 600); do echo tick $i; sleep 0.1; done"]
+    proc = subprocess.Popen([str(world.project / "bin" / "pod"), *follow], cwd=world.project, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert wait_for(lambda: with_env(f"PODKIT_JOB_ID={jid}"), timeout=60)
+        time.sleep(1.5)  # following: the output streams
+        os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130, err
+        assert f"job {jid} keeps running" in err and f"bin/pod attach {world.pod.spec} {jid}" in err, err
+        assert "re-run to continue" not in err
+        obj = json.loads(out)  # --json: one object on stdout, even when interrupted
+        assert obj["job"] == jid and obj["detached"] and obj["exit_code"] is None
+        assert with_env(f"PODKIT_JOB_ID={jid}"), "the job was stopped"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        cli(world, "stop", world.pod.spec, *args(world), jid, "--grace", "1")
 
 def test_ctrl_c_on_the_laptop_stops_the_remote_step(world):
     """A long remote step (an install) interrupted by Ctrl-C is stopped on the pod, not left running."""
