@@ -71,6 +71,7 @@ class _Stream:
         while self.status is None:
             end = self.buf.find(b"\n")
             if end < 0:
+                self._progress()
                 return
             line, self.buf = self.buf[:end], self.buf[end + 1:]
             if line.startswith(self.marker):
@@ -81,9 +82,25 @@ class _Stream:
             if self.out is not None:
                 if self.held_blank:
                     self.out("")
-                self.held_blank = not line
-                if line:
-                    self.out(line.decode(errors="replace"))
+                shown = line.rstrip(b"\r").rsplit(b"\r", 1)[-1]  # a redrawn line: its last drawing
+                self.held_blank = not shown
+                if shown:
+                    self.out(shown.decode(errors="replace"))
+
+    def _progress(self) -> None:
+        """A progress bar (tqdm, the HF Trainer) redraws its line with carriage returns and ends it with a newline
+        only when done: pass on what a terminal would show now, so progress streams as it happens."""
+        cr = self.buf.rfind(b"\r")
+        if cr < 0:
+            return
+        segment, self.buf = self.buf[:cr + 1], self.buf[cr + 1:]
+        self.text += segment
+        shown = segment.rstrip(b"\r").rsplit(b"\r", 1)[-1]
+        if self.out is not None and shown:
+            if self.held_blank:
+                self.out("")
+                self.held_blank = False
+            self.out(shown.decode(errors="replace"))
 
 
 class RemoteShell:

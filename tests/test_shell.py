@@ -131,6 +131,16 @@ def test_rsync_rides_the_same_connection(pod, conn, tmp_path):
         run_rsync(conn, ["-rlpt", f"{src}/", f"{pod[0].address}:/proc/no/such/dir/"], what="sync")
 
 
+def test_a_progress_bar_streams_before_its_line_ends():
+    lines: list[str] = []
+    stream = _Stream(b"\x1eM", lines.append)
+    stream.feed(b"epoch 1\n 10%|#\r 20%|##\r 30%")  # tqdm: each redraw starts with \r, the newline comes at the end
+    assert lines == ["epoch 1", " 20%|##"]  # what a terminal shows now, before any newline
+    stream.feed(b"|###\r100%|#####\n\x1eM 0\n")
+    assert lines[-1] == "100%|#####" and stream.status == 0
+    assert bytes(stream.text) == b"epoch 1\n 10%|#\r 20%|##\r 30%|###\r100%|#####"  # collected whole
+
+
 def test_stream_framing_removes_exactly_the_newline_before_the_marker():
     for text in (b"", b"abc", b"abc\n", b"abc\n\n", b"\n", b"a\n\nb"):
         expected_lines = text.decode().split("\n")

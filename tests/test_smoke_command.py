@@ -136,6 +136,33 @@ def test_ctrl_c_stops_the_command_and_leaves_an_interrupted_summary(tmp_path):
     assert script_pids.strip() == ""
 
 
+def test_the_log_gets_a_progress_bar_before_its_line_ends(tmp_path):
+    import io
+    import threading
+
+    from podkit.train import script_smoke
+
+    r, w = os.pipe()
+    log, echo = open(tmp_path / "log", "wb"), io.BytesIO()
+    tee = threading.Thread(target=script_smoke._tee, args=(os.fdopen(r, "rb"), log, echo))
+    tee.start()
+    os.write(w, b" 10%|#\r 20%|##\r")  # tqdm's redraws: no newline until the bar is done
+    assert wait_until(lambda: (tmp_path / "log").read_bytes() == b" 10%|#\r 20%|##\r")
+    os.write(w, b"100%\n")
+    os.close(w)
+    tee.join(timeout=10)
+    assert (tmp_path / "log").read_bytes() == echo.getvalue() == b" 10%|#\r 20%|##\r100%\n"
+
+
+def wait_until(predicate, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
 STUBBORN = """\
 import signal, time
 signal.signal(signal.SIGTERM, signal.SIG_IGN)

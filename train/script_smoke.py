@@ -58,11 +58,12 @@ def _child_env(run_path: Path, steps: int, every: int) -> dict:
 
 
 def _tee(stream, log_file, echo) -> None:
-    for line in iter(stream.readline, b""):
-        log_file.write(line)
+    # Whatever has arrived, not whole lines: a progress bar redraws with \r and ends its line only when done.
+    for chunk in iter(lambda: stream.read1(1 << 16), b""):
+        log_file.write(chunk)
         log_file.flush()
         if echo is not None:
-            echo.write(line)
+            echo.write(chunk)
             echo.flush()
 
 
