@@ -115,3 +115,14 @@ def delete_stale(conn: PodConnection, remote_dir: str, stale: set[str]) -> int:
 
 def _safe_relative(path: str) -> bool:
     return bool(path) and not path.startswith("/") and ".." not in path.split("/") and not path.startswith(MARKER)
+
+
+def existing(conn: PodConnection, remote_dir: str, paths: set[str]) -> list[str]:
+    """Which of `paths` (relative to remote_dir) already exist on the pod, sorted."""
+    paths = {p for p in paths if _safe_relative(p) and "\n" not in p}
+    if not paths:
+        return []
+    script = (f"cd {shlex.quote(remote_dir)} || exit 3\n"
+              "while IFS= read -r f || [ -n \"$f\" ]; do { [ -e \"$f\" ] || [ -L \"$f\" ]; } && printf '%s\\n' \"$f\"; done; true")
+    out = conn.run(script, stdin="\n".join(sorted(paths)), prelude=False, check=True).stdout
+    return sorted(line for line in out.splitlines() if line in paths)

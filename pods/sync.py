@@ -19,7 +19,7 @@ from typing import Callable
 
 from podkit.pods.connection import PodConnection
 from podkit.pods.errors import PodError
-from podkit.pods.ownership import delete_stale, read_manifest, write_manifest
+from podkit.pods.ownership import delete_stale, existing, read_manifest, write_manifest
 from podkit.pods.rsync import TransferStats, remote_target, run_rsync
 from podkit.pods.selection import chosen_files
 
@@ -30,6 +30,14 @@ def push(conn: PodConnection, local: Path, remote_dir: str, *, rsync_on_pod: boo
     and no longer sends (pods/ownership.py), never anything else."""
     files = chosen_files(local)
     before = read_manifest(conn, remote_dir)
+    # A path podkit never sent that already exists there is the user's (a --force deploy into their directory,
+    # or a file they added): never overwrite it.
+    theirs = existing(conn, remote_dir, set(files) - (before or set()))
+    if theirs:
+        shown = ", ".join(theirs[:5]) + (f" and {len(theirs) - 5} more" if len(theirs) > 5 else "")
+        raise PodError(f"{remote_dir} holds {len(theirs)} file(s) podkit did not send at paths it would write: {shown}",
+                       "move them out of the way, or deploy to another REMOTE_DIR; podkit never overwrites "
+                       "what it did not create")
     # Record the union first: a sync cut short still knows every file it may have sent.
     write_manifest(conn, remote_dir, (before or set()) | set(files))
     if rsync_on_pod:

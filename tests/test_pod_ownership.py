@@ -67,9 +67,17 @@ def test_a_foreign_directory_is_refused_then_force_keeps_every_file_of_its_owner
     assert str(theirs) in line and "--force" in line and "not created by podkit" in line
     assert tree(theirs) == before and not (theirs / ".podkit").exists()
 
+    # --force adds podkit's files beside theirs, but never over one of theirs: their README.md is in the way.
+    line = one_line_error(cli(world, "deploy", world.pod.spec, *args_for(world, str(theirs)), "--force"))
+    assert "README.md" in line and "did not send" in line and "never overwrites" in line, line
+    assert (theirs / "README.md").read_text() == before["README.md"] and not (theirs / "bin").exists()
+    (theirs / "README.md").rename(theirs / "README.theirs.md")  # what the message asks for
+    before = tree(theirs)
+
     forced = cli(world, "deploy", world.pod.spec, *args_for(world, str(theirs)), "--force")
     assert forced.returncode == 0, forced.stdout + forced.stderr
     assert (theirs / "bin" / "smoke").exists()
+    assert (theirs / "README.theirs.md").read_text() == before["README.theirs.md"]
     assert (theirs / "thesis.txt").read_text() == before["thesis.txt"]
     assert (theirs / "notes" / "chapter1.md").read_text() == before["notes/chapter1.md"]
 
