@@ -8,7 +8,7 @@ TORCH_CPU ?= torch==2.13.0
 .PHONY: setup test preflight smoke bench deploy fetch-logs envsetup clean pod-up pod-down
 
 # Pod options, all optional: make deploy HOST=... KEY=~/.ssh/id_ed25519 PROFILE=runpod REMOTE_DIR=/workspace/x
-# FORCE=1 (deploy into a non-empty REMOTE_DIR podkit did not create; its files are kept), ACCEPT_NEW=1 (record an unknown host key), PODS=pods.toml (inventory), CONFIG=job.toml (preflight on the pod).
+# FORCE=1 (deploy into a non-empty REMOTE_DIR podkit did not create; its files are kept, never overwritten), ACCEPT_NEW=1 (record an unknown host key), PODS=pods.toml (inventory), CONFIG=job.toml (preflight on the pod).
 POD_ARGS = $(if $(KEY),--key "$(KEY)") $(if $(PROFILE),--profile "$(PROFILE)") \
   $(if $(REMOTE_DIR),--remote-dir "$(REMOTE_DIR)") $(if $(PYTHON),--python "$(PYTHON)") \
   $(if $(ACCEPT_NEW),--accept-new) $(if $(PODS),--inventory "$(PODS)") $(if $(BWLIMIT),--bwlimit "$(BWLIMIT)") \

@@ -153,7 +153,7 @@ def main() -> None:
 @click.argument("host", metavar="HOST")
 @click.option("--config", help="Job TOML to preflight on the pod (path inside the project).")
 @click.option("--force", is_flag=True,
-              help="Deploy into a non-empty REMOTE_DIR that podkit did not create (its files are kept, never deleted).")
+              help="Deploy into a non-empty REMOTE_DIR that podkit did not create (its files are kept: never overwritten or deleted).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (every pod's outcome); progress goes to stderr.")
 @transfer_pod_options
 @guarded
