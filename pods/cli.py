@@ -163,6 +163,8 @@ def deploy_cmd(host, config, force, as_json, pods: PodArgs):
     HOST is user@host[:port], an ~/.ssh/config alias, the pasted RunPod line
     'ssh root@IP -p PORT -i KEY', or a pods.toml name or group; several separated by commas.
     """
+    if config:
+        _check_job_path(config, pods.opts.project)  # before connecting: a typo is bad input, not a pod's failure
     outcomes: list[Outcome] = deploy(pods.specs(host), dataclasses.replace(pods.opts, force=force), config,
                                      err=as_json)
     if as_json:
@@ -364,6 +366,18 @@ def _run_nodes(host: str, command: tuple[str, ...], detach: bool, run_id: str | 
     say(f"run {run_id} exited {code}" + (" (the first node to fail)" if code else "")
         + f"; its logs: bin/pod fetch-logs {host}")
     return code
+
+
+def _check_job_path(config: str, project: Path) -> None:
+    """--config names a job TOML inside the project, which deploy sends: it must be there."""
+    root = project.resolve()
+    path = (root / config).resolve()
+    if not path.is_relative_to(root):
+        raise PodError(f"--config {config} is outside the project, which is what deploy sends",
+                       "give a path inside the project, e.g. checks/examples/...")
+    if not path.is_file():
+        raise PodError(f"--config {config}: no such file in the project ({root})", "check the path (it is relative "
+                       "to the project root)")
 
 
 def _left_running(host: str, job_id: str, as_json: bool, job: dict):

@@ -275,6 +275,13 @@ CASES = [
     ("pod-attach-bad-job-id", "pod", ["attach", "root@127.0.0.1:1", "../x"], {}, "../x"),
     ("fetch-logs-dest-under-file", "fetch-logs", ["root@127.0.0.1:1", "--dest", "f/logs"], {"f": "x"}, "is a file"),
     ("deploy-unknown-option", "deploy", ["--bogus"], {}, "bin/pod"),
+    # a closed port: the config is refused before any connection is tried
+    ("pod-deploy-config-missing", "pod", ["deploy", "root@127.0.0.1:1", "--config", "nonexistent.toml"], {},
+     "no such file in the project"),
+    ("pod-deploy-config-outside", "pod", ["deploy", "root@127.0.0.1:1", "--config", "../../x.toml"], {},
+     "outside the project"),
+    ("pod-deploy-config-missing-json", "pod", ["deploy", "root@127.0.0.1:1", "--config", "nope.toml", "--json"], {},
+     "no such file in the project"),
     # -- bin/plot
     ("plot-no-run", "plot", [], {}, "bin/plot"),
     ("plot-run-missing", "plot", ["nope"], {}, "does not exist"),
