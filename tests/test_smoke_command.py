@@ -163,6 +163,27 @@ def wait_until(predicate, timeout: float = 10.0) -> bool:
     return predicate()
 
 
+def test_a_script_that_ends_early_or_steps_by_hand_is_told_what_to_do(tmp_path):
+    short = script(tmp_path, "short.py", LOOP.replace("range(1000)", "range(30)").format(extra=""))
+    proc, s = smoke_cmd(tmp_path, "--steps", "100", "--", PY, short, run_id="short")
+    assert proc.returncode == 1 and s["status"] == "failed" and s["steps"] == 30
+    assert any("--steps 30" in r for r in s["reasons"]), s["reasons"]
+    by_hand = script(tmp_path, "by_hand.py", """\
+        import torch
+        w = torch.zeros(4, requires_grad=True)
+        for _ in range(20):
+            loss = ((w - 1) ** 2).sum()
+            loss.backward()
+            with torch.no_grad():
+                w -= 0.1 * w.grad
+                w.grad = None
+    """)
+    proc, s = smoke_cmd(tmp_path, "--steps", "10", "--", PY, by_hand, run_id="hand")
+    assert proc.returncode == 1 and s["status"] == "failed" and s["steps"] == 0
+    assert "no optimizer step was seen" in s["reasons"][0], s["reasons"]
+    assert s["checks"]["finite_loss"] is False  # no loss was seen, so none is known to be finite
+
+
 STUBBORN = """\
 import signal, time
 signal.signal(signal.SIGTERM, signal.SIG_IGN)

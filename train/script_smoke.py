@@ -186,6 +186,13 @@ def summarize(command, code: int | None, how: str, run_dir: RunDir, steps: int, 
     else:
         status = verdict.status
     reasons += verdict.reasons if status in ("pass", "failed") and code == 0 else []
+    done = (main or {}).get("steps", 0)
+    if ranks and code == 0 and how == "exited" and not done:
+        reasons.insert(0, "no optimizer step was seen: podkit counts torch.optim optimizer steps, and the command "
+                          "ran none (a loop that updates its weights by hand cannot be judged)")
+    elif ranks and code == 0 and how == "exited" and 0 < done < steps:
+        reasons.append(f"the command ended by itself after {done} optimizer steps: run it with --steps {done} "
+                       f"(or fewer) to judge that many")
     summary = {
         "status": status, "reasons": reasons, "checks": verdict.checks, "exit_code": code, "command": list(command),
         "steps": (main or {}).get("steps", 0), "planned_steps": steps,

@@ -102,7 +102,7 @@ def judge(losses: list[float], min_drop: float, peak: int | None, limit: int | N
     """pass: every step ran, no NaN/inf, the loss fell by min_drop, the peak stayed under the limit."""
     v = Verdict("pass")
     finite = all(math.isfinite(x) for x in losses)
-    v.checks["finite_loss"] = finite
+    v.checks["finite_loss"] = finite and bool(losses)  # no loss seen is no evidence of a finite one
     if not finite:
         bad = next(i for i, x in enumerate(losses, 1) if not math.isfinite(x))
         v.reasons.append(f"loss is {losses[bad - 1]} at step {bad}")
