@@ -27,7 +27,7 @@ from podkit.checks.errors import ConfigError
 from podkit.pods import jobs as remote_jobs
 from podkit.pods.connection import PodConnection
 from podkit.pods.deploy import Outcome, PodOptions, Printer, connect, deploy, locate
-from podkit.pods.errors import PodError
+from podkit.pods.errors import OutputClosed, PodError
 from podkit.pods.fetch import fetch as fetch_logs
 from podkit.pods.hosts import HostSpec, load_inventory, select_hosts
 from podkit.pods.ownership import deployed as is_deployed
@@ -126,6 +126,10 @@ def guarded(fn):
         except KeyboardInterrupt:
             click.echo("\ninterrupted (anything finished is kept; re-run to continue)", err=True)
             sys.exit(130)
+        except OutputClosed:
+            _quiet_stdout()
+            click.echo("output closed by its reader; stopped", err=True)
+            sys.exit(141)
     return wrapper
 
 
@@ -310,6 +314,8 @@ def run_cmd(host, command, detach, job_id, as_json, nodes, nproc_per_node, pods:
             raise PodError(f"{exc.problem}; job {jid} keeps running on the pod", f"re-attach: bin/pod attach {host} {jid}") from None
         except KeyboardInterrupt:
             _left_running(host, jid, as_json, job)
+        except OutputClosed:
+            _left_running(host, jid, as_json, job, closed=True)
     click.echo(f"job {jid} exited {code}", err=True)
     if as_json:
         click.echo(json.dumps({"ok": code == 0, **job, "detached": False, "exit_code": code}, indent=2))
@@ -380,14 +386,24 @@ def _check_job_path(config: str, project: Path) -> None:
                        "to the project root)")
 
 
-def _left_running(host: str, job_id: str, as_json: bool, job: dict):
-    """Ctrl-C while following a job ends the following, not the job (it runs detached): say so, and how to
-    get back to it or stop it; exit 130."""
-    click.echo(f"\ndetached: job {job_id} keeps running on the pod; re-attach: bin/pod attach {host} {job_id}; "
+def _left_running(host: str, job_id: str, as_json: bool, job: dict, closed: bool = False):
+    """Ctrl-C while following a job, or the reader of our output going away (`| head`), ends the following, not
+    the job (it runs detached): say so, and how to get back to it or stop it; exit 130 (141 for a closed pipe)."""
+    if closed:
+        _quiet_stdout()
+    why = "output closed by its reader" if closed else "detached"
+    click.echo(f"\n{why}: job {job_id} keeps running on the pod; re-attach: bin/pod attach {host} {job_id}; "
                f"stop it: bin/pod stop {host} {job_id}", err=True)
-    if as_json:
+    if as_json and not closed:
         click.echo(json.dumps({"ok": False, **job, "detached": True, "interrupted": True, "exit_code": None}, indent=2))
-    sys.exit(130)
+    sys.exit(141 if closed else 130)
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null: its reader is gone, and the interpreter's final flush would fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def _command_line(command: tuple[str, ...]) -> str:
@@ -415,6 +431,8 @@ def attach_cmd(host, job_id, as_json, pods: PodArgs):
             code = remote_jobs.attach(conn, job_id, lambda line: click.echo(line, err=as_json))
         except KeyboardInterrupt:
             _left_running(host, job_id, as_json, job)
+        except OutputClosed:
+            _left_running(host, job_id, as_json, job, closed=True)
     if as_json:
         click.echo(json.dumps({"ok": code == 0, **job, "exit_code": code}, indent=2))
     sys.exit(code)

@@ -28,7 +28,7 @@ from typing import Callable, Iterator
 import fabric
 import paramiko
 
-from podkit.pods.errors import PodError, Unreachable
+from podkit.pods.errors import OutputClosed, PodError, Unreachable
 from podkit.pods.hosts import Endpoint, agent_available
 from podkit.pods.shell import LOGIN_TIMEOUT_FACTOR, CommandTimeout, LoginTimeout, RemoteShell, Result
 
@@ -143,6 +143,16 @@ class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
             f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
         client.get_host_keys().add(hostname, key.get_name(), key)
         self.say(f"recorded host key {fingerprint(key)} for {hostname} in {self.known_hosts}")
+
+
+def _local(out: Callable[[str], None]) -> Callable[[str], None]:
+    """`out` whose BrokenPipeError (the reader of this side's stdout went away) is told apart from the link's."""
+    def guarded_out(line: str) -> None:
+        try:
+            out(line)
+        except BrokenPipeError:
+            raise OutputClosed() from None
+    return guarded_out
 
 
 class PodConnection:
@@ -356,6 +366,8 @@ class PodConnection:
         script = f"{self.prelude}\n{command}" if prelude and self.prelude else command
         if self.cancelled:
             raise KeyboardInterrupt
+        if out is not None:
+            out = _local(out)
         with self._lock, self._faults(timeout):
             try:
                 result = self._shell_for_commands().run(script, stdin=stdin, out=out, timeout=timeout)
@@ -427,6 +439,10 @@ class PodConnection:
             yield
         except CommandTimeout:
             raise PodError(f"remote command ran past {timeout:.0f} s", "re-run; the pod may be overloaded") from None
+        except OutputClosed:
+            self._shell = None  # mid-command: that shell is abandoned, as after Ctrl-C
+            self.stop_remote()
+            raise
         except LoginTimeout:
             raise PodError(f"the login shell on {self.endpoint.hostname} did not start within "
                            f"{LOGIN_TIMEOUT_FACTOR * self.timeout:.0f} s",

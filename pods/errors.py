@@ -23,3 +23,7 @@ class PodError(Exception):
 class Unreachable(PodError):
     """Nothing answered as this pod's sshd at its address (refused, silent, unresolvable): for a pod
     podkit brought up, the cue to ask the provider where it went (pods/provision.relocate)."""
+
+
+class OutputClosed(Exception):
+    """This side's stdout was closed by its reader (`bin/pod run ... | head`): not the link's fault."""
