@@ -429,6 +429,11 @@ def attach_cmd(host, job_id, as_json, pods: PodArgs):
                "log": f"{rdir}/{remote_jobs.JOBS_DIR}/{job_id}/output.log"}
         try:
             code = remote_jobs.attach(conn, job_id, lambda line: click.echo(line, err=as_json))
+        except remote_jobs.NoSuchJob:
+            raise
+        except PodError as exc:
+            raise PodError(f"{exc.problem}; job {job_id} keeps running on the pod",
+                           f"re-attach: bin/pod attach {host} {job_id} (its output again from the start)") from None
         except KeyboardInterrupt:
             _left_running(host, job_id, as_json, job)
         except OutputClosed:

@@ -30,7 +30,7 @@ import paramiko
 
 from podkit.pods.errors import OutputClosed, PodError, Unreachable
 from podkit.pods.hosts import Endpoint, agent_available
-from podkit.pods.shell import LOGIN_TIMEOUT_FACTOR, CommandTimeout, LoginTimeout, RemoteShell, Result
+from podkit.pods.shell import LOGIN_TIMEOUT_FACTOR, CommandTimeout, LoginTimeout, RemoteShell, Result, ShellClosed
 
 # paramiko logs transport failures itself; podkit reports each one as its own single line.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
@@ -471,7 +471,8 @@ class PodConnection:
     def _dropped(self, exc: BaseException) -> PodError:
         if self.frozen is not None:
             return self.frozen
-        return PodError(f"connection to {self.endpoint.hostname}:{self.endpoint.port} dropped ({type(exc).__name__})",
+        why = "the remote shell ended" if isinstance(exc, ShellClosed) else (str(exc) or type(exc).__name__)
+        return PodError(f"connection to {self.endpoint.hostname}:{self.endpoint.port} dropped ({why})",
                         "re-run the same command; it continues where it stopped")
 
     def sftp(self) -> paramiko.SFTPClient:

@@ -86,12 +86,16 @@ def _name(key: str) -> str:
     return key
 
 
+class NoSuchJob(PodError):
+    """The pod has no job of that id."""
+
+
 def attach(conn: PodConnection, job_id: str, out: Callable[[str], None]) -> int:
     """Stream the job's output until it ends; return its exit code."""
     d = f"{JOBS_DIR}/{valid_id(job_id)}"
     # Checked on its own: the stream below exits with the job's code, which may be any number.
     if conn.run(f"[ -r {d}/pid ]").exit_code != 0:
-        raise PodError(f"no job '{job_id}' on this pod", "list them with: bin/pod jobs HOST")
+        raise NoSuchJob(f"no job '{job_id}' on this pod", "list them with: bin/pod jobs HOST")
     script = (
         f"pid=$(cat {d}/pid)\n"
         f"if kill -0 $pid 2>/dev/null; then tail -n +1 -F --pid=$pid {d}/output.log 2>/dev/null; else cat {d}/output.log; fi\n"
