@@ -457,7 +457,14 @@ def stop_cmd(host, job_id, grace, as_json, pods: PodArgs):
         remote_jobs.valid_id(job_id)
     with pods.one(host, err=as_json) as (conn, spec, *_):
         job_id = job_id or _newest(conn, spec)
-        what = remote_jobs.stop(conn, job_id, grace)
+        click.echo(f"stopping job {job_id} on {spec.name}: SIGTERM to its processes, SIGKILL to what is left after "
+                   f"{grace:g} s", err=True)
+        try:
+            what = remote_jobs.stop(conn, job_id, grace)
+        except KeyboardInterrupt:
+            click.echo(f"\nstopped waiting; the pod may still finish the stop: check with bin/pod jobs {host}, "
+                       f"or re-run bin/pod stop {host} {job_id}", err=True)
+            sys.exit(130)
     stopped = not what.startswith("left")
     if as_json:
         click.echo(json.dumps({"ok": stopped, "job": job_id, "pod": spec.name, "host": spec.host, "result": what}, indent=2))

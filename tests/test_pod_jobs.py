@@ -111,6 +111,7 @@ def test_stop_ends_a_two_process_smoke_and_everything_it_started(world):
         assert len(with_env(f"PODKIT_JOB_ID={jid}")) >= 4  # wrapper, launcher, torchrun, 2 workers
         stopped = cli(world, "stop", world.pod.spec, *args(world), jid, "--grace", "30")
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert f"stopping job {jid}" in stopped.stderr and "SIGKILL" in stopped.stderr  # said before the grace
     finally:
         left = with_env(f"PODKIT_JOB_ID={jid}")
         for pid in left:
