@@ -26,10 +26,12 @@ class TransferStats:
     files: int = 0  # files transferred
     bytes: int = 0  # literal data sent
     seconds: float = 0.0
+    deleted: int = 0  # files podkit sent before, no longer sends, and removed (pods/ownership.delete_stale)
 
     def __str__(self) -> str:
         size = f"{self.bytes / 2**20:.1f} MiB" if self.bytes >= 2**20 else f"{self.bytes / 1024:.1f} KiB"
-        return f"{self.files} files changed, {size} in {self.seconds:.1f} s"
+        gone = f", {self.deleted} removed (gone from the project)" if self.deleted else ""
+        return f"{self.files} files changed{gone}, {size} in {self.seconds:.1f} s"
 
 
 def remote_target(conn: PodConnection, path: str) -> str:

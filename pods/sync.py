@@ -51,7 +51,7 @@ def push(conn: PodConnection, local: Path, remote_dir: str, *, rsync_on_pod: boo
     else:
         stats = push_sftp(conn, local, remote_dir, files)
     if before is not None:
-        delete_stale(conn, remote_dir, before - set(files))
+        stats.deleted = delete_stale(conn, remote_dir, before - set(files))
     write_manifest(conn, remote_dir, set(files))
     return stats
 

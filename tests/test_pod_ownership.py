@@ -87,6 +87,7 @@ def test_a_foreign_directory_is_refused_then_force_keeps_every_file_of_its_owner
     again = cli(world, "deploy", world.pod.spec, *args_for(world, str(theirs)))
     assert again.returncode == 0, again.stdout + again.stderr
     assert not (theirs / "tests" / "test_gpus.py").exists()
+    assert "1 removed (gone from the project)" in again.stdout + again.stderr  # said, not done silently
     assert (theirs / "thesis.txt").exists() and (theirs / "notes" / "chapter1.md").exists()
     assert (theirs / "made-on-the-pod.txt").exists()
 
