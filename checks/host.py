@@ -7,7 +7,6 @@ machine where NVML sees a GPU, to read the architectures the build ships kernels
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import os
 import shutil
@@ -64,6 +63,8 @@ class HostFacts:
 
 
 def _package_versions() -> dict[str, str | None]:
+    import importlib.metadata  # here: it costs preflight ~30 ms of imports, and --no-probe never asks
+
     versions: dict[str, str | None] = {}
     for dist, module in PACKAGES.items():
         try:

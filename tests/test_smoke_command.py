@@ -241,6 +241,7 @@ def test_a_second_ctrl_c_kills_a_command_that_ignores_the_first(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+        subprocess.run(["pkill", "-KILL", "-f", str(tmp_path / name)])  # never left running, whatever failed
     assert proc.returncode == 130, err
     assert "second Ctrl-C" in err
     s = json.loads((tmp_path / "runs" / "r" / "summary.json").read_text())
