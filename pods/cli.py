@@ -18,7 +18,7 @@ import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, NoReturn
 
 import click
 
@@ -308,14 +308,7 @@ def run_cmd(host, command, detach, job_id, as_json, nodes, nproc_per_node, pods:
             if as_json:
                 click.echo(json.dumps({"ok": True, **job, "detached": True, "exit_code": None}, indent=2))
             return
-        try:
-            code = remote_jobs.attach(conn, jid, lambda line: click.echo(line, err=as_json))
-        except PodError as exc:
-            raise PodError(f"{exc.problem}; job {jid} keeps running on the pod", f"re-attach: bin/pod attach {host} {jid}") from None
-        except KeyboardInterrupt:
-            _left_running(host, jid, as_json, job)
-        except OutputClosed:
-            _left_running(host, jid, as_json, job, closed=True)
+        code = _follow(conn, host, jid, as_json, job)
     click.echo(f"job {jid} exited {code}", err=True)
     if as_json:
         click.echo(json.dumps({"ok": code == 0, **job, "detached": False, "exit_code": code}, indent=2))
@@ -386,7 +379,23 @@ def _check_job_path(config: str, project: Path) -> None:
                        "to the project root)")
 
 
-def _left_running(host: str, job_id: str, as_json: bool, job: dict, closed: bool = False):
+def _follow(conn: PodConnection, host: str, job_id: str, as_json: bool, job: dict) -> int:
+    """Stream a detached job's output until it ends (its output on stderr under --json); return its exit code.
+    A dropped link, Ctrl-C or a closed stdout ends the following only: the job runs on."""
+    try:
+        return remote_jobs.attach(conn, job_id, lambda line: click.echo(line, err=as_json))
+    except remote_jobs.NoSuchJob:
+        raise
+    except PodError as exc:
+        raise PodError(f"{exc.problem}; job {job_id} keeps running on the pod",
+                       f"re-attach: bin/pod attach {host} {job_id} (its output again from the start)") from None
+    except KeyboardInterrupt:
+        _left_running(host, job_id, as_json, job)
+    except OutputClosed:
+        _left_running(host, job_id, as_json, job, closed=True)
+
+
+def _left_running(host: str, job_id: str, as_json: bool, job: dict, closed: bool = False) -> NoReturn:
     """Ctrl-C while following a job, or the reader of our output going away (`| head`), ends the following, not
     the job (it runs detached): say so, and how to get back to it or stop it; exit 130 (141 for a closed pipe)."""
     if closed:
@@ -427,17 +436,7 @@ def attach_cmd(host, job_id, as_json, pods: PodArgs):
         job_id = job_id or _newest(conn, spec)
         job = {"job": job_id, "pod": spec.name, "host": spec.host,
                "log": f"{rdir}/{remote_jobs.JOBS_DIR}/{job_id}/output.log"}
-        try:
-            code = remote_jobs.attach(conn, job_id, lambda line: click.echo(line, err=as_json))
-        except remote_jobs.NoSuchJob:
-            raise
-        except PodError as exc:
-            raise PodError(f"{exc.problem}; job {job_id} keeps running on the pod",
-                           f"re-attach: bin/pod attach {host} {job_id} (its output again from the start)") from None
-        except KeyboardInterrupt:
-            _left_running(host, job_id, as_json, job)
-        except OutputClosed:
-            _left_running(host, job_id, as_json, job, closed=True)
+        code = _follow(conn, host, job_id, as_json, job)
     if as_json:
         click.echo(json.dumps({"ok": code == 0, **job, "exit_code": code}, indent=2))
     sys.exit(code)
