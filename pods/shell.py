@@ -50,6 +50,11 @@ class LoginTimeout(Exception):
     """The shell never answered its greeting: the login rc files hang (or read stdin)."""
 
 
+def _drawn(line: bytes) -> bytes:
+    """What a terminal shows of a line redrawn with carriage returns: its last drawing."""
+    return line.rstrip(b"\r").rsplit(b"\r", 1)[-1]
+
+
 class _Stream:
     """One of the channel's two streams, split into lines until the marker line ends the command.
 
@@ -82,7 +87,7 @@ class _Stream:
             if self.out is not None:
                 if self.held_blank:
                     self.out("")
-                shown = line.rstrip(b"\r").rsplit(b"\r", 1)[-1]  # a redrawn line: its last drawing
+                shown = _drawn(line)
                 self.held_blank = not shown
                 if shown:
                     self.out(shown.decode(errors="replace"))
@@ -95,7 +100,7 @@ class _Stream:
             return
         segment, self.buf = self.buf[:cr + 1], self.buf[cr + 1:]
         self.text += segment
-        shown = segment.rstrip(b"\r").rsplit(b"\r", 1)[-1]
+        shown = _drawn(segment)
         if self.out is not None and shown:
             if self.held_blank:
                 self.out("")
