@@ -194,33 +194,69 @@ while True:
 """
 
 
-def test_a_command_that_ignores_sigterm_is_killed_after_the_grace(tmp_path, monkeypatch):
-    import threading
+GRACE_DRIVER = """\
+import json, os, signal, sys, threading, time
+from pathlib import Path
+from podkit.train import script_smoke
+from podkit.train.outputs import RunDir
 
-    from podkit.train import script_smoke
-    from podkit.train.outputs import RunDir
+script_smoke.STOP_GRACE_S = 1.0
+run_dir = RunDir(sys.argv[1], "g")
 
-    monkeypatch.setattr(script_smoke, "STOP_GRACE_S", 1.0)
+def interrupt_once_ready():
+    log = run_dir.file("log")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (log.exists() and "ready" in log.read_text()):
+        time.sleep(0.05)
+    sent.append(time.monotonic())
+    os.kill(os.getpid(), signal.SIGINT)
+
+sent = []
+threading.Thread(target=interrupt_once_ready, daemon=True).start()
+code, how = script_smoke.run_command((sys.executable, sys.argv[2]), run_dir, steps=10, every=1, timeout=None,
+                                     echo=False)
+print(json.dumps({"code": code, "how": how, "after_signal_s": time.monotonic() - sent[0]}))
+"""
+
+
+def test_a_command_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
+    # In a process of its own: run_command makes its caller a subreaper and stops every process below it.
     name = script(tmp_path, "stubborn.py", STUBBORN)
-    run_dir = RunDir(tmp_path / "runs", "g")
-    # One SIGINT to this process once the command runs: run_command's handler forwards SIGTERM, which the command
-    # ignores; without a timeout the wait must still reach the SIGKILL.
-    def interrupt_once_ready():
-        deadline = time.monotonic() + 60
-        log = run_dir.file("log")
-        while time.monotonic() < deadline and not (log.exists() and "ready" in log.read_text()):
-            time.sleep(0.05)
-        sent.append(time.monotonic())
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(20)  # never hang the suite: past this the elapsed-time assertion fails instead
-        subprocess.run(["pkill", "-KILL", "-f", str(tmp_path / name)])
+    try:
+        out = subprocess.run([PY, "-c", GRACE_DRIVER, str(tmp_path / "runs"), str(tmp_path / name)], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=60)
+    finally:
+        subprocess.run(["pkill", "-KILL", "-f", str(tmp_path / name)])  # never left running, whatever failed
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    # SIGTERM, which the command ignores, then SIGKILL at the end of the (1 s) grace, with no --timeout given.
+    assert result["how"] == "interrupted" and result["code"] == -signal.SIGKILL, (result, out.stderr)
+    assert result["after_signal_s"] < 10
 
-    sent: list[float] = []
-    threading.Thread(target=interrupt_once_ready, daemon=True).start()
-    code, how = script_smoke.run_command((PY, str(tmp_path / name)), run_dir, steps=10, every=1, timeout=None,
-                                         echo=False)
-    assert how == "interrupted" and code == -signal.SIGKILL, code
-    assert time.monotonic() - sent[0] < 10
+
+def test_ctrl_c_stops_the_command_even_when_nobody_reads_its_output(tmp_path):
+    name = script(tmp_path, "slow.py", LOOP.format(extra="import time; time.sleep(0.2); print('step', step, flush=True)"))
+    proc = subprocess.Popen([str(SMOKE), "--output-dir", str(tmp_path / "runs"), "--run-id", "r", "--steps", "500",
+                             "--", PY, name], cwd=tmp_path, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    log = tmp_path / "runs" / "r" / "smoke.log"
+    try:
+        seen = b""
+        while b"step 3" not in seen:  # the command's output, echoed on bin/smoke's stderr
+            line = proc.stderr.readline()
+            assert line, "bin/smoke ended before step 3"
+            seen += line
+        proc.stdout.close()
+        proc.stderr.close()  # `bin/smoke -- CMD 2>&1 | head -N`: the reader has gone
+        assert wait_until(lambda: "step 6" in log.read_text(), 60)  # still logged: the tee drains the pipe
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        left = subprocess.run(["pgrep", "-f", str(tmp_path / name)], capture_output=True, text=True).stdout.strip()
+        subprocess.run(["pkill", "-KILL", "-f", str(tmp_path / name)])
+    assert left == "", "the command outlived bin/smoke"
+    assert json.loads((tmp_path / "runs" / "r" / "summary.json").read_text())["status"] == "interrupted"
 
 
 def test_a_second_ctrl_c_kills_a_command_that_ignores_the_first(tmp_path):

@@ -63,8 +63,11 @@ def _tee(stream, log_file, echo) -> None:
         log_file.write(chunk)
         log_file.flush()
         if echo is not None:
-            echo.write(chunk)
-            echo.flush()
+            try:
+                echo.write(chunk)
+                echo.flush()
+            except OSError:  # the terminal's reader is gone: keep draining the pipe into the log, or the command blocks
+                echo = None
 
 
 def _kill_group(pid: int, sig: int) -> None:
@@ -93,10 +96,13 @@ def run_command(command: tuple[str, ...], run_dir: RunDir, steps: int, every: in
 
     def forward(signum, _frame):
         stopped.append(signum)
+        _kill_group(proc.pid, signal.SIGTERM)  # first: a note that cannot be written must not keep it running
         if len(stopped) == 1:
-            print(f"bin/smoke: stopping the command (SIGTERM to its process group); it is killed after "
-                  f"{STOP_GRACE_S:.0f} s, or at once on a second Ctrl-C", file=sys.stderr, flush=True)
-        _kill_group(proc.pid, signal.SIGTERM)
+            try:
+                print(f"bin/smoke: stopping the command (SIGTERM to its process group); it is killed after "
+                      f"{STOP_GRACE_S:.0f} s, or at once on a second Ctrl-C", file=sys.stderr, flush=True)
+            except OSError:  # stderr's reader is gone (`2>&1 | head`)
+                pass
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     how = "exited"
