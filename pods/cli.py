@@ -126,9 +126,9 @@ def guarded(fn):
         except KeyboardInterrupt:
             click.echo("\ninterrupted (anything finished is kept; re-run to continue)", err=True)
             sys.exit(130)
-        except OutputClosed:
-            _quiet_stdout()
-            click.echo("output closed by its reader; stopped", err=True)
+        except (OutputClosed, BrokenPipeError):  # the remote's output or podkit's own lines
+            _quiet_closed()
+            _note("output closed by its reader; stopped")
             sys.exit(141)
     return wrapper
 
@@ -399,20 +399,44 @@ def _left_running(host: str, job_id: str, as_json: bool, job: dict, closed: bool
     """Ctrl-C while following a job, or the reader of our output going away (`| head`), ends the following, not
     the job (it runs detached): say so, and how to get back to it or stop it; exit 130 (141 for a closed pipe)."""
     if closed:
-        _quiet_stdout()
+        _quiet_closed()
     why = "output closed by its reader" if closed else "detached"
-    click.echo(f"\n{why}: job {job_id} keeps running on the pod; re-attach: bin/pod attach {host} {job_id}; "
-               f"stop it: bin/pod stop {host} {job_id}", err=True)
-    if as_json and not closed:
-        click.echo(json.dumps({"ok": False, **job, "detached": True, "interrupted": True, "exit_code": None}, indent=2))
+    _note(f"\n{why}: job {job_id} keeps running on the pod; re-attach: bin/pod attach {host} {job_id}; "
+          f"stop it: bin/pod stop {host} {job_id}")
+    if as_json:
+        try:
+            click.echo(json.dumps({"ok": False, **job, "detached": True, "interrupted": True, "exit_code": None},
+                                  indent=2))
+        except OSError:
+            pass
     sys.exit(141 if closed else 130)
 
 
-def _quiet_stdout() -> None:
-    """Point stdout at /dev/null: its reader is gone, and the interpreter's final flush would fail again."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    os.close(devnull)
+def _note(text: str) -> None:
+    """A line on stderr, if anyone still reads it."""
+    try:
+        click.echo(text, err=True)
+    except OSError:
+        pass
+
+
+def _quiet_closed() -> None:
+    """Point whichever of stdout and stderr lost its reader at /dev/null (a pipe whose reader is gone polls as an
+    error), so later lines and the interpreter's final flush do not fail again."""
+    import select
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            fd = stream.fileno()
+            poller = select.poll()
+            poller.register(fd, select.POLLOUT)
+            if not any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0)):
+                continue
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, fd)
+            os.close(devnull)
+        except (OSError, ValueError):
+            continue
 
 
 def _command_line(command: tuple[str, ...]) -> str:

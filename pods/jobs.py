@@ -35,8 +35,8 @@ class Job:
 def new_id(command: str) -> str:
     words = [w for w in shlex.split(command) if not w.startswith("-")] or ["job"]
     word = re.sub(r"[^A-Za-z0-9_-]", "", words[0].rsplit("/", 1)[-1])[:20] or "job"
-    # A random tail: jobs started within the same second (a loop of --detach runs) get ids of their own.
-    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + f"-{word}-{secrets.token_hex(2)}"
+    # A random tail (32 bits): jobs started within the same second (a loop of --detach runs) get ids of their own.
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + f"-{word}-{secrets.token_hex(4)}"
 
 
 def valid_id(job_id: str) -> str:
