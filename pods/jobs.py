@@ -33,7 +33,11 @@ class Job:
 
 
 def new_id(command: str) -> str:
-    words = [w for w in shlex.split(command) if not w.startswith("-")] or ["job"]
+    try:
+        split = shlex.split(command)
+    except ValueError:  # unbalanced quotes: the pod's shell will say so; the id needs only a word
+        split = command.split()
+    words = [w for w in split if not w.startswith("-")] or ["job"]
     word = re.sub(r"[^A-Za-z0-9_-]", "", words[0].rsplit("/", 1)[-1])[:20] or "job"
     # A random tail (32 bits): jobs started within the same second (a loop of --detach runs) get ids of their own.
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + f"-{word}-{secrets.token_hex(4)}"
@@ -61,8 +65,11 @@ def start(conn: PodConnection, command: str, job_id: str | None = None, *, env: 
     # PODKIT_JOB_ID tags the job's whole process tree for `stop`; PODKIT_SESSION is dropped so
     # a Ctrl-C of this client (PodConnection.stop_remote) never stops the job.
     # The command runs in a subshell, which sees every variable the env file set: its `cd`, `exec` or
-    # `exit` end or move that subshell only, so the wrapper still records the code, at an absolute path.
-    inner = (f'jobdir="$PWD/{d}"\n[ -r .podkit/env ] && . .podkit/env\n{exports}(\n{command}\n)\n'
+    # `exit` end or move that subshell only, so the wrapper still records the code, at an absolute path. It is
+    # eval'd from the file written below, not pasted into this script: a syntax error or an unterminated
+    # heredoc in it is the command's failure (exit 2), not the wrapper's.
+    inner = (f'jobdir="$PWD/{d}"\n[ -r .podkit/env ] && . .podkit/env\n{exports}'
+             '( eval "$(cat "$jobdir/command")" )\n'
              'rc=$?; echo $rc > "$jobdir/exit_code.tmp" && mv "$jobdir/exit_code.tmp" "$jobdir/exit_code"')
     script = (
         f"mkdir -p {d} || exit 2\n"

@@ -88,6 +88,7 @@ def test_job_ids_are_checked_everywhere_and_attach_picks_the_newest(world):
     ("cd jobs && pwd && exit 0", 0),  # a cd that moved the wrapper lost the exit code file's relative path
     ("exec python -c 'import sys; sys.exit(5)'", 5),  # exec replaced the wrapper that records the code
     ("false || exit 3", 3),  # exit ended the wrapper before it recorded anything
+    ("echo 'unterminated", 2),  # a syntax error is the command's failure, with its exit code recorded
 ])
 def test_a_one_string_command_that_moves_replaces_or_exits_keeps_its_exit_code(world, command, code):
     (Path(world.pod.remote_dir) / "jobs").mkdir(exist_ok=True)
