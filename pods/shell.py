@@ -94,8 +94,10 @@ class _Stream:
 
     def _progress(self) -> None:
         """A progress bar (tqdm, the HF Trainer) redraws its line with carriage returns and ends it with a newline
-        only when done: pass on what a terminal would show now, so progress streams as it happens."""
-        cr = self.buf.rfind(b"\r")
+        only when done: pass on the last finished drawing (the one before the latest carriage return), so progress
+        streams as it happens. A carriage return that ends what has arrived waits for the next byte: it may be a
+        CRLF's first half."""
+        cr = self.buf.rfind(b"\r", 0, len(self.buf) - 1)
         if cr < 0:
             return
         segment, self.buf = self.buf[:cr + 1], self.buf[cr + 1:]

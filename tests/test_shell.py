@@ -142,6 +142,14 @@ def test_a_progress_bar_streams_before_its_line_ends():
     assert bytes(stream.text) == b"epoch 1\n 10%|#\r 20%|##\r 30%|###\r100%|#####"  # collected whole
 
 
+def test_a_crlf_split_between_chunks_is_one_line_end():
+    lines: list[str] = []
+    stream = _Stream(b"\x1eM", lines.append)
+    stream.feed(b"abc\r")
+    stream.feed(b"\nxyz\r\n\x1eM 0\n")
+    assert lines == ["abc", "xyz"] and bytes(stream.text) == b"abc\r\nxyz\r"
+
+
 def test_stream_framing_removes_exactly_the_newline_before_the_marker():
     for text in (b"", b"abc", b"abc\n", b"abc\n\n", b"\n", b"a\n\nb"):
         expected_lines = text.decode().split("\n")
