@@ -21,12 +21,12 @@ from podkit.envsetup.envfile import SECRET_NAMES
 from podkit.pods.connection import PodConnection
 from podkit.pods.errors import PodError, Unreachable
 from podkit.pods.hosts import HostSpec, resolve
-from podkit.pods.ownership import claim, normalise, refuse_unsafe
+from podkit.pods.ownership import claim, normalise, refuse_unsafe, unclaim
 from podkit.envsetup.fingerprint import Fingerprint
 from podkit.pods.probe import probe
 from podkit.pods.profiles import PodProfile, detect
 from podkit.pods import progress as bars
-from podkit.pods.sync import ensure_rsync, push
+from podkit.pods.sync import TheirFiles, ensure_rsync, push, refuse_theirs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -138,7 +138,13 @@ def _deploy(conn: PodConnection, spec: HostSpec, opts: PodOptions, say, config, 
     say(f"probe: {fp.summary()}; profile {profile.name}; project {remote_dir}")
     if fp.python_missing:
         raise PodError(f"python {fp.python_missing} does not exist on the pod", "fix PYTHON=, or leave it out to detect")
-    claim(conn, remote_dir, force=opts.force)  # before anything is written there
+    state = claim(conn, remote_dir, force=opts.force)  # before anything is written there
+    try:
+        refuse_theirs(conn, opts.project, remote_dir, first_writes=("logs/probe.json",))
+    except TheirFiles:
+        if state == "claimed":
+            unclaim(conn, remote_dir)  # nothing was sent: the directory is not podkit's
+        raise
     q = shlex.quote(remote_dir)
     made = conn.run(f"mkdir -p {q}/logs && cat > {q}/logs/probe.json", stdin=fp.to_json(), prelude=False)
     if not made.ok:

@@ -118,11 +118,35 @@ def _safe_relative(path: str) -> bool:
 
 
 def existing(conn: PodConnection, remote_dir: str, paths: set[str]) -> list[str]:
-    """Which of `paths` (relative to remote_dir) already exist on the pod, sorted."""
+    """Which of `paths` (relative to remote_dir) podkit cannot write without replacing something on the pod: the
+    path exists, or one of its parent directories is not a directory. Sorted."""
     paths = {p for p in paths if _safe_relative(p) and "\n" not in p}
+    parents = {posixpath.dirname(p) for p in paths}
+    parents = {d for p in parents for d in _ancestors(p)}
     if not paths:
         return []
+    # One name per line each way; "F" for a path that exists, "N" for a parent that exists but is no directory.
     script = (f"cd {shlex.quote(remote_dir)} || exit 3\n"
-              "while IFS= read -r f || [ -n \"$f\" ]; do { [ -e \"$f\" ] || [ -L \"$f\" ]; } && printf '%s\\n' \"$f\"; done; true")
-    out = conn.run(script, stdin="\n".join(sorted(paths)), prelude=False, check=True).stdout
-    return sorted(line for line in out.splitlines() if line in paths)
+              "while IFS= read -r kind && IFS= read -r f; do\n"
+              "  if [ \"$kind\" = F ]; then { [ -e \"$f\" ] || [ -L \"$f\" ]; } && printf '%s\\n' \"$f\"\n"
+              "  elif { [ -e \"$f\" ] || [ -L \"$f\" ]; } && [ ! -d \"$f\" ]; then printf '%s\\n' \"$f\"; fi\n"
+              "done; true")
+    stdin = "\n".join([line for p in sorted(paths) for line in ("F", p)] +
+                      [line for d in sorted(parents) for line in ("N", d)])
+    out = conn.run(script, stdin=stdin, prelude=False, check=True).stdout
+    return sorted(line for line in out.split("\n") if line in paths or line in parents)
+
+
+def _ancestors(path: str) -> list[str]:
+    out = []
+    while path not in ("", "."):
+        out.append(path)
+        path = posixpath.dirname(path)
+    return out
+
+
+def unclaim(conn: PodConnection, remote_dir: str) -> None:
+    """Undo a claim that sent nothing (a --force deploy that stopped before writing): its .podkit/ holds only the
+    claim's own `created`, which would make the next deploy take the directory for podkit's."""
+    d = shlex.quote(f"{remote_dir}/.podkit")
+    conn.run(f"[ \"$(ls -A {d})\" = created ] && rm -f {d}/created && rmdir {d}; true", prelude=False)

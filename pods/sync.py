@@ -24,20 +24,33 @@ from podkit.pods.rsync import TransferStats, remote_target, run_rsync
 from podkit.pods.selection import chosen_files
 
 
+class TheirFiles(PodError):
+    """push stopped before writing anything: files podkit did not send sit where it would write."""
+
+
+def refuse_theirs(conn: PodConnection, local: Path, remote_dir: str, first_writes: tuple[str, ...] = ()
+                  ) -> tuple[list[str], set[str] | None]:
+    """Raise TheirFiles where a path podkit would write, never sent before, is already taken on the pod: the user's
+    (a --force deploy into their directory, or a file they added), which podkit never overwrites. `first_writes`:
+    paths podkit writes itself besides the project's files (deploy's logs/probe.json), checked on a first deploy
+    only (later ones find podkit's own). Returns the files to send and the manifest read."""
+    files = chosen_files(local)
+    before = read_manifest(conn, remote_dir)
+    fresh = set(files) - (before or set()) | (set(first_writes) if before is None else set())
+    theirs = existing(conn, remote_dir, fresh)
+    if theirs:
+        shown = ", ".join(theirs[:5]) + (f" and {len(theirs) - 5} more" if len(theirs) > 5 else "")
+        raise TheirFiles(f"{remote_dir} holds {len(theirs)} file(s) podkit did not send at paths it would write: "
+                         f"{shown}", "move them out of the way, or deploy to another REMOTE_DIR; podkit never "
+                         "overwrites what it did not create")
+    return files, before
+
+
 def push(conn: PodConnection, local: Path, remote_dir: str, *, rsync_on_pod: bool,
          progress: Callable[[str], None] | None = None, bwlimit: int | None = None) -> TransferStats:
     """Send the chosen files (pods/selection.py); delete on the pod only what podkit sent before
     and no longer sends (pods/ownership.py), never anything else."""
-    files = chosen_files(local)
-    before = read_manifest(conn, remote_dir)
-    # A path podkit never sent that already exists there is the user's (a --force deploy into their directory,
-    # or a file they added): never overwrite it.
-    theirs = existing(conn, remote_dir, set(files) - (before or set()))
-    if theirs:
-        shown = ", ".join(theirs[:5]) + (f" and {len(theirs) - 5} more" if len(theirs) > 5 else "")
-        raise PodError(f"{remote_dir} holds {len(theirs)} file(s) podkit did not send at paths it would write: {shown}",
-                       "move them out of the way, or deploy to another REMOTE_DIR; podkit never overwrites "
-                       "what it did not create")
+    files, before = refuse_theirs(conn, local, remote_dir)
     # Record the union first: a sync cut short still knows every file it may have sent.
     write_manifest(conn, remote_dir, (before or set()) | set(files))
     if rsync_on_pod:

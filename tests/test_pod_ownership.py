@@ -68,10 +68,15 @@ def test_a_foreign_directory_is_refused_then_force_keeps_every_file_of_its_owner
     assert tree(theirs) == before and not (theirs / ".podkit").exists()
 
     # --force adds podkit's files beside theirs, but never over one of theirs: their README.md is in the way.
+    (theirs / "train").write_text("their file, where podkit needs a directory\n")
     line = one_line_error(cli(world, "deploy", world.pod.spec, *args_for(world, str(theirs)), "--force"))
-    assert "README.md" in line and "did not send" in line and "never overwrites" in line, line
+    assert "README.md" in line and "train" in line and "did not send" in line and "never overwrites" in line, line
     assert (theirs / "README.md").read_text() == before["README.md"] and not (theirs / "bin").exists()
+    assert not (theirs / ".podkit").exists() and not (theirs / "logs").exists()  # the refused claim is undone
+    refused = one_line_error(cli(world, "deploy", world.pod.spec, *args_for(world, str(theirs))))
+    assert "not created by podkit" in refused  # so a later deploy without --force is refused as before
     (theirs / "README.md").rename(theirs / "README.theirs.md")  # what the message asks for
+    (theirs / "train").rename(theirs / "train.theirs")
     before = tree(theirs)
 
     forced = cli(world, "deploy", world.pod.spec, *args_for(world, str(theirs)), "--force")
