@@ -168,7 +168,7 @@ def deploy_cmd(host, config, force, as_json, pods: PodArgs):
     'ssh root@IP -p PORT -i KEY', or a pods.toml name or group; several separated by commas.
     """
     if config:
-        _check_job_path(config, pods.opts.project)  # before connecting: a typo is bad input, not a pod's failure
+        config = _check_job_path(config, pods.opts.project)  # before connecting: a typo is bad input, not a pod's
     outcomes: list[Outcome] = deploy(pods.specs(host), dataclasses.replace(pods.opts, force=force), config,
                                      err=as_json)
     if as_json:
@@ -367,8 +367,11 @@ def _run_nodes(host: str, command: tuple[str, ...], detach: bool, run_id: str | 
     return code
 
 
-def _check_job_path(config: str, project: Path) -> None:
-    """--config names a job TOML inside the project, which deploy sends: it must be there."""
+def _check_job_path(config: str, project: Path) -> str:
+    """--config names a job TOML among the files deploy sends (pods/selection.py); returns its path relative to the
+    project, which is how the pod's preflight finds it."""
+    from podkit.pods.selection import chosen_files
+
     root = project.resolve()
     path = (root / config).resolve()
     if not path.is_relative_to(root):
@@ -377,6 +380,11 @@ def _check_job_path(config: str, project: Path) -> None:
     if not path.is_file():
         raise PodError(f"--config {config}: no such file in the project ({root})", "check the path (it is relative "
                        "to the project root)")
+    rel = path.relative_to(root).as_posix()
+    if rel not in chosen_files(root):
+        raise PodError(f"--config {config} is not among the files deploy sends (ignored by .gitignore or .podignore)",
+                       "un-ignore it, or put the job TOML elsewhere in the project")
+    return rel
 
 
 def _follow(conn: PodConnection, host: str, job_id: str, as_json: bool, job: dict) -> int:

@@ -282,6 +282,8 @@ CASES = [
      "outside the project"),
     ("pod-deploy-config-missing-json", "pod", ["deploy", "root@127.0.0.1:1", "--config", "nope.toml", "--json"], {},
      "no such file in the project"),
+    ("pod-deploy-config-ignored", "pod", ["deploy", "root@127.0.0.1:1", "--config", ".venv/pyvenv.cfg"], {},
+     "not among the files deploy sends"),
     # -- bin/plot
     ("plot-no-run", "plot", [], {}, "bin/plot"),
     ("plot-run-missing", "plot", ["nope"], {}, "does not exist"),
