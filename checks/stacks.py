@@ -509,7 +509,10 @@ def transformers_facts(version: str, torch: str, family: str) -> TransformersFac
     # l.969-970 `if is_fsdp_enabled(): param_device = "cpu" if is_local_dist_rank_0() else "meta"`), and the
     # FSDP wrap moves them.
     load_16bit_on_gpu = v < (4, 45)
-    return TransformersFacts(loss, impl, reentrant, rope, experts, around, load_16bit_on_gpu, v < (4, 46))
+    # <= 4.45 Llama-style models compute the loss in their forward (above); GPT-2's forward does too, but without
+    # the upcast (4.45.2 modeling_gpt2.py GPT2LMHeadModel.forward), which podkit does not price apart.
+    in_model = v < (4, 46) and family != "gpt2"
+    return TransformersFacts(loss, impl, reentrant, rope, experts, around, load_16bit_on_gpu, in_model)
 
 
 # The model families whose decoder layer is a GradientCheckpointingLayer in transformers 4.52 (each
