@@ -68,8 +68,11 @@ def start(conn: PodConnection, command: str, job_id: str | None = None, *, env: 
     # `exit` end or move that subshell only, so the wrapper still records the code, at an absolute path. It is
     # eval'd from the file written below, not pasted into this script: a syntax error or an unterminated
     # heredoc in it is the command's failure (exit 2), not the wrapper's.
+    # `stop` signals the job's whole tree, this subshell too: its TERM trap (a command, not an ignore, so the
+    # command's processes still get the default) lets it wait for the command and pass on the command's own exit
+    # code (bin/smoke's 130), not bash's 143.
     inner = (f'jobdir="$PWD/{d}"\n[ -r .podkit/env ] && . .podkit/env\n{exports}'
-             '( eval "$(cat "$jobdir/command")" )\n'
+             '( trap : TERM; eval "$(cat "$jobdir/command")" )\n'
              'rc=$?; echo $rc > "$jobdir/exit_code.tmp" && mv "$jobdir/exit_code.tmp" "$jobdir/exit_code"')
     script = (
         f"mkdir -p {d} || exit 2\n"
