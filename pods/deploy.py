@@ -140,7 +140,7 @@ def _deploy(conn: PodConnection, spec: HostSpec, opts: PodOptions, say, config, 
         raise PodError(f"python {fp.python_missing} does not exist on the pod", "fix PYTHON=, or leave it out to detect")
     state = claim(conn, remote_dir, force=opts.force)  # before anything is written there
     try:
-        refuse_theirs(conn, opts.project, remote_dir, first_writes=("logs/probe.json",))
+        checked = refuse_theirs(conn, opts.project, remote_dir, first_writes=("logs/probe.json",))
     except TheirFiles:
         if state == "claimed":
             unclaim(conn, remote_dir)  # nothing was sent: the directory is not podkit's
@@ -157,7 +157,8 @@ def _deploy(conn: PodConnection, spec: HostSpec, opts: PodOptions, say, config, 
     rsync_ok = ensure_rsync(conn, fp.tools, say)
     # One pod: a bar (plain lines off a terminal). Several: their bars would interleave; the summary says it.
     with (bars.transfer("sync", plain=say) if single else nullcontext()) as progress:
-        stats = push(conn, opts.project, remote_dir, rsync_on_pod=rsync_ok, progress=progress, bwlimit=opts.bwlimit)
+        stats = push(conn, opts.project, remote_dir, rsync_on_pod=rsync_ok, progress=progress, bwlimit=opts.bwlimit,
+                     checked=checked)
     outcome.sync = f"{stats.files} files" + ("" if rsync_ok else " (SFTP)")
     say(f"sync: {stats}" + ("" if rsync_ok else " over SFTP"))
     lap("sync")

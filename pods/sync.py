@@ -47,10 +47,12 @@ def refuse_theirs(conn: PodConnection, local: Path, remote_dir: str, first_write
 
 
 def push(conn: PodConnection, local: Path, remote_dir: str, *, rsync_on_pod: bool,
-         progress: Callable[[str], None] | None = None, bwlimit: int | None = None) -> TransferStats:
+         progress: Callable[[str], None] | None = None, bwlimit: int | None = None,
+         checked: tuple[list[str], set[str] | None] | None = None) -> TransferStats:
     """Send the chosen files (pods/selection.py); delete on the pod only what podkit sent before
-    and no longer sends (pods/ownership.py), never anything else."""
-    files, before = refuse_theirs(conn, local, remote_dir)
+    and no longer sends (pods/ownership.py), never anything else. `checked`: what refuse_theirs returned for this
+    directory in this deploy (it is run here otherwise)."""
+    files, before = checked or refuse_theirs(conn, local, remote_dir)
     # Record the union first: a sync cut short still knows every file it may have sent.
     write_manifest(conn, remote_dir, (before or set()) | set(files))
     if rsync_on_pod:
