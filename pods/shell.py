@@ -85,12 +85,7 @@ class _Stream:
                 return
             self.text += line + b"\n"
             if self.out is not None:
-                if self.held_blank:
-                    self.out("")
-                shown = _drawn(line)
-                self.held_blank = not shown
-                if shown:
-                    self.out(shown.decode(errors="replace"))
+                self._emit(_drawn(line))
 
     def _progress(self) -> None:
         """A progress bar (tqdm, the HF Trainer) redraws its line with carriage returns and ends it with a newline
@@ -104,9 +99,15 @@ class _Stream:
         self.text += segment
         shown = _drawn(segment)
         if self.out is not None and shown:
-            if self.held_blank:
-                self.out("")
-                self.held_blank = False
+            self._emit(shown)
+
+    def _emit(self, shown: bytes) -> None:
+        """Pass a line on; a blank one is held back until the next, since the one right before the marker is
+        podkit's."""
+        if self.held_blank:
+            self.out("")
+        self.held_blank = not shown
+        if shown:
             self.out(shown.decode(errors="replace"))
 
 

@@ -201,7 +201,7 @@ def summarize(command, code: int | None, how: str, run_dir: RunDir, steps: int, 
                        f"(or fewer) to judge that many")
     summary = {
         "status": status, "reasons": reasons, "checks": verdict.checks, "exit_code": code, "command": list(command),
-        "steps": (main or {}).get("steps", 0), "planned_steps": steps,
+        "steps": done, "planned_steps": steps,
         "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
         "loss_note": "the value each step passed to backward (the Trainer divides it by gradient accumulation)",
         "peak_allocated": max((r.get("peak_allocated") or 0 for r in ranks), default=0) or None,
