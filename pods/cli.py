@@ -213,7 +213,7 @@ def fetch_cmd(host, dest, as_json, pods: PodArgs):
                                        bwlimit=opts.bwlimit)
                 say(f"fetch-logs: {stats} -> {target}/")
                 results.append({"pod": spec.name, "ok": True, "dest": str(target), "files": stats.files,
-                                "bytes": stats.bytes, "seconds": round(stats.seconds, 2)})
+                                "bytes": stats.bytes, "seconds": round(stats.seconds, 2), "kept": stats.kept})
         except PodError as exc:
             # errors on stderr (they were on stdout, mixed into the progress a script reads)
             message = str(exc.on(spec.name) if not exc.host else exc)

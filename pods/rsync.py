@@ -11,7 +11,7 @@ import re
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from podkit.pods.connection import PodConnection
@@ -27,11 +27,17 @@ class TransferStats:
     bytes: int = 0  # literal data sent
     seconds: float = 0.0
     deleted: int = 0  # files podkit sent before, no longer sends, and removed (pods/ownership.delete_stale)
+    kept: list[str] = field(default_factory=list)  # local files that are not podkit's, left as they were (pods/fetch)
 
     def __str__(self) -> str:
         size = f"{self.bytes / 2**20:.1f} MiB" if self.bytes >= 2**20 else f"{self.bytes / 1024:.1f} KiB"
         gone = f", {self.deleted} removed (gone from the project)" if self.deleted else ""
-        return f"{self.files} files changed{gone}, {size} in {self.seconds:.1f} s"
+        kept = ""
+        if self.kept:
+            shown = ", ".join(self.kept[:3]) + (f" and {len(self.kept) - 3} more" if len(self.kept) > 3 else "")
+            kept = f"; kept {len(self.kept)} local file(s) podkit did not fetch or that changed since, so the pod's " \
+                   f"copies were not fetched: {shown} (move them away to fetch those)"
+        return f"{self.files} files changed{gone}, {size} in {self.seconds:.1f} s{kept}"
 
 
 def remote_target(conn: PodConnection, path: str) -> str:

@@ -233,6 +233,67 @@ def test_dropped_connection_mid_fetch_then_rerun_never_overwrites_newer_local(wo
     shutil.rmtree(run)
 
 
+def test_fetch_never_replaces_a_local_file_podkit_did_not_fetch(world):
+    """A fetched file the user then edited, or a file the user put there, stays as it is even when the pod's
+    copy is newer (over rsync and over SFTP); podkit's own untouched copies keep updating; the report
+    names what was kept."""
+    from podkit.pods.fetch import RECORD, fetch_sftp, theirs
+
+    pod, remote = world.pod, Path(world.pod.remote_dir)
+    run = remote / "runs" / "keep-run"
+    run.mkdir(parents=True, exist_ok=True)
+    names = ["train.log", "notes [draft]*.txt", "grown.log"]
+    for name in names:
+        (run / name).write_text("pod v1\n")
+    local = world.project / "pod-logs" / f"127.0.0.1-{pod.port}"
+    mine = local / "runs" / "keep-run" / "mine.txt"  # the user's own, no pod copy
+    first = cli(world, "fetch-logs", pod.spec, *pod_args(pod), "--json")
+    assert first.returncode == 0, first.stderr
+    assert (local / "runs" / "keep-run" / "train.log").read_text() == "pod v1\n"
+    # runs/r0/summary.json: the user's, there before podkit's first fetch (the test above)
+    assert (local / RECORD).exists() and json.loads(first.stdout)["pods"][0]["kept"] == ["runs/r0/summary.json"]
+
+    # the user edits two fetched files (one with rsync's wildcard characters in its name) and adds one
+    for name in names[:2]:
+        (local / "runs" / "keep-run" / name).write_text("my notes\n")
+    mine.write_text("mine\n")
+    later = time.time() + 60  # the pod's copies all newer than the local edits: the old --update rule lets them in
+    for name in names:
+        (run / name).write_text("pod v2\n")
+        os.utime(run / name, (later, later))
+    (run / "mine.txt").write_text("pod's mine\n")
+    os.utime(run / "mine.txt", (later, later))
+
+    second = cli(world, "fetch-logs", pod.spec, *pod_args(pod), "--json")
+    assert second.returncode == 0, second.stderr
+    kept = json.loads(second.stdout)["pods"][0]["kept"]
+    assert kept == sorted(["runs/r0/summary.json", *(f"runs/keep-run/{n}" for n in [*names[:2], "mine.txt"])]), kept
+    assert "kept 4 local file(s)" in second.stderr and "move them away" in second.stderr
+    for name in names[:2]:
+        assert (local / "runs" / "keep-run" / name).read_text() == "my notes\n", name
+    assert mine.read_text() == "mine\n"
+    assert (local / "runs" / "keep-run" / "grown.log").read_text() == "pod v2\n"  # podkit's own copy: updated
+
+    # the same rules without rsync on the pod
+    (run / "grown.log").write_text("pod v3\n")
+    os.utime(run / "grown.log", (later + 60, later + 60))
+    with PodConnection(resolve(parse_host(pod.spec, key=str(pod.client_key))), known_hosts=world.known_hosts) as conn:
+        stats = fetch_sftp(conn, pod.remote_dir, local, theirs(local))
+    assert stats.files == 1 and (local / "runs" / "keep-run" / "grown.log").read_text() == "pod v3\n"
+    assert (local / "runs" / "keep-run" / names[1]).read_text() == "my notes\n" and mine.read_text() == "mine\n"
+
+    # moved away, the pod's copy comes back and is podkit's again
+    mine.unlink()
+    third = cli(world, "fetch-logs", pod.spec, *pod_args(pod), "--json")
+    assert mine.read_text() == "pod's mine\n" and "runs/keep-run/mine.txt" not in json.loads(third.stdout)["pods"][0]["kept"]
+    # a damaged record is one clear line, exit 2, and nothing moves
+    (local / RECORD).write_text("{")
+    broken = cli(world, "fetch-logs", pod.spec, *pod_args(pod))
+    assert broken.returncode == 2 and "is damaged" in broken.stderr and "Traceback" not in broken.stderr
+    (local / RECORD).unlink()
+    shutil.rmtree(run)
+
+
 def _with_tty_stderr(argv: list[str], cwd: Path) -> tuple[int, str, str]:
     """Run argv with stderr on a pseudo-terminal (where rich draws its bars) and stdout on a pipe."""
     master, slave = os.openpty()
