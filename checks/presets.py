@@ -4,7 +4,7 @@ Hub (https://huggingface.co/<repo>/blob/main/config.json), read by the same code
 Keys a config leaves to transformers' defaults are left out here too (Gemma 3's text_config relies
 on Gemma3TextConfig's vocab_size and head_dim). max_position_embeddings is given where a modelled
 stack sizes memory by it (transformers releases that keep rotary tables that long: Llama 2 and Mistral under
-fsdp_qlora's 4.39, Mixtral through 4.47). tests/test_models.py checks every total against
+fsdp_qlora's 4.39, Qwen2 through 4.44, Mixtral through 4.47). tests/test_models.py checks every total against
 the published one.
 """
 
@@ -55,13 +55,21 @@ CONFIGS: dict[str, tuple[str, dict]] = {
                          {"model_type": "mistral", **_llama(5120, 40, 32, 8, 14336, 131072, head_dim=128)}),
     "mistral-small-24b": ("mistralai/Mistral-Small-24B-Base-2501",
                           {"model_type": "mistral", **_llama(5120, 40, 32, 8, 32768, 131072, head_dim=128)}),
-    # ---- Qwen2 (q/k/v biases)
-    "qwen2.5-0.5b": ("Qwen/Qwen2.5-0.5B", {"model_type": "qwen2", **_llama(896, 24, 14, 2, 4864, 151936, tie=True)}),
-    "qwen2.5-1.5b": ("Qwen/Qwen2.5-1.5B", {"model_type": "qwen2", **_llama(1536, 28, 12, 2, 8960, 151936, tie=True)}),
-    "qwen2.5-3b": ("Qwen/Qwen2.5-3B", {"model_type": "qwen2", **_llama(2048, 36, 16, 2, 11008, 151936, tie=True)}),
-    "qwen2.5-7b": ("Qwen/Qwen2.5-7B", {"model_type": "qwen2", **_llama(3584, 28, 28, 4, 18944, 152064)}),
-    "qwen2.5-14b": ("Qwen/Qwen2.5-14B", {"model_type": "qwen2", **_llama(5120, 48, 40, 8, 13824, 152064)}),
-    "qwen2.5-72b": ("Qwen/Qwen2.5-72B", {"model_type": "qwen2", **_llama(8192, 80, 64, 8, 29568, 152064)}),
+    # ---- Qwen2 (q/k/v biases). max_position_embeddings of the base models: 32768 for 0.5B and 3B, 131072 for
+    # the rest (copies of each config.json: AI-Hypercomputer/kithara@826607b
+    # tests/model/hf_compatibility/testdata/qwen2.5-*_config.json; torchtune's qwen2_5 builders and litgpt agree).
+    "qwen2.5-0.5b": ("Qwen/Qwen2.5-0.5B", {"model_type": "qwen2", **_llama(896, 24, 14, 2, 4864, 151936, tie=True,
+                                                                           max_position_embeddings=32768)}),
+    "qwen2.5-1.5b": ("Qwen/Qwen2.5-1.5B", {"model_type": "qwen2", **_llama(1536, 28, 12, 2, 8960, 151936, tie=True,
+                                                                           max_position_embeddings=131072)}),
+    "qwen2.5-3b": ("Qwen/Qwen2.5-3B", {"model_type": "qwen2", **_llama(2048, 36, 16, 2, 11008, 151936, tie=True,
+                                                                        max_position_embeddings=32768)}),
+    "qwen2.5-7b": ("Qwen/Qwen2.5-7B", {"model_type": "qwen2", **_llama(3584, 28, 28, 4, 18944, 152064,
+                                                                        max_position_embeddings=131072)}),
+    "qwen2.5-14b": ("Qwen/Qwen2.5-14B", {"model_type": "qwen2", **_llama(5120, 48, 40, 8, 13824, 152064,
+                                                                          max_position_embeddings=131072)}),
+    "qwen2.5-72b": ("Qwen/Qwen2.5-72B", {"model_type": "qwen2", **_llama(8192, 80, 64, 8, 29568, 152064,
+                                                                          max_position_embeddings=131072)}),
     # ---- Qwen3 (q/k RMSNorm per head, head_dim 128)
     "qwen3-0.6b": ("Qwen/Qwen3-0.6B",
                    {"model_type": "qwen3", **_llama(1024, 28, 16, 8, 3072, 151936, tie=True, head_dim=128)}),

@@ -79,6 +79,12 @@ def test_rotary_buffers_are_on_every_gpu_and_other_families_end_elsewhere(job):
     for transformers, kept in (("4.47.1", True), ("4.48.0", False)):
         j = job(model='preset = "mixtral-8x7b"', train=f"stack = 'hf'\nlora_rank = 8\ntransformers = '{transformers}'")
         assert part(estimate(j), "rotary cos/sin", "step") == (32 * 2 * 32768 * 128 * 2 if kept else 0)
+    # Qwen2 kept them through 4.44.x; the Qwen2.5 base configs give 131072 positions at 7B, 32768 at 3B
+    # (28 and 36 layers, head_dim 128).
+    for preset, layers, positions in (("qwen2.5-7b", 28, 131072), ("qwen2.5-3b", 36, 32768)):
+        for transformers, kept in (("4.44.2", True), ("4.45.0", False)):
+            j = job(model=f'preset = "{preset}"', train=f"stack = 'hf'\nlora_rank = 8\ntransformers = '{transformers}'")
+            assert part(estimate(j), "rotary cos/sin", "step") == (layers * 2 * positions * 128 * 2 if kept else 0)
     # Explicit dimensions size them by model.max_position_embeddings (the peft doc's Llama-2-70B).
     j = job(model="hidden = 8192\nlayers = 80\nheads = 64\nkv_heads = 8\nffn = 28672\nvocab = 32000\n"
                   "max_position_embeddings = 4096",
