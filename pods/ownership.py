@@ -101,16 +101,18 @@ def write_manifest(conn: PodConnection, remote_dir: str, paths: set[str]) -> Non
 
 
 def delete_stale(conn: PodConnection, remote_dir: str, stale: set[str]) -> int:
-    """Remove files podkit sent before and no longer sends, and directories they leave empty."""
-    stale = {p for p in stale if _safe_relative(p)}
+    """Remove files podkit sent before and no longer sends, and directories they leave empty; returns how
+    many files were there and are gone (one already missing, or now a directory, is not counted)."""
+    stale = {p for p in stale if _safe_relative(p) and "\n" not in p}  # one name per line on the wire
     if not stale:
         return 0
     script = (f"cd {shlex.quote(remote_dir)} || exit 3\n"
-              "while IFS= read -r f || [ -n \"$f\" ]; do rm -f -- \"$f\"; "
-              "p=$(dirname -- \"$f\"); [ \"$p\" = . ] || rmdir -p --ignore-fail-on-non-empty -- \"$p\" 2>/dev/null; done; true")
-    # newline-separated on the wire (the shell's stdin is a text line); names with a newline are skipped
-    conn.run(script, stdin="\n".join(sorted(p for p in stale if "\n" not in p)), prelude=False, check=True)
-    return len(stale)
+              "while IFS= read -r f || [ -n \"$f\" ]; do\n"
+              "  if [ ! -d \"$f\" ] || [ -L \"$f\" ]; then { [ -e \"$f\" ] || [ -L \"$f\" ]; } && rm -f -- \"$f\" && printf '%s\\n' \"$f\"; fi\n"
+              "  p=$(dirname -- \"$f\"); [ \"$p\" = . ] || rmdir -p --ignore-fail-on-non-empty -- \"$p\" 2>/dev/null\n"
+              "done; true")
+    out = conn.run(script, stdin="\n".join(sorted(stale)), prelude=False, check=True).stdout
+    return sum(1 for line in out.split("\n") if line in stale)
 
 
 def _safe_relative(path: str) -> bool:

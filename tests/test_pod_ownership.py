@@ -89,6 +89,9 @@ def test_a_foreign_directory_is_refused_then_force_keeps_every_file_of_its_owner
     # Later deploys delete only what podkit itself sent and the user removed locally.
     (theirs / "made-on-the-pod.txt").write_text("results\n")
     (world.project / "tests" / "test_gpus.py").unlink()
+    # one more gone from the project that the user already removed on the pod: not counted as podkit's removal
+    (world.project / "tests" / "test_plot.py").unlink()
+    (theirs / "tests" / "test_plot.py").unlink()
     again = cli(world, "deploy", world.pod.spec, *args_for(world, str(theirs)))
     assert again.returncode == 0, again.stdout + again.stderr
     assert not (theirs / "tests" / "test_gpus.py").exists()
