@@ -200,6 +200,9 @@ def test_judge():
     assert judge([5.0, float("inf")], 0.2, 10, 100, 2).checks["finite_loss"] is False
     assert judge([5.0, 1.0], 0.2, 200, 100, 2).checks["under_limit"] is False
     assert judge([5.0, 1.0], 0.2, 10, 100, 5).checks["all_steps"] is False
+    # no loss at all is never a pass, even where no step was planned (a library caller's 0)
+    empty = judge([], 0.2, 10, 100, 0)
+    assert empty.status == "failed" and empty.checks["finite_loss"] is False and "no loss was seen" in empty.reasons[0]
 
 
 def test_memory_monitor_in_a_user_loop(tmp_path):

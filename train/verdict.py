@@ -107,7 +107,9 @@ def judge(losses: list[float], min_drop: float, peak: int | None, limit: int | N
         bad = next(i for i, x in enumerate(losses, 1) if not math.isfinite(x))
         v.reasons.append(f"loss is {losses[bad - 1]} at step {bad}")
     v.checks["all_steps"] = len(losses) == planned_steps
-    if len(losses) != planned_steps:
+    if not losses:
+        v.reasons.append("no loss was seen, so nothing shows the step trains")
+    elif len(losses) != planned_steps:
         v.reasons.append(f"ran {len(losses)} of {planned_steps} steps")
     if finite and losses:
         tail = losses[-max(1, len(losses) // 10):]
