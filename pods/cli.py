@@ -33,6 +33,7 @@ from podkit.pods.hosts import HostSpec, load_inventory, select_hosts
 from podkit.pods.ownership import deployed as is_deployed
 from podkit.envsetup.fingerprint import Fingerprint
 from podkit.pods.profiles import PodProfile
+from podkit.pods.sync import changed_note, changed_since_deploy
 from podkit.pods import progress as bars
 from podkit.pods.tables import deploy_table, jobs_table, pods_table, print_table
 
@@ -299,9 +300,12 @@ def run_cmd(host, command, detach, job_id, as_json, nodes, nproc_per_node, pods:
     if len(specs := pods.specs(host)) > 1:
         raise PodError(f"'{host}' names {len(specs)} pods", "give one, or add --nodes to run one torchrun world across them")
     with pods.one(host, deployed=True, err=as_json) as (conn, spec, _, _, rdir):
+        changed = changed_since_deploy(conn, pods.opts.project, rdir)
+        if changed:
+            click.echo(changed_note(changed, host), err=True)
         jid = remote_jobs.start(conn, shlex.join(command) if len(command) > 1 else command[0], job_id)
         job = {"job": jid, "pod": spec.name, "host": spec.host, "remote_dir": rdir,
-               "log": f"{rdir}/{remote_jobs.JOBS_DIR}/{jid}/output.log"}
+               "log": f"{rdir}/{remote_jobs.JOBS_DIR}/{jid}/output.log", "changed_since_deploy": changed or []}
         click.echo(f"job {jid} started on {spec.name}; output: {remote_jobs.JOBS_DIR}/{jid}/output.log", err=True)
         if detach:
             click.echo(f"attach with: bin/pod attach {host} {jid}", err=True)

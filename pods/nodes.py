@@ -32,6 +32,7 @@ from podkit.pods.deploy import PodOptions, connect, locate
 from podkit.pods.errors import PodError
 from podkit.pods.hosts import HostSpec
 from podkit.pods.ownership import deployed as is_deployed
+from podkit.pods.sync import changed_note, changed_since_deploy
 
 # On the first node: its IPv4 addresses by interface and the one the SSH client reached
 # (SSH_CONNECTION, set by sshd); then a listener on a free port that answers every connection with
@@ -250,6 +251,9 @@ def connect_all(specs: list[HostSpec], opts: PodOptions, say: Callable[[str], Ca
             _, _, rdir = locate(conn, spec, opts.project)
             if not is_deployed(conn, rdir):
                 raise PodError(f"{rdir} on {spec.name} was never deployed", f"run: bin/pod deploy {spec.name}, then re-run")
+            changed = changed_since_deploy(conn, opts.project, rdir)
+            if changed:
+                say(spec.name)(changed_note(changed, spec.name))
         except BaseException:
             conn.close()
             raise

@@ -9,8 +9,10 @@ it) the same file list goes over SFTP.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
+import socket
 import stat
 import tempfile
 import time
@@ -53,6 +55,7 @@ def push(conn: PodConnection, local: Path, remote_dir: str, *, rsync_on_pod: boo
     and no longer sends (pods/ownership.py), never anything else. `checked`: what refuse_theirs returned for this
     directory in this deploy (it is run here otherwise)."""
     files, before = checked or refuse_theirs(conn, local, remote_dir)
+    sending = stamps(local, files)  # as they are before the transfer: an edit during it counts as not sent
     # Record the union first: a sync cut short still knows every file it may have sent.
     write_manifest(conn, remote_dir, (before or set()) | set(files))
     if rsync_on_pod:
@@ -68,7 +71,53 @@ def push(conn: PodConnection, local: Path, remote_dir: str, *, rsync_on_pod: boo
     if before is not None:
         stats.deleted = delete_stale(conn, remote_dir, before - set(files))
     write_manifest(conn, remote_dir, set(files))
+    _record_sent(conn, remote_dir, local, sending)
     return stats
+
+
+# What the last deploy sent, by size and mtime, and from which machine and directory: `bin/pod run` says when
+# the local project has changed since, because the job runs the pod's copy.
+SENT = ".podkit/sent.json"
+
+
+def stamps(local: Path, files: list[str]) -> dict[str, list[int]]:
+    out = {}
+    for rel in files:
+        try:
+            st = os.lstat(local / rel)
+        except OSError:
+            continue  # gone since it was chosen: not sent
+        out[rel] = [st.st_size, st.st_mtime_ns]
+    return out
+
+
+def _origin(local: Path) -> str:
+    return f"{socket.gethostname()}:{local.resolve()}"
+
+
+def _record_sent(conn: PodConnection, remote_dir: str, local: Path, sent: dict[str, list[int]]) -> None:
+    q = shlex.quote(f"{remote_dir}/{SENT}")
+    record = json.dumps({"origin": _origin(local), "files": sent})
+    conn.run(f"cat > {q}.tmp && mv {q}.tmp {q}", stdin=record, prelude=False, check=True)
+
+
+def changed_since_deploy(conn: PodConnection, local: Path, remote_dir: str) -> list[str] | None:
+    """The project's files that differ from what the last deploy from this machine and directory sent (changed,
+    added or gone), sorted; None when that cannot be told (no record, or the last deploy came from elsewhere)."""
+    q = shlex.quote(f"{remote_dir}/{SENT}")
+    result = conn.run(f"cat {q} 2>/dev/null", prelude=False)
+    try:
+        record = json.loads(result.stdout)
+        sent, origin = record["files"], record["origin"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if origin != _origin(local):
+        return None
+    try:
+        now = stamps(local, chosen_files(local))
+    except (PodError, OSError):
+        return None
+    return sorted(p for p in set(sent) | set(now) if sent.get(p) != now.get(p))
 
 
 def remote_disk_full(conn: PodConnection, remote_dir: str) -> bool:
@@ -141,3 +190,9 @@ def ensure_rsync(conn: PodConnection, fp_tools: dict, say: Callable[[str], None]
         return True
     say("could not install rsync: syncing over SFTP")
     return False
+
+
+def changed_note(changed: list[str], host: str) -> str:
+    shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+    return (f"note: {len(changed)} file(s) of this project changed here since the last deploy ({shown}); the pod runs "
+            f"its deployed copy: bin/pod deploy {host} first to send them")

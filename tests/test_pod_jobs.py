@@ -305,7 +305,8 @@ def test_run_attach_stop_and_jobs_speak_json_on_stdout_alone(world):
     assert started.returncode == 0, started.stderr
     data = _strict(started.stdout)
     assert data == {"ok": True, "job": jid, "pod": f"127.0.0.1-{world.pod.port}", "host": "127.0.0.1",
-                    "remote_dir": world.pod.remote_dir, "log": str(log), "detached": True, "exit_code": None}, data
+                    "remote_dir": world.pod.remote_dir, "log": str(log), "changed_since_deploy": [], "detached": True,
+                    "exit_code": None}, data
     assert wait_for(lambda: "from-the-job" in log.read_text() if log.exists() else False, 30)
     attached = cli(world, "attach", world.pod.spec, *args(world), jid, "--json")
     assert attached.returncode == 3, attached.stderr

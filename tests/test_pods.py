@@ -294,6 +294,28 @@ def test_fetch_never_replaces_a_local_file_podkit_did_not_fetch(world):
     shutil.rmtree(run)
 
 
+def test_run_says_which_local_files_changed_since_the_last_deploy(world):
+    """The job runs the pod's deployed copy: bin/pod run names the files changed here since that deploy."""
+    pod = world.pod
+    assert cli(world, "deploy", pod.spec, *pod_args(pod)).returncode == 0
+    clean = cli(world, "run", pod.spec, *pod_args(pod), "--json", "--", "true")
+    assert clean.returncode == 0 and json.loads(clean.stdout)["changed_since_deploy"] == [], clean.stderr
+    assert "since the last deploy" not in clean.stderr
+    added = world.project / "my_new_script.py"
+    added.write_text("print('not on the pod yet')\n")
+    try:
+        stale = cli(world, "run", pod.spec, *pod_args(pod), "--json", "--", "true")
+        assert stale.returncode == 0, stale.stderr
+        assert json.loads(stale.stdout)["changed_since_deploy"] == ["my_new_script.py"]
+        assert "1 file(s) of this project changed here since the last deploy (my_new_script.py)" in stale.stderr
+        assert f"bin/pod deploy {pod.spec} first" in stale.stderr
+    finally:
+        added.unlink()
+    # gone again: nothing differs from what was sent
+    again = cli(world, "run", pod.spec, *pod_args(pod), "--json", "--", "true")
+    assert json.loads(again.stdout)["changed_since_deploy"] == []
+
+
 def _with_tty_stderr(argv: list[str], cwd: Path) -> tuple[int, str, str]:
     """Run argv with stderr on a pseudo-terminal (where rich draws its bars) and stdout on a pipe."""
     master, slave = os.openpty()
