@@ -900,6 +900,19 @@ def loss_bytes(job, tokens_per_sequence: int) -> LossBytes:
         # log-softmax, its gradient in and out) is 4 B per logit, so the caching allocator cannot hand
         # their block to any of them (best fit needs a block at least as big): it stays cached, empty.
         return LossBytes(fwd, bwd, kept, "fp32 logits kept, shifted copy, fp32 log-softmax", hole=e if e < 4 else 0)
+    if f.loss == "compute-shifted":
+        # transformers < 4.49 GPT2LMHeadModel.forward: the compute-dtype logits (alive in `outputs` until
+        # compute_loss returns), their shifted .contiguous() copy (none of one sequence: shifted_copy_bytes),
+        # and, under autocast, cross_entropy's fp32 cast of that copy, freed once log_softmax has run.
+        shift = e if job.train.micro_batch > 1 else 0
+        cast = 4 if f.loss_upcast and e != 4 else 0
+        # Backward: nll_loss's gradient, the saved log-softmax and its input gradient, as for fp32-upcast.
+        # The freed logits, copy and cast were allocated back to back: with a copy their 2e + 4 B per logit
+        # hold both 4 B gradients; without one, e + 4 B holds one and leaves e B per logit (see below).
+        return LossBytes(e + shift + cast + lsm, 3 * lsm, 0,
+                         "compute-dtype shifted copy, " + ("fp32 cross-entropy (autocast)" if cast else
+                                                           "compute-dtype cross-entropy"),
+                         hole=e if cast and not shift else 0)
     if f.loss == "fp32-upcast-shifted":
         # transformers 4.46-4.48 loss_utils.ForCausalLMLoss: `logits = logits.float()`, then
         # shift_logits = logits[..., :-1, :].contiguous(), cross_entropy on it. The model's 16-bit logits

@@ -170,7 +170,7 @@ class TrainConfig:
     QLoRA train.py). Sets the defaults below."""
     loss: str = "stack"
     """Loss implementation: "stack" | fp32-upcast | fp32-logits-kept | fp32-upcast-shifted | chunked |
-    fused | liger | native (checks/stacks.py LOSSES says what each keeps)."""
+    fused | liger | native | compute-shifted (checks/stacks.py LOSSES says what each keeps)."""
     block_kernels: str = "torch"
     """What runs each block's RMSNorm, RoPE and SwiGLU: torch (transformers' modules in PyTorch ops) |
     liger (Liger-Kernel's Triton kernels, as TrainingArguments use_liger_kernel patches them in; pair it

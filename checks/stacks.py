@@ -31,7 +31,10 @@ STACKS = ("podkit", "hf", "deepspeed", "torchtitan", "litgpt", "torchtune", "fsd
 #   liger             Liger's fused linear + cross-entropy (HF Trainer use_liger_kernel): no full logits,
 #                     the gradients made in forward and held until backward
 #   native            cross_entropy on the compute-dtype logits, no upcast (litgpt)
-LOSSES = ("fp32-upcast", "fp32-logits-kept", "fp32-upcast-shifted", "chunked", "fused", "liger", "native")
+#   compute-shifted   transformers < 4.49 GPT2LMHeadModel.forward: a shifted .contiguous() copy of the
+#                     compute-dtype logits, CrossEntropyLoss on it, in fp32 only where autocast casts it
+LOSSES = ("fp32-upcast", "fp32-logits-kept", "fp32-upcast-shifted", "chunked", "fused", "liger", "native",
+          "compute-shifted")
 
 # What activation checkpointing keeps:
 #   none      everything autograd saves
@@ -457,6 +460,11 @@ def transformers_facts(version: str, torch: str, family: str) -> TransformersFac
     # the shifted copy, while the 16-bit logits live on in `outputs`): 2 + 4 + 4 + 4 = 14 B. 4.49.0 pads
     # the labels instead (l.39 `labels = nn.functional.pad(labels, (0, 1), value=ignore_index)`).
     loss = "fp32-upcast-shifted" if (4, 46) <= v < (4, 49) else "fp32-upcast"
+    # GPT-2 kept its own loss through 4.48: `shift_logits = lm_logits[..., :-1, :].contiguous()` and
+    # CrossEntropyLoss on the compute-dtype copy, no upcast (4.45.2 modeling_gpt2.py l.1338-1349, the same in
+    # 4.48.1 l.1090-1094); 4.49.0 calls self.loss_function (ForCausalLMLoss, l.1089).
+    if family == "gpt2" and v < (4, 49):
+        loss = "compute-shifted"
     # Trainer's default optim: "adamw_hf" (transformers' own AdamW, a Python loop over parameters) until
     # PR #25109 made it "adamw_torch" in 4.32.0; PR #37358 (4.54.0 training_args.py l.1286-1291):
     # "adamw_torch_fused" when is_torch_greater_or_equal_than_2_8 (pytorch_utils.py: "2.8", accept_dev).
@@ -509,8 +517,7 @@ def transformers_facts(version: str, torch: str, family: str) -> TransformersFac
     # l.969-970 `if is_fsdp_enabled(): param_device = "cpu" if is_local_dist_rank_0() else "meta"`), and the
     # FSDP wrap moves them.
     load_16bit_on_gpu = v < (4, 45)
-    # <= 4.45 Llama-style models compute the loss in their forward (above); GPT-2's forward does too, but without
-    # the upcast (4.45.2 modeling_gpt2.py GPT2LMHeadModel.forward), which podkit does not price apart.
+    # <= 4.45 Llama-style models compute the loss in their forward (above); GPT-2's own loss is compute-shifted.
     in_model = v < (4, 46) and family != "gpt2"
     return TransformersFacts(loss, impl, reentrant, rope, experts, around, load_16bit_on_gpu, in_model)
 
@@ -632,6 +639,13 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
     upcast = stack.loss_upcast if native else loss in ("fp32-upcast", "fp32-logits-kept", "fp32-upcast-shifted",
                                                        "chunked")
     kept = stack.logits_kept if native else loss == "fp32-logits-kept"
+    if loss == "compute-shifted":
+        # cross_entropy is on autocast's fp32 list, so it upcasts only where autocast is on around the model:
+        # under a transformers stack that is accelerate's native AMP, which wraps the model's forward in
+        # autocast whenever the precision is mixed, DeepSpeed's engine aside (accelerate 1.0.1 accelerator.py
+        # l.506-514 `self.native_amp`, l.1413-1424 prepare_model); elsewhere the job's own autocast.
+        upcast = (mixed and not stack.deepspeed_engine) if stack.transformers_release and not replica else autocast
+        kept = False
     # The stack's AdamW kernel; torch SGD defaults to foreach on CUDA (torch/optim/optimizer.py
     # _default_to_fused_or_foreach: fused only when asked for), as podkit's train/optim.py also asks.
     default_impl = stack_impl if train.optimizer == "adamw" else "foreach"

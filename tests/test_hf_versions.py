@@ -115,6 +115,38 @@ def test_loss_path_follows_the_release(job, transformers, loss, forward, per_log
     assert part(estimate(j), "loss:", "forward-end") == per_logit * V_3 * 1024
 
 
+V_GPT2 = 50257
+
+
+@pytest.mark.parametrize("transformers,loss", [("4.45.2", "compute-shifted"), ("4.48.1", "compute-shifted"),
+                                               ("4.49.0", "fp32-upcast"), ("", "fp32-upcast")])
+def test_gpt2_keeps_its_own_loss_through_4_48(job, transformers, loss):
+    """GPT2LMHeadModel shifts a .contiguous() copy of its compute-dtype logits and runs CrossEntropyLoss on it
+    until 4.49 moves it to ForCausalLMLoss; cross_entropy upcasts only under autocast, which accelerate's
+    native AMP puts around the model whenever the Trainer's precision is mixed."""
+    def facts(precision, micro_batch=4, stack="hf"):
+        j = job(model='preset = "gpt2-124m"', train=f"stack = '{stack}'\nprecision = '{precision}'\n"
+                                                    f"micro_batch = {micro_batch}\nseq_len = 1024\n"
+                                                    f"transformers = '{transformers}'")
+        lb = A.loss_bytes(j, 1024)
+        return j, (lb.forward, lb.backward, lb.kept, lb.hole)
+
+    mixed, lb = facts("bf16-mixed")
+    assert mixed.facts.loss == loss
+    if loss != "compute-shifted":
+        return
+    # bf16 logits 2 + their shifted bf16 copy 2 + autocast's fp32 cast 4 + fp32 log-softmax 4; backward 3 x 4
+    assert mixed.facts.loss_upcast and lb == (12, 12, 0, 0)
+    assert part(estimate(mixed), "loss:", "forward-end") == 12 * V_GPT2 * 4 * 1024
+    # One sequence: no copy, so the freed logits and cast (2 + 4) hold one of backward's 4 B gradients only.
+    assert facts("bf16-mixed", micro_batch=1)[1] == (2 + 4 + 4, 12, 0, 2)
+    # Pure bf16 (no native AMP): the loss stays in bf16: 2 + 2 + 2, backward 3 x 2.
+    pure, lb = facts("bf16")
+    assert not pure.facts.loss_upcast and lb == (6, 6, 0, 0)
+    # DeepSpeed's engine runs no autocast even at a mixed precision.
+    assert facts("bf16-mixed", stack="deepspeed")[1] == (6, 6, 0, 0)
+
+
 def test_one_sequence_shifts_without_a_copy(job):
     """At micro-batch 1, logits[..., :-1, :] of a (1, s, vocab) tensor is contiguous, so `.contiguous()` returns
     it: 4.46-4.48's loss holds 2 + 4 + 4 B per logit in forward, and its peak is backward's 3 x 4 B."""

@@ -373,8 +373,8 @@ def _tiny_model(seq: int = 32, **opts):
     return model_mod.materialize(model, torch.device("cpu"), 0)
 
 
-@pytest.mark.parametrize("loss", ["fp32-logits-kept", "fp32-upcast-shifted", "chunked", "fused", "liger",
-                                  "liger-block-kernels"])
+@pytest.mark.parametrize("loss", ["fp32-logits-kept", "fp32-upcast-shifted", "compute-shifted", "chunked", "fused",
+                                  "liger", "liger-block-kernels"])
 def test_losses_and_kernels_match_the_plain_model_and_its_gradients(loss):
     """Each loss, and Liger's emulated block kernels, give the plain replica's loss and gradients."""
     x, y = torch.randint(512, (2, 32)), torch.randint(512, (2, 32))
@@ -445,7 +445,8 @@ def test_repeated_kv_and_reentrant_checkpointing():
 
 
 def _loss_peaks(loss: str, precision: str) -> tuple[int, int]:
-    """Peak bytes above the start in forward and in backward, counted by real torch on the CPU."""
+    """Peak bytes above the start in forward and in backward, counted by real torch on the CPU; a "-mixed"
+    precision runs the forward under autocast (bf16), as accelerate's native AMP does."""
     torch.manual_seed(0)
     model = model_mod.build(shape_of("tiny"), model_mod.ModelOptions(max_seq_len=128, loss=loss), precision)
     model = model_mod.materialize(model, torch.device("cpu"), 0)
@@ -455,7 +456,8 @@ def _loss_peaks(loss: str, precision: str) -> tuple[int, int]:
     try:
         counter.reset_peak()
         before = counter.allocated()
-        out = model(x, y)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision.endswith("-mixed")):
+            out = model(x, y)
         forward = counter.window_peak() - before
         counter.reset_peak()
         out.backward()
@@ -483,6 +485,20 @@ def test_transformers_4_45_loss_keeps_the_fp32_logits_and_copies_them_shifted():
     logits = 4 * 128 * 512
     (f0, b0), (f1, b1) = _loss_peaks("fp32-upcast", "bf16"), _loss_peaks("fp32-logits-kept", "bf16")
     assert (f1 - f0, b1 - b0) == (2 * logits, 4 * logits)
+
+
+def test_gpt2_loss_before_4_49_shifts_a_compute_dtype_copy():
+    """transformers < 4.49 GPT2LMHeadModel: a shifted .contiguous() copy of the compute-dtype logits and
+    CrossEntropyLoss on it. In pure bf16: 2 + 2 + 2 B per logit at the forward peak and 3 x 2 at backward's,
+    against fp32-upcast's 2 + 4 + 4 and 3 x 4. Under autocast cross_entropy casts the copy to fp32 first:
+    2 + 2 + 4 + 4 against 2 + 4 + 4, backward 3 x 4 both (checks/activations.py loss_bytes:
+    compute-shifted)."""
+    logits = 4 * 128 * 512
+    (f0, b0), (f1, b1) = _loss_peaks("fp32-upcast", "bf16"), _loss_peaks("compute-shifted", "bf16")
+    # (within a few bytes: the loss scalar is bf16 here, fp32 there)
+    assert (f1 - f0, b1 - b0) == (pytest.approx(-4 * logits, abs=8), pytest.approx(-6 * logits, abs=8))
+    (f0, b0), (f1, b1) = _loss_peaks("fp32-upcast", "bf16-mixed"), _loss_peaks("compute-shifted", "bf16-mixed")
+    assert (f1 - f0, b1 - b0) == (pytest.approx(2 * logits, abs=8), pytest.approx(0, abs=8))
 
 
 def test_chunked_and_fused_losses_save_less_than_kept_logits():

@@ -7,6 +7,8 @@
   caller drops it after backward.
 - fp32-upcast-shifted (transformers 4.46-4.48 loss/loss_utils.py ForCausalLMLoss): the loss upcasts
   the 16-bit logits, then cross-entropies a shifted .contiguous() copy of the fp32 ones.
+- compute-shifted (transformers < 4.49 GPT2LMHeadModel.forward): the shifted .contiguous() copy of
+  the compute-dtype logits, cross-entropied as they are (fp32 only where autocast casts it).
 - chunked (torchtune CEWithChunkedOutputLoss, torchtune/modules/loss/ce_chunked_output_loss.py:
   the model returns the head's output in `num_output_chunks` = 8 chunks along the sequence and
   each chunk is upcast and cross-entropied with reduction="sum"; litgpt's chunked_cross_entropy in
@@ -48,7 +50,7 @@ def plain(logits: torch.Tensor, targets: torch.Tensor, upcast: bool = True) -> t
 
 def shifted_copy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """transformers <= 4.48's `shift_logits = logits[..., :-1, :].contiguous()` then cross_entropy: a copy
-    of the fp32 logits. The targets here are already the next tokens, so the copy is taken at full
+    of the logits as given (fp32 ones for ForCausalLMLoss, GPT-2's compute-dtype ones). The targets here are already the next tokens, so the copy is taken at full
     length (transformers' is one position per sequence shorter). Of one sequence the slice is already
     contiguous and transformers copies nothing (checks/activations.py shifted_copy_bytes): nor does this."""
     copy = logits if logits.shape[0] == 1 else logits.clone(memory_format=torch.contiguous_format)

@@ -369,6 +369,8 @@ class Decoder(nn.Module):
         logits = self._head(x)
         if loss == "fp32-upcast-shifted":
             return losses.shifted_copy(logits.float(), targets)  # the 16-bit logits stay in this frame
+        if loss == "compute-shifted":  # GPT-2 before transformers 4.49: autocast alone upcasts
+            return losses.shifted_copy(logits, targets)
         if loss == "fp32-logits-kept":
             logits = logits.float()
             self.kept_logits = logits  # the caller's output object holds it until after backward
