@@ -106,10 +106,16 @@ def delete_stale(conn: PodConnection, remote_dir: str, stale: set[str]) -> int:
     stale = {p for p in stale if _safe_relative(p) and "\n" not in p}  # one name per line on the wire
     if not stale:
         return 0
+    # A name whose directory is reached through a symlink (the user's: podkit makes real directories) is left
+    # alone: removing it would remove a file elsewhere, which podkit never sent.
     script = (f"cd {shlex.quote(remote_dir)} || exit 3\n"
+              "root=$(pwd -P)\n"
               "while IFS= read -r f || [ -n \"$f\" ]; do\n"
+              "  p=$(dirname -- \"$f\")\n"
+              "  d=$(cd -P -- \"$p\" 2>/dev/null && pwd) || continue\n"
+              "  if [ \"$p\" = . ]; then [ \"$d\" = \"$root\" ] || continue; else [ \"$d\" = \"$root/$p\" ] || continue; fi\n"
               "  if [ ! -d \"$f\" ] || [ -L \"$f\" ]; then { [ -e \"$f\" ] || [ -L \"$f\" ]; } && rm -f -- \"$f\" && printf '%s\\n' \"$f\"; fi\n"
-              "  p=$(dirname -- \"$f\"); [ \"$p\" = . ] || rmdir -p --ignore-fail-on-non-empty -- \"$p\" 2>/dev/null\n"
+              "  [ \"$p\" = . ] || rmdir -p --ignore-fail-on-non-empty -- \"$p\" 2>/dev/null\n"
               "done; true")
     out = conn.run(script, stdin="\n".join(sorted(stale)), prelude=False, check=True).stdout
     return sum(1 for line in out.split("\n") if line in stale)

@@ -142,3 +142,26 @@ def test_files_are_chosen_as_git_chooses_them_over_rsync_and_sftp(world):
     # Outside git the same rules come from pathspec (.git/info/exclude then does not exist).
     subprocess.run(["rm", "-rf", str(local / ".git")], check=True)
     assert set(chosen_files(local)) == expected | {"secret.txt"}
+
+
+def test_stale_removal_never_follows_a_symlinked_directory(world):
+    """A file podkit sent and the project no longer has is removed on the next deploy, but not through a
+    directory the user swapped for a symlink on the pod: that would remove their file elsewhere."""
+    local, remote = world.base / "linkproj", world.base / "pod-side" / "linked"
+    outside = world.base / "pod-side" / "their-data"
+    for rel in ("train.py", "extra/f.txt", "gone.txt"):
+        (local / rel).parent.mkdir(parents=True, exist_ok=True)
+        (local / rel).write_text("ours\n")
+    with connection(world) as conn:
+        claim(conn, str(remote))
+        push(conn, local, str(remote), rsync_on_pod=True)
+        assert (remote / "extra" / "f.txt").exists() and (remote / "gone.txt").exists()
+        # on the pod the user moves extra/ to their own place and links it back; here both files leave the project
+        outside.parent.mkdir(parents=True, exist_ok=True)
+        (remote / "extra").rename(outside)
+        (remote / "extra").symlink_to(outside)
+        (local / "extra" / "f.txt").unlink()
+        (local / "gone.txt").unlink()
+        stats = push(conn, local, str(remote), rsync_on_pod=True)
+    assert stats.deleted == 1 and not (remote / "gone.txt").exists()
+    assert (outside / "f.txt").read_text() == "ours\n" and (remote / "extra").is_symlink()
