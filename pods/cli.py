@@ -305,7 +305,7 @@ def run_cmd(host, command, detach, job_id, as_json, nodes, nproc_per_node, pods:
             click.echo(changed_note(changed, host), err=True)
         jid = remote_jobs.start(conn, shlex.join(command) if len(command) > 1 else command[0], job_id)
         job = {"job": jid, "pod": spec.name, "host": spec.host, "remote_dir": rdir,
-               "log": f"{rdir}/{remote_jobs.JOBS_DIR}/{jid}/output.log", "changed_since_deploy": changed or []}
+               "log": f"{rdir}/{remote_jobs.JOBS_DIR}/{jid}/output.log", "changed_since_deploy": changed}
         click.echo(f"job {jid} started on {spec.name}; output: {remote_jobs.JOBS_DIR}/{jid}/output.log", err=True)
         if detach:
             click.echo(f"attach with: bin/pod attach {host} {jid}", err=True)
@@ -356,7 +356,8 @@ def _run_nodes(host: str, command: tuple[str, ...], detach: bool, run_id: str | 
         click.echo(json.dumps({"ok": code in (None, 0), "run_id": run_id, "detached": detach, "exit_code": code,
                                "rendezvous": rdzv.endpoint,
                                "nodes": [{"node": m.node.index, "pod": m.spec.name, "job": m.job_id,
-                                          "address": m.node.address, "nproc": m.node.nproc} for m in members]},
+                                          "address": m.node.address, "nproc": m.node.nproc,
+                                          "changed_since_deploy": m.changed} for m in members]},
                               indent=2))
     if detach:
         return 0

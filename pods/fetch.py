@@ -3,12 +3,14 @@
 What comes back: runs/ (every smoke run, failed ones included) and logs/ (detached jobs' output,
 envsetup's logs and report, the probe). The env file with secrets stays on the pod.
 
-Nothing podkit did not write is replaced: `.podkit-fetched.json` records each file as the last fetch
-left it (size and mtime), and a local file that is not in it, or that changed since, is the user's:
-it is left alone, and the pod's copy of it is not fetched (it is reported as kept). Files that were
-there before podkit kept a record (an older podkit's fetch) count as the user's too: podkit cannot tell
-them apart. A newer local file is never replaced by an older remote one (--update), and nothing local
-is deleted.
+Nothing podkit did not write is replaced: `.podkit-fetched.json` records each file (size and mtime)
+and directory that a fetch wrote, as it left them; a local file that is not in it, or that changed
+since, and a directory not in it, are the user's: left alone, and the pod's copies of them not
+fetched (reported as kept). Files and directories there before podkit kept a record (an older
+podkit's fetch) count as the user's too: podkit cannot tell them apart. A newer local file is never
+replaced by an older remote one (--update), and nothing local is deleted. A runs/ or logs/ that is a
+symlink is refused (rsync would replace it, and from 3.4 it opens no path through one): --dest
+puts pod-logs on another disk instead.
 """
 
 from __future__ import annotations
@@ -30,15 +32,22 @@ FETCHED = ["/runs/***", "/logs/***"]
 TOPS = ("runs", "logs")
 RECORD = ".podkit-fetched.json"
 PART = ".podkit-part"  # fetch_sftp's file in flight
+DIR = "dir"  # a directory's entry in the record (its mtime moves with its contents: only its being podkit's counts)
 
 
 def fetch(conn: PodConnection, remote_dir: str, local: Path, *, rsync_on_pod: bool = True,
           progress: Callable[[str], None] | None = None, bwlimit: int | None = None) -> TransferStats:
     local.mkdir(parents=True, exist_ok=True)
-    kept = theirs(local)
+    for top in TOPS:
+        if (local / top).is_symlink():
+            raise PodError(f"fetch: {local / top} is a symlink; podkit fetches only into real directories",
+                           "give the other disk as --dest instead (each pod's files go to DEST/<pod>/)")
+    record, before = _read_record(local), _local_entries(local)
+    kept = {rel for rel, now in before.items() if record.get(rel) != now}
+    written: set[str] = set()  # filled as the transfer goes, so a cut one still says what arrived
     try:
         if not rsync_on_pod:
-            stats = fetch_sftp(conn, remote_dir, local, kept)
+            stats = fetch_sftp(conn, remote_dir, local, kept, written)
         else:
             with tempfile.NamedTemporaryFile("wb", prefix="podkit-kept-", suffix=".rules") as rules:
                 rules.write(b"".join(_exclude_rule(rel) + b"\0" for rel in sorted(kept)))
@@ -48,37 +57,60 @@ def fetch(conn: PodConnection, remote_dir: str, local: Path, *, rsync_on_pod: bo
                 args = ["-rlptz", "--update", "--from0", f"--exclude-from={rules.name}",
                         *[f"--include={p}" for p in FETCHED], "--exclude=*",
                         remote_target(conn, remote_dir.rstrip("/") + "/"), f"{local}/"]
-                stats = run_rsync(conn, args, what="fetch", progress=progress, bwlimit=bwlimit,
+                stats = run_rsync(conn, args, what="fetch", progress=progress, bwlimit=bwlimit, written=written,
                                   disk_full=lambda: shutil.disk_usage(local).free < 2**20)
-    finally:
-        # also after a cut transfer: what did arrive is podkit's, and the next run must know it
-        _write_record(local, kept)
-    stats.kept = sorted(kept)
+    except BaseException:
+        # also after a cut transfer: what did arrive is podkit's, and the next run must know it; a record that
+        # cannot be written (a full disk) leaves the error that stopped the fetch to be reported
+        try:
+            _write_record(local, record, before, kept, written)
+        except OSError:
+            pass
+        raise
+    try:
+        _write_record(local, record, before, kept, written)
+    except OSError as exc:
+        raise PodError(f"fetch: the files came back, but {local / RECORD} could not be written ({exc.strerror})",
+                       "free space there and re-run; until then the next fetch keeps what came back as yours") from None
+    stats.kept = sorted(rel + "/" if before[rel] == DIR else rel for rel in kept)
     return stats
 
 
 def theirs(local: Path) -> set[str]:
-    """The files under runs/ and logs/ that podkit must not replace: not in the record of the last fetch,
-    or changed since it (size or mtime)."""
+    """The files and directories under runs/ and logs/ that podkit must not replace (see the module's note)."""
+    record = _read_record(local)
+    return {rel for rel, now in _local_entries(local).items() if record.get(rel) != now}
+
+
+def _read_record(local: Path) -> dict:
     try:
-        record = json.loads((local / RECORD).read_text())["files"]
+        record = json.loads((local / RECORD).read_text())
     except FileNotFoundError:
-        record = {}
-    except (ValueError, KeyError, TypeError, OSError):
+        return {}
+    except (ValueError, OSError):
+        record = None
+    files = record.get("files") if isinstance(record, dict) else None
+    if not isinstance(files, dict) or not all(v == DIR or (isinstance(v, list) and len(v) == 2) for v in files.values()):
         raise PodError(f"fetch: {local / RECORD} is damaged, so podkit cannot tell its own files from yours",
-                       "move it away; the next fetch then keeps every file already there as yours") from None
-    return {rel for rel, now in _local_files(local).items() if record.get(rel) != now}
+                       "move it away; the next fetch then keeps every file already there as yours")
+    return files
 
 
-def _local_files(local: Path) -> dict[str, list[int]]:
-    """Every file and symlink under runs/ and logs/ by path relative to `local`: [size, mtime_ns]; rsync's
-    partial files and fetch_sftp's in-flight ones are not files yet."""
-    found = {}
+def _local_entries(local: Path) -> dict[str, list[int] | str]:
+    """Every file, symlink and directory under runs/ and logs/ by path relative to `local`: [size, mtime_ns], or
+    DIR; rsync's partial files and fetch_sftp's in-flight ones are not files yet."""
+    found: dict[str, list[int] | str] = {}
     for top in TOPS:
         for dirpath, dirnames, filenames in os.walk(local / top):
             dirnames[:] = [d for d in dirnames if d != PARTIAL_DIR]
-            links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]  # os.walk lists them as dirs
-            for name in filenames + links:
+            for name in list(dirnames):
+                path = os.path.join(dirpath, name)
+                if os.path.islink(path):  # os.walk lists a symlink to a directory as a directory, and skips it
+                    dirnames.remove(name)
+                    filenames.append(name)
+                else:
+                    found[os.path.relpath(path, local)] = DIR
+            for name in filenames:
                 if name.endswith(PART):
                     continue
                 path = os.path.join(dirpath, name)
@@ -87,8 +119,15 @@ def _local_files(local: Path) -> dict[str, list[int]]:
     return found
 
 
-def _write_record(local: Path, kept: set[str]) -> None:
-    files = {rel: now for rel, now in _local_files(local).items() if rel not in kept}
+def _write_record(local: Path, record: dict, before: dict, kept: set[str], written: set[str]) -> None:
+    """What is podkit's now: what this fetch wrote, and what was podkit's before it and is as it was. A file the
+    user made or changed while the fetch ran is neither."""
+    files = {}
+    for rel, now in _local_entries(local).items():
+        if rel in kept:
+            continue
+        if rel in written or (rel in record and before.get(rel) == now):
+            files[rel] = now
     tmp = local / (RECORD + ".tmp")
     tmp.write_text(json.dumps({"files": files}, sort_keys=True))
     os.replace(tmp, local / RECORD)
@@ -102,12 +141,14 @@ def _exclude_rule(rel: str) -> bytes:
     return ("/" + rel).encode("utf-8", "surrogateescape")
 
 
-def fetch_sftp(conn: PodConnection, remote_dir: str, local: Path, kept: set[str] = frozenset()) -> TransferStats:
-    """Without rsync on the pod: walk runs/ and logs/ over SFTP, same rules (the user's files kept, a newer
-    local file never replaced)."""
+def fetch_sftp(conn: PodConnection, remote_dir: str, local: Path, kept: set[str] = frozenset(),
+               written: set[str] | None = None) -> TransferStats:
+    """Without rsync on the pod: walk runs/ and logs/ over SFTP, same rules (the user's files and directories kept,
+    a newer local file never replaced); `written` receives what it writes, as it goes."""
     start = time.monotonic()
     sftp = conn.sftp()
     stats = TransferStats()
+    written = set() if written is None else written
 
     def walk(rel: str) -> None:
         try:
@@ -118,10 +159,17 @@ def fetch_sftp(conn: PodConnection, remote_dir: str, local: Path, kept: set[str]
             child = f"{rel}/{entry.filename}"
             if child in kept:
                 continue
+            dst = local / child
             if stat.S_ISDIR(entry.st_mode):
+                if not dst.is_dir():
+                    if dst.exists() or dst.is_symlink():
+                        continue  # a file of podkit's where the pod now has a directory: left, as rsync would fail
+                    dst.mkdir(parents=True)
+                    written.add(child)
                 walk(child)
                 continue
-            dst = local / child
+            if dst.is_dir() and not dst.is_symlink():
+                continue  # a directory where the pod has a file
             if dst.exists():
                 have = dst.stat()
                 if have.st_mtime > entry.st_mtime:
@@ -133,6 +181,7 @@ def fetch_sftp(conn: PodConnection, remote_dir: str, local: Path, kept: set[str]
             sftp.get(f"{remote_dir}/{child}", str(part))
             os.utime(part, (entry.st_atime, entry.st_mtime))
             os.replace(part, dst)
+            written.add(child)
             stats.files += 1
             stats.bytes += entry.st_size
 
@@ -143,5 +192,6 @@ def fetch_sftp(conn: PodConnection, remote_dir: str, local: Path, kept: set[str]
         if conn.frozen is not None:
             raise PodError(f"fetch: {conn.frozen.problem}", conn.frozen.fix) from None
         raise PodError(f"fetch over SFTP failed: {exc}", "re-run; finished files are kept") from None
-    stats.seconds = time.monotonic() - start
+    finally:
+        stats.seconds = time.monotonic() - start
     return stats

@@ -225,6 +225,8 @@ class Member:
     conn: PodConnection
     node: Node | None = None
     job_id: str = ""
+    changed: list[str] | None = None
+    """Project files changed here since its last deploy (pods/sync.changed_since_deploy); None: not known."""
 
 
 def _python(conn: PodConnection, script: str, *args: str) -> dict:
@@ -257,7 +259,7 @@ def connect_all(specs: list[HostSpec], opts: PodOptions, say: Callable[[str], Ca
         except BaseException:
             conn.close()
             raise
-        return Member(spec, conn)
+        return Member(spec, conn, changed=changed)
 
     with ThreadPoolExecutor(max_workers=min(16, len(specs))) as pool:
         futures = [pool.submit(one, s) for s in specs]

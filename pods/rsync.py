@@ -35,7 +35,7 @@ class TransferStats:
         kept = ""
         if self.kept:
             shown = ", ".join(self.kept[:3]) + (f" and {len(self.kept) - 3} more" if len(self.kept) > 3 else "")
-            kept = f"; kept {len(self.kept)} local file(s) podkit did not fetch or that changed since, so the pod's " \
+            kept = f"; kept {len(self.kept)} local path(s) podkit did not fetch or that changed since, so the pod's " \
                    f"copies were not fetched: {shown} (move them away to fetch those)"
         return f"{self.files} files changed{gone}, {size} in {self.seconds:.1f} s{kept}"
 
@@ -47,13 +47,16 @@ def remote_target(conn: PodConnection, path: str) -> str:
 
 
 def run_rsync(conn: PodConnection, args: list[str], *, what: str, progress: Callable[[str], None] | None = None,
-              bwlimit: int | None = None, disk_full: Callable[[], bool] | None = None) -> TransferStats:
-    """rsync with `args`; `disk_full` checks the receiving side when rsync fails without saying why."""
+              bwlimit: int | None = None, disk_full: Callable[[], bool] | None = None,
+              written: set[str] | None = None) -> TransferStats:
+    """rsync with `args`; `disk_full` checks the receiving side when rsync fails without saying why; `written`
+    receives what it writes (files, links and directories, relative to the destination) as it goes, so it holds
+    them also when the transfer is cut."""
     if not shutil.which("rsync"):
         raise PodError("rsync is not installed on this machine", "install it (apt-get install rsync / brew install rsync)")
     try:
         with RshServer(conn) as server:
-            return _run(conn, server, args, what=what, progress=progress, bwlimit=bwlimit)
+            return _run(conn, server, args, what=what, progress=progress, bwlimit=bwlimit, written=written)
     except PodError as exc:
         # rsync's own message can be lost when the receiver dies mid-stream (seen with a full
         # disk: exit 11 and nothing on stderr), so ask the disk itself before blaming rsync.
@@ -62,10 +65,16 @@ def run_rsync(conn: PodConnection, args: list[str], *, what: str, progress: Call
         raise
 
 
-def _run(conn: PodConnection, server: RshServer, args: list[str], *, what: str, progress, bwlimit) -> TransferStats:
+WROTE = "podkit-wrote:"  # --out-format's prefix for each item written (`names`)
+
+
+def _run(conn: PodConnection, server: RshServer, args: list[str], *, what: str, progress, bwlimit,
+         written: set[str] | None = None) -> TransferStats:
     argv = ["rsync", "--partial-dir=" + PARTIAL_DIR, "--protect-args", "--stats", "-e", server.rsh()]
     if progress is not None:
         argv.append("--info=progress2")
+    if written is not None:
+        argv.append(f"--out-format={WROTE}%n")
     if bwlimit:
         argv.append(f"--bwlimit={bwlimit}")
     argv += args
@@ -79,11 +88,15 @@ def _run(conn: PodConnection, server: RshServer, args: list[str], *, what: str, 
             if not chunk:
                 break
             out += chunk
-            if progress is not None:
+            if progress is not None or written is not None:
                 *pieces, pending = re.split(rb"[\r\n]", pending + chunk)
                 for piece in pieces:
+                    if written is not None and piece.startswith(WROTE.encode()):
+                        # as the local name reads (a name holding a newline is cut, so counts as not written)
+                        written.add(os.fsdecode(piece[len(WROTE):]).rstrip("/"))
+                        continue
                     text = piece.decode(errors="replace").strip()
-                    if re.match(r"^[\d,]+\s+\d+%", text):
+                    if progress is not None and re.match(r"^[\d,]+\s+\d+%", text):
                         progress(text)
         err = proc.stderr.read().decode(errors="replace")
         proc.wait()

@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import socket
 import stat
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Callable
 
@@ -55,7 +55,8 @@ def push(conn: PodConnection, local: Path, remote_dir: str, *, rsync_on_pod: boo
     and no longer sends (pods/ownership.py), never anything else. `checked`: what refuse_theirs returned for this
     directory in this deploy (it is run here otherwise)."""
     files, before = checked or refuse_theirs(conn, local, remote_dir)
-    sending = stamps(local, files)  # as they are before the transfer: an edit during it counts as not sent
+    # as they are before the transfer (an edit during it counts as not sent); SFTP sends no symlinks
+    sending = stamps(local, files, links=rsync_on_pod)
     # Record the union first: a sync cut short still knows every file it may have sent.
     write_manifest(conn, remote_dir, (before or set()) | set(files))
     if rsync_on_pod:
@@ -71,7 +72,7 @@ def push(conn: PodConnection, local: Path, remote_dir: str, *, rsync_on_pod: boo
     if before is not None:
         stats.deleted = delete_stale(conn, remote_dir, before - set(files))
     write_manifest(conn, remote_dir, set(files))
-    _record_sent(conn, remote_dir, local, sending)
+    _record_sent(conn, remote_dir, local, sending, links=rsync_on_pod)
     return stats
 
 
@@ -80,42 +81,60 @@ def push(conn: PodConnection, local: Path, remote_dir: str, *, rsync_on_pod: boo
 SENT = ".podkit/sent.json"
 
 
-def stamps(local: Path, files: list[str]) -> dict[str, list[int]]:
+def stamps(local: Path, files: list[str], links: bool = True) -> dict[str, list[int]]:
     out = {}
     for rel in files:
         try:
             st = os.lstat(local / rel)
         except OSError:
             continue  # gone since it was chosen: not sent
-        out[rel] = [st.st_size, st.st_mtime_ns]
+        if links or not stat.S_ISLNK(st.st_mode):
+            out[rel] = [st.st_size, st.st_mtime_ns]
     return out
 
 
-def _origin(local: Path) -> str:
-    return f"{socket.gethostname()}:{local.resolve()}"
+CHECKOUT_ID = ".podkit/checkout-id"  # local, never sent (pods/selection.py TOP_LEVEL_NEVER)
 
 
-def _record_sent(conn: PodConnection, remote_dir: str, local: Path, sent: dict[str, list[int]]) -> None:
+def _origin(local: Path, make: bool = False) -> str | None:
+    """Which checkout deployed: a random id kept in the project's .podkit/ (a hostname and path change with
+    networks and containers, and repeat across machines); None where there is none yet and `make` is off."""
+    path = local / CHECKOUT_ID
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        if not make:
+            return None
+    try:
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(uuid.uuid4().hex + "\n")
+        return path.read_text().strip()
+    except OSError:
+        return None  # a read-only checkout: nothing to compare against later
+
+
+def _record_sent(conn: PodConnection, remote_dir: str, local: Path, sent: dict[str, list[int]], links: bool) -> None:
     q = shlex.quote(f"{remote_dir}/{SENT}")
-    record = json.dumps({"origin": _origin(local), "files": sent})
+    record = json.dumps({"origin": _origin(local, make=True), "links": links, "files": sent})
     conn.run(f"cat > {q}.tmp && mv {q}.tmp {q}", stdin=record, prelude=False, check=True)
 
 
 def changed_since_deploy(conn: PodConnection, local: Path, remote_dir: str) -> list[str] | None:
-    """The project's files that differ from what the last deploy from this machine and directory sent (changed,
-    added or gone), sorted; None when that cannot be told (no record, or the last deploy came from elsewhere)."""
+    """The project's files that differ from what the last deploy from this checkout sent (changed, added or
+    gone), sorted; None when that cannot be told (no record, a damaged one, a deploy from another checkout, or
+    the project's files cannot be listed). Advisory: it never fails the command that asks."""
     q = shlex.quote(f"{remote_dir}/{SENT}")
     result = conn.run(f"cat {q} 2>/dev/null", prelude=False)
     try:
         record = json.loads(result.stdout)
-        sent, origin = record["files"], record["origin"]
-    except (ValueError, KeyError, TypeError):
+        sent, origin, links = record["files"], record["origin"], record.get("links", True)
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None
-    if origin != _origin(local):
+    if not isinstance(sent, dict) or origin is None or origin != _origin(local):
         return None
     try:
-        now = stamps(local, chosen_files(local))
-    except (PodError, OSError):
+        now = stamps(local, chosen_files(local), links=links)  # an SFTP deploy sends no symlinks
+    except Exception:  # git missing or broken here (chosen_files runs it): no note rather than no run
         return None
     return sorted(p for p in set(sent) | set(now) if sent.get(p) != now.get(p))
 

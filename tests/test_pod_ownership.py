@@ -165,3 +165,25 @@ def test_stale_removal_never_follows_a_symlinked_directory(world):
         stats = push(conn, local, str(remote), rsync_on_pod=True)
     assert stats.deleted == 1 and not (remote / "gone.txt").exists()
     assert (outside / "f.txt").read_text() == "ours\n" and (remote / "extra").is_symlink()
+
+
+def test_changes_since_deploy_count_what_each_transport_sent(world):
+    """SFTP sends no symlinks, so a symlink of the project never counts as changed after an SFTP deploy; after an
+    rsync deploy, which sent it, a new target does."""
+    from podkit.pods.sync import changed_since_deploy
+
+    local = world.base / "stampproj"
+    (local / "pkg").mkdir(parents=True)
+    (local / "pkg" / "train.py").write_text("x = 1\n")
+    (local / "latest.py").symlink_to("pkg/train.py")
+    with connection(world) as conn:
+        for name, rsync_on_pod in (("stamps-sftp", False), ("stamps-rsync", True)):
+            remote = str(world.base / "pod-side" / name)
+            claim(conn, remote)
+            push(conn, local, remote, rsync_on_pod=rsync_on_pod)
+            assert (Path(remote) / "latest.py").is_symlink() == rsync_on_pod, name
+            assert changed_since_deploy(conn, local, remote) == [], name
+        (local / "latest.py").unlink()
+        (local / "latest.py").symlink_to("pkg/other.py")  # a link's own size changes with its target's name
+        assert changed_since_deploy(conn, local, str(world.base / "pod-side" / "stamps-rsync")) == ["latest.py"]
+        assert changed_since_deploy(conn, local, str(world.base / "pod-side" / "stamps-sftp")) == []

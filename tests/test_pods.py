@@ -250,8 +250,9 @@ def test_fetch_never_replaces_a_local_file_podkit_did_not_fetch(world):
     first = cli(world, "fetch-logs", pod.spec, *pod_args(pod), "--json")
     assert first.returncode == 0, first.stderr
     assert (local / "runs" / "keep-run" / "train.log").read_text() == "pod v1\n"
-    # runs/r0/summary.json: the user's, there before podkit's first fetch (the test above)
-    assert (local / RECORD).exists() and json.loads(first.stdout)["pods"][0]["kept"] == ["runs/r0/summary.json"]
+    # runs/r0/ and its summary.json: the user's, there before podkit's first fetch (the test above)
+    theirs_before = ["runs/r0/", "runs/r0/summary.json"]
+    assert (local / RECORD).exists() and json.loads(first.stdout)["pods"][0]["kept"] == theirs_before
 
     # the user edits two fetched files (one with rsync's wildcard characters in its name) and adds one
     for name in names[:2]:
@@ -267,8 +268,8 @@ def test_fetch_never_replaces_a_local_file_podkit_did_not_fetch(world):
     second = cli(world, "fetch-logs", pod.spec, *pod_args(pod), "--json")
     assert second.returncode == 0, second.stderr
     kept = json.loads(second.stdout)["pods"][0]["kept"]
-    assert kept == sorted(["runs/r0/summary.json", *(f"runs/keep-run/{n}" for n in [*names[:2], "mine.txt"])]), kept
-    assert "kept 4 local file(s)" in second.stderr and "move them away" in second.stderr
+    assert kept == sorted([*theirs_before, *(f"runs/keep-run/{n}" for n in [*names[:2], "mine.txt"])]), kept
+    assert "kept 5 local path(s)" in second.stderr and "move them away" in second.stderr
     for name in names[:2]:
         assert (local / "runs" / "keep-run" / name).read_text() == "my notes\n", name
     assert mine.read_text() == "mine\n"
@@ -286,11 +287,68 @@ def test_fetch_never_replaces_a_local_file_podkit_did_not_fetch(world):
     mine.unlink()
     third = cli(world, "fetch-logs", pod.spec, *pod_args(pod), "--json")
     assert mine.read_text() == "pod's mine\n" and "runs/keep-run/mine.txt" not in json.loads(third.stdout)["pods"][0]["kept"]
-    # a damaged record is one clear line, exit 2, and nothing moves
-    (local / RECORD).write_text("{")
-    broken = cli(world, "fetch-logs", pod.spec, *pod_args(pod))
-    assert broken.returncode == 2 and "is damaged" in broken.stderr and "Traceback" not in broken.stderr
-    (local / RECORD).unlink()
+
+    # a directory the user made where the pod has a file is theirs too: not replaced, named with a slash
+    (run / "plots").write_text("pod's file\n")
+    (local / "runs" / "keep-run" / "plots").mkdir()
+    fourth = cli(world, "fetch-logs", pod.spec, *pod_args(pod), "--json")
+    assert fourth.returncode == 0 and "runs/keep-run/plots/" in json.loads(fourth.stdout)["pods"][0]["kept"]
+    assert (local / "runs" / "keep-run" / "plots").is_dir()
+
+    # a damaged record, however it is damaged, is one clear line, exit 2, and nothing moves
+    record = (local / RECORD).read_text()
+    for damaged in ("{", '{"files": []}', '{"files": {"runs/x": 3}}', "[]"):
+        (local / RECORD).write_text(damaged)
+        broken = cli(world, "fetch-logs", pod.spec, *pod_args(pod))
+        assert broken.returncode == 2 and "is damaged" in broken.stderr and "Traceback" not in broken.stderr, damaged
+    (local / RECORD).write_text(record)
+    # a record that cannot be written: the files still came back, the failure is one line and exit 2
+    (local / (RECORD + ".tmp")).mkdir()
+    unwritable = cli(world, "fetch-logs", pod.spec, *pod_args(pod))
+    assert unwritable.returncode == 2 and "could not be written" in one_line_error(unwritable)
+    (local / (RECORD + ".tmp")).rmdir()
+    shutil.rmtree(run)
+
+
+def test_fetch_keeps_an_edit_made_while_it_ran_and_refuses_a_symlinked_runs(world):
+    """A file the user edits while a fetch is running is not adopted as podkit's (so the next fetch keeps it);
+    a runs/ that is the user's symlink is refused in one line, and stays as it was."""
+    from podkit.pods.fetch import RECORD
+
+    pod, remote = world.pod, Path(world.pod.remote_dir)
+    run = remote / "runs" / "race-run"
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "notes.log").write_text("pod v1\n")
+    args = ["--dest", str(world.base / "race-logs"), *pod_args(pod)]
+    dest = world.base / "race-logs" / f"127.0.0.1-{pod.port}"
+    # runs/ here is the user's symlink to another disk: refused, left as it is
+    elsewhere = world.base / "bigdisk-runs"
+    elsewhere.mkdir(exist_ok=True)
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "runs").symlink_to(elsewhere)
+    line = one_line_error(cli(world, "fetch-logs", pod.spec, *args))
+    assert "is a symlink" in line and "--dest" in line, line
+    assert (dest / "runs").is_symlink() and not any(elsewhere.iterdir())
+    (dest / "runs").unlink()
+    elsewhere = dest / "runs"  # a real directory from here on
+    assert cli(world, "fetch-logs", pod.spec, *args).returncode == 0
+    assert (elsewhere / "race-run" / "notes.log").read_text() == "pod v1\n"
+
+    (run / "big.bin").write_bytes(os.urandom(3 * 2**20))
+    argv = [str(world.project / "bin" / "pod"), "fetch-logs", "--known-hosts", str(world.known_hosts),
+            "--bwlimit", "300", pod.spec, *args]
+    proc = subprocess.Popen(argv, cwd=world.project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert wait_for(lambda: _partial(elsewhere / "race-run", "big.bin"), 60), "the slow fetch never started"
+    (elsewhere / "race-run" / "notes.log").write_text("MY EDIT\n")  # while it runs
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out + err
+    assert "runs/race-run/notes.log" not in json.loads((dest / RECORD).read_text())["files"]
+    later = time.time() + 60
+    (run / "notes.log").write_text("pod v2\n")
+    os.utime(run / "notes.log", (later, later))
+    again = cli(world, "fetch-logs", pod.spec, *args, "--json")
+    assert "runs/race-run/notes.log" in json.loads(again.stdout)["pods"][0]["kept"]
+    assert (elsewhere / "race-run" / "notes.log").read_text() == "MY EDIT\n"
     shutil.rmtree(run)
 
 
@@ -314,6 +372,28 @@ def test_run_says_which_local_files_changed_since_the_last_deploy(world):
     # gone again: nothing differs from what was sent
     again = cli(world, "run", pod.spec, *pod_args(pod), "--json", "--", "true")
     assert json.loads(again.stdout)["changed_since_deploy"] == []
+
+    # where it cannot be told, the job still runs and the answer is null, not []: a damaged record on the pod,
+    # a deploy from another checkout, a git index broken here
+    sent = Path(pod.remote_dir) / ".podkit" / "sent.json"
+    good = sent.read_text()
+    checkout = world.project / ".podkit" / "checkout-id"
+    broken_git = world.project / ".git"  # a repository whose index git cannot read: `git ls-files` fails
+    for case in ("damaged", "elsewhere", "git"):
+        if case == "damaged":
+            sent.write_text('{"files": [], "origin": null}')
+        elif case == "elsewhere":
+            sent.write_text(good.replace(checkout.read_text().strip(), "another-checkout"))
+        else:
+            subprocess.run(["git", "init", "-q", str(world.project)], check=True)
+            (broken_git / "index").write_bytes(b"not an index")
+        try:
+            unknown = cli(world, "run", pod.spec, *pod_args(pod), "--json", "--", "true")
+        finally:
+            shutil.rmtree(broken_git, ignore_errors=True)
+        assert unknown.returncode == 0 and "Traceback" not in unknown.stderr, (case, unknown.stderr)
+        assert json.loads(unknown.stdout)["changed_since_deploy"] is None, case
+        sent.write_text(good)
 
 
 def _with_tty_stderr(argv: list[str], cwd: Path) -> tuple[int, str, str]:
