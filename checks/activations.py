@@ -902,17 +902,19 @@ def loss_bytes(job, tokens_per_sequence: int) -> LossBytes:
         return LossBytes(fwd, bwd, kept, "fp32 logits kept, shifted copy, fp32 log-softmax", hole=e if e < 4 else 0)
     if f.loss == "compute-shifted":
         # transformers < 4.49 GPT2LMHeadModel.forward: the compute-dtype logits (alive in `outputs` until
-        # compute_loss returns), their shifted .contiguous() copy (none of one sequence: shifted_copy_bytes),
-        # and, under autocast, cross_entropy's fp32 cast of that copy, freed once log_softmax has run.
+        # compute_loss returns), their shifted .contiguous() copy (none of one sequence: shifted_copy_bytes), and
+        # CrossEntropyLoss on it, which CUDA runs as nll_loss(log_softmax(x, dim, x.dtype)) (aten LossNLL.cpp
+        # cross_entropy_loss; on no CUDA autocast list): log_softmax in the compute dtype, saved, and under
+        # autocast (accelerate's native AMP: f.loss_upcast) nll_loss's fp32 cast of it (AT_FORALL_FP32), saved
+        # too. Native AMP then makes the forward's outputs fp32 (accelerate convert_outputs_to_fp32): 4 B per
+        # logit more, beside the 16-bit logits and both saved tensors, until compute_loss returns.
         shift = e if job.train.micro_batch > 1 else 0
-        cast = 4 if f.loss_upcast and e != 4 else 0
-        # Backward: nll_loss's gradient, the saved log-softmax and its input gradient, as for fp32-upcast.
-        # The freed logits, copy and cast were allocated back to back: with a copy their 2e + 4 B per logit
-        # hold both 4 B gradients; without one, e + 4 B holds one and leaves e B per logit (see below).
-        return LossBytes(e + shift + cast + lsm, 3 * lsm, 0,
-                         "compute-dtype shifted copy, " + ("fp32 cross-entropy (autocast)" if cast else
-                                                           "compute-dtype cross-entropy"),
-                         hole=e if cast and not shift else 0)
+        if f.loss_upcast and e != 4:
+            fwd = max(e + shift + e + 4, e + e + 4 + 4)
+            # NllLossBackward0's fp32 gradient beside both saved tensors; then ToCopyBackward0 and log_softmax's
+            # in the compute dtype
+            return LossBytes(fwd, e + 4 + 4, 0, "compute-dtype shifted copy and log-softmax, fp32 nll_loss (autocast)")
+        return LossBytes(e + shift + e, 3 * e, 0, "compute-dtype shifted copy and cross-entropy")
     if f.loss == "fp32-upcast-shifted":
         # transformers 4.46-4.48 loss_utils.ForCausalLMLoss: `logits = logits.float()`, then
         # shift_logits = logits[..., :-1, :].contiguous(), cross_entropy on it. The model's 16-bit logits

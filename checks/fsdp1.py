@@ -357,7 +357,7 @@ def backward_events(names: dict, s, T: int, e: int, block: tuple[tuple, tuple, b
     ev = step_replay.backward_events(names["inputs"], names["loss"], T, s.vocab, s.hidden, e, names["sliced"], block,
                                      kept, head_frees=names["head_frees"], unit_grad=unit_grad,
                                      root_grads=root_grads, tied=s.tie_embeddings, around_unit=around_unit,
-                                     experts=experts, routing=routing)
+                                     experts=experts, routing=routing, cast_back=names["cast_back"])
     return ev + ([("f", names["logits"])] if names["logits"] else [])
 
 

@@ -52,7 +52,7 @@ def applies(job) -> bool:
     f, t, c = job.facts, job.train, job.cluster
     return (f.stack.name == "hf" and not f.fsdp and not f.offloaded and c.sharding == "none"
             and c.gpus_per_node * c.nodes == 1 and f.ac_policy == "block" and f.reentrant
-            and f.loss in ("fp32-upcast-shifted", "fp32-upcast") and f.lora and blocks_replayable(job)
+            and f.loss in ("fp32-upcast-shifted", "fp32-upcast", "compute-shifted") and f.lora and blocks_replayable(job)
             and f.block_kernels == "torch" and not f.quant_saves_input and t.compute_bytes != 4)
 
 
@@ -102,7 +102,8 @@ def segments(job, device: str = "cuda") -> Replay | None:
     t, shape = job.train, job.shape
     bf = A.block_facts(job, device)
     return _replay(bf, shape.layers, shape.vocab, shape.hidden, t.compute_bytes, t.micro_batch,
-                   t.micro_batch * t.seq_len, A.shifted_copy_bytes(job) > 0, block_routing(job, bf), head_loss(job.facts))
+                   t.micro_batch * t.seq_len, A.shifted_copy_bytes(job) > 0, block_routing(job, bf), head_loss(job.facts),
+                   job.facts.loss_upcast)
 
 
 def head_loss(f) -> str:
@@ -259,7 +260,7 @@ def _sized(events: tuple, tokens: int, experts: tuple, rows: tuple | None) -> tu
 
 
 def head_events(tokens: int, batch: int, vocab: int, hidden: int, e: int, loss: str, shift_copy: bool,
-                lsm: int = 4, norm_trains: bool = False) -> tuple[list[tuple], dict]:
+                lsm: int = 4, norm_trains: bool = False, amp: bool = False) -> tuple[list[tuple], dict]:
     """The final norm, the head and the loss's forward, then backward through the loss to log_softmax's input
     gradient (the loss's peak), as allocator.replay events, after the last block's output: for this replay and
     FSDP1's (checks/fsdp1.py). transformers' LlamaRMSNorm (4.39-4.48) runs with grad: `hidden_states.to(float32)`
@@ -277,11 +278,19 @@ def head_events(tokens: int, batch: int, vocab: int, hidden: int, e: int, loss: 
                            .contiguous() copy of them; both die with the loss function, the 16-bit logits when
                            compute_loss returns (the Trainer drops `outputs`);
       fp32-upcast          >= 4.49: the same without the shifted copy (the labels are shifted by padding), so
-                           log_softmax spans every position.
+                           log_softmax spans every position;
+      compute-shifted      transformers < 4.49 GPT-2: a shifted .contiguous() copy of the compute-dtype logits and
+                           CrossEntropyLoss on it, which CUDA runs as nll_loss(log_softmax(x, dim, x.dtype))
+                           (aten LossNLL.cpp cross_entropy_loss; it is on no CUDA autocast list): log_softmax in
+                           the compute dtype and, under autocast (`amp`: accelerate's native AMP), nll_loss's fp32
+                           cast of it (autocast_mode.h AT_FORALL_FP32), both saved; native AMP then makes the
+                           forward's outputs fp32 (accelerate convert_outputs_to_fp32), an fp32 copy of the
+                           logits until compute_loss returns. Its backward casts back before log_softmax's.
     A shifted loss works on batch x (seq - 1) positions; `shift_copy`: the slice is copied (not at micro-batch 1:
     activations.shifted_copy_bytes). `lsm`: the log-softmax dtype's bytes. Returns the events and what
     backward_events continues from: "loss" (nll_loss's gradient, log_softmax's output, its input gradient),
-    "head_frees", "sliced" and "logits" (the fp32 logits a loop keeps to the step's end, or None)."""
+    "head_frees", "sliced", "logits" (the fp32 logits a loop keeps to the step's end, or None) and "cast_back"
+    (log_softmax's input gradient is fp32 and is cast back to the compute dtype after the slice's backward)."""
     h, full = hidden * tokens, vocab * tokens
     shifted = vocab * (tokens - batch) if loss != "fp32-upcast" else full
     ev = [("a", "norm fp32 input", 4 * h), ("a", "norm pow", 4 * h), ("f", "norm pow"),
@@ -298,6 +307,21 @@ def head_events(tokens: int, batch: int, vocab: int, hidden: int, e: int, loss: 
         if loss == "fp32-model-upcast":
             ev.append(("f", kept))
             kept = None
+    elif loss == "compute-shifted":
+        ev += [("a", "shifted", e * shifted)] if shift_copy else []
+        ev += [("a", "log_softmax", e * shifted)] + ([("a", "nll cast", 4 * shifted)] if amp else [])
+        ev += [("f", "shifted")] if shift_copy else []  # the forward returns
+        ev += [("a", "fp32 outputs", 4 * full)] if amp else []
+        ev += ([] if norm_trains else [("f", "norm output")]) + [("f", "logits")]
+        ev += [("f", "fp32 outputs")] if amp else []  # compute_loss returns
+        # NllLossBackward0's gradient (fp32 under autocast; then its saved cast goes and ToCopyBackward0 casts it
+        # back), and LogSoftmaxBackward0's input gradient, in the compute dtype
+        ev += ([("a", "nll grad fp32", 4 * shifted), ("f", "nll cast"), ("a", "nll_grad", e * shifted),
+                ("f", "nll grad fp32")] if amp else [("a", "nll_grad", e * shifted)])
+        ev += [("a", "lsm_grad", e * shifted)]
+        frees = ("norm fp32 input",) + (("norm cast", "norm output") if norm_trains else ())
+        return ev, {"loss": ("nll_grad", "log_softmax", "lsm_grad"), "head_frees": frees, "sliced": True,
+                    "logits": None, "cast_back": False}
     else:
         ev += [("a", "fp32", 4 * full)]
         copy = loss == "fp32-upcast-shifted" and shift_copy
@@ -307,18 +331,20 @@ def head_events(tokens: int, batch: int, vocab: int, hidden: int, e: int, loss: 
     ev += [("a", "nll_grad", lsm * shifted), ("a", "lsm_grad", lsm * shifted)]
     frees = ("norm fp32 input",) + (("norm cast", "norm output") if norm_trains else ())
     return ev, {"loss": ("nll_grad", "log_softmax", "lsm_grad"), "head_frees": frees,
-                "sliced": loss != "fp32-upcast", "logits": kept}
+                "sliced": loss != "fp32-upcast", "logits": kept, "cast_back": True}
 
 
 def backward_events(inputs: list, loss_live: tuple, tokens: int, vocab: int, hidden: int, e: int, sliced: bool,
                     block: tuple[tuple, tuple, bool], kept: bool = False, head_frees: tuple = (),
                     unit_grad: int = 0, root_grads: tuple[int, int, int] = (0, 0, 0), tied: bool = False,
-                    around_unit: bool = True, experts: tuple = (), routing: tuple | None = None) -> list[tuple]:
+                    around_unit: bool = True, experts: tuple = (), routing: tuple | None = None,
+                    cast_back: bool = True) -> list[tuple]:
     """A step from log_softmax's backward peak to the end of backward, as allocator.replay events, for this
     replay and FSDP1's (checks/fsdp1.py). `inputs`: the keys of the embedding's output and of each block's
     output (L + 1); `loss_live`: nll_loss's gradient, log_softmax's output and log_softmax's input gradient
     (just made). Then: SliceBackward0's full-size zeros where the loss shifted a slice (`sliced`), the slice
-    copied in; ToCopyBackward0's 16-bit gradient of the logits; the head's input gradient, the last block's
+    copied in; ToCopyBackward0's 16-bit gradient of the logits (`cast_back`: head_events'; else the gradient is
+    already in the compute dtype); the head's input gradient, the last block's
     output gradient (`head_frees`: what the final norm and the head saved, freed with the logits' gradient; the
     norm's own backward temporaries are left out); each block in reverse, its recompute and its backward
     (`block`: backward_replay's), after which its input dies, and a held output gradient too, unless FSDP1 keeps
@@ -350,13 +376,15 @@ def backward_events(inputs: list, loss_live: tuple, tokens: int, vocab: int, hid
     L = len(inputs) - 1
     ev: list[tuple] = [("f", nll_grad), ("f", log_probs)]
     if sliced:
-        ev += [("a", "slice grad", 4 * vocab * tokens), ("f", grad)]
+        ev += [("a", "slice grad", (4 if cast_back else e) * vocab * tokens), ("f", grad)]
         grad = "slice grad"
-    ev += [("a", "logits grad", e * vocab * tokens), ("f", grad)]
+    if cast_back:
+        ev += [("a", "logits grad", e * vocab * tokens), ("f", grad)]
+        grad = "logits grad"
     # MmBackward0 computes mat2's (the weight's) gradient before self's (torchgen load_derivatives.py emits the
     # formulas in sorted order).
     ev += [("a", "head weight grad", head_grad)] if head_grad else []
-    ev += [("a", ("g", L), e * hidden * tokens), ("f", "logits grad"), *[("f", k) for k in head_frees],
+    ev += [("a", ("g", L), e * hidden * tokens), ("f", grad), *[("f", k) for k in head_frees],
            ("f", inputs[L])]
     recompute, bwd, out_held = block
     # A held output gradient the block does not pass on as its input's (renamed): freed after the block.
@@ -393,19 +421,20 @@ def backward_events(inputs: list, loss_live: tuple, tokens: int, vocab: int, hid
 
 @functools.lru_cache(maxsize=64)
 def _replay(bf: A.BlockFacts, layers: int, vocab: int, hidden: int, e: int, batch: int, tokens: int,
-            shift_copy: bool = True, routing: tuple | None = None, loss: str = "fp32-upcast-shifted") -> Replay:
+            shift_copy: bool = True, routing: tuple | None = None, loss: str = "fp32-upcast-shifted",
+            amp: bool = False) -> Replay:
     """Two steps; `routing`: per block, each routed expert's rows (routed_tokens) where the experts run in a loop,
-    else None; both steps route alike; `loss` as head_events takes it."""
+    else None; both steps route alike; `loss` and `amp` as head_events takes them."""
     # reentrant (applies): each output gradient held
     recompute, bwd, _ = backward_replay(bf, True)
     zero: set = set()
     step = [("a", ("x", 0), hidden * e * tokens)]  # the embedding's output: the first block's input
     for i in range(layers):
         step += forward_events(bf, i, ("x", i), ("x", i + 1), tokens, zero, routing[i] if routing else None)
-    head, names = head_events(tokens, batch, vocab, hidden, e, loss, shift_copy)
+    head, names = head_events(tokens, batch, vocab, hidden, e, loss, shift_copy, amp=amp)
     step += head + backward_events([("x", i) for i in range(layers + 1)], names["loss"], tokens, vocab, hidden, e,
                                    names["sliced"], (recompute, bwd, True), head_frees=names["head_frees"],
-                                   experts=backward_experts(bf, True), routing=routing)
+                                   experts=backward_experts(bf, True), routing=routing, cast_back=names["cast_back"])
     alloc = CachingAllocator()
     for _ in range(2):
         replay(step, alloc)

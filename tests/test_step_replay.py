@@ -85,6 +85,30 @@ def test_the_loss_without_a_shifted_copy_reserves_one_fp32_logits_less_by_hand(j
     assert r.reserved_large == logits + 3 * full
 
 
+def test_gpt2s_own_loss_replays_in_the_compute_dtype_by_hand(job):
+    """transformers < 4.49 GPT-2 (compute-shifted), as CUDA runs CrossEntropyLoss: the shifted copy and log_softmax
+    in the compute dtype; under native AMP nll_loss's fp32 cast, saved, and the fp32 copy of the outputs."""
+    tokens, batch, vocab = 8 * 256, 8, 65536
+    logits, full = 2 * vocab * tokens, 4 * vocab * tokens  # 256 and 512 MiB
+    shifted = 2 * vocab * (tokens - batch)  # 255 MiB
+    train = HF_LORA + '\nloss = "compute-shifted"'
+    train = train.replace('loss = "stack"\n', "")
+    pure = step_replay.segments(job(model=TINY, train=train, cluster='gpu = "A100-80GB"'))
+    # Forward: logits, the shifted copy and log_softmax a segment each (255 MiB rounds up to 256). Backward:
+    # nll_loss's gradient takes the copy's segment, log_softmax's input gradient the logits'; SliceBackward0's
+    # full-size zeros, already the 16-bit gradient (no cast back), the copy's again once nll's gradient is gone.
+    assert segment_size(shifted) == logits
+    assert pure.reserved_large == logits + 2 * segment_size(shifted)
+    assert 0 <= pure.peak_allocated - (logits + 2 * shifted) <= 4 * MIB  # (and the blocks' small tensors)
+    amp = step_replay.segments(job(model=TINY, train=train.replace('"bf16"', '"bf16-mixed"'),
+                                   cluster='gpu = "A100-80GB"'))
+    # Forward: + nll_loss's fp32 cast (510 MiB); the outputs' fp32 copy finds no free block that large: a fifth
+    # segment. Backward's fp32 gradient takes the outputs' segment; everything after fits what is cached.
+    assert amp.reserved_large == logits + 2 * segment_size(shifted) + segment_size(2 * shifted) + full
+    # The most at once: the outputs' copy beside the 16-bit logits, log_softmax and the cast (the copy is gone).
+    assert 0 <= amp.peak_allocated - (logits + shifted + 2 * shifted + full) <= 4 * MIB
+
+
 # A Mixtral-shaped MoE small enough to walk in milliseconds, whose experts' tensors are large-pool blocks at
 # 8 x 1024 tokens (4 experts, top-2: about 4096 rows each; the intermediates 4096 x 512 x 2 B = 4 MiB).
 def tiny_mixtral(tmp_path) -> str:

@@ -489,16 +489,24 @@ def test_transformers_4_45_loss_keeps_the_fp32_logits_and_copies_them_shifted():
 
 def test_gpt2_loss_before_4_49_shifts_a_compute_dtype_copy():
     """transformers < 4.49 GPT2LMHeadModel: a shifted .contiguous() copy of the compute-dtype logits and
-    CrossEntropyLoss on it. In pure bf16: 2 + 2 + 2 B per logit at the forward peak and 3 x 2 at backward's,
-    against fp32-upcast's 2 + 4 + 4 and 3 x 4. Under autocast cross_entropy casts the copy to fp32 first:
-    2 + 2 + 4 + 4 against 2 + 4 + 4, backward 3 x 4 both (checks/activations.py loss_bytes:
-    compute-shifted)."""
+    CrossEntropyLoss on it, run as CUDA decomposes it (nll_loss(log_softmax(x, dim, x.dtype))). In pure bf16:
+    2 + 2 + 2 B per logit at the forward peak and 3 x 2 at backward's, against fp32-upcast's 2 + 4 + 4 and 3 x 4.
+    Under autocast nll_loss casts log_softmax's bf16 output to fp32 and saves it, and accelerate's native AMP then
+    makes an fp32 copy of the logits: 2 + 2 + 4 + 4 at the forward peak, 2 + 4 + 4 at backward's
+    (checks/activations.py loss_bytes: compute-shifted)."""
     logits = 4 * 128 * 512
     (f0, b0), (f1, b1) = _loss_peaks("fp32-upcast", "bf16"), _loss_peaks("compute-shifted", "bf16")
     # (within a few bytes: the loss scalar is bf16 here, fp32 there)
     assert (f1 - f0, b1 - b0) == (pytest.approx(-4 * logits, abs=8), pytest.approx(-6 * logits, abs=8))
     (f0, b0), (f1, b1) = _loss_peaks("fp32-upcast", "bf16-mixed"), _loss_peaks("compute-shifted", "bf16-mixed")
-    assert (f1 - f0, b1 - b0) == (pytest.approx(2 * logits, abs=8), pytest.approx(0, abs=8))
+    assert (f1 - f0, b1 - b0) == (pytest.approx(2 * logits, abs=8), pytest.approx(-2 * logits, abs=8))
+    # the same op sequence as CUDA: log_softmax stays bf16 under autocast, nll_loss saves an fp32 cast
+    x = torch.randn(8, 16, dtype=torch.bfloat16, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = losses.compute_shifted(x.view(1, 8, 16), torch.randint(16, (1, 8)))
+    node = loss.grad_fn
+    assert node.name() == "NllLossBackward0" and node._saved_self.dtype == torch.float32
+    assert node.next_functions[0][0].name() == "ToCopyBackward0"
 
 
 def test_chunked_and_fused_losses_save_less_than_kept_logits():

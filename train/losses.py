@@ -8,7 +8,8 @@
 - fp32-upcast-shifted (transformers 4.46-4.48 loss/loss_utils.py ForCausalLMLoss): the loss upcasts
   the 16-bit logits, then cross-entropies a shifted .contiguous() copy of the fp32 ones.
 - compute-shifted (transformers < 4.49 GPT2LMHeadModel.forward): the shifted .contiguous() copy of
-  the compute-dtype logits, cross-entropied as they are (fp32 only where autocast casts it).
+  the compute-dtype logits and CrossEntropyLoss on it, as CUDA runs it: nll_loss(log_softmax(x, dim,
+  x.dtype)), so under autocast only nll_loss upcasts (a CPU's autocast would upcast cross_entropy whole).
 - chunked (torchtune CEWithChunkedOutputLoss, torchtune/modules/loss/ce_chunked_output_loss.py:
   the model returns the head's output in `num_output_chunks` = 8 chunks along the sequence and
   each chunk is upcast and cross-entropied with reduction="sum"; litgpt's chunked_cross_entropy in
@@ -55,6 +56,15 @@ def shifted_copy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     contiguous and transformers copies nothing (checks/activations.py shifted_copy_bytes): nor does this."""
     copy = logits if logits.shape[0] == 1 else logits.clone(memory_format=torch.contiguous_format)
     return F.cross_entropy(copy.view(-1, copy.shape[-1]), targets.reshape(-1))
+
+
+def compute_shifted(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """GPT-2's loss before transformers 4.49: a shifted copy of the compute-dtype logits (none of one sequence),
+    cross-entropied as aten's cross_entropy_loss decomposes on CUDA (LossNLL.cpp): log_softmax in the input's
+    dtype, then nll_loss, which autocast runs in fp32 (autocast_mode.h AT_FORALL_FP32)."""
+    copy = logits if logits.shape[0] == 1 else logits.clone(memory_format=torch.contiguous_format)
+    flat = copy.view(-1, copy.shape[-1])
+    return F.nll_loss(F.log_softmax(flat, -1, dtype=flat.dtype), targets.reshape(-1))
 
 
 def chunked(x: torch.Tensor, head, targets: torch.Tensor, chunks: int, upcast: bool = True,

@@ -369,8 +369,13 @@ class Decoder(nn.Module):
         logits = self._head(x)
         if loss == "fp32-upcast-shifted":
             return losses.shifted_copy(logits.float(), targets)  # the 16-bit logits stay in this frame
-        if loss == "compute-shifted":  # GPT-2 before transformers 4.49: autocast alone upcasts
-            return losses.shifted_copy(logits, targets)
+        if loss == "compute-shifted":  # GPT-2 before transformers 4.49
+            out = losses.compute_shifted(logits, targets)
+            if torch.is_autocast_enabled(logits.device.type):
+                # accelerate's native AMP makes the forward's outputs fp32 (convert_outputs_to_fp32) while the
+                # loss's saved tensors and the 16-bit logits live; the copy goes when compute_loss returns
+                logits.float()
+            return out
         if loss == "fp32-logits-kept":
             logits = logits.float()
             self.kept_logits = logits  # the caller's output object holds it until after backward
