@@ -112,7 +112,7 @@ def delete_stale(conn: PodConnection, remote_dir: str, stale: set[str]) -> int:
               "root=$(pwd -P)\n"
               "while IFS= read -r f || [ -n \"$f\" ]; do\n"
               "  p=$(dirname -- \"$f\")\n"
-              "  d=$(cd -P -- \"$p\" 2>/dev/null && pwd) || continue\n"
+              "  d=$(cd -P -- \"./$p\" 2>/dev/null && pwd) || continue\n"  # ./: not $OLDPWD for -, not CDPATH
               "  if [ \"$p\" = . ]; then [ \"$d\" = \"$root\" ] || continue; else [ \"$d\" = \"$root/$p\" ] || continue; fi\n"
               "  if [ ! -d \"$f\" ] || [ -L \"$f\" ]; then { [ -e \"$f\" ] || [ -L \"$f\" ]; } && rm -f -- \"$f\" && printf '%s\\n' \"$f\"; fi\n"
               "  [ \"$p\" = . ] || rmdir -p --ignore-fail-on-non-empty -- \"$p\" 2>/dev/null\n"

@@ -92,8 +92,7 @@ def _run(conn: PodConnection, server: RshServer, args: list[str], *, what: str, 
                 *pieces, pending = re.split(rb"[\r\n]", pending + chunk)
                 for piece in pieces:
                     if written is not None and piece.startswith(WROTE.encode()):
-                        # as the local name reads (a name holding a newline is cut, so counts as not written)
-                        written.add(os.fsdecode(piece[len(WROTE):]).rstrip("/"))
+                        written.add(_out_name(piece[len(WROTE):]))
                         continue
                     text = piece.decode(errors="replace").strip()
                     if progress is not None and re.match(r"^[\d,]+\s+\d+%", text):
@@ -110,6 +109,14 @@ def _run(conn: PodConnection, server: RshServer, args: list[str], *, what: str, 
     if proc.returncode in (0, 24):  # 24: a source file vanished mid-transfer (a log rotated); fine
         return stats
     raise _describe(proc.returncode, err, conn, what)
+
+
+def _out_name(raw: bytes) -> str:
+    """A name as --out-format's %n prints it, back to the local name: rsync writes each byte it will not print
+    raw (under LC_ALL=C every byte over 127, a newline) as \\#ooo in octal, and a backslash that would read as
+    such as \\#134 (log.c escape); a directory ends with "/"."""
+    raw = re.sub(rb"\\#([0-7]{3})", lambda m: bytes([int(m[1], 8)]), raw)
+    return os.fsdecode(raw).rstrip("/")
 
 
 def _parse_stats(text: str) -> TransferStats:

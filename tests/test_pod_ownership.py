@@ -149,7 +149,7 @@ def test_stale_removal_never_follows_a_symlinked_directory(world):
     directory the user swapped for a symlink on the pod: that would remove their file elsewhere."""
     local, remote = world.base / "linkproj", world.base / "pod-side" / "linked"
     outside = world.base / "pod-side" / "their-data"
-    for rel in ("train.py", "extra/f.txt", "gone.txt"):
+    for rel in ("train.py", "extra/f.txt", "gone.txt", "-/g.txt"):  # "-": a directory cd would read as $OLDPWD
         (local / rel).parent.mkdir(parents=True, exist_ok=True)
         (local / rel).write_text("ours\n")
     with connection(world) as conn:
@@ -162,8 +162,9 @@ def test_stale_removal_never_follows_a_symlinked_directory(world):
         (remote / "extra").symlink_to(outside)
         (local / "extra" / "f.txt").unlink()
         (local / "gone.txt").unlink()
+        (local / "-" / "g.txt").unlink()
         stats = push(conn, local, str(remote), rsync_on_pod=True)
-    assert stats.deleted == 1 and not (remote / "gone.txt").exists()
+    assert stats.deleted == 2 and not (remote / "gone.txt").exists() and not (remote / "-").exists()
     assert (outside / "f.txt").read_text() == "ours\n" and (remote / "extra").is_symlink()
 
 
