@@ -46,24 +46,24 @@ def segment_size(size: int) -> int:
     return -(-size // K_ROUND_LARGE) * K_ROUND_LARGE
 
 
-@dataclass(eq=False, slots=True)
-class _Block:
-    key: int  # segment << OFFSET_BITS | offset: orders like (segment, offset) and hashes as one int
-    size: int
-    pool: int  # stream << 1 | small: the pool it belongs to
-
-
+# A block is a list [key, size, pool], pool = stream << 1 | small; key = segment << OFFSET_BITS | offset orders like (segment, offset) and
+# hashes as one int. A free block's place in its pool's best-fit order is one int, size << ORDER_BITS | key, so
+# that order is a sorted list of ints (the allocator's BlockComparatorSize: size, then address) and bisect
+# compares ints, not tuples: the FSDP1 step replay makes tens of thousands of requests within preflight's
+# half second.
 OFFSET_BITS = 48  # offsets within a segment stay below 256 TiB
+ORDER_BITS = 96  # keys stay below 2**96: up to 2**48 segments
+ORDER_MASK = (1 << ORDER_BITS) - 1
 
 
 @dataclass(slots=True)
 class _Pool:
-    """One pool's cached free blocks: sorted by (size, segment, offset) for best fit (the order of
-    the allocator's BlockComparatorSize), and indexed by where each starts and ends for merging."""
+    """One pool's cached free blocks: sorted by size << ORDER_BITS | key for best fit, and indexed by where
+    each starts (key -> block) and ends (key + size -> block) for merging."""
 
-    order: list = field(default_factory=list)  # (size, key)
-    starts: dict = field(default_factory=dict)  # key -> block
-    ends: dict = field(default_factory=dict)  # key + size -> block
+    order: list = field(default_factory=list)
+    starts: dict = field(default_factory=dict)
+    ends: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -78,59 +78,67 @@ class CachingAllocator:
     peak_allocated: int = 0
     _segments: int = 0
 
-    def malloc(self, size: int, stream: int = 0) -> _Block:
-        # Best fit and the pool's bookkeeping written out here and in free, keys as single ints: the FSDP1
-        # step replay makes tens of thousands of requests within preflight's half second.
-        size = round_size(size)
+    def malloc(self, size: int, stream: int = 0) -> list:
+        # round_size and the pool's bookkeeping written out here and in free: this is the replay's hot path.
+        size = -(-size // K_MIN_BLOCK) * K_MIN_BLOCK or K_MIN_BLOCK
         small = size <= K_SMALL_SIZE
         pid = stream << 1 | small
         pool = self.pools.get(pid)
         if pool is None:
             pool = self.pools[pid] = _Pool()
         order = pool.order
-        i = bisect_left(order, (size,))
+        i = bisect_left(order, size << ORDER_BITS)
         if i < len(order):
-            have, key = order.pop(i)
+            key = order.pop(i) & ORDER_MASK
             block = pool.starts.pop(key)
+            have = block[1]
             del pool.ends[key + have]
         else:
             have = segment_size(size)
-            block = _Block(self._segments << OFFSET_BITS, have, pid)
+            block = [self._segments << OFFSET_BITS, have, pid]
             self._segments += 1
             self.reserved += have
             if not small:
                 self.reserved_large += have
         rest = have - size
         if rest >= K_MIN_BLOCK if small else rest > K_SMALL_SIZE:
-            key = block.key + size
-            insort(order, (rest, key))
-            pool.starts[key] = pool.ends[key + rest] = _Block(key, rest, pid)
-            block.size = have = size
+            key = block[0] + size
+            insort(order, rest << ORDER_BITS | key)
+            pool.starts[key] = pool.ends[key + rest] = [key, rest, pid]
+            block[1] = have = size
         self.allocated += have
         if self.allocated > self.peak_allocated:
             self.peak_allocated = self.allocated
         return block
 
-    def free(self, block: _Block) -> None:
-        size = block.size
+    def free(self, block: list) -> None:
+        key, size, pid = block
         self.allocated -= size
-        pool = self.pools[block.pool]
+        pool = self.pools[pid]
         order, starts, ends = pool.order, pool.starts, pool.ends
-        key = block.key
         before = ends.pop(key, None)  # blocks of different segments never meet: keys differ in the high bits
         after = starts.pop(key + size, None)
         if before is not None:
-            del order[bisect_left(order, (before.size, before.key))]
-            del starts[before.key]
-            key = before.key
-            size += before.size
+            bkey, bsize = before[0], before[1]
+            del order[bisect_left(order, bsize << ORDER_BITS | bkey)]
+            del starts[bkey]
+            key = bkey
+            size += bsize
         if after is not None:
-            del order[bisect_left(order, (after.size, after.key))]
-            del ends[after.key + after.size]
-            size += after.size
-        block.key, block.size = key, size
-        insort(order, (size, key))
+            akey, asize = after[0], after[1]
+            del order[bisect_left(order, asize << ORDER_BITS | akey)]
+            del ends[akey + asize]
+            size += asize
+        block[0] = key
+        block[1] = size
+        insort(order, size << ORDER_BITS | key)
         starts[key] = ends[key + size] = block
+
+
+def block_bytes(block: list) -> int:
+    """The bytes a block returned by malloc holds (its request rounded, or the whole block when the rest was
+    too small to split off)."""
+    return block[1]
 
 
 def replay(events: list[tuple], alloc: CachingAllocator | None = None, live: dict | None = None) -> CachingAllocator:

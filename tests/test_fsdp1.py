@@ -5,7 +5,7 @@ Llama-2-7B (h 4096, 32 blocks, MHA, ffn 11008, vocab 32000) as Answer.AI's fsdp_
 """
 
 from podkit.checks import activations as A
-from podkit.checks.allocator import MIB, CachingAllocator, segment_size
+from podkit.checks.allocator import MIB, CachingAllocator, block_bytes, segment_size
 from podkit.checks.fsdp1 import BROADCAST_BUCKET, _buckets, _unit_init, forward_events, init_reserved, replay
 from podkit.checks.memory import _fsdp1_units, _small_state_bytes, estimate
 
@@ -48,7 +48,7 @@ def test_a_freed_block_serves_only_requests_it_can_hold_and_never_merges_across_
     a.malloc(150 * MIB)  # 200 MiB are free, but in two segments: a third
     assert a.reserved == 350 * MIB
     small = a.malloc(60 * MIB)  # best fit: a 100 MiB block, split (40 MiB left > 1 MiB)
-    assert a.reserved == 350 * MIB and small.size == 60 * MIB
+    assert a.reserved == 350 * MIB and block_bytes(small) == 60 * MIB
 
 
 def test_fsdp1_unit_init_keeps_moved_params_flat_and_shard_at_once(job):

@@ -4,7 +4,7 @@ The peft doc's Llama-2-70B QLoRA (peft 6008f27 examples/sft, accelerate 0.28 FSD
 h 8192, 80 blocks, 8 kv heads, ffn 28672, vocab 32000, LoRA r 8 on every block linear, bf16, 2 GPUs.
 """
 
-from podkit.checks.allocator import MIB, CachingAllocator
+from podkit.checks.allocator import MIB, CachingAllocator, block_bytes
 from podkit.checks.fsdp1 import _block, _Ops, _unit_init, forward_events, quantized_load, replay
 from podkit.checks.memory import estimate
 
@@ -111,7 +111,7 @@ def test_quantized_loading_keeps_the_quant_state_and_the_16_bit_root_on_the_gpu(
     # a segment; the head then fits in the freed 128 MiB packed block.
     a = CachingAllocator()
     root = quantized_load(a, [100 * MIB, 1024, 100 * MIB], [1 << 28])
-    assert [b.size for b in root] == [100 * MIB, 1024, 100 * MIB]
+    assert [block_bytes(b) for b in root] == [100 * MIB, 1024, 100 * MIB]
     assert a.reserved_large == (100 + 512 + 16 + 128 + 20) * MIB
     assert a.allocated == (200 + 4) * MIB + 64 * 1024 + 1024
 
