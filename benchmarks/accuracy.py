@@ -5,7 +5,9 @@ table: the source (repository and commit, or paper and table), the metric it mea
 (allocated = torch.cuda.max_memory_allocated, reserved = max_memory_reserved, nvidia-smi = the
 device), the value and its unit, and every assumption made to express it. The prediction for a
 case is read for the same metric. A case marked `excluded` (e.g. torch.compile, which podkit does
-not model) is listed but not scored.
+not model) is listed but not scored. A case whose source leaves one job key open between two values
+(`open = {key = "train.x", values = [a, b], why = "..."}`) is predicted at both, and its error is the
+distance from the measurement to the nearer end of that range (none inside it).
 
 Each case's job kind (checks/ledger.py) groups the cases; each kind's worst under-prediction goes to
 checks/ledger_misses.json, which preflight's memory.ledger check reads.
@@ -52,6 +54,8 @@ class Case:
     measured: int  # bytes
     source: str
     excluded: str
+    open_jobs: tuple = ()
+    """The job at each end of the key the source leaves open ([published] open), or none."""
 
     @property
     def name(self) -> str:
@@ -70,8 +74,12 @@ def load_case(path: Path) -> Case:
         lines.append(f"[{section}]")
         lines += [f"{k} = {json.dumps(v)}" for k, v in table.items()]
     job = parse_job("\n".join(lines), str(path))
+    open_jobs = ()
+    if "open" in pub:
+        section, key = pub["open"]["key"].split(".")
+        open_jobs = tuple(job.replace(**{section: {key: v}}) for v in pub["open"]["values"])
     return Case(path, job, pub["project"], metric, int(pub["value"] * UNITS[unit]), pub["source"],
-                pub.get("excluded", ""))
+                pub.get("excluded", ""), open_jobs)
 
 
 def predicted(est: MemoryEstimate, metric: str) -> int:
@@ -100,10 +108,17 @@ def run(traced: bool = False) -> dict:
     for case in cases:
         est = estimate(case.job)
         pred = predicted(est, case.metric)
+        span = None
+        if case.open_jobs:
+            ends = sorted(predicted(estimate(j), case.metric) for j in case.open_jobs)
+            span = [ends[0], ends[-1]]
+            pred = min(max(case.measured, ends[0]), ends[-1])  # the range's point nearest the measurement
         row = {"case": case.name, "project": case.project, "metric": case.metric, "measured": case.measured,
                "predicted": pred, "error": round((pred - case.measured) / case.measured, 4),
                "peak_phase": peak_moment(est, case.metric), "kind": ledger.kind(case.job), "excluded": case.excluded,
                "source": case.source}
+        if span:
+            row["predicted_range"] = span
         if traced:
             from podkit.train.traced import trace  # imports torch
 
@@ -118,6 +133,8 @@ def run(traced: bool = False) -> dict:
         "cases": len(rows),
         "scored": len(scored),
         "projects": sorted({r["project"] for r in scored}),
+        "ranges": {"scored": sum(1 for r in scored if "predicted_range" in r),
+                   "inside": sum(1 for r in scored if "predicted_range" in r and not r["error"])},
         "overall": summary([r["error"] for r in scored]),
         "by_metric": by_metric,
         "by_kind": ledger.misses(rows, {r["case"]: r["kind"] for r in rows}),
@@ -132,7 +149,9 @@ def _gib(b: int) -> str:
 def to_markdown(res: dict) -> str:
     out = [f"# Predicted vs published peaks ({res['date']})", "",
            f"{res['scored']} scored cases ({res['cases']} in the ledger) from {len(res['projects'])} projects "
-           f"({', '.join(res['projects'])}); `benchmarks/accuracy.py`, cases in `benchmarks/published/`.", "",
+           f"({', '.join(res['projects'])}); `benchmarks/accuracy.py`, cases in `benchmarks/published/`. "
+           f"{res['ranges']['scored']} of them are predicted as a range, their source leaving one input open "
+           f"(the error is to the range's nearer end): {res['ranges']['inside']} measured inside it.", "",
            "| metric | cases | median abs error | max abs error |", "| --- | --- | --- | --- |"]
     for name, s in list(res["by_metric"].items()) + [("all", res["overall"])]:
         if s["n"]:
@@ -144,11 +163,14 @@ def to_markdown(res: dict) -> str:
     for kind, by_metric in res["by_kind"].items():
         for metric, m in by_metric.items():
             out.append(f"| {kind} | {metric} | {m['cases']} | {m['error']:+.1%} | {m['case']} |")
-    out += ["", "| case | metric | measured GiB | predicted GiB | error | peak moment |",
+    out += ["", "A predicted range is a case whose source leaves one input open (its `open` key): the error is to its "
+            "nearer end, none inside.", "",
+            "| case | metric | measured GiB | predicted GiB | error | peak moment |",
             "| --- | --- | --- | --- | --- | --- |"]
     for r in sorted(res["rows"], key=lambda r: (bool(r["excluded"]), r["case"])):
         note = f" (not scored: {r['excluded']})" if r["excluded"] else ""
-        out.append(f"| {r['case']}{note} | {r['metric']} | {_gib(r['measured'])} | {_gib(r['predicted'])} | "
+        pred = "-".join(map(_gib, r["predicted_range"])) if r.get("predicted_range") else _gib(r["predicted"])
+        out.append(f"| {r['case']}{note} | {r['metric']} | {_gib(r['measured'])} | {pred} | "
                    f"{r['error']:+.1%} | {r['peak_phase']} |")
     return "\n".join(out) + "\n"
 

@@ -887,8 +887,11 @@ def loss_bytes(job, tokens_per_sequence: int) -> LossBytes:
         n = max(1, -(-tokens_per_sequence // f.loss_chunk_tokens))
     else:
         n = max(1, f.loss_chunks)
-    lsm = 4 if f.loss_upcast else e  # the log-softmax output autograd keeps
-    copy = 4 / n if f.loss_upcast and e != 4 else 0  # one chunk's fp32 copy, alive while its CE runs
+    # What the loss sees: fp32 logits where the loop's wrapper cast the model's outputs (f.logits_fp32, its
+    # 16-bit ones gone with the forward's frame), else the compute dtype's.
+    lg = 4 if f.logits_fp32 else e
+    lsm = 4 if f.loss_upcast else lg  # the log-softmax output autograd keeps
+    copy = 4 / n if f.loss_upcast and lg != 4 else 0  # one chunk's fp32 copy, alive while its CE runs
     shift = shifted_copy_bytes(job)
     if f.loss == "fp32-logits-kept":
         # transformers <= 4.45: logits.float() in the model, shift_logits = logits[..., :-1, :]
@@ -925,13 +928,23 @@ def loss_bytes(job, tokens_per_sequence: int) -> LossBytes:
         # Both 4 B blocks are free again before backward and take its two 4 B gradients; the 16-bit
         # logits' block cannot hold either (as for fp32-upcast below).
         return LossBytes(fwd, bwd, 0, "fp32 copy, shifted fp32 copy, fp32 log-softmax", hole=e if e < 4 else 0)
-    kept = e if f.logits_kept else 0
-    # Forward: every chunk's logits, every chunk's log-softmax output, one chunk's fp32 copy.
-    fwd = e + lsm + copy
+    kept = lg if f.logits_kept else 0
+    if f.loss_autocast and lsm != 4:
+        # Compute-dtype logits under autocast: CUDA's cross_entropy is nll_loss(log_softmax(x, dim, x.dtype))
+        # (aten LossNLL.cpp), and nll_loss, on autocast's fp32 list, saves an fp32 cast of the compute-dtype
+        # log-softmax beside it (f.loss_autocast). Backward: NllLossBackward0's fp32 gradient beside both saved
+        # tensors, then its saved cast goes and ToCopyBackward0 and log_softmax's gradients are compute-dtype.
+        how = (f"compute-dtype cross-entropy{f' in {n} chunks' if n > 1 else ''}, fp32 nll_loss (autocast)"
+               + (", logits kept through backward" if kept else ""))
+        return LossBytes(lg + lsm + 4, kept + lsm + 4 + 4 / n, kept, how)
+    # Forward: every chunk's logits, every chunk's log-softmax output, one chunk's fp32 copy. Where the loop's
+    # wrapper casts the logits, the 16-bit and the fp32 ones meet first (e + 4 B), less than this.
+    fwd = lg + lsm + copy
     # Backward start: the kept logits, the saved log-softmax outputs, and one chunk's gradient in
     # and out of log_softmax.
     bwd = kept + lsm + 2 * lsm / n
-    how = (f"{'fp32' if f.loss_upcast else 'compute-dtype'} cross-entropy"
+    how = (f"{'fp32' if f.loss_upcast or f.logits_fp32 else 'compute-dtype'} cross-entropy"
+           + (" on logits the loop cast to fp32" if f.logits_fp32 else "")
            + (f" in {n} chunks" if n > 1 else "") + (", logits kept through backward" if kept else ""))
     # One unchunked upcast whose compute-dtype logits die before backward (torchtitan `del pred`, the
     # HF Trainer dropping `outputs` when compute_loss returns, podkit's forward returning the loss): the

@@ -46,11 +46,11 @@ def segment_size(size: int) -> int:
     return -(-size // K_ROUND_LARGE) * K_ROUND_LARGE
 
 
-# A block is a list [key, size, pool], pool = stream << 1 | small; key = segment << OFFSET_BITS | offset orders like (segment, offset) and
-# hashes as one int. A free block's place in its pool's best-fit order is one int, size << ORDER_BITS | key, so
-# that order is a sorted list of ints (the allocator's BlockComparatorSize: size, then address) and bisect
-# compares ints, not tuples: the FSDP1 step replay makes tens of thousands of requests within preflight's
-# half second.
+# A block is a list [key, size, pool]: pool = stream << 1 | small, key = segment << OFFSET_BITS | offset, which
+# orders like (segment, offset) and hashes as one int. A free block's place in its pool's best-fit order is one
+# int, size << ORDER_BITS | key, so that order is a sorted list of ints (the allocator's BlockComparatorSize:
+# size, then address) and bisect compares ints, not tuples: the FSDP1 step replay makes tens of thousands of
+# requests within preflight's half second.
 OFFSET_BITS = 48  # offsets within a segment stay below 256 TiB
 ORDER_BITS = 96  # keys stay below 2**96: up to 2**48 segments
 ORDER_MASK = (1 << ORDER_BITS) - 1

@@ -30,7 +30,9 @@ STACKS = ("podkit", "hf", "deepspeed", "torchtitan", "litgpt", "torchtune", "fsd
 #                     keeps the head's input and weight as autocast casts them, and a logsumexp per token
 #   liger             Liger's fused linear + cross-entropy (HF Trainer use_liger_kernel): no full logits,
 #                     the gradients made in forward and held until backward
-#   native            cross_entropy on the compute-dtype logits, no upcast (litgpt)
+#   native            cross_entropy on the logits as they are, no upcast of its own (litgpt full.py, whose
+#                     logits Fabric hands over in fp32: Stack.outputs_fp32); on 16-bit logits under autocast
+#                     CUDA's nll_loss saves an fp32 cast of the log-probabilities (JobFacts.loss_autocast)
 #   compute-shifted   transformers < 4.49 GPT2LMHeadModel.forward: a shifted .contiguous() copy of the
 #                     compute-dtype logits, CrossEntropyLoss on it, in fp32 only where autocast casts it
 LOSSES = ("fp32-upcast", "fp32-logits-kept", "fp32-upcast-shifted", "chunked", "fused", "liger", "native",
@@ -159,6 +161,14 @@ class Stack:
     checkpoint(decoder_layer.__call__, ...) on the wrapped layer), rather than running inside the unit's
     forward (FSDP's checkpoint_wrapper applied after wrapping; transformers' GradientCheckpointingLayer).
     The hf and deepspeed stacks take it from their transformers release (transformers_facts)."""
+    outputs_fp32: bool = False
+    """The loop calls the model through a wrapper that casts its floating outputs to fp32 when the forward
+    returns, and computes the loss from them: Fabric's _FabricModule.forward runs `precision.convert_output`
+    after leaving `forward_context`, and every 16-bit precision plugin converts to torch.get_default_dtype(),
+    fp32 again by then (lightning 2.4 fabric/wrappers.py; plugins/precision/half.py HalfPrecision for
+    bf16-true, amp.py MixedPrecision for bf16-mixed, bitsandbytes.py BitsandbytesPrecision for QLoRA). The
+    16-bit logits die with the forward's frame (ToCopyBackward0 saves no tensor); the loss and what the loop
+    keeps are fp32 (JobFacts.logits_fp32)."""
     transformers_release: bool = False
     """The model, its loss and gradient_checkpointing_enable are transformers' at the job's release
     (train.transformers): transformers_facts decides the loss path, the reentrant default and the rotary
@@ -226,7 +236,8 @@ STACK_FACTS: dict[str, Stack] = {
               "torchtitan components/loss.py, models/llama3/infra/parallelize.py, config/job_config.py", fsdp2=True),
         # litgpt finetune/lora.py: logits = model(input_ids, lm_head_chunk_size=128), a list of
         # 128-token chunks that fit() keeps referenced through fabric.backward, and
-        # chunked_cross_entropy on the bf16 chunks without upcast (litgpt/utils.py);
+        # chunked_cross_entropy on the chunks without upcast (litgpt/utils.py), which Fabric's wrapper
+        # has cast to fp32 on the way out of the forward (outputs_fp32);
         # lora_query + lora_value on by default; precision bf16-true keeps adapters in bf16;
         # torch.optim.AdamW built without fused= (foreach on CUDA); quantize="bnb.nf4" swaps every
         # nn.Linear, the LM head included, for bitsandbytes' 4-bit layer (lightning
@@ -234,7 +245,7 @@ STACK_FACTS: dict[str, Stack] = {
         # checkpoint, multi-GPU FSDP wraps each Block non-reentrantly.
         Stack("litgpt", "chunked", 128, 0, False, True, "block", ("q_proj", "v_proj"), "compute", "foreach", True, True, False,
               "litgpt finetune/lora.py, utils.py chunked_cross_entropy, lora.py Config",
-              previous_outputs_kept=True, fused_qkv=True, quant_from_fp16=True,
+              previous_outputs_kept=True, outputs_fp32=True, fused_qkv=True, quant_from_fp16=True,
               # litgpt model.py LLaMAMoE: gate = nn.Linear(n_embd, n_expert), experts = nn.ModuleList of
               # LLaMAMLP (fc_1, fc_2, proj nn.Linear); lora.py LLaMAMoE gives gate and experts LoRA under
               # lora_mlp.
@@ -372,6 +383,17 @@ class JobFacts:
     whose .grad the nested backward fills and the function returns: the input's storage and its gradient
     then stay alive, through a reference cycle across C++ (tensor, hook dict, closure, AccumulateGrad,
     tensor), until that removal. Counted on CPU: benchmarks/hf_fsdp1_kept_inputs_cpu.py."""
+    logits_fp32: bool = False
+    """The logits reach the loss as fp32 because the loop's wrapper casts the model's outputs
+    (Stack.outputs_fp32), at a 16-bit compute dtype, for a loss the loop computes from them (chunked, native,
+    fp32-upcast): the log-softmax is fp32, no per-chunk copy is made, and kept logits are 4 B."""
+    loss_autocast: bool = False
+    """The loss's cross-entropy runs under autocast: in the model's forward under accelerate's native AMP
+    (a transformers model at a -mixed precision, DeepSpeed's engine aside: accelerate 1.0.1 accelerator.py
+    l.506-514, l.1413-1424), elsewhere inside the job's autocast (podkit's loop computes the loss in the
+    model's forward). On CUDA cross_entropy is on no autocast list and runs as nll_loss(log_softmax(x, dim,
+    x.dtype)) (aten LossNLL.cpp cross_entropy_loss), and nll_loss is on the fp32 list (autocast_mode.h
+    AT_FORALL_FP32): on 16-bit logits it saves an fp32 cast of the log-softmax output beside it."""
     rs_input_on_rs_stream: bool = False
     """FSDP2 before torch 2.5: foreach_reduce allocated the fp32 reduce-scatter input inside `with
     torch.cuda.stream(reduce_scatter_stream)`, so that stream's pool caches the largest inputs too."""
@@ -639,12 +661,16 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
     upcast = stack.loss_upcast if native else loss in ("fp32-upcast", "fp32-logits-kept", "fp32-upcast-shifted",
                                                        "chunked")
     kept = stack.logits_kept if native else loss == "fp32-logits-kept"
+    # Where the loss runs under autocast (JobFacts.loss_autocast): a transformers model computes it in its
+    # forward, which accelerate's native AMP wraps in autocast whenever the precision is mixed, DeepSpeed's
+    # engine aside (accelerate 1.0.1 accelerator.py l.506-514 `self.native_amp`, l.1413-1424 prepare_model);
+    # elsewhere the job's own autocast, unless the loop casts the logits to fp32 first (Stack.outputs_fp32).
+    loss_autocast = ((mixed and not stack.deepspeed_engine) if stack.transformers_release and not replica
+                     else autocast and not stack.outputs_fp32)
+    logits_fp32 = stack.outputs_fp32 and train.compute_bytes != 4 and loss in ("chunked", "native", "fp32-upcast")
     if loss == "compute-shifted":
-        # cross_entropy is on autocast's fp32 list, so it upcasts only where autocast is on around the model:
-        # under a transformers stack that is accelerate's native AMP, which wraps the model's forward in
-        # autocast whenever the precision is mixed, DeepSpeed's engine aside (accelerate 1.0.1 accelerator.py
-        # l.506-514 `self.native_amp`, l.1413-1424 prepare_model); elsewhere the job's own autocast.
-        upcast = (mixed and not stack.deepspeed_engine) if stack.transformers_release and not replica else autocast
+        # Its cross_entropy upcasts only through nll_loss under autocast (loss_bytes: compute-shifted).
+        upcast = loss_autocast
         kept = False
     # The stack's AdamW kernel; torch SGD defaults to foreach on CUDA (torch/optim/optimizer.py
     # _default_to_fused_or_foreach: fused only when asked for), as podkit's train/optim.py also asks.
@@ -754,6 +780,8 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
         # reshard-only hook; before it a frozen unit stayed gathered through backward instead.
         fsdp1_checkpoint_around_unit=around,
         quantized_load_16bit_on_gpu=load_16bit_on_gpu and train.base_quant == "nf4",
+        logits_fp32=logits_fp32,
+        loss_autocast=loss_autocast and train.compute_bytes != 4,
         fsdp1_keeps_block_inputs=(around and lora and stack.lora_units
                                   and (not train.torch or parse_version(train.torch) >= (2, 1))),
     )

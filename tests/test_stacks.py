@@ -206,9 +206,10 @@ def test_freed_logits_leave_a_hole_the_loss_backward_cannot_fill(job):
     ("podkit", "stack", 12),         # bf16 logits + fp32 copy + fp32 log-softmax; backward 4 + 4 + 4
     ("hf", "fp32-logits-kept", 16),  # transformers <= 4.44: fp32 logits kept + log-softmax + grads
     ("torchtune", "stack", 6.5),     # 8 chunks: bf16 logits 2 + fp32 log-softmax 4 + one fp32 chunk 4/8
-    # 128-token chunks kept (2) + bf16 log-softmax (2), no upcast; backward adds one chunk's gradient
-    # in and out of log_softmax, 2 x 2 B / 8 chunks of a 1024-token sequence.
-    ("litgpt", "stack", 4.5),
+    # 128-token chunks kept, which Fabric's wrapper cast to fp32 (4), + their fp32 log-softmax (4), no
+    # upcast of the loss's own; backward adds one chunk's gradient in and out of log_softmax, 2 x 4 B / 8
+    # chunks of a 1024-token sequence.
+    ("litgpt", "stack", 9),
     ("hf", "fused", 0),              # fused linear + cross-entropy: no logits tensor
 ])
 def test_loss_bytes_per_logit(job, stack, loss, per_logit):
@@ -775,10 +776,10 @@ def test_litgpt_qlora_previous_step_and_fp16_dequantization(job):
                                  "double_quant = false\nbitsandbytes = '0.42.0'\nseq_len = 512\nmicro_batch = 2")
     est = estimate(j)
     T = 1024
-    # The previous step's 128-token logit chunks (bf16, 4 per sequence) and every quantized
-    # matmul's input its graph still holds: q/k/v's normed input (h), o_proj's (q_dim; a view of
-    # the attention output), gate/up's normed input (h), down's (ffn), bf16; and the LM head's input.
-    held = 2 * V * T + (L * (2 * H + QD + F) * 2 + H * 2) * T
+    # The previous step's 128-token logit chunks (4 per sequence, fp32 as Fabric's wrapper returned them)
+    # and every quantized matmul's input its graph still holds: q/k/v's normed input (h), o_proj's (q_dim; a
+    # view of the attention output), gate/up's normed input (h), down's (ffn), bf16; and the LM head's input.
+    held = 4 * V * T + (L * (2 * H + QD + F) * 2 + H * 2) * T
     assert part(est, "previous step's logits and graph", "forward-end") == held
     # Quantized from fp16 by lightning: the head's weight dequantized to fp16, then cast to bf16.
     assert part(est, "dequantized weight", "forward-end") == V * H * 4

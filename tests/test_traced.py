@@ -444,11 +444,12 @@ def test_repeated_kv_and_reentrant_checkpointing():
         model_mod.ModelOptions(ac_policy="op-sac", reentrant=True)
 
 
-def _loss_peaks(loss: str, precision: str) -> tuple[int, int]:
+def _loss_peaks(loss: str, precision: str, **opts) -> tuple[int, int]:
     """Peak bytes above the start in forward and in backward, counted by real torch on the CPU; a "-mixed"
-    precision runs the forward under autocast (bf16), as accelerate's native AMP does."""
+    precision runs the forward under autocast (bf16), as accelerate's native AMP does. `opts`: more
+    ModelOptions."""
     torch.manual_seed(0)
-    model = model_mod.build(shape_of("tiny"), model_mod.ModelOptions(max_seq_len=128, loss=loss), precision)
+    model = model_mod.build(shape_of("tiny"), model_mod.ModelOptions(max_seq_len=128, loss=loss, **opts), precision)
     model = model_mod.materialize(model, torch.device("cpu"), 0)
     x, y = torch.randint(512, (4, 128)), torch.randint(512, (4, 128))
     counter = TensorCounter()
@@ -507,6 +508,62 @@ def test_gpt2_loss_before_4_49_shifts_a_compute_dtype_copy():
     node = loss.grad_fn
     assert node.name() == "NllLossBackward0" and node._saved_self.dtype == torch.float32
     assert node.next_functions[0][0].name() == "ToCopyBackward0"
+
+
+def test_native_loss_under_autocast_saves_nll_losss_fp32_cast():
+    """cross_entropy on compute-dtype logits runs on CUDA as nll_loss(log_softmax(x, dim, x.dtype)), and
+    autocast runs nll_loss in fp32, which saves its fp32 cast of the bf16 log-softmax. Per logit, against
+    fp32-upcast's 2 + 4 + 4 forward and 3 x 4 backward: pure bf16 2 + 2 forward and 3 x 2 backward; under
+    autocast 2 + 2 + 4 forward and 2 + 4 + 4 backward (NllLossBackward0's fp32 gradient beside both saved
+    tensors). The analytic loss (checks/activations.py loss_bytes) says the same."""
+    logits = 4 * 128 * 512
+    (f0, b0), (f1, b1) = _loss_peaks("fp32-upcast", "bf16"), _loss_peaks("native", "bf16")
+    assert (f1 - f0, b1 - b0) == (pytest.approx(-6 * logits, abs=8), pytest.approx(-6 * logits, abs=8))
+    (f0, b0), (f1, b1) = _loss_peaks("fp32-upcast", "bf16-mixed"), _loss_peaks("native", "bf16-mixed")
+    assert (f1 - f0, b1 - b0) == (pytest.approx(-2 * logits, abs=8), pytest.approx(-2 * logits, abs=8))
+    from podkit.checks.activations import loss_bytes
+    for precision, fwd, bwd in (("bf16", 4, 6), ("bf16-mixed", 8, 10)):
+        job = parse_job(f"[model]\npreset = 'llama-3.2-1b'\n[train]\nloss = 'native'\nprecision = '{precision}'\n")
+        assert job.facts.loss_autocast == (precision == "bf16-mixed")
+        lb = loss_bytes(job, job.train.seq_len)
+        assert (lb.forward, lb.backward) == (fwd, bwd), precision
+
+
+def test_litgpt_logits_reach_the_loss_as_fp32():
+    """Fabric's _FabricModule.forward converts the model's outputs with precision.convert_output, to
+    torch.get_default_dtype() once forward_context has restored it: fp32 at bf16-true and bf16-mixed alike
+    (real lightning here). So litgpt's chunked_cross_entropy works on fp32 chunks, kept through backward:
+    per logit 4 kept + 4 log-softmax, against bf16 chunks' 2 + 2, and a chunk's gradient in and out of
+    log_softmax at 4 B too. The replica casts its chunks the same way (ModelOptions.logits_fp32)."""
+    import lightning as L
+
+    for precision in ("bf16-true", "bf16-mixed"):
+        fabric = L.Fabric(accelerator="cpu", devices=1, precision=precision)
+        with fabric.init_module():
+            head = torch.nn.Linear(8, 16)
+
+        class Chunks(torch.nn.Module):  # litgpt's GPT.forward with lm_head_chunk_size: a list of head outputs
+            def __init__(self):
+                super().__init__()
+                self.head = head
+
+            def forward(self, x):
+                return [self.head(c) for c in x.chunk(2, dim=1)]
+
+        out = fabric.setup_module(Chunks())(torch.randn(2, 4, 8))
+        assert [(t.dtype, t.grad_fn.name()) for t in out] == [(torch.float32, "ToCopyBackward0")] * 2, precision
+    j = parse_job("[model]\npreset = 'llama-3.2-1b'\n[train]\nstack = 'litgpt'\nprecision = 'bf16'\nseq_len = 1024\n")
+    from podkit.checks.activations import loss_bytes
+    lb = loss_bytes(j, 1024)
+    assert (j.facts.logits_fp32, lb.forward, lb.backward, lb.kept) == (True, 8, 4 + 4 + 2 * 4 / 8, 4)
+    assert not parse_job("[model]\npreset = 'llama-3.2-1b'\n[train]\nstack = 'litgpt'\nprecision = 'fp32'\n").facts.logits_fp32
+    logits = 4 * 128 * 512
+    litgpt = {"loss_upcast": False, "logits_kept": True, "loss_chunks": 8}
+    # The replica: kept chunks and log-softmax 2 + 2 -> 4 + 4 at the forward's end. (Its backward is not
+    # compared: a CPU's bf16 log_softmax backward is not CUDA's kernel.)
+    f0, _ = _loss_peaks("chunked", "bf16", **litgpt)
+    f1, _ = _loss_peaks("chunked", "bf16", logits_fp32=True, **litgpt)
+    assert f1 - f0 == pytest.approx(4 * logits, rel=0.001)
 
 
 def test_chunked_and_fused_losses_save_less_than_kept_logits():

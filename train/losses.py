@@ -44,9 +44,18 @@ def _autocast_dtype(x: torch.Tensor) -> torch.dtype:
 
 
 def plain(logits: torch.Tensor, targets: torch.Tensor, upcast: bool = True) -> torch.Tensor:
-    """cross_entropy over every position; upcast: on an fp32 copy of the logits (else their own dtype)."""
+    """cross_entropy over every position; upcast: on an fp32 copy of the logits (else their own dtype, as
+    cuda_cross_entropy runs it)."""
     flat = logits.view(-1, logits.shape[-1])
-    return F.cross_entropy(flat.float() if upcast else flat, targets.reshape(-1))
+    return F.cross_entropy(flat.float(), targets.reshape(-1)) if upcast else cuda_cross_entropy(flat, targets)
+
+
+def cuda_cross_entropy(flat: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """cross_entropy as aten's cross_entropy_loss decomposes it on CUDA (LossNLL.cpp): log_softmax in the input's
+    dtype, then nll_loss, which autocast runs in fp32 (autocast_mode.h AT_FORALL_FP32), saving an fp32 cast of
+    16-bit log-probabilities. Written out so a CPU run does the same: CPU autocast puts cross_entropy itself on
+    its fp32 list."""
+    return F.nll_loss(F.log_softmax(flat, -1, dtype=flat.dtype), targets.reshape(-1), reduction=reduction)
 
 
 def shifted_copy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -63,23 +72,27 @@ def compute_shifted(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
     cross-entropied as aten's cross_entropy_loss decomposes on CUDA (LossNLL.cpp): log_softmax in the input's
     dtype, then nll_loss, which autocast runs in fp32 (autocast_mode.h AT_FORALL_FP32)."""
     copy = logits if logits.shape[0] == 1 else logits.clone(memory_format=torch.contiguous_format)
-    flat = copy.view(-1, copy.shape[-1])
-    return F.nll_loss(F.log_softmax(flat, -1, dtype=flat.dtype), targets.reshape(-1))
+    return cuda_cross_entropy(copy.view(-1, copy.shape[-1]), targets)
 
 
 def chunked(x: torch.Tensor, head, targets: torch.Tensor, chunks: int, upcast: bool = True,
-            keep: list | None = None) -> torch.Tensor:
+            keep: list | None = None, to_fp32: bool = False) -> torch.Tensor:
     """torchtune's chunked output + loss: head per chunk of the sequence (all chunks kept until the
     loss is done), fp32 upcast (litgpt: none) and cross-entropy per chunk, summed and divided by the
-    tokens; `keep` receives the chunks when the caller holds them through backward (litgpt's fit)."""
+    tokens; `keep` receives the chunks when the caller holds them through backward (litgpt's fit).
+    `to_fp32`: every chunk cast to fp32 once all are made, the 16-bit ones dropped, as Fabric's wrapper
+    converts the model's outputs (checks/stacks.py Stack.outputs_fp32)."""
     logits = [head(c) for c in x.chunk(chunks, dim=1)]
+    if to_fp32:
+        logits = [lc.float() for lc in logits]
     if keep is not None:
         keep.extend(logits)
     labels = targets.chunk(chunks, dim=1)
     total = 0.0
     for lc, tc in zip(logits, labels):
         flat = lc.reshape(-1, lc.shape[-1])
-        total = total + F.cross_entropy(flat.float() if upcast else flat, tc.reshape(-1), reduction="sum")
+        total = total + (F.cross_entropy(flat.float(), tc.reshape(-1), reduction="sum") if upcast
+                         else cuda_cross_entropy(flat, tc, reduction="sum"))
     return total / targets.numel()
 
 

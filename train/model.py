@@ -69,6 +69,9 @@ class ModelOptions:
     """Cross-entropy on fp32 logits (podkit, torchtune, transformers) or on the compute dtype (litgpt)."""
     logits_kept: bool = False
     """The logits stay referenced until after backward (litgpt's fit keeps its chunk list)."""
+    logits_fp32: bool = False
+    """The logits are cast to fp32 before the loss, the 16-bit ones dropped, as Fabric's wrapper casts the
+    model's outputs for litgpt's loop (checks/stacks.py JobFacts.logits_fp32)."""
     lora_rank: int = 0
     lora_targets: tuple[str, ...] = LORA_TARGETS[:-1]
     """Linears that carry adapters (podkit: every block linear)."""
@@ -358,7 +361,8 @@ class Decoder(nn.Module):
         loss = self.opts.loss
         if loss == "chunked":
             keep = [] if self.opts.logits_kept else None
-            out = losses.chunked(x, self._head, targets, self.opts.loss_chunks, self.opts.loss_upcast, keep)
+            out = losses.chunked(x, self._head, targets, self.opts.loss_chunks, self.opts.loss_upcast, keep,
+                                 self.opts.logits_fp32)
             self.kept_logits = keep
             return out
         if loss in ("fused", "liger"):
@@ -367,6 +371,8 @@ class Decoder(nn.Module):
                 return losses.liger(x, weight, targets)
             return losses.fused(x, weight, targets, self.opts.loss_chunks)
         logits = self._head(x)
+        if self.opts.logits_fp32:
+            logits = logits.float()
         if loss == "fp32-upcast-shifted":
             return losses.shifted_copy(logits.float(), targets)  # the 16-bit logits stay in this frame
         if loss == "compute-shifted":  # GPT-2 before transformers 4.49
