@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from podkit.checks.kernels import attention_kernel
 from podkit.checks.stacks import liger_norm_in_place, targeted
 
+QKV = ("q_proj", "k_proj", "v_proj")
+
 
 @dataclass(eq=False)
 class Tensor:
@@ -172,6 +174,8 @@ class Trace:
     ("op", index)) belongs to: their sizes follow that expert's share of the tokens, which only a routing
     decides (checks/step_replay.py routes them); everything here prices the even share."""
     expert: int = -1  # the routed expert whose tensors and ops are being made, or -1
+    qkv_dropout: tuple | None = None
+    """Under a fused qkv (BlockFacts.fused_qkv), the adapter's one dropout: (its input, its output)."""
 
     def new(self, label: str, width: float, dtype_bytes: float, grad: bool = True) -> Tensor:
         t = Tensor(label, width * dtype_bytes, dtype_bytes, grad)
@@ -272,9 +276,17 @@ class Trace:
             a_in = self.new(f"{name}: input cast to adapter dtype", fan_in, f.adapter_bytes)
             self.op([x], [a_in])
             cast_local = (x, a_in)
-        if f.lora_dropout:
+        # litgpt's fused qkv (LoRAQKVLinear, litgpt lora.py at 5895df1): one adapter for the enabled ones of q, k
+        # and v, so one dropout of the shared input (`F.linear(self.lora_dropout(x), self.lora_A)`).
+        fused = f.fused_qkv and name in QKV
+        shared = self.qkv_dropout if fused else None
+        if f.lora_dropout and shared is not None and shared[0] is x:
+            a_in = shared[1]
+        elif f.lora_dropout:
             dropped = self.new(f"{name}: dropout output", fan_in, a_in.dtype_bytes)
             self.op([a_in], [dropped], saved=(self.new(f"{name}: dropout mask", fan_in, 1, grad=False),))
+            if fused:
+                self.qkv_dropout = (x, dropped)
             a_in = dropped
         if f.autocast and a_in.bytes == 4 * fan_in:
             cast = self.new(f"{name}: lora_A autocast cast", fan_in, f.e)
@@ -287,6 +299,13 @@ class Trace:
         b_out = self.new(f"{name}: lora_B output", fan_out, ab)
         self.op([a_out], [b_out], saved=(a_out,))
         self.matmuls.append(b_out)
+        if fused and not all(targeted(n, f.targets) for n in QKV):
+            # LoRAQKVLinear.zero_pad when q, k or v has no adapter: the B output, reshaped (a copy of a transposed
+            # conv1d output), goes into `new_zeros(...).index_copy(1, lora_ind, x)`, whose IndexCopyBackward0
+            # saves its source whole (derivatives.yaml index_copy: `expand_as(source)`).
+            source = self.new(f"{name}: lora_B output, zero_pad's index_copy source", fan_out, ab)
+            self.op([b_out], [source])
+            self.save(source)
         # peft: result = result + lora_B(lora_A(dropout(x))) * scaling, then result.to(the base's dtype)
         scaled = self.new(f"{name}: lora_B output x scaling", fan_out, ab)
         self.op([b_out], [scaled])
@@ -313,6 +332,7 @@ class Trace:
     def attention(self, y: Tensor) -> Tensor:
         f = self.facts
         h, qd, kvd = f.hidden, f.q_dim, f.kv_dim
+        self.qkv_dropout = None  # (its input, its output): the fused qkv adapter's one dropout
         q0 = self.linear(y, h, qd, "q_proj")
         k0 = self.linear(y, h, kvd, "k_proj")
         v = self.linear(y, h, kvd, "v_proj")

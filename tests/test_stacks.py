@@ -7,6 +7,7 @@ ffn 14336, vocab 128256, untied; per block 218,103,808 linear weights + 8,192 no
 import dataclasses
 
 import pytest
+import torch
 
 from podkit.checks import activations as A
 from podkit.checks import stacks
@@ -767,8 +768,31 @@ def test_litgpt_fused_qkv_view_keeps_the_whole_output(job):
         return sum(A.saved_per_token(A.block_facts(j), "none").values())
 
     # Llama-2 has as many kv heads as heads: no repeat, so litgpt's v stays a view of the fused
-    # qkv output (4096 + 2 x 4096 wide), and SDPA saving v keeps q and k's parts alive too.
-    assert per_token("litgpt") - per_token("podkit") == 2 * (4096 + 4096)
+    # qkv output (4096 + 2 x 4096 wide), and SDPA saving v keeps q and k's parts alive too. Its one adapter
+    # for q and v pads its B output to the fused width with index_copy, which saves that output (q + v wide).
+    assert per_token("litgpt") - per_token("podkit") == 2 * (4096 + 4096) + 2 * (4096 + 4096)
+
+
+def test_litgpt_fused_qkv_adapter_drops_out_once_and_zero_pad_saves_its_source(job):
+    """litgpt lora.py LoRAQKVLinear.forward (5895df1): `after_A = F.linear(self.lora_dropout(x), self.lora_A)`
+    for all of q, k and v together, then zero_pad, which for a partial q/k/v set writes the B output into
+    `x.new_zeros(...).index_copy(1, lora_ind, ...)`; IndexCopyBackward0 saves its source whole."""
+    def per_token(stack, targets, dropout):
+        j = job(model='preset = "llama-2-7b"', train=f"stack = '{stack}'\nprecision = 'bf16'\nlora_rank = 8\n"
+                                                    f"lora_targets = {targets}\nlora_dropout = {dropout}")
+        return sum(A.saved_per_token(A.block_facts(j), "none").values())
+
+    qv, qkv, h = "['q_proj', 'v_proj']", "['q_proj', 'k_proj', 'v_proj']", 4096
+    # Dropout: its bf16 output and 1-byte mask replace the norm output as lora_A's saved input, once for the
+    # fused adapter, once per adapter where q and v are two linears (podkit's own stack).
+    assert per_token("litgpt", qv, 0.05) - per_token("litgpt", qv, 0) == h * (2 + 1) - h * 2
+    assert per_token("podkit", qv, 0.05) - per_token("podkit", qv, 0) == 2 * h * (2 + 1) - h * 2
+    # With k adapted too zero_pad returns its input: no index_copy source (q + v wide, bf16), and k's
+    # rank-8 lora_A output is saved by its B.
+    assert per_token("litgpt", qkv, 0) - per_token("litgpt", qv, 0) == -2 * (h + h) + 8 * 2
+    x = torch.randn(4, 6, requires_grad=True)
+    node = torch.zeros(4, 9).index_copy(1, torch.tensor([0, 1, 2, 6, 7, 8]), x).grad_fn
+    assert node.name() == "IndexCopyBackward0" and node._saved_source.shape == x.shape
 
 
 def test_litgpt_qlora_previous_step_and_fp16_dequantization(job):
