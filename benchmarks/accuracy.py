@@ -111,8 +111,9 @@ def run(traced: bool = False) -> dict:
         span = None
         if case.open_jobs:
             ends = sorted(predicted(estimate(j), case.metric) for j in case.open_jobs)
-            span = [ends[0], ends[-1]]
-            pred = min(max(case.measured, ends[0]), ends[-1])  # the range's point nearest the measurement
+            # the range's point nearest the measurement (the measurement itself inside it)
+            pred = min(max(case.measured, ends[0]), ends[-1])
+            span = [ends[0], ends[-1]] if ends[0] != ends[-1] else None  # an open key this job does not feel
         row = {"case": case.name, "project": case.project, "metric": case.metric, "measured": case.measured,
                "predicted": pred, "error": round((pred - case.measured) / case.measured, 4),
                "peak_phase": peak_moment(est, case.metric), "kind": ledger.kind(case.job), "excluded": case.excluded,
@@ -134,7 +135,8 @@ def run(traced: bool = False) -> dict:
         "scored": len(scored),
         "projects": sorted({r["project"] for r in scored}),
         "ranges": {"scored": sum(1 for r in scored if "predicted_range" in r),
-                   "inside": sum(1 for r in scored if "predicted_range" in r and not r["error"])},
+                   "inside": sum(1 for r in scored if "predicted_range" in r
+                                 and r["predicted_range"][0] <= r["measured"] <= r["predicted_range"][1])},
         "overall": summary([r["error"] for r in scored]),
         "by_metric": by_metric,
         "by_kind": ledger.misses(rows, {r["case"]: r["kind"] for r in rows}),

@@ -908,14 +908,27 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
         in_block = phase("backward", static + fwd_params + cache(cache_bwd) + start_grads + kept_logits
                          + [block_activations, in_backward])
         handoff = candidate if tensor_bytes(candidate) > tensor_bytes(in_block) else None
+    # Where the loop computes the loss after the model's forward returns (Stack.loss_after_forward: litgpt's
+    # `logits = model(...)`, then chunked_cross_entropy), the previous step's outputs are released when that
+    # assignment rebinds them: they meet the forward's moments (the last block's, its returning logits) but
+    # not the loss's or backward's.
+    at_loss_previous = [] if f.stack.loss_after_forward else previous
     # forward-end is the largest of the moments before backward reaches the blocks (the first listed wins
     # a tie): the loss's forward and backward, and those below.
     # The loss's forward runs inside the autocast region, beside its whole weight cache; its backward
     # after the region has ended, beside only the casts autograd saved (cache_head_bwd), and leaves the
     # allocator's hole. (Liger's loss makes its gradients in forward: one moment.)
     at_the_loss = static + ([at_loss] + fwd_params[1:] if f.fsdp else fwd_params) + fwd_grads
-    forward_ends = [phase("forward-end", at_the_loss + cache(cache_fwd) + [activations, loss] + previous
+    forward_ends = [phase("forward-end", at_the_loss + cache(cache_fwd) + [activations, loss] + at_loss_previous
                           + (loss_hole if lg else []))]
+    if previous and f.stack.loss_after_forward and not lg:
+        # The forward returning: its logits, and where the loop's wrapper casts them (f.logits_fp32) the fp32
+        # copies made beside the 16-bit ones (Fabric's convert_output), with the previous step's still bound.
+        per = e + (4 if f.logits_fp32 else 0)
+        returning = Part("loss", "the forward's logits as it returns" + (", cast to fp32" if f.logits_fp32 else ""),
+                         int(per * logits), f"{per:g} B x {logits:,}", transient=True)
+        forward_ends.append(phase("forward-end", at_the_loss + cache(cache_fwd) + [activations, returning]
+                                  + previous))
     if not lg:
         # The casts freed when autocast's region ended stay cached in segments of a weight's size, which
         # none of the loss's logits-sized gradients fits (best fit: a block at least as big).
@@ -925,7 +938,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
                          "weight-sized blocks, smaller than the loss's 4 B gradients", where="pool")] \
             if freed_casts and 4 * logits > biggest_cast else []
         forward_ends.append(phase("forward-end", at_the_loss + cache(cache_head_bwd) + [activations, loss_bwd]
-                                  + previous + loss_hole + unusable))
+                                  + at_loss_previous + loss_hole + unusable))
     # The blocks' casts saved in forward, once the head's matmul node has released its own (none yet
     # when checkpointed: no recompute has run).
     blocks_cast = cache_bwd if f.ac_policy == "none" else 0
@@ -940,9 +953,9 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
         head_mm = Part("grads", "the head's weight gradient being made", shape.vocab * shape.hidden * e,
                        f"vocab x hidden x {e} B", transient=True)
         forward_ends.append(phase("forward-end", static + fwd_params + cache(cache_head_bwd) + fwd_grads + kept_logits
-                                  + [activations, logits_grad, head_mm] + previous))
+                                  + [activations, logits_grad, head_mm] + at_loss_previous))
         forward_ends.append(phase("forward-end", static + fwd_params + cache(blocks_cast) + fwd_grads + kept_logits
-                                  + [block_activations, head_accum] + previous))
+                                  + [block_activations, head_accum] + at_loss_previous))
     # Cut Cross-Entropy's backward (cut_cross_entropy/cce_backward.py cce_backward_kernel) recomputes the
     # logits block by block on chip: de = zeros_like(e) and, when the head trains, dc = zeros_like(c), in
     # the dtypes of the casts cce.py saved (the autocast dtype), then dc.to(the weight's dtype) beside them.
@@ -956,7 +969,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
                        + (f" + vocab x hidden x {ce} B (head gradient)" if dc else "")
                        + (f" + its cast to {grad_bytes} B" if dc_cast else ""), transient=True)
         forward_ends.append(phase("forward-end", static + fwd_params + cache(cache_head_bwd) + fwd_grads + kept_logits
-                                  + [activations, cce_bwd] + previous))
+                                  + [activations, cce_bwd] + at_loss_previous))
     # With Liger's loss the gradient of the head's input is made in forward (with Cut Cross-Entropy's, in
     # the loss's backward); the final norm's backward then runs beside every saved activation (the head's
     # weight gradient, once handed to AccumulateGrad, is the new .grad, or is summed into the one
@@ -970,7 +983,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
                               "made by the fused loss, now the head's .grad", transient=True)] \
             if head_grad and not grads_persist else []
         forward_ends.append(phase("forward-end", static + fwd_params + cache(blocks_cast) + fwd_grads + new_head_grad
-                                  + [activations, norm_bwd] + previous))
+                                  + [activations, norm_bwd] + at_loss_previous))
     # The last block's own forward holds more than the loss spike when the loss is small (fused or
     # chunked): the other blocks' saved activations beside that block's forward peak, its input included
     # (activations.forward_peak_per_token; a checkpointed block's first forward keeps nothing of its own).

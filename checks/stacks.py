@@ -161,6 +161,10 @@ class Stack:
     checkpoint(decoder_layer.__call__, ...) on the wrapped layer), rather than running inside the unit's
     forward (FSDP's checkpoint_wrapper applied after wrapping; transformers' GradientCheckpointingLayer).
     The hf and deepspeed stacks take it from their transformers release (transformers_facts)."""
+    loss_after_forward: bool = False
+    """The loop computes the loss from what the model's forward returned, after binding it (litgpt fit():
+    `logits = model(...)`, then chunked_cross_entropy), so the previous step's outputs it still held
+    (previous_outputs_kept) are gone before the loss runs; elsewhere the loss is part of the forward."""
     outputs_fp32: bool = False
     """The loop calls the model through a wrapper that casts its floating outputs to fp32 when the forward
     returns, and computes the loss from them: Fabric's _FabricModule.forward runs `precision.convert_output`
@@ -245,7 +249,7 @@ STACK_FACTS: dict[str, Stack] = {
         # checkpoint, multi-GPU FSDP wraps each Block non-reentrantly.
         Stack("litgpt", "chunked", 128, 0, False, True, "block", ("q_proj", "v_proj"), "compute", "foreach", True, True, False,
               "litgpt finetune/lora.py, utils.py chunked_cross_entropy, lora.py Config",
-              previous_outputs_kept=True, outputs_fp32=True, fused_qkv=True, quant_from_fp16=True,
+              previous_outputs_kept=True, loss_after_forward=True, outputs_fp32=True, fused_qkv=True, quant_from_fp16=True,
               # litgpt model.py LLaMAMoE: gate = nn.Linear(n_embd, n_expert), experts = nn.ModuleList of
               # LLaMAMLP (fc_1, fc_2, proj nn.Linear); lora.py LLaMAMoE gives gate and experts LoRA under
               # lora_mlp.

@@ -214,9 +214,27 @@ def test_freed_logits_leave_a_hole_the_loss_backward_cannot_fill(job):
     ("hf", "fused", 0),              # fused linear + cross-entropy: no logits tensor
 ])
 def test_loss_bytes_per_logit(job, stack, loss, per_logit):
-    j = job(model=LLAMA8B, train=f"stack = '{stack}'\nloss = '{loss}'\nseq_len = 1024\nprecision = 'bf16'")
+    # (no previous step's outputs, which litgpt's loop keeps: test_litgpt_previous_logits_meet_the_forward_only)
+    j = job(model=LLAMA8B, train=f"stack = '{stack}'\nloss = '{loss}'\nseq_len = 1024\nprecision = 'bf16'\n"
+                                 "previous_outputs = 'freed'")
     est = estimate(j)
     assert part(est, "loss:", "forward-end") == int(per_logit * V * 1024)
+
+
+def test_litgpt_previous_logits_meet_the_forward_only(job):
+    """litgpt fit(): `logits = model(input_ids, lm_head_chunk_size=128)` keeps the previous step's fp32 chunks
+    bound while the forward runs, up to Fabric's cast of the new ones (bf16 2 + fp32 4 B per logit), and the
+    assignment releases them before chunked_cross_entropy: 2 + 4 + 4 = 10 B per logit then, against the
+    loss's 9 (4 kept + 4 log-softmax + one chunk's 2 x 4 B gradients over 8 chunks)."""
+    T = 1024
+    train = "stack = 'litgpt'\nseq_len = 1024\nprecision = 'bf16'\nlora_rank = 8\nprevious_outputs = "
+    kept = estimate(job(model=LLAMA8B, train=train + "'kept'"))
+    assert part(kept, "the forward's logits as it returns, cast to fp32", "forward-end") == 6 * V * T
+    assert part(kept, "previous step's logits and graph", "forward-end") == 4 * V * T
+    assert part(kept, "loss:", "forward-end") == 0
+    freed = estimate(job(model=LLAMA8B, train=train + "'freed'"))
+    assert part(freed, "loss:", "forward-end") == 9 * V * T
+    assert kept.phase_allocated("forward-end") - freed.phase_allocated("forward-end") == (10 - 9) * V * T
 
 
 def test_liger_loss_holds_the_gradients_it_made_in_forward(job):
