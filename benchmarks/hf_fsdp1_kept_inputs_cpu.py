@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import os
 import platform
@@ -107,6 +108,10 @@ def measure() -> dict:
         out[b] = {"backward_peak": backward, "first_block_done": state["live"], "kept": state["kept"],
                   "kept_with_grad": state["kept_with_grad"]}
     if sharded:
+        # The FSDP model holds the process group: release it first, or the group's destructor may run in the
+        # interpreter's teardown and abort the rank (tests/test_fsdp1_reentrant.py's worker).
+        del model, loss
+        gc.collect()
         dist.destroy_process_group()
     return out
 

@@ -19,7 +19,7 @@ from podkit.checks import stacks
 from podkit.checks.memory import KEPT_INPUTS, estimate
 
 WORKER = textwrap.dedent('''
-    import json, os, sys, weakref
+    import gc, json, os, sys, weakref
     import torch, torch.distributed as dist, torch.nn as nn
     import torch.utils.checkpoint as ckpt
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
@@ -90,9 +90,14 @@ WORKER = textwrap.dedent('''
     snap("backward returned")
     seen["most blocks gathered in backward"] = max(gathered)
     if dist.get_rank() == 0:
-        json.dump(seen, open(out, "w"))
-    # Both ranks past every collective before either tears gloo down: under a loaded suite one rank once
-    # aborted in teardown ("terminate called without an active exception") while the other still ran.
+        with open(out, "w") as f:
+            json.dump(seen, f)
+    # The FSDP model holds the process group: left alive until the interpreter exits, the group's destructor
+    # ran in its teardown and, under a loaded suite, a rank aborted there ("terminate called without an active
+    # exception", exit -6; 4 of 45 runs beside 4 busy processes, none of 50 with the model released first).
+    del model, units
+    gc.collect()
+    # Both ranks past every collective before either tears gloo down.
     dist.barrier()
     dist.destroy_process_group()
 ''')

@@ -79,6 +79,7 @@ def test_torchrun_two_ranks_with_gloo(tmp_path):
         for _ in range(500):
             loss = torch.nn.functional.mse_loss(model(x), y)
             opt.zero_grad(); loss.backward(); opt.step()
+        del model, opt, loss  # DDP holds the process group: release it before the group goes (gloo teardown abort)
         dist.destroy_process_group()
     """)
     proc, s = smoke_cmd(tmp_path, "--steps", "15", "--", PY, "-m", "torch.distributed.run", "--standalone",

@@ -7,6 +7,7 @@ relaunches itself under torchrun; rank 0 writes runs/<run-id>/ and the parent re
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -272,8 +273,15 @@ def _run(job, path, device, root: Path, run_id: str, fault, as_json: bool) -> in
     except ConfigError as exc:
         parallel.shutdown()
         _fail(exc, as_json)
+    summary, lockstep = smoke.summary, smoke.in_lockstep
+    # The wrapped model (DDP, FSDP) holds the process group: released only at interpreter exit, the group's
+    # destructor ran in the interpreter's teardown and a rank sometimes aborted there ("terminate called without
+    # an active exception", exit -6, torchrun's traceback on the user's terminal; 1 of 30 two-rank CPU smokes
+    # beside 4 busy processes). Let it go while the group is still up.
+    del smoke
+    gc.collect()
     # Only where every rank ran every step: an interrupted or failed peer may be inside another collective.
-    parallel.shutdown(sync=smoke.in_lockstep)
+    parallel.shutdown(sync=lockstep)
     # The verdict is decided and summary.json written: another Ctrl-C (a user pressing again) must not
     # turn the run's exit code into a death by signal halfway through the report.
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -281,7 +289,7 @@ def _run(job, path, device, root: Path, run_id: str, fault, as_json: bool) -> in
     if os.environ.get("PODKIT_LAUNCHER"):
         return 0  # our own torchrun parent reads summary.json and exits with the verdict's code
     if world.main:
-        _report(smoke.summary, run_dir.path, as_json)
+        _report(summary, run_dir.path, as_json)
     return verdict.exit_code
 
 
