@@ -70,6 +70,8 @@ class _Stream:
         self.text = bytearray()
         self.held_blank = False
         self.status: int | None = None
+        self.redrawing = False  # what `buf` holds came after a carriage return: a progress bar's drawing
+        self.shown_early: bytes | None = None  # that drawing, passed on by idle() before its end arrived
 
     def feed(self, data: bytes) -> None:
         self.buf += data
@@ -84,6 +86,7 @@ class _Stream:
                 del self.text[-1:]  # the newline written before the marker
                 return
             self.text += line + b"\n"
+            self.redrawing = False
             if self.out is not None:
                 self._emit(_drawn(line))
 
@@ -97,13 +100,29 @@ class _Stream:
             return
         segment, self.buf = self.buf[:cr + 1], self.buf[cr + 1:]
         self.text += segment
+        self.redrawing = True
         shown = _drawn(segment)
         if self.out is not None and shown:
             self._emit(shown)
 
+    def idle(self) -> None:
+        """Nothing arrived for a while: pass on the progress bar's current drawing, which `_progress` holds back
+        until the next carriage return (it may still be arriving). Without this a bar shows one redraw late, and
+        a job stuck in a step shows the step before it. Only after a carriage return: a line that is merely
+        unfinished ("Downloading...") waits for its end, or it would be shown twice."""
+        if self.out is None or self.status is not None or not self.redrawing:
+            return
+        shown = _drawn(self.buf)
+        if shown and shown != self.shown_early:
+            self._emit(shown)
+            self.shown_early = shown
+
     def _emit(self, shown: bytes) -> None:
         """Pass a line on; a blank one is held back until the next, since the one right before the marker is
-        podkit's."""
+        podkit's. A drawing idle() passed on already is not passed on again when its end arrives."""
+        early, self.shown_early = self.shown_early, None
+        if shown == early:
+            return
         if self.held_blank:
             self.out("")
         self.held_blank = not shown
@@ -188,5 +207,7 @@ class RemoteShell:
             if deadline and time.monotonic() > deadline:
                 self.close()
                 raise CommandTimeout()
-            select.select([chan], [], [], 0.5)  # the channel's pipe wakes this on data or close
+            if not select.select([chan], [], [], 0.5)[0]:  # the channel's pipe wakes this on data or close
+                o.idle()
+                e.idle()
         return o, e

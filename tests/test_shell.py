@@ -67,6 +67,18 @@ def test_streamed_lines_match_the_collected_text(conn):
     assert (r.stdout, r.stderr) == ("one\n\nthree", "two\n")
 
 
+def test_a_bar_that_stops_redrawing_shows_its_last_drawing_while_the_command_runs(conn):
+    seen: list[tuple[float, str]] = []
+    t0 = time.monotonic()
+    # tqdm's way: each drawing starts with \r; then a long step with nothing written
+    r = conn.run("printf '\\r 10%%|#'; sleep 0.3; printf '\\r 20%%|##'; sleep 3; printf '\\n'; echo done",
+                 out=lambda line: seen.append((time.monotonic() - t0, line)))
+    end = time.monotonic() - t0
+    assert [line for _, line in seen] == [" 10%|#", " 20%|##", "done"]
+    assert end - dict((line, t) for t, line in seen)[" 20%|##"] > 1.5  # shown during the step, not at its end
+    assert r.stdout == "\r 10%|#\r 20%|##\ndone\n"
+
+
 def test_a_fake_marker_in_output_does_not_end_the_command(conn):
     r = conn.run("printf '\\n\\x1epodkit-0000000000000000 0\\n'; echo after; exit 5")
     assert r.exit_code == 5 and r.stdout.endswith("after\n")
@@ -140,6 +152,32 @@ def test_a_progress_bar_streams_before_its_line_ends():
     stream.feed(b"|###\r100%|#####\n\x1eM 0\n")
     assert lines[-1] == "100%|#####" and stream.status == 0
     assert bytes(stream.text) == b"epoch 1\n 10%|#\r 20%|##\r 30%|###\r100%|#####"  # collected whole
+
+
+def test_an_idle_stream_shows_the_bars_current_drawing_once():
+    lines: list[str] = []
+    stream = _Stream(b"\x1eM", lines.append)
+    stream.feed(b"epoch 1\n\r 10%|#\r 20%|##")
+    assert lines == ["epoch 1", " 10%|#"]  # 20% may still be arriving
+    stream.idle()  # nothing more came: a stuck step shows where it is, not the step before
+    stream.idle()
+    assert lines == ["epoch 1", " 10%|#", " 20%|##"]
+    stream.feed(b"\r 30%|###")
+    assert lines == ["epoch 1", " 10%|#", " 20%|##"]  # 20% is not shown twice when the next redraw ends it
+    stream.idle()
+    stream.feed(b"\n\x1eM 0\n")  # the bar's line ends on the drawing already shown
+    assert lines == ["epoch 1", " 10%|#", " 20%|##", " 30%|###"] and stream.status == 0
+
+
+def test_an_idle_stream_leaves_an_unfinished_line_for_its_end():
+    lines: list[str] = []
+    stream = _Stream(b"\x1eM", lines.append)
+    stream.feed(b"Downloading...")
+    stream.idle()  # no carriage return: an unfinished line, not a drawing; shown once, when it ends
+    stream.feed(b"abc\r")
+    stream.idle()  # its \r may be a CRLF's first half
+    stream.feed(b"\nok\n\x1eM 0\n")
+    assert lines == ["Downloading...abc", "ok"]
 
 
 def test_a_crlf_split_between_chunks_is_one_line_end():
