@@ -60,6 +60,12 @@ class World:
     def state(self) -> dict:
         return json.loads((self.guard_dir / "state.json").read_text())
 
+    def fired_state(self) -> dict:
+        """The guard's state once it has recorded its stop: it calls podStop first and writes "fired" after, so
+        a loaded machine can show the stop at the fake API before the state says so."""
+        assert wait_for(lambda: self.state().get("status") == "fired", 10), self.state()
+        return self.state()
+
     def ls_row(self) -> dict:
         out = self.pod("ls", "--json")
         assert out.returncode == 0, out.stderr
@@ -120,7 +126,7 @@ def test_idle_stop_waits_for_the_job_then_stops_the_pod_through_runpod(world):
     job_end = exit_code.stat().st_mtime
     assert wait_for(lambda: world.fake.ops("podStop"), 60), (world.guard_dir / "guard.log").read_text()
     assert world.fake.ops("podStop") == [{"input": {"podId": POD_ID}}]
-    state = world.state()
+    state = world.fired_state()
     # idle counted from the job's end (seen within one 1.2 s tick), and not long after 12 s either
     assert 12 - 1.5 <= state["fired"] - job_end <= 12 + 10, state
     assert state["status"] == "fired" and state["reason"].startswith("idle-stop") and state["how"].startswith("podStop")
@@ -153,7 +159,7 @@ def test_ls_shows_the_guard_off_cancels_it_and_a_new_deadline_fires(world):
     assert view["id"] == POD_ID and view["guard"]["alive"] and view["guard"]["conditions"] == "stop-after 0.001 h"
     assert wait_for(lambda: world.fake.ops("podStop"), 60), (world.guard_dir / "guard.log").read_text()
     assert world.fake.ops("podStop") == [{"input": {"podId": POD_ID}}]
-    assert world.state()["reason"].startswith("stop-after: deadline")
+    assert world.fired_state()["reason"].startswith("stop-after: deadline")
 
 
 def test_stop_after_smoke_waits_for_the_first_new_run_to_finish(world, tmp_path):
@@ -175,7 +181,7 @@ def test_stop_after_smoke_waits_for_the_first_new_run_to_finish(world, tmp_path)
     assert summary["status"] != "running"
     assert wait_for(lambda: world.fake.ops("podStop"), 30), (world.guard_dir / "guard.log").read_text()
     assert world.fake.ops("podStop") == [{"input": {"podId": POD_ID}}]
-    assert world.state()["reason"] == f"after-smoke: run first ({summary['status']}) finished"
+    assert world.fired_state()["reason"] == f"after-smoke: run first ({summary['status']}) finished"
 
 
 def test_a_guard_that_cannot_be_armed_stops_the_new_pod(tmp_path):
