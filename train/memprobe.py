@@ -24,6 +24,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
+from podkit.checks.allocator import round_size
+
 
 @dataclass(frozen=True)
 class AllocatorStats:
@@ -85,10 +87,9 @@ class CudaProbe:
 
 
 def cuda_block_bytes(nbytes: int) -> int:
-    """What the CUDA caching allocator counts as allocated for one storage: round_size() in
-    c10/cuda/CUDACachingAllocator.cpp rounds every request up to a multiple of kMinBlockSize = 512
-    bytes (roundup_power2_divisions is off by default); an empty storage allocates nothing."""
-    return 0 if nbytes == 0 else -(-nbytes // 512) * 512
+    """What the CUDA caching allocator counts as allocated for one storage: its round_size (checks/allocator.py,
+    the rule preflight's replay uses too); an empty storage allocates nothing."""
+    return 0 if nbytes == 0 else round_size(nbytes)
 
 
 def _address(storage) -> int:
