@@ -631,12 +631,18 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
                      "torch.cuda.max_memory_allocated does not; under pressure they page out to host RAM.")
 
     # ---- activations and loss ------------------------------------------------------------------
-    # Per block, averaged over the model's dense and MoE blocks (DeepSeek keeps its first blocks dense).
+    # All blocks' saved activations: per block, averaged over the model's dense and MoE blocks. One block
+    # on its own (the first block's saved set, the block in backward) is taken at the larger kind: the
+    # config gives how many blocks are dense, not always where (DeepSeek's first_k_dense_replace are the
+    # first, Qwen's mlp_only_layers any), as for the last block's forward below.
     n_moe = shape.moe_layers
-    kinds = [(False, L - n_moe)] + ([(True, n_moe)] if n_moe else [])
+    kinds = [(m, n) for m, n in ((False, L - n_moe), (True, n_moe)) if n]  # (MoE?, blocks of that kind)
     stored = {}
+    one_block_pt = 0.0
     for moe_layer, count in kinds:
-        for label, b in A.saved_per_token(bf, f.ac_policy, moe_layer).items():
+        saved = A.saved_per_token(bf, f.ac_policy, moe_layer)
+        one_block_pt = max(one_block_pt, sum(saved.values()))
+        for label, b in saved.items():
             stored[label] = stored.get(label, 0) + b * count / L
     stored_pt = sum(stored.values())
     # A base prepared for k-bit training turns the stream fp32 only from the first block's output on: that
@@ -647,8 +653,8 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
     # autograd/_functions.py l.522-523) until the block's backward is done, reentrant or not.
     bf_re = dataclasses.replace(bf, quant_saves_input=True) if f.quant_input_in_recompute else bf
     # What the recompute saves again: autograd's saved set less what the policy kept (by tensor).
-    recompute_pt = sum(A.recomputed_per_token(bf_re, f.ac_policy, m, ctx_kept=bf.quant_saves_input) * n
-                       for m, n in kinds) / L if f.ac_policy != "none" else 0.0
+    recompute_by_kind = {m: A.recomputed_per_token(bf_re, f.ac_policy, m, ctx_kept=bf.quant_saves_input)
+                         if f.ac_policy != "none" else 0.0 for m, _ in kinds}
     head = A.head_saved_per_token(bf, not lora, f.quantize_head,
                                   input_saved={"liger": "never", "fused": "always"}.get(f.loss, "for-grads"))
     head_pt = sum(head.values())
@@ -668,9 +674,8 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
     block_activations = Part("activations", "blocks' saved activations", int((L * stored_pt + first_input_pt) * T),
                              f"{L} blocks x {stored_pt:,.0f} B per token x {T:,} tokens "
                              "(the head's were released by its backward)", transient=True)
-    first_block = Part("activations", "first block's saved activations", int((stored_pt + first_input_pt) * T),
-                       f"{stored_pt:,.0f} B per token x {T:,}", transient=True)
-    recompute = int(recompute_pt * T)
+    first_block = Part("activations", "first block's saved activations", int((one_block_pt + first_input_pt) * T),
+                       f"{one_block_pt:,.0f} B per token x {T:,}", transient=True)
     # A checkpointed block's backward starts with its recompute, whose last ops hold their own
     # intermediates beside nearly every saved tensor; then the backward itself (gradients), by which time a
     # selective policy's outputs that autograd does not save are gone (activations.sac_released_per_token).
@@ -685,11 +690,14 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
             return A.sac_recompute_transient_per_token(bf_re, f.ac_policy, m)
         return A.recompute_transient_per_token(bf_re, m, f.reentrant)
 
-    grad_inter = int(max(max(A.backward_intermediates_per_token(bf, m) - released[m],
-                             recompute_transient(m)) for m, _ in kinds) * T)
-    in_backward = Part("activations", "one block in backward", recompute + grad_inter,
-                       (f"recomputed block {recompute_pt:,.0f} B + " if recompute else "")
-                       + f"gradient intermediates, per token x {T:,}"
+    def in_backward_pt(m: bool) -> tuple[float, float]:
+        return recompute_by_kind[m], max(A.backward_intermediates_per_token(bf, m) - released[m],
+                                         recompute_transient(m))
+
+    recompute_pt, grad_inter_pt = max((in_backward_pt(m) for m, _ in kinds), key=sum)
+    in_backward = Part("activations", "one block in backward", int((recompute_pt + grad_inter_pt) * T),
+                       (f"recomputed block {recompute_pt:,.0f} B + " if recompute_pt else "")
+                       + f"gradient intermediates {grad_inter_pt:,.0f} B, per token x {T:,}"
                        + (f" (its selectively kept outputs autograd does not save, {released_pt:,.0f} B per token, "
                           "released by the recompute)" if released_pt else ""), transient=True)
     lb = A.loss_bytes(job, t.seq_len)

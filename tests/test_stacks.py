@@ -596,6 +596,31 @@ def test_moe_keeps_every_expert_and_routes_activations(job):
     assert sum(A.saved_per_token(A.block_facts(j), "none", moe_layer=True).values()) == per_token
 
 
+def test_one_block_in_backward_is_a_block_the_model_has(job):
+    # Mixtral's 32 blocks are all MoE: the block in backward is one of them, not a dense MLP of the
+    # experts' width over every token (which would hold about four times an expert's intermediates).
+    # An HF QLoRA with per-block checkpointing: the block's recompute, then its backward.
+    j = job(model='preset = "mixtral-8x7b"', cluster="gpu = 'H100'",
+            train="stack = 'hf'\nlora_rank = 16\nbase_quant = 'nf4'\nprecision = 'bf16-mixed'\n"
+                  "checkpointing = 'full'\nseq_len = 1024\ntransformers = '4.48.1'")
+    bf, T, reentrant = A.block_facts(j), 1024, j.facts.reentrant
+
+    def intermediates(moe):  # the most the recompute or the backward holds beyond what the block saves
+        return max(A.backward_intermediates_per_token(bf, moe), A.recompute_transient_per_token(bf, moe, reentrant))
+
+    assert intermediates(False) > intermediates(True)  # what the dense kind would have put there
+    assert part(estimate(j), "one block in backward", "backward") == int(
+        (A.recomputed_per_token(bf, "block", True) + intermediates(True)) * T)
+    # DeepSeek-V2-Lite: 1 dense block (first_k_dense_replace) and 26 MoE blocks. The first block's saved
+    # set at backward-end is a whole block's, the larger kind's, not the per-block average over both kinds.
+    d = job(model='preset = "deepseek-v2-lite"', train="precision = 'bf16'\nseq_len = 1024\nlora_rank = 8",
+            cluster="gpu = 'H100'")
+    bf = A.block_facts(d)
+    kinds = [sum(A.saved_per_token(bf, "none", moe_layer=m).values()) for m in (False, True)]
+    assert kinds[0] != kinds[1]
+    assert part(estimate(d), "first block's saved activations", "backward-end") == int(max(kinds) * T)
+
+
 def test_moe_lora_targets_skip_routed_experts(job):
     j = job(model='preset = "mixtral-8x7b"', train="stack = 'hf'\nlora_rank = 8\nlora_targets = 'all-linear'\n"
                                                "base_quant = 'nf4'")
