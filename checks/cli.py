@@ -71,12 +71,13 @@ def main(config: str, gpu: str | None, as_json: bool, no_probe: bool, traced: bo
     """
     imported = None
     try:
+        _refuse_flag_clashes(config, gpu, as_json, traced, emit_toml, rank_gpus)
         if from_files or model_preset or emit_toml:
             imported = import_job(config, from_files, model_preset, emit_toml, quiet=as_json)
             if emit_toml:
                 click.echo(imported.toml, nl=False)
                 sys.exit(0)
-        if rank_gpus:
+        if rank_gpus is not None:
             sys.exit(run_ranking(config, rank_gpus, as_json, imported.job if imported else None))
         result = run_preflight(config, gpu, probe=not no_probe, job=imported.job if imported else None)
     except ConfigError as exc:
@@ -113,6 +114,20 @@ def main(config: str, gpu: str | None, as_json: bool, no_probe: bool, traced: bo
 
             render(console, replica_est, trace)
     sys.exit(0 if result.ok else EXIT_FAILED)
+
+
+def _refuse_flag_clashes(config: str, gpu, as_json: bool, traced: bool, emit_toml: bool, rank_gpus) -> None:
+    """Flags that cannot both be honoured: refused, rather than one of them dropped without a word."""
+    if emit_toml and as_json:
+        raise ConfigError("--emit-toml", "prints TOML, so it cannot go with --json",
+                          "drop --json, or drop --emit-toml for the JSON prediction")
+    if rank_gpus is not None:
+        for flag, given in (("--gpu", gpu is not None), ("--traced", traced)):
+            if given:
+                raise ConfigError("--rank-gpus", f"predicts the job on each offered GPU type, so {flag} has no place "
+                                  "beside it", f"drop {flag}, or drop --rank-gpus")
+        if rank_gpus == "-" and config == "-":
+            raise ConfigError("--rank-gpus", "and --config cannot both read stdin", "give one of them as a file")
 
 
 def import_job(config: str, from_files, model_preset, emit_toml: bool, quiet: bool):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import stat
+import sys
 try:
     import tomllib
 except ImportError:  # Python 3.10 (SageMaker's conda envs): the same parser, as a package
@@ -491,10 +492,19 @@ MAX_JOB_BYTES = 1 << 20
 
 
 def load_job(path: str | Path) -> JobConfig:
-    path = Path(path)
-    fix = "give the path to a job TOML file"
-    if not str(path).strip():
+    """A job TOML file, or standard input for `-`."""
+    fix = "give the path to a job TOML file, or - for stdin"
+    if not str(path).strip():  # before Path(), which reads '' as '.'
         raise ConfigError("--config", "is empty", fix)
+    if str(path) == "-":
+        data = sys.stdin.buffer.read(MAX_JOB_BYTES + 1)
+        if len(data) > MAX_JOB_BYTES:
+            raise ConfigError("--config", f"stdin holds over {MAX_JOB_BYTES >> 20} MiB, not a job file", fix)
+        try:
+            return parse_job(data.decode("utf-8-sig"), "<stdin>")
+        except UnicodeDecodeError:
+            raise ConfigError("--config", "stdin is not UTF-8 text", fix) from None
+    path = Path(path)
     try:
         mode = path.stat().st_mode
         if stat.S_ISDIR(mode):
@@ -505,7 +515,7 @@ def load_job(path: str | Path) -> JobConfig:
             data = f.read(MAX_JOB_BYTES + 1)
         if len(data) > MAX_JOB_BYTES:
             raise ConfigError("--config", f"{path} is over {MAX_JOB_BYTES >> 20} MiB, not a job file", fix)
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")  # a byte-order mark, as Windows editors write, is not the job's
     except UnicodeDecodeError:
         raise ConfigError("--config", f"{path} is not UTF-8 text", fix) from None
     except PermissionError:

@@ -58,19 +58,25 @@ class Ranked:
 
 
 def load_offers(source: str) -> list[Offer]:
+    fix = "pipe it from: bin/pod gpus --json | bin/preflight --rank-gpus -"
+    if not source.strip():
+        raise ConfigError("--rank-gpus", "is empty", "give the output of bin/pod gpus --json, or - for stdin")
     try:
-        text = sys.stdin.read() if source == "-" else Path(source).read_text()
+        text = sys.stdin.read() if source == "-" else Path(source).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError("--rank-gpus", f"{source} is not UTF-8 text, so not a GPU price list", fix) from None
     except OSError as exc:
         raise ConfigError("--rank-gpus", f"cannot read {source}: {exc.strerror}", "give the output of bin/pod gpus --json, or -") from None
-    fix = "pipe it from: bin/pod gpus --json | bin/preflight --rank-gpus -"
     try:
         rows = json.loads(text, parse_constant=_refuse_constant)
         if not isinstance(rows, list):
-            raise TypeError(f"a JSON {type(rows).__name__}, not a list of GPU types")
-        offers = [Offer(str(r["id"]), int(r["memory_gb"]), None if r.get("price_per_hour") is None else float(r["price_per_hour"]))
-                  for r in rows]
-    except (ValueError, TypeError, KeyError) as exc:
-        raise ConfigError("--rank-gpus", f"{source} is not a GPU price list ({exc.__class__.__name__}: {exc})", fix) from None
+            raise ValueError(f"a JSON {type(rows).__name__}, not a list of GPU types")
+        offers = [_offer(r) for r in rows]
+    except (ValueError, RecursionError) as exc:
+        what = str(exc) if not isinstance(exc, RecursionError) else "nested too deeply"
+        raise ConfigError("--rank-gpus", f"{source} is not a GPU price list: {what}", fix) from None
+    if not offers:
+        raise ConfigError("--rank-gpus", f"{source} lists no GPU types", fix)
     for o in offers:
         # bin/pod gpus writes null for a type not for rent now, and memory 0 where RunPod gives none
         # (pods/runpod.py; such a type is skipped as not in the catalog); a negative or NaN price is no price.
@@ -79,6 +85,22 @@ def load_offers(source: str) -> list[Offer]:
             raise ConfigError("--rank-gpus", f"{source}: {o.id} has memory_gb {o.memory_gb} and price_per_hour "
                               f"{o.price_per_hour}: not an offer", fix)
     return offers
+
+
+def _offer(row) -> Offer:
+    """One row of bin/pod gpus --json (pods/runpod.py): id, memory_gb (a whole number), price_per_hour or null."""
+    if not isinstance(row, dict):
+        raise ValueError(f"a row is a JSON {type(row).__name__}, not an object with id, memory_gb, price_per_hour")
+    for key in ("id", "memory_gb"):
+        if key not in row:
+            raise ValueError(f"a row has no {key}: {json.dumps(row)[:80]}")
+    memory, price = row["memory_gb"], row.get("price_per_hour")
+    if isinstance(memory, bool) or not isinstance(memory, (int, float)) or not math.isfinite(memory) \
+            or memory != int(memory):
+        raise ValueError(f"{row['id']}: memory_gb {memory!r} is not a whole number of GB")
+    if price is not None and (isinstance(price, bool) or not isinstance(price, (int, float))):
+        raise ValueError(f"{row['id']}: price_per_hour {price!r} is not a number or null")
+    return Offer(str(row["id"]), int(memory), None if price is None else float(price))
 
 
 def _refuse_constant(name: str):

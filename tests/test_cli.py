@@ -163,3 +163,34 @@ def test_help_texts_name_every_mode_and_exit_code():
     preflight_help, full = _description("preflight")
     assert "Exit codes: 0 every check passed" in preflight_help and "1 a check failed, 2 bad input" in preflight_help
     assert "H100 = H100-SXM" in full and "H100-NVL" in full
+
+
+def test_a_job_on_stdin_is_read_like_a_file_byte_order_mark_and_all(tmp_path):
+    """`-c -` was refused as a missing file, and a UTF-8 byte-order mark (Windows editors) as invalid TOML."""
+    text = (EXAMPLES / "tiny-cpu.toml").read_bytes()
+    want = json.loads(preflight("--config", str(EXAMPLES / "tiny-cpu.toml"), "--no-probe", "--json").stdout)
+    for data in (text, b"\xef\xbb\xbf" + text):
+        out = subprocess.run([str(PREFLIGHT), "-c", "-", "--no-probe", "--json"], input=data, capture_output=True,
+                             timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["memory"] == want["memory"]
+        bom = tmp_path / "bom.toml"
+        bom.write_bytes(data)
+        assert json.loads(preflight("-c", str(bom), "--no-probe", "--json").stdout)["memory"] == want["memory"]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--config", ""], "--config: is empty"),
+    (["--rank-gpus", ""], "--rank-gpus: is empty"),
+    (["--rank-gpus", "-", "--gpu", "H100"], "--gpu has no place beside it"),
+    (["--rank-gpus", "-", "--traced"], "--traced has no place beside it"),
+    (["--rank-gpus", "-", "-c", "-"], "cannot both read stdin"),
+    (["--from", str(EXAMPLES / "qwen2.5-7b-lora-r128-24gb" / "training_args.json"), "--emit-toml", "--json"],
+     "cannot go with --json"),
+])
+def test_flags_that_cannot_both_be_honoured_are_refused(args, needle):
+    """QA 2026-11-25: each of these ran with one flag silently dropped (--emit-toml --json printed TOML on a
+    --json stdout; --rank-gpus '' ran a plain preflight; --gpu and --traced were ignored beside --rank-gpus)."""
+    out = subprocess.run([str(PREFLIGHT), *args], input="[]", capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and needle in out.stderr, out.stdout + out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr

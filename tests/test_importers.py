@@ -419,6 +419,34 @@ def test_bad_input_is_one_line_exit_2(tmp_path, args, needle):
     assert needle in out.stderr and len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
 
 
+@pytest.mark.parametrize("name, text, needle", [
+    # QA 2026-11-25: int(inf) / int(nan) / float("abc") were tracebacks (exit 1, nothing on stdout under --json).
+    ("ta.json", '{"gradient_accumulation_steps": 1e400}',
+     "gradient_accumulation_steps: must be a whole number, got inf"),
+    ("ta.json", '{"per_device_train_batch_size": NaN}', "per_device_train_batch_size: must be a whole number, got nan"),
+    ("ds.json", '{"zero_optimization": {"stage": 1e400}}', "zero_optimization.stage: must be a whole number"),
+    ("ds.json", '{"zero_optimization": {"stage": 2}, "gradient_clipping": "x"}', "gradient_clipping: must be a number"),
+    ("ds.json", '{"zero_optimization": {"stage": 2}, "optimizer": {"type": "AdamW", "params": {"lr": "abc"}}}',
+     "optimizer.params.lr: must be a number, got 'abc'"),
+    ("adapter_config.json", '{"peft_type": "LORA", "r": NaN, "target_modules": ["q_proj"]}', "r: must be a whole number"),
+    ("adapter_config.json", '{"peft_type": "LORA", "r": 8, "target_modules": ["q_proj"], "lora_dropout": "x"}',
+     "lora_dropout: must be a number"),
+    ("ta.yaml", "per_device_train_batch_size: .inf\n", "per_device_train_batch_size: must be a whole number"),
+    ("ta.json", '{"learning_rate": "fast"}', "learning_rate: must be a number"),
+    ("axolotl.yml", "base_model: meta-llama/Llama-3.2-1B\nmicro_batch_size: .nan\n", "micro_batch_size: must be a whole"),
+    ("axolotl.yml", "base_model: meta-llama/Llama-3.2-1B\nlearning_rate: abc\n", "learning_rate: must be a number"),
+    ("torchtitan.toml", '[model]\nname = "llama3"\nflavor = "8B"\n[training]\nmax_norm = "x"\n',
+     "training.max_norm: must be a number"),
+])
+def test_a_number_that_is_not_one_is_bad_input(tmp_path, name, text, needle):
+    f = tmp_path / name
+    f.write_text(text)
+    model = [] if "base_model" in text else ["--model", "llama-3.2-1b"]
+    out = preflight("--from", str(f), *model, "--json")
+    assert out.returncode == 2 and needle in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and json.loads(out.stdout)["status"] == "bad-input"
+
+
 def test_a_path_with_a_colon_that_exists_is_still_a_file(tmp_path):
     """'foo:FILE' with an unknown kind is refused as one, but a file really named so is read."""
     odd = tmp_path / "run:3.json"

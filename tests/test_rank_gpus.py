@@ -95,14 +95,25 @@ def test_a_job_read_with_from_is_the_one_ranked(tmp_path):
     ("{}", "a JSON dict, not a list"),
     ('[{"id": "NVIDIA A100 80GB PCIe", "memory_gb": 80, "price_per_hour": NaN}]', "NaN is not a price"),
     ('[{"id": "NVIDIA A100 80GB PCIe", "memory_gb": 80, "price_per_hour": -1}]', "not an offer"),
-    ('[{"id": "NVIDIA A100 80GB PCIe", "memory_gb": 80, "price_per_hour": "nan"}]', "not an offer"),
+    ('[{"id": "NVIDIA A100 80GB PCIe", "memory_gb": 80, "price_per_hour": "nan"}]', "is not a number or null"),
     (None, "cannot read"),
+    # QA 2026-11-25: each of these was a traceback, an exit 1 with no output, or a size read as another.
+    ("[]", "lists no GPU types"),
+    ('[{"id": "NVIDIA A100 80GB PCIe", "memory_gb": 1e400, "price_per_hour": 1}]', "not a whole number of GB"),
+    ('[{"id": "NVIDIA A100 80GB PCIe", "memory_gb": true, "price_per_hour": 1}]', "not a whole number of GB"),
+    ('[{"id": "NVIDIA A100 80GB PCIe", "memory_gb": 80.9, "price_per_hour": 1}]', "not a whole number of GB"),
+    ('[{"memory_gb": 80}]', "a row has no id"),
+    ("[1]", "not an object"),
+    (b"\xdf\xff[]", "not UTF-8"),
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
 ])
 def test_a_price_list_that_is_not_one_is_bad_input_with_json_for_scripts(tmp_path, content, problem):
     """QA 2026-11-24: '{}' ranked as no offers (exit 1), NaN counted as for rent and a negative price was
     taken; and with --json no object reached stdout."""
     prices = tmp_path / "prices.json"
-    if content is not None:
+    if isinstance(content, bytes):
+        prices.write_bytes(content)
+    elif content is not None:
         prices.write_text(content)
     out = subprocess.run([str(ROOT / "bin" / "preflight"), "--rank-gpus", str(prices), "--json"],
                          capture_output=True, text=True, timeout=120)

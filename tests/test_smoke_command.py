@@ -290,6 +290,8 @@ def test_a_second_ctrl_c_kills_a_command_that_ignores_the_first(tmp_path):
     (["--", "no-such-command-podkit"], "command not found: no-such-command-podkit"),
     (["--", "./missing.sh"], "is not an executable file"),
     (["--timeout", "0", "--", "true"], "--timeout: must be positive"),
+    (["--config", "-"], "reads the job from a file, not stdin"),
+    (["--config", "-", "--", "true"], "reads the job from a file, not stdin"),
 ])
 def test_bad_command_is_one_line_exit_2(tmp_path, args, needle):
     proc, s = smoke_cmd(tmp_path, *args)

@@ -109,6 +109,7 @@ def main(config, steps, device, output_dir, run_id, as_json, sink, inject_fault,
         sys.exit(_smoke_command(tuple(command), config, from_files, model_preset, steps, timeout, output_dir,
                                 run_id, as_json, sink))
     try:
+        _refuse_stdin(config)
         path = Path(config) if config else default_job(device)
         if timeout is not None:
             raise ConfigError("--timeout", "goes with -- COMMAND", "e.g. bin/smoke --timeout 900 -- python train.py")
@@ -203,6 +204,7 @@ def _smoke_command(command, config, from_files, model_preset, steps, timeout, ou
             raise ConfigError("--timeout", f"must be positive, got {timeout:g}")
         if model_preset and not from_files:
             raise ConfigError("--from", "--model goes with --from FILE", "add --from your config file")
+        _refuse_stdin(config)
         if from_files:
             from podkit.checks.importers import build_job
 
@@ -291,6 +293,14 @@ def _run(job, path, device, root: Path, run_id: str, fault, as_json: bool) -> in
     if world.main:
         _report(summary, run_dir.path, as_json)
     return verdict.exit_code
+
+
+def _refuse_stdin(config: str | None) -> None:
+    """bin/preflight reads `-c -` from stdin; a smoke cannot: its torchrun ranks are this command again,
+    each reading the job anew."""
+    if config == "-":
+        raise ConfigError("--config", "bin/smoke reads the job from a file, not stdin (its ranks read it again)",
+                          "save it first: ... > job.toml; bin/smoke --config job.toml")
 
 
 def _launch_torchrun(job, root: Path, run_id: str, as_json: bool, nodes: int = 1) -> int:

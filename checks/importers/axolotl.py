@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from podkit.checks.importers import hf
-from podkit.checks.importers.imported import Imported, integer, map_optimizer, model_ref, precision_from_flags, truthy
+from podkit.checks.importers.imported import Imported, integer, map_optimizer, model_ref, precision_from_flags, real, truthy
 
 MARKS = ("base_model", "sequence_len", "micro_batch_size", "lora_target_linear")
 
@@ -30,10 +30,10 @@ def read(path: Path, data: dict) -> Imported:
     take("micro_batch_size", "train", "micro_batch", lambda v: integer(path, "micro_batch_size", v))
     take("gradient_accumulation_steps", "train", "grad_accum", lambda v: integer(path, "gradient_accumulation_steps", v))
     take("sequence_len", "train", "seq_len", lambda v: integer(path, "sequence_len", v))
-    take("learning_rate", "train", "lr", float)
+    take("learning_rate", "train", "lr", lambda v: real(path, "learning_rate", v))
     take("warmup_steps", "train", "warmup_steps", lambda v: integer(path, "warmup_steps", v))
-    take("weight_decay", "train", "weight_decay", float)
-    take("max_grad_norm", "train", "grad_clip", float)
+    take("weight_decay", "train", "weight_decay", lambda v: real(path, "weight_decay", v))
+    take("max_grad_norm", "train", "grad_clip", lambda v: real(path, "max_grad_norm", v))
     take("seed", "smoke", "seed", lambda v: integer(path, "seed", v))
     if data.get("sequence_len") and not truthy(data.get("sample_packing", False)):
         imp.warnings.append("sequence_len is the maximum: without sample_packing, shorter batches use less")

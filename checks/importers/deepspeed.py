@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from podkit.checks.errors import ConfigError
-from podkit.checks.importers.imported import Imported, integer, truthy
+from podkit.checks.importers.imported import Imported, integer, real, truthy
 
 MARKS = ("zero_optimization", "train_micro_batch_size_per_gpu", "train_batch_size", "zero_allow_untested_optimizer")
 # What the HF Trainer fills each "auto" from (integrations/deepspeed.py trainer_config_process).
@@ -51,7 +51,7 @@ def read(path: Path, data: dict) -> Imported:
             imp.unresolved[f"{section}.{job_key}"] = f"{key} = \"auto\" (the HF Trainer fills it from " \
                                                     f"{AUTO_SOURCES.get(f'{section}.{job_key}', 'TrainingArguments')})"
             return
-        imp.set(key, data[key], section, job_key, convert(data[key]) if convert else integer(path, key, data[key]))
+        imp.set(key, data[key], section, job_key, (convert or integer)(path, key, data[key]))
 
     number("train_micro_batch_size_per_gpu", "train", "micro_batch")
     number("gradient_accumulation_steps", "train", "grad_accum")
@@ -60,7 +60,7 @@ def read(path: Path, data: dict) -> Imported:
         # = micro-batch x accumulation x GPUs (deepspeed runtime/config.py _batch_assertion)
         imp.set("train_batch_size", data["train_batch_size"], "train", "global_batch",
                 integer(path, "train_batch_size", data["train_batch_size"]))
-    number("gradient_clipping", "train", "grad_clip", float)
+    number("gradient_clipping", "train", "grad_clip", real)
     # bf16 / fp16 sections: DeepSpeed keeps 16-bit module weights and an fp32 master copy in the
     # optimizer (runtime/bf16_optimizer.py, fp16/fused_optimizer.py): podkit's *-mixed under stack deepspeed.
     for name, precision in (("bf16", "bf16-mixed"), ("fp16", "fp16-mixed")):
@@ -117,7 +117,7 @@ def read(path: Path, data: dict) -> Imported:
         params = opt.get("params") or {}
         for key, job_key in (("lr", "lr"), ("weight_decay", "weight_decay")):
             if key in params and params[key] != "auto":
-                imp.set(f"optimizer.params.{key}", params[key], "train", job_key, float(params[key]))
+                imp.set(f"optimizer.params.{key}", params[key], "train", job_key, real(path, f"optimizer.params.{key}", params[key]))
     if "activation_checkpointing" in data:
         imp.ignore("activation_checkpointing", "DeepSpeed's partitioned checkpointing applies only to models that "
                    "call deepspeed.checkpointing; the Trainer's gradient_checkpointing decides train.checkpointing")

@@ -16,7 +16,7 @@ from typing import Any
 
 from podkit.checks import stacks
 from podkit.checks.errors import ConfigError
-from podkit.checks.importers.imported import (Imported, integer, map_optimizer, model_ref, precision_from_flags,
+from podkit.checks.importers.imported import (Imported, integer, map_optimizer, real, model_ref, precision_from_flags,
                                        truthy)
 
 # TrainingArguments / SFTConfig keys whose presence marks the file (any one is enough).
@@ -110,10 +110,10 @@ def read_trainer(path: Path, data: dict) -> Imported:
     if data.get("max_length") is not None or data.get("max_seq_length") is not None:
         if not truthy(data.get("packing", False)):
             imp.warnings.append("seq_len is the maximum length: without packing, shorter batches use less")
-    take("learning_rate", "train", "lr", float)
+    take("learning_rate", "train", "lr", lambda v: real(path, "learning_rate", v))
     take("warmup_steps", "train", "warmup_steps", num("warmup_steps"))
-    take("weight_decay", "train", "weight_decay", float)
-    take("max_grad_norm", "train", "grad_clip", float)
+    take("weight_decay", "train", "weight_decay", lambda v: real(path, "weight_decay", v))
+    take("max_grad_norm", "train", "grad_clip", lambda v: real(path, "max_grad_norm", v))
     take("dataloader_num_workers", "train", "data_workers", num("dataloader_num_workers"))
     take("seed", "smoke", "seed", num("seed"))
     if truthy(data.get("bf16")) and truthy(data.get("fp16")):
@@ -238,7 +238,7 @@ def _lora(imp: Imported, path: Path, data: dict, prefix: str = "") -> None:
     tkey = f"{prefix}target_modules" if prefix else "target_modules"
     imp.set(tkey, data.get("target_modules"), "train", "lora_targets", _targets(imp, tkey, data.get("target_modules")))
     if data.get("lora_dropout") is not None:
-        imp.set("lora_dropout", data["lora_dropout"], "train", "lora_dropout", float(data["lora_dropout"]))
+        imp.set("lora_dropout", data["lora_dropout"], "train", "lora_dropout", real(path, "lora_dropout", data["lora_dropout"]))
 
 
 def read_peft(path: Path, data: dict) -> Imported:

@@ -7,6 +7,7 @@ silently.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,9 +67,23 @@ def truthy(value: Any) -> bool:
 
 
 def integer(path: Path, key: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or int(value) != value:
         raise ConfigError(f"{path.name}: {key}", f"must be a whole number, got {value!r}")
     return int(value)
+
+
+def real(path: Path, key: str, value: Any) -> float:
+    """A finite number; YAML and JSON writers sometimes quote them ("3e-4"), which the libraries accept."""
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        out = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{path.name}: {key}", f"must be a number, got {value!r}") from None
+    if not math.isfinite(out):
+        raise ConfigError(f"{path.name}: {key}", f"must be a finite number, got {value!r}")
+    return out
 
 
 # transformers training_args.py OptimizerNames (v4.57) -> (podkit train.optimizer, train.optimizer_impl or "").

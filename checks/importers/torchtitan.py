@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from podkit.checks.errors import ConfigError
-from podkit.checks.importers.imported import Imported, integer
+from podkit.checks.importers.imported import Imported, integer, real
 
 # torchtitan model flavors (torchtitan/models/llama3/__init__.py llama3_configs, models/qwen3/__init__.py)
 # -> podkit presets of the same shape.
@@ -41,7 +41,7 @@ def read(path: Path, data: dict) -> Imported:
         if key in training:
             imp.set(f"training.{key}", training[key], "train", job_key, integer(path, f"training.{key}", training[key]))
     if "max_norm" in training:
-        imp.set("training.max_norm", training["max_norm"], "train", "grad_clip", float(training["max_norm"]))
+        imp.set("training.max_norm", training["max_norm"], "train", "grad_clip", real(path, "training.max_norm", training["max_norm"]))
     # FSDP's MixedPrecisionPolicy(param_dtype=mixed_precision_param, reduce_dtype=float32) over fp32
     # sharded masters: podkit's bf16-mixed (the default "bfloat16").
     mp = training.get("mixed_precision_param", "bfloat16")
@@ -60,7 +60,7 @@ def read(path: Path, data: dict) -> Imported:
             imp.set("optimizer.implementation", opt["implementation"], "train", "optimizer_impl", opt["implementation"])
         for key, job_key in (("lr", "lr"), ("weight_decay", "weight_decay")):
             if key in opt:
-                imp.set(f"optimizer.{key}", opt[key], "train", job_key, float(opt[key]))
+                imp.set(f"optimizer.{key}", opt[key], "train", job_key, real(path, f"optimizer.{key}", opt[key]))
         for key in opt:
             if key not in ("name", "implementation", "lr", "weight_decay"):
                 imp.ignore(f"optimizer.{key}")
