@@ -117,7 +117,7 @@ def delete_stale(conn: PodConnection, remote_dir: str, stale: set[str]) -> int:
               "  if [ ! -d \"$f\" ] || [ -L \"$f\" ]; then { [ -e \"$f\" ] || [ -L \"$f\" ]; } && rm -f -- \"$f\" && printf '%s\\n' \"$f\"; fi\n"
               "  [ \"$p\" = . ] || rmdir -p --ignore-fail-on-non-empty -- \"$p\" 2>/dev/null\n"
               "done; true")
-    out = conn.run(script, stdin="\n".join(sorted(stale)), prelude=False, check=True).stdout
+    out = conn.run(script, stdin="".join(f"{p}\n" for p in sorted(stale)), prelude=False, check=True).stdout
     return sum(1 for line in out.split("\n") if line in stale)
 
 
@@ -139,8 +139,10 @@ def existing(conn: PodConnection, remote_dir: str, paths: set[str]) -> list[str]
               "  if [ \"$kind\" = F ]; then { [ -e \"$f\" ] || [ -L \"$f\" ]; } && printf '%s\\n' \"$f\"\n"
               "  elif { [ -e \"$f\" ] || [ -L \"$f\" ]; } && [ ! -d \"$f\" ]; then printf '%s\\n' \"$f\"; fi\n"
               "done; true")
-    stdin = "\n".join([line for p in sorted(paths) for line in ("F", p)] +
-                      [line for d in sorted(parents) for line in ("N", d)])
+    # Every line ends in a newline: `read` fails on a last line without one, and the pair it began would go
+    # unchecked (the last path in sorted order was never tested, so deploy overwrote a user's file there).
+    stdin = "".join(f"{line}\n" for p in sorted(paths) for line in ("F", p)) + \
+        "".join(f"{line}\n" for d in sorted(parents) for line in ("N", d))
     out = conn.run(script, stdin=stdin, prelude=False, check=True).stdout
     return sorted(line for line in out.split("\n") if line in paths or line in parents)
 

@@ -168,6 +168,34 @@ def test_stale_removal_never_follows_a_symlinked_directory(world):
     assert (outside / "f.txt").read_text() == "ours\n" and (remote / "extra").is_symlink()
 
 
+def test_a_new_project_path_taken_on_the_pod_is_refused_wherever_it_sorts(world):
+    """Review 2026-11-25: the existence check read its list pairwise with `read`, and the list's last line had no
+    newline, so the last path in sorted order was never checked: a later deploy overwrote the user's file there
+    (and removed it once the project dropped it), or replaced their file with a directory."""
+    from podkit.pods.ownership import existing
+    from podkit.pods.sync import TheirFiles, refuse_theirs
+
+    local, remote = world.base / "takenproj", world.base / "pod-side" / "taken"
+    (local / "train.py").parent.mkdir(parents=True, exist_ok=True)
+    (local / "train.py").write_text("ours\n")
+    with connection(world) as conn:
+        claim(conn, str(remote))
+        push(conn, local, str(remote), rsync_on_pod=True)
+        # the user's own files, where the project later puts new paths: one sorting first, one last
+        for rel in ("a_user.py", "z_user.py", "zzdata"):
+            (remote / rel).write_text("theirs\n")
+        assert existing(conn, str(remote), {"a_user.py", "z_user.py"}) == ["a_user.py", "z_user.py"]
+        assert existing(conn, str(remote), {"z_user.py"}) == ["z_user.py"]
+        assert existing(conn, str(remote), {"zzdata/tool.py"}) == ["zzdata"]  # a file where a directory goes
+        for rel in ("z_user.py", "zzdata/tool.py"):
+            (local / rel).parent.mkdir(parents=True, exist_ok=True)
+            (local / rel).write_text("ours\n")
+            with pytest.raises(TheirFiles):
+                refuse_theirs(conn, local, str(remote))
+            (local / rel).unlink()
+    assert (remote / "z_user.py").read_text() == "theirs\n" and (remote / "zzdata").read_text() == "theirs\n"
+
+
 def test_changes_since_deploy_count_what_each_transport_sent(world):
     """SFTP sends no symlinks, so a symlink of the project never counts as changed after an SFTP deploy; after an
     rsync deploy, which sent it, a new target does."""
