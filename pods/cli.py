@@ -37,6 +37,9 @@ from podkit.pods.sync import changed_note, changed_since_deploy
 from podkit.pods import progress as bars
 from podkit.pods.tables import deploy_table, jobs_table, pods_table, print_table
 
+EXIT_FAILED = 1  # the module doc's "the remote command failed": also a job lost without an exit code of its own
+
+
 def pod_options(fn, *, transfer: bool = False):
     """Options every command that reaches a pod shares (SkyPilot style: defined once); `transfer` adds
     the options only the commands that move files take (deploy's sync, fetch-logs)."""
@@ -89,6 +92,16 @@ class PodArgs:
     def specs(self, host: str) -> list[HostSpec]:
         return select_hosts(host, load_inventory(self.inventory), key=self.key, profile=self.profile,
                             remote_dir=self.remote_dir, python=self.python)
+
+    def again(self, host: str) -> str:
+        """HOST and the reach options given, quoted for a shell: the start of a hint's next command, which
+        without --remote-dir or --key would look for the job in another directory, or fail to log in."""
+        import shlex
+
+        given = [("--key", self.key), ("--profile", self.profile), ("--remote-dir", self.remote_dir),
+                 ("--python", self.python), ("--inventory", self.inventory),
+                 ("--ssh-config", self.opts.ssh_config), ("--known-hosts", self.opts.known_hosts)]
+        return shlex.join([host] + [w for flag, value in given if value for w in (flag, str(value))])
 
     @contextmanager
     def one(self, host: str, *, deployed: bool = False, err: bool = False) -> Iterator[tuple[PodConnection, HostSpec, Fingerprint, PodProfile, str]]:
@@ -150,7 +163,7 @@ def main() -> None:
 
     Exit codes: 0 ok, 1 envsetup/preflight or the remote command failed, 2 bad input or a
     connection fault, 130 interrupted; run (without --detach) and attach exit with the
-    job's own code.
+    job's own code (1 for a job lost without one).
     """
 
 
@@ -308,15 +321,16 @@ def run_cmd(host, command, detach, job_id, as_json, nodes, nproc_per_node, pods:
                "log": f"{rdir}/{remote_jobs.JOBS_DIR}/{jid}/output.log", "changed_since_deploy": changed}
         click.echo(f"job {jid} started on {spec.name}; output: {remote_jobs.JOBS_DIR}/{jid}/output.log", err=True)
         if detach:
-            click.echo(f"attach with: bin/pod attach {host} {jid}", err=True)
+            click.echo(f"attach with: bin/pod attach {pods.again(host)} {jid}", err=True)
             if as_json:
                 click.echo(json.dumps({"ok": True, **job, "detached": True, "exit_code": None}, indent=2))
             return
-        code = _follow(conn, host, jid, as_json, job)
-    click.echo(f"job {jid} exited {code}", err=True)
+        code = _follow(conn, pods.again(host), jid, as_json, job)
+    click.echo(f"job {jid} exited {code}" if code is not None else f"job {jid} is lost: it left no exit code",
+               err=True)
     if as_json:
         click.echo(json.dumps({"ok": code == 0, **job, "detached": False, "exit_code": code}, indent=2))
-    sys.exit(code)
+    sys.exit(EXIT_FAILED if code is None else code)
 
 
 def _run_nodes(host: str, command: tuple[str, ...], detach: bool, run_id: str | None, nproc: int | None,
@@ -392,8 +406,9 @@ def _check_job_path(config: str, project: Path) -> str:
     return rel
 
 
-def _follow(conn: PodConnection, host: str, job_id: str, as_json: bool, job: dict) -> int:
-    """Stream a detached job's output until it ends (its output on stderr under --json); return its exit code.
+def _follow(conn: PodConnection, again: str, job_id: str, as_json: bool, job: dict) -> int | None:
+    """Stream a detached job's output until it ends (its output on stderr under --json); return its exit code
+    (None for a job lost without one). `again`: PodArgs.again, for the hints.
     A dropped link, Ctrl-C or a closed stdout ends the following only: the job runs on."""
     try:
         return remote_jobs.attach(conn, job_id, lambda line: click.echo(line, err=as_json))
@@ -401,21 +416,21 @@ def _follow(conn: PodConnection, host: str, job_id: str, as_json: bool, job: dic
         raise
     except PodError as exc:
         raise PodError(f"{exc.problem}; job {job_id} keeps running on the pod",
-                       f"re-attach: bin/pod attach {host} {job_id} (its output again from the start)") from None
+                       f"re-attach: bin/pod attach {again} {job_id} (its output again from the start)") from None
     except KeyboardInterrupt:
-        _left_running(host, job_id, as_json, job)
+        _left_running(again, job_id, as_json, job)
     except OutputClosed:
-        _left_running(host, job_id, as_json, job, closed=True)
+        _left_running(again, job_id, as_json, job, closed=True)
 
 
-def _left_running(host: str, job_id: str, as_json: bool, job: dict, closed: bool = False) -> NoReturn:
+def _left_running(again: str, job_id: str, as_json: bool, job: dict, closed: bool = False) -> NoReturn:
     """Ctrl-C while following a job, or the reader of our output going away (`| head`), ends the following, not
     the job (it runs detached): say so, and how to get back to it or stop it; exit 130 (141 for a closed pipe)."""
     if closed:
         _quiet_closed()
     why = "output closed by its reader" if closed else "detached"
-    _note(f"\n{why}: job {job_id} keeps running on the pod; re-attach: bin/pod attach {host} {job_id}; "
-          f"stop it: bin/pod stop {host} {job_id}")
+    _note(f"\n{why}: job {job_id} keeps running on the pod; re-attach: bin/pod attach {again} {job_id}; "
+          f"stop it: bin/pod stop {again} {job_id}")
     if as_json:
         try:
             click.echo(json.dumps({"ok": False, **job, "detached": True, "interrupted": True, "exit_code": None},
@@ -473,10 +488,10 @@ def attach_cmd(host, job_id, as_json, pods: PodArgs):
         job_id = job_id or _newest(conn, spec)
         job = {"job": job_id, "pod": spec.name, "host": spec.host,
                "log": f"{rdir}/{remote_jobs.JOBS_DIR}/{job_id}/output.log"}
-        code = _follow(conn, host, job_id, as_json, job)
+        code = _follow(conn, pods.again(host), job_id, as_json, job)
     if as_json:
         click.echo(json.dumps({"ok": code == 0, **job, "exit_code": code}, indent=2))
-    sys.exit(code)
+    sys.exit(EXIT_FAILED if code is None else code)  # a lost job: no code of its own to pass on
 
 
 @main.command("stop")
@@ -493,13 +508,14 @@ def stop_cmd(host, job_id, grace, as_json, pods: PodArgs):
         remote_jobs.valid_id(job_id)
     with pods.one(host, err=as_json) as (conn, spec, *_):
         job_id = job_id or _newest(conn, spec)
+        remote_jobs.require(conn, job_id)  # before saying it stops one
         click.echo(f"stopping job {job_id} on {spec.name}: SIGTERM to its processes, SIGKILL to what is left after "
                    f"{grace:g} s", err=True)
         try:
             what = remote_jobs.stop(conn, job_id, grace)
         except KeyboardInterrupt:
-            click.echo(f"\nstopped waiting; the pod may still finish the stop: check with bin/pod jobs {host}, "
-                       f"or re-run bin/pod stop {host} {job_id}", err=True)
+            click.echo(f"\nstopped waiting; the pod may still finish the stop: check with bin/pod jobs "
+                       f"{pods.again(host)}, or re-run bin/pod stop {pods.again(host)} {job_id}", err=True)
             sys.exit(130)
     stopped = not what.startswith("left")
     if as_json:

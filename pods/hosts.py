@@ -323,7 +323,8 @@ def resolve(spec: HostSpec, ssh_config: str | Path | None = None) -> Endpoint:
     if spec.key:
         keys = [spec.key]
         if not Path(spec.key).is_file():
-            raise PodError(f"key file {spec.key} does not exist", "give KEY=path to your private key")
+            what = "is a directory" if Path(spec.key).is_dir() else "does not exist"
+            raise PodError(f"key file {spec.key} {what}", "give KEY=path to your private key")
     else:
         keys = [os.path.expanduser(expand_tokens(k, tokens, "CdhiklLnpru", "IdentityFile"))
                 for k in facts.get("identityfile", [])]
@@ -414,6 +415,9 @@ def check_key(path: str) -> bool:
     import stat
     import subprocess
 
+    with open(path, "rb") as f:  # a public key's line (ssh-keygen writes both), before advice on its mode
+        if f.read(16).startswith((b"ssh-", b"ecdsa-", b"sk-ssh-", b"sk-ecdsa-")):
+            raise PodError(f"key {path} is a public key", "give KEY=path to your private key (the file without .pub)")
     mode = stat.S_IMODE(os.stat(path).st_mode)
     if mode & 0o077 and os.stat(path).st_uid == os.getuid():
         raise PodError(f"key {path} is readable by others (mode {mode:04o}); OpenSSH refuses such a key",

@@ -45,7 +45,9 @@ def new_id(command: str) -> str:
 
 def valid_id(job_id: str) -> str:
     """A job id is a directory name in every remote script: nothing else gets that far."""
-    if not _ID.fullmatch(job_id or "") or job_id in (".", ".."):
+    if job_id in (".", ".."):
+        raise PodError(f"job id '{job_id}' names a directory, not a job", "list the jobs with: bin/pod jobs HOST")
+    if not _ID.fullmatch(job_id or ""):
         raise PodError(f"job id '{job_id}' may use only letters, digits, '.', '_' and '-'",
                        "list the jobs with: bin/pod jobs HOST")
     return job_id
@@ -100,20 +102,32 @@ class NoSuchJob(PodError):
     """The pod has no job of that id."""
 
 
-def attach(conn: PodConnection, job_id: str, out: Callable[[str], None]) -> int:
-    """Stream the job's output until it ends; return its exit code."""
-    d = f"{JOBS_DIR}/{valid_id(job_id)}"
-    # Checked on its own: the stream below exits with the job's code, which may be any number.
-    if conn.run(f"[ -r {d}/pid ]").exit_code != 0:
+def require(conn: PodConnection, job_id: str) -> None:
+    """Raise NoSuchJob unless the pod has a job of that id."""
+    if conn.run(f"[ -r {JOBS_DIR}/{valid_id(job_id)}/pid ]").exit_code != 0:
         raise NoSuchJob(f"no job '{job_id}' on this pod", "list them with: bin/pod jobs HOST")
+
+
+LOST = 4
+"""attach's remote exit when the job left no exit code; a job's own 4 is told apart by its exit_code file."""
+
+
+def attach(conn: PodConnection, job_id: str, out: Callable[[str], None]) -> int | None:
+    """Stream the job's output until it ends; return its exit code, None when it ended without one (killed
+    with its wrapper, or the pod restarted: `jobs` lists it as lost)."""
+    d = f"{JOBS_DIR}/{valid_id(job_id)}"
+    require(conn, job_id)  # on its own: the stream below exits with the job's code, which may be any number
     script = (
         f"pid=$(cat {d}/pid)\n"
         f"if kill -0 $pid 2>/dev/null; then tail -n +1 -F --pid=$pid {d}/output.log 2>/dev/null; else cat {d}/output.log; fi\n"
         f"for i in 1 2 3 4 5 6 7 8 9 10; do [ -r {d}/exit_code ] && break; sleep 0.2; done\n"
         f"[ -r {d}/exit_code ] && exit $(cat {d}/exit_code)\n"
-        f"echo 'podkit: job {job_id} ended without an exit code (killed or the pod restarted)' >&2; exit 4\n"
+        f"echo 'podkit: job {job_id} ended without an exit code (killed or the pod restarted)' >&2; exit {LOST}\n"
     )
-    return conn.run(script, out=out).exit_code
+    code = conn.run(script, out=out).exit_code
+    if code == LOST and conn.run(f"[ -r {d}/exit_code ]").exit_code != 0:
+        return None
+    return code
 
 
 def stop(conn: PodConnection, job_id: str, grace: float = 30.0) -> str:

@@ -1,6 +1,7 @@
 """Host specs as users type them: user@host:port, ssh config aliases, pasted RunPod lines, inventories."""
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -94,6 +95,15 @@ def test_openssh_key_checks_give_the_fix(tmp_path, monkeypatch):
 def test_missing_key_file_is_bad_input(tmp_path):
     with pytest.raises(PodError, match="does not exist"):
         resolve(parse_host("root@h", key=str(tmp_path / "nope")), ssh_config=tmp_path / "none")
+    with pytest.raises(PodError, match="is a directory"):
+        resolve(parse_host("root@h", key=str(tmp_path)), ssh_config=tmp_path / "none")
+
+
+def test_a_public_key_given_as_the_key_is_named_so_before_any_advice_on_its_mode(tmp_path):
+    """Review 2026-11-25: KEY=id.pub (mode 0644, as ssh-keygen writes it) was told to chmod 600 the public key."""
+    pub = Path(str(_key(tmp_path / "k")) + ".pub")
+    with pytest.raises(PodError, match=r"is a public key \(give KEY=path to your private key \(the file without .pub\)\)"):
+        resolve(parse_host("root@h", key=str(pub)), ssh_config=tmp_path / "none")
 
 
 def test_inventory_names_groups_and_overrides(tmp_path):

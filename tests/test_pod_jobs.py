@@ -8,6 +8,7 @@ listing this machine's processes, which are the pod's.
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -76,6 +77,7 @@ def test_job_ids_are_checked_everywhere_and_attach_picks_the_newest(world):
                     ["run", *args(world), "--id", evil, world.pod.spec, "--", "true"]):
         assert "job id" in one_line_error(cli(world, *command))
     assert not canary.exists()
+    assert "names a directory, not a job" in one_line_error(cli(world, "attach", world.pod.spec, *args(world), ".."))
     # Alphabetically last is not newest: attach without an id follows the start time.
     for jid in ("zzz-first", "aaa-second"):
         started = cli(world, "run", *args(world), "--id", jid, "--detach", world.pod.spec, "--", "echo", f"hello {jid}")
@@ -146,7 +148,12 @@ def test_ctrl_c_while_following_a_job_leaves_it_running_and_says_how_to_get_back
         os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 130, err
-        assert f"job {jid} keeps running" in err and f"bin/pod attach {world.pod.spec} {jid}" in err, err
+        assert f"job {jid} keeps running" in err, err
+        # the hint is a command that reaches the same project directory, with the same key (review 2026-11-25:
+        # without --remote-dir it looked for the job in the profile's default directory)
+        hint = shlex.split(err.split("re-attach: ", 1)[1].split(";", 1)[0])
+        assert hint[:3] == ["bin/pod", "attach", world.pod.spec] and hint[-1] == jid, err
+        assert all(w in hint for w in ("--remote-dir", world.pod.remote_dir, "--key", str(world.pod.client_key))), err
         assert "re-run to continue" not in err
         obj = json.loads(out)  # --json: one object on stdout, even when interrupted
         assert obj["job"] == jid and obj["detached"] and obj["exit_code"] is None
@@ -341,3 +348,51 @@ def test_probe_json_stays_strict_when_a_host_key_is_recorded(world, tmp_path):
     assert out.returncode == 0, out.stderr
     assert "recorded host key" in out.stderr
     assert _strict(out.stdout)["gpus"] == []
+
+
+def test_stop_ends_a_process_that_cleared_its_environment_and_speaks_only_of_jobs_that_exist(world):
+    """Review 2026-11-25: `env -i` dropped the PODKIT_JOB_ID tag, so stop left that process running while `jobs`
+    said stopped; it is still in the job's session (setsid), which stop now also ends. And a stop of a job that
+    does not exist said 'stopping job ...' before its one error line."""
+    jid = f"envi-{uuid.uuid4().hex[:8]}"
+    marker = f"{300 + int(jid[-4:], 16) % 500}.{uuid.uuid4().int % 1000}"  # this test's sleeps, and nobody else's
+    started = cli(world, "run", *args(world), "--id", jid, "-d", world.pod.spec, "--", "sh", "-c",
+                  f"env -i sleep {marker} & sleep {marker}1")
+    assert started.returncode == 0, started.stderr
+
+    def sleeps() -> list[int]:
+        out = subprocess.run(["pgrep", "-f", f"^sleep {marker}"], capture_output=True, text=True).stdout
+        return [int(p) for p in out.split()]
+
+    try:
+        assert wait_for(lambda: len(sleeps()) == 2, 30), sleeps()
+        untagged = [p for p in sleeps() if p not in with_env(f"PODKIT_JOB_ID={jid}")]
+        assert len(untagged) == 1  # the env -i one: found by its session, not its environment
+        stopped = cli(world, "stop", world.pod.spec, *args(world), jid, "--grace", "2")
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert wait_for(lambda: not sleeps(), 10), f"still running on the pod: {sleeps()}"
+    finally:
+        for pid in sleeps():
+            os.kill(pid, signal.SIGKILL)
+    missing = cli(world, "stop", world.pod.spec, *args(world), "no-such-job")
+    assert one_line_error(missing).startswith("error: no job 'no-such-job'"), missing.stderr
+
+
+def test_attach_to_a_job_lost_without_an_exit_code_reports_none_and_exits_1(world):
+    """Its wrapper killed with it (or the pod restarted): no code of its own, which `jobs` lists as null and
+    attach used to make up as 4 (a code the job itself may use)."""
+    lost, fours = f"lost-{uuid.uuid4().hex[:8]}", f"four-{uuid.uuid4().hex[:8]}"
+    assert cli(world, "run", *args(world), "--id", lost, "-d", world.pod.spec, "--", "sleep", "600").returncode == 0
+    assert cli(world, "run", *args(world), "--id", fours, "-d", world.pod.spec, "--", "sh", "-c", "exit 4"
+               ).returncode == 0
+    assert wait_for(lambda: len(with_env(f"PODKIT_JOB_ID={lost}")) >= 2, 30)
+    for pid in with_env(f"PODKIT_JOB_ID={lost}"):  # as the OOM killer or a pod restart would: no trap runs
+        os.kill(pid, signal.SIGKILL)
+    attached = cli(world, "attach", world.pod.spec, *args(world), lost, "--json")
+    assert attached.returncode == 1 and "ended without an exit code" in attached.stderr, attached.stderr
+    assert _strict(attached.stdout)["exit_code"] is None
+    own = cli(world, "attach", world.pod.spec, *args(world), fours, "--json")
+    assert own.returncode == 4 and _strict(own.stdout)["exit_code"] == 4, own.stderr
+    states = {j["id"]: (j["state"], j["exit_code"])
+              for j in _strict(cli(world, "jobs", world.pod.spec, *args(world), "--json").stdout)["jobs"]}
+    assert states[lost] == ("lost", None) and states[fours] == ("exited", 4)
