@@ -145,6 +145,7 @@ def lookup(name: str) -> GpuSpec:
     if key in CATALOG:
         return CATALOG[key]
     words = _words(key)
+    _check_one_card(name, words)
     for parts, target in _RULES:
         # A part is a whole word: 'a10' must match neither 'a1000' nor 'a10x', nor 'h200' the tail of 'gh200';
         # a card podkit does not know is refused, not predicted as its nearest name.
@@ -158,10 +159,29 @@ def lookup(name: str) -> GpuSpec:
     raise ConfigError("cluster.gpu", f"unknown GPU {name!r}", hint)
 
 
+# Words that make a name another card than the catalog's of the same model number: the laptop parts
+# have less memory (the RTX 4090 Laptop GPU 16 GB, NVIDIA's GeForce RTX 40 Series Laptop specifications).
+_OTHER_CARD_WORDS = ("laptop", "mobile", "max q")
+
+
+def _check_one_card(name: str, words: str) -> None:
+    """A name is one card: a count ('8x H100': the count is [cluster] gpus_per_node), two model names ('A10G
+    A100') or a laptop part is refused rather than read as whichever rule matches first."""
+    if re.search(r"(?<![a-z0-9])(\d+ ?x|x ?\d+)(?![a-z0-9])", words):
+        raise ConfigError("cluster.gpu", f"{name!r} is a count of cards, not one card",
+                          "give the card alone (e.g. H100) and the count as [cluster] gpus_per_node")
+    models = sorted({parts[0] for parts, _ in _RULES if re.search(_part_pattern(parts[0]), words)})
+    if len(models) > 1:
+        raise ConfigError("cluster.gpu", f"{name!r} names {len(models)} cards ({', '.join(models)})",
+                          "give one: " + catalog_names())
+    if any(re.search(rf"(?<![a-z]){w}(?![a-z])", words) for w in _OTHER_CARD_WORDS):
+        raise ConfigError("cluster.gpu", f"{name!r} is a laptop part, not a catalog card", "known: " + catalog_names())
+
+
 def _check_stated_memory(name: str, words: str, spec: GpuSpec) -> None:
-    """A name that states its memory ('H100 96GB', 'RTX 4090 48GB') is refused when the matched card
-    has another size: predicting for the catalog's card would mis-size it silently."""
-    stated = re.search(r"(?<!\d)(\d{2,3}) ?gb\b", words)
+    """A name that states its memory ('H100 96GB', 'RTX 4090 48GB', 'A100 8GB') is refused when the matched
+    card has another size: predicting for the catalog's card would mis-size it silently."""
+    stated = re.search(r"(?<!\d)(\d{1,4}) ?gb\b", words)
     if not stated:
         return
     gb, card_gib = int(stated.group(1)), spec.memory_mib / 1024
