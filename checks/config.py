@@ -472,6 +472,23 @@ def _build(section: str, cls, raw: Any):
     return cls(**kwargs)
 
 
+# Keys that describe a model given by its dimensions; a preset, config.json, Hub id or parameter count gives them
+# itself, so beside one they would be read by nobody (checked on the keys written: `false` is a key too).
+SHAPE_KEYS = ("hidden", "layers", "heads", "kv_heads", "ffn", "vocab", "tie_embeddings", "head_dim", "qkv_bias", "arch",
+              "name", "max_position_embeddings")
+
+
+def _refuse_shape_beside_a_source(model: Any) -> None:
+    if not isinstance(model, dict):
+        return  # _build says it must be a table
+    source = next((k for k in ("preset", "hf_config", "hf", "params") if model.get(k)), None)
+    shape = [k for k in SHAPE_KEYS if k in model]
+    if source and shape:
+        raise ConfigError(f"model.{shape[0]}", f"goes with explicit dimensions, but model.{source} gives the model "
+                          "(its own shape is used)", f"drop {', '.join(shape)}, or drop {source} and give hidden, "
+                          "layers, heads, ffn and vocab")
+
+
 def parse_job(text: str, source: str = "<string>") -> JobConfig:
     try:
         raw = tomllib.loads(text)
@@ -483,6 +500,7 @@ def parse_job(text: str, source: str = "<string>") -> JobConfig:
             raise ConfigError(f"[{section}]", "unknown section", hint or "known: " + ", ".join(SECTIONS))
     if "model" not in raw:
         raise ConfigError("[model]", "missing", "add a [model] section, e.g. preset = \"llama-3.2-1b\"")
+    _refuse_shape_beside_a_source(raw["model"])
     parts = {name: _build(name, cls, raw.get(name, {})) for name, cls in SECTIONS.items()}
     return JobConfig(**parts, source=source)
 
