@@ -104,6 +104,23 @@ def effective_batch(job: JobConfig) -> CheckResult:
     return CheckResult("batch.effective", PASS, what)
 
 
+def context_length(job: JobConfig) -> CheckResult:
+    """seq_len against the positions the model has: GPT-2's learned position table has `n_positions` rows, so a
+    longer sequence indexes past it (nn.Embedding: IndexError); a RoPE model runs past max_position_embeddings,
+    but on positions it never saw in training."""
+    shape, seq = job.shape, job.train.seq_len
+    if shape.positions and seq > shape.positions:
+        return CheckResult("model.context", FAIL, f"seq_len {seq:,} is longer than {shape.name}'s {shape.positions:,} "
+                           "learned positions: the position embedding has no row past them",
+                           f"set seq_len <= {shape.positions:,}")
+    if shape.rope_positions and seq > shape.rope_positions:
+        return CheckResult("model.context", WARN, f"seq_len {seq:,} is past {shape.name}'s max_position_embeddings "
+                           f"{shape.rope_positions:,}: RoPE runs there, on positions the model was not trained on",
+                           f"set seq_len <= {shape.rope_positions:,}, or use the model's long-context variant")
+    limit = shape.positions or shape.rope_positions
+    return CheckResult("model.context", PASS, f"seq_len {seq:,}" + (f" of {limit:,} positions" if limit else ""))
+
+
 def precision_gpu(job: JobConfig) -> CheckResult:
     gpu, p = job.gpu, job.train.precision
     if p.startswith("bf16") and not gpu.supports_bf16:
@@ -463,6 +480,7 @@ def run_checks(job: JobConfig, est: MemoryEstimate, facts: HostFacts,
         ledger_margin(job, est),
         host_ram(job, est),
         effective_batch(job),
+        context_length(job),
         precision_gpu(job),
         loss_scaling(job),
         flash_attention(job),

@@ -253,3 +253,16 @@ def test_versions_warns_where_this_machines_release_changes_the_prediction(job):
     assert rules.versions(moe_qlora, facts(packages=current)).status == "pass"
     # ... and that torch 2.5.1 is not current for this job: the hf Trainer's AdamW is foreach before torch 2.8.
     assert "train.torch is unset" in rules.versions(moe_qlora, facts()).message
+
+
+def test_context_length_is_checked_against_the_positions_the_model_has(job):
+    """QA 2026-11-25: GPT-2 (1,024 learned positions) at seq_len 4,096 was 'ready', though its position
+    embedding has no row past 1,023 (nn.Embedding raises IndexError there)."""
+    check = lambda j: next(c for c in rules.run_checks(j, estimate(j), HostFacts.unprobed(), []) if c.id == "model.context")
+    gpt2 = check(job(model='preset = "gpt2-124m"', train="seq_len = 4096"))
+    assert gpt2.status == rules.FAIL and "1,024 learned positions" in gpt2.message and "seq_len <= 1,024" in gpt2.fix
+    assert check(job(model='preset = "gpt2-124m"', train="seq_len = 1024")).status == rules.PASS
+    # RoPE runs past max_position_embeddings (Mistral 7B v0.1's 32,768): a warning, not a failure.
+    rope = check(job(model='preset = "mistral-7b"', train="seq_len = 65536"))
+    assert rope.status == rules.WARN and "32,768" in rope.message
+    assert check(job(model='preset = "mistral-7b"', train="seq_len = 32768")).status == rules.PASS
