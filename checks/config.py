@@ -43,13 +43,22 @@ def _choice(section: str, key: str, value: str, choices: tuple[str, ...]) -> Non
         raise ConfigError(f"{section}.{key}", f"unknown value {value!r}", hint or "one of " + " | ".join(choices))
 
 
+# The largest integer a job field takes: past it a count is no count (TOML allows 64 bits, and one past 2**53
+# is no longer exact as the JSON double the reports and plots read: numpy gave up on 1e23 steps).
+MAX_INT = 2**53
+
+
 def _finite(section: str, obj) -> None:
-    """TOML has nan and inf; no field of a job means either (a nan lr trains minutes, then fails)."""
+    """TOML has nan and inf; no field of a job means either (a nan lr trains minutes, then fails), nor an
+    integer past MAX_INT."""
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name, None)
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{section}.{f.name}", f"must be a finite number, got {value}",
                               f"give a number, or drop the key for its default ({f.default})")
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
+            raise ConfigError(f"{section}.{f.name}", f"{value} is too large to be meant",
+                              f"give a realistic value, or drop the key for its default ({f.default})")
 
 
 def _positive(section: str, key: str, value: int) -> None:
@@ -313,7 +322,7 @@ class ClusterConfig:
 
     def __post_init__(self):
         _finite("cluster", self)
-        if self.fsdp_version not in ("stack", 1, 2) or isinstance(self.fsdp_version, bool):
+        if self.fsdp_version not in ("stack", 1, 2) or isinstance(self.fsdp_version, (bool, float)):
             raise ConfigError("cluster.fsdp_version", f"must be 'stack', 1 or 2, got {self.fsdp_version!r}",
                               "e.g. fsdp_version = 2 for accelerate's fsdp_version: 2")
         if not (self.reduce_bucket in ("default", "auto")
@@ -460,8 +469,8 @@ def _build(section: str, cls, raw: Any):
         expected = type(fields[key].default)
         if key in LIST_KEYS and isinstance(value, list):
             expected = list
-        if key in COUNT_OR_WORD_KEYS and isinstance(value, int) and not isinstance(value, bool):
-            expected = int
+        if key in COUNT_OR_WORD_KEYS:
+            expected = type(value)  # the section's own check names the words and the counts it takes
         if expected is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if type(value) is not expected:

@@ -183,6 +183,15 @@ CASES = [
      "train.lora_dtype: applies to LoRA adapters"),
     # bin/smoke --model without --from trained the default job instead (QA, 2026-11-24).
     ("smoke-model-without-from", "smoke", ["--model", "llama-3.1-70b"], {}, "--model goes with --from"),
+    # QA 2026-11-25: 2**63 - 1 accumulation steps was 'ready'; 1e23 smoke steps trained, its plots failing
+    # QA 2026-11-25: these said 'must be str, got float', naming neither the words nor the counts allowed
+    ("fsdp-version-float", "preflight", ["-c", "j.toml"], {"j.toml": job(cluster={"fsdp_version": "2.0"})},
+     "cluster.fsdp_version: must be 'stack', 1 or 2, got 2.0"),
+    ("reduce-bucket-float", "preflight", ["-c", "j.toml"], {"j.toml": job(cluster={"reduce_bucket": "1e30"})},
+     "cluster.reduce_bucket: must be 'default', 'auto' or a count of elements >= 0"),
+    ("huge-grad-accum", "preflight", ["-c", "j.toml"], {"j.toml": job(train={"grad_accum": "9223372036854775807"})},
+     "train.grad_accum: 9223372036854775807 is too large to be meant"),
+    ("huge-steps", "smoke", ["--steps", "99999999999999999999999"], {}, "--steps: 99999999999999999999999 is too large"),
     ("smoke-command-model-without-from", "smoke", ["--model", "tiny", "--", "python", "-c", "pass"], {},
      "--model goes with --from"),
     # -- usage errors

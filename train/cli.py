@@ -20,7 +20,7 @@ from pathlib import Path
 import click
 
 from podkit.checks import strict_json
-from podkit.checks.config import EXAMPLE_JOB, load_job
+from podkit.checks.config import EXAMPLE_JOB, MAX_INT, load_job
 from podkit.checks.command import OneLineCommand
 from podkit.checks.errors import ConfigError
 
@@ -123,8 +123,9 @@ def main(config, steps, device, output_dir, run_id, as_json, sink, inject_fault,
         else:
             job = load_job(path)
         if steps is not None:
-            if steps <= 0:
-                raise ConfigError("--steps", f"must be at least 1, got {steps}")
+            if not 0 < steps <= MAX_INT:
+                raise ConfigError("--steps", f"must be at least 1, got {steps}" if steps <= 0 else
+                                  f"{steps} is too large to be meant")
             job = job.replace(smoke={"steps": steps})
         if sink:
             job = job.replace(smoke={"sinks": list(job.smoke.sinks) + list(sink)})
