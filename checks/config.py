@@ -504,6 +504,10 @@ def parse_job(text: str, source: str = "<string>") -> JobConfig:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError("", f"{source} is not valid TOML: {exc}", "fix the syntax at that line") from None
     for section in raw:
+        if section not in SECTIONS and not isinstance(raw[section], dict):
+            owners = [f"[{name}]" for name, cls in SECTIONS.items() if section in {f.name for f in dataclasses.fields(cls)}]
+            raise ConfigError(section, "is a key outside any section",
+                              f"move it under {owners[0]}" if owners else "put it under [model], [train], [cluster] or [smoke]")
         if section not in SECTIONS:
             hint = closest(section, SECTIONS)
             raise ConfigError(f"[{section}]", "unknown section", hint or "known: " + ", ".join(SECTIONS))

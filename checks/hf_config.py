@@ -209,13 +209,18 @@ def from_file(path: Path, field: str = "model.hf_config", name: str = "") -> Mod
         if len(data) > MAX_CONFIG_BYTES:
             raise ConfigError(field, f"{path} is over {MAX_CONFIG_BYTES >> 20} MiB, not a config.json",
                               "give the path to a config.json")
-        cfg = json.loads(data.decode("utf-8"))
+        cfg = json.loads(data.decode("utf-8-sig"))
     except FileNotFoundError:
         raise ConfigError(field, f"{path} does not exist", "give the path to a config.json") from None
     except IsADirectoryError:
         raise ConfigError(field, f"{path} is a directory", "give the path to its config.json") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(field, f"cannot read {path}: {exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(field, f"{path} is not UTF-8 text, so not a config.json", "give the path to a config.json") from None
+    except json.JSONDecodeError as exc:
+        where = "it is empty" if not data.strip() else f"{exc.msg} at line {exc.lineno}, column {exc.colno}"
+        raise ConfigError(field, f"{path} is not valid JSON ({where})", "give the model's config.json") from None
+    except OSError as exc:
+        raise ConfigError(field, f"cannot read {path}: {exc.strerror or exc}", "give the path to a config.json") from None
     default = name or (cfg.get("_name_or_path") if isinstance(cfg, dict) else "") or Path(path).parent.name
     return shape_from_config(cfg, default or "hf-config", field, str(path))
 
@@ -237,7 +242,13 @@ def from_hub(repo_id: str, revision: str = "") -> ModelShape:
     level = hub_log.level
     hub_log.setLevel(logging.ERROR)
     try:
-        path = hf_hub_download(repo_id, "config.json", revision=revision or None)
+        try:
+            # The cache first: online, hf_hub_download asks the Hub for the file's etag even when it holds the
+            # file, and over an unreachable Hub retries for 23 s before reading its cache. A preflight reads the
+            # copy it has, as transformers would with HF_HUB_OFFLINE=1.
+            path = hf_hub_download(repo_id, "config.json", revision=revision or None, local_files_only=True)
+        except errors.LocalEntryNotFoundError:
+            path = hf_hub_download(repo_id, "config.json", revision=revision or None)
     except errors.HFValidationError:
         raise ConfigError(field, f"{repo_id!r} is not a Hub repo id",
                           "write it as owner/name, e.g. Qwen/Qwen3-8B") from None

@@ -39,6 +39,27 @@ def job_file(tmp_path: Path, repo: str) -> Path:
     return path
 
 
+def _cache_qwen(home: Path) -> None:
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo_dir = home / "hub" / "models--Qwen--Qwen3-8B"
+    (repo_dir / "refs").mkdir(parents=True)
+    (repo_dir / "refs" / "main").write_text(commit)
+    (repo_dir / "snapshots" / commit).mkdir(parents=True)
+    (repo_dir / "snapshots" / commit / "config.json").write_text(json.dumps(QWEN3_8B))
+
+
+def test_a_cached_hub_id_is_read_without_asking_the_hub(tmp_path, hub):
+    """QA 2026-11-25: online, huggingface_hub asked the Hub for the etag of a file it held, and over an unreachable
+    Hub retried for 23 s before reading its cache: the preflight meant to take half a second took 24."""
+    _cache_qwen(tmp_path / "hf")
+    _Hub.requests.clear()
+    out = preflight(job_file(tmp_path, "Qwen/Qwen3-8B"), {"HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": hub})
+    assert out.returncode in (0, 1), out.stderr
+    # (huggingface_hub 2.x may still fetch its agent-harness registry, once a day, with a 3 s timeout)
+    assert json.loads(out.stdout)["model"]["params"] == 8_190_735_360
+    assert not [r for r in _Hub.requests if "Qwen" in r], _Hub.requests
+
+
 def test_hub_id_is_read_from_the_cache_offline(tmp_path):
     home = tmp_path / "hf"
     commit = "0123456789abcdef0123456789abcdef01234567"
@@ -67,7 +88,10 @@ def test_offline_and_not_cached_is_one_line(tmp_path):
 class _Hub(BaseHTTPRequestHandler):
     """Answers like huggingface.co for two repos: a gated one (401, GatedRepo) and a missing one."""
 
+    requests: list = []
+
     def _answer(self):
+        self.requests.append(self.path)
         if self.path.startswith("/meta-llama/"):
             status, code, message = 401, "GatedRepo", "Access to model meta-llama/Llama-3.1-8B is restricted."
         else:

@@ -409,10 +409,18 @@ def test_emit_toml_round_trips(tmp_path):
     (["--from", "{tmp}/bad.json"], "not valid JSON"),
     (["--from", "{seed_ds}/ds_config.json"], "none of the --from files names the model"),
     (["--emit-toml"], "go with --from"),
+    # QA 2026-11-25: these read '.' or printed Python's errno and parser text
+    (["--from", ""], "--from: no file given"),
+    (["--from", "deepspeed:"], "no file given after 'deepspeed:'"),
+    (["--from", "{tmp}"], "is a directory"),
+    (["--from", "{tmp}/bad.yaml"], "is not valid YAML: expected the node content, but found '<stream end>' (line 2, column 1)"),
+    (["--from", "{tmp}/latin1.json"], "is not UTF-8 text"),
 ])
 def test_bad_input_is_one_line_exit_2(tmp_path, args, needle):
     (tmp_path / "notes.json").write_text(json.dumps({"title": "my notes"}))
     (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "bad.yaml").write_text("a: [\n")
+    (tmp_path / "latin1.json").write_bytes('{"caf\u00e9": 1}'.encode("latin-1"))
     args = [a.format(tmp=tmp_path, seed=SEED_LORA, seed_ds=SEED_DS) for a in args]
     out = preflight(*args)
     assert out.returncode == 2, out.stdout + out.stderr

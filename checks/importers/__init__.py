@@ -43,12 +43,19 @@ SECTION_ORDER = ("model", "train", "cluster", "smoke")
 
 def read_data(path: Path) -> dict:
     """JSON, YAML or TOML by suffix (YAML also for unknown suffixes: JSON is YAML)."""
+    fix = "give the path to a config file"
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
-        raise ConfigError("--from", f"{path} does not exist", "give the path to a config file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError("--from", f"cannot read {path}: {exc}") from None
+        raise ConfigError("--from", f"{path} does not exist", fix) from None
+    except IsADirectoryError:
+        raise ConfigError("--from", f"{path} is a directory", fix) from None
+    except PermissionError:
+        raise ConfigError("--from", f"{path} is not readable (permission denied)", "chmod u+r it, or copy it") from None
+    except UnicodeDecodeError:
+        raise ConfigError("--from", f"{path} is not UTF-8 text, so not a config file", fix) from None
+    except OSError as exc:
+        raise ConfigError("--from", f"cannot read {path}: {exc.strerror or exc}", fix) from None
     try:
         if path.suffix == ".json":
             data = json.loads(text)
@@ -65,7 +72,10 @@ def read_data(path: Path) -> dict:
         raise ConfigError("--from", f"{path} is not valid {path.suffix[1:].upper()}: {exc}") from None
     except Exception as exc:  # yaml.YAMLError: PyYAML is imported lazily
         if type(exc).__module__.startswith("yaml"):
-            raise ConfigError("--from", f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+            mark = getattr(exc, "problem_mark", None)  # yaml.MarkedYAMLError: where the parser stopped
+            where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            raise ConfigError("--from", f"{path} is not valid YAML: {problem}{where}", "fix the syntax there") from None
         raise
     if not isinstance(data, dict):
         raise ConfigError("--from", f"{path} holds no key-value mapping", "give a config file of a known kind: " + KNOWN)
@@ -84,6 +94,9 @@ def import_file(spec: str) -> list[Imported]:
         hint = closest(prefix, KINDS)
         raise ConfigError("--from", f"unknown kind {prefix!r} in {spec!r}",
                           (hint + " " if hint else "") + "known: " + ", ".join(KINDS))
+    if not spec.strip():
+        raise ConfigError("--from", "no file given" + (f" after '{kind}:'" if kind else ""),
+                          "give the path to a config file, e.g. --from training_args.json")
     path = Path(spec).expanduser()
     data = read_data(path)
     if kind:
