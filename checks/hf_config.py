@@ -57,6 +57,14 @@ class _Keys:
             )
 
 
+# The job keys a config.json's keys become (transformers' LlamaConfig / GPT2Config names).
+_DECODER_KEYS = {"model.hidden": "hidden_size", "model.layers": "num_hidden_layers", "model.heads": "num_attention_heads",
+                 "model.kv_heads": "num_key_value_heads", "model.ffn": "intermediate_size", "model.vocab": "vocab_size",
+                 "model.head_dim": "head_dim"}
+_GPT2_KEYS = {"model.hidden": "n_embd", "model.layers": "n_layer", "model.heads": "n_head", "model.kv_heads": "n_head",
+              "model.ffn": "n_inner", "model.vocab": "vocab_size"}
+
+
 def shape_from_config(cfg: Any, name: str, field: str = "model.hf_config", where: str = "config.json") -> ModelShape:
     """The ModelShape of a parsed config.json; `field` and `where` name it in errors."""
     if not isinstance(cfg, dict):
@@ -74,15 +82,24 @@ def shape_from_config(cfg: Any, name: str, field: str = "model.hf_config", where
     if model_type == "gemma3":
         text, vision_cfg = cfg.get("text_config"), cfg.get("vision_config")
         if not isinstance(text, dict) or not isinstance(vision_cfg, dict):
-            missing = [k for k in ("text_config", "vision_config") if not isinstance(cfg.get(k), dict)]
-            raise ConfigError(field, f"{where} (gemma3) lacks {', '.join(missing)}", "use the model's config.json")
+            bad = [k if k not in cfg else f"{k} as an object (it is {type(cfg[k]).__name__})"
+                   for k in ("text_config", "vision_config") if not isinstance(cfg.get(k), dict)]
+            raise ConfigError(field, f"{where} (gemma3) lacks {', '.join(bad)}", "use the model's config.json")
         vision = _siglip(_Keys(vision_cfg, field, f"{where} vision_config"))
         cfg = {**GEMMA3_TEXT_DEFAULTS, **text, "model_type": "gemma3_text",
                "tie_word_embeddings": cfg.get("tie_word_embeddings", True)}
     keys = _Keys(cfg, field, where)
-    if model_type == "gpt2":
-        return _gpt2(keys, name)
-    shape = _decoder(keys, cfg["model_type"], name)
+    try:
+        if model_type == "gpt2":
+            return _gpt2(keys, name)
+        shape = _decoder(keys, cfg["model_type"], name)
+    except ConfigError as exc:
+        if exc.field == field or not exc.field.startswith("model"):
+            raise
+        # The shape's own checks name the job's keys (model.hidden), which a job given by its config.json lacks:
+        # named here by the config.json key they were read from.
+        key = (_GPT2_KEYS if model_type == "gpt2" else _DECODER_KEYS).get(exc.field, exc.field)
+        raise ConfigError(field, f"{where}: {key} {exc.problem}", "use the model's own config.json") from None
     return dataclasses.replace(shape, family="gemma3", vision=vision) if vision else shape
 
 
