@@ -204,6 +204,8 @@ CASES = [
      {"j.toml": job(drop=("model.preset",), model={"hf_config": '"c.json"'}),
       "c.json": '{"model_type": "gemma3", "text_config": "x", "vision_config": {}}'},
      "lacks text_config as an object (it is str)"),
+    ("smoke-output-dir-is-a-file", "smoke", ["--output-dir", "f", "--steps", "1"], {"f": "x"},
+     "/f is a file (point it at a directory)"),
     ("top-level-key", "preflight", ["-c", "j.toml"], {"j.toml": "seq_len = 4096\n" + job()},
      "seq_len: is a key outside any section (move it under [train])"),
     ("huge-grad-accum", "preflight", ["-c", "j.toml"], {"j.toml": job(train={"grad_accum": "9223372036854775807"})},

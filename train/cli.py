@@ -249,7 +249,8 @@ def _run(job, path, device, root: Path, run_id: str, fault, as_json: bool) -> in
     try:
         run_dir = RunDir(root, run_id)
     except OSError as exc:
-        _fail(ConfigError("--output-dir", f"cannot create {root / run_id}: {exc}"), as_json)
+        _fail(ConfigError("--output-dir", f"cannot create {root / run_id}: {exc.strerror or exc}",
+                          "point it at a directory you can write"), as_json)
     # Logging first (rank from torchrun's env), so a rank that fails to join the group says why in its log.
     _setup_logging(run_dir.path, int(os.environ.get("RANK", "0")))
     log = logging.getLogger("podkit.smoke")

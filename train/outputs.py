@@ -69,7 +69,8 @@ def check_output_root(root: Path, field: str) -> Path:
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent
     if not ancestor.is_dir():
-        raise ConfigError(field, f"{root} lies under {ancestor}, which is a file", "point it at a directory")
+        where = f"{root} is a file" if ancestor == root else f"{root} lies under {ancestor}, which is a file"
+        raise ConfigError(field, where, "point it at a directory")
     if not os.access(ancestor, os.W_OK | os.X_OK):
         raise ConfigError(field, f"{ancestor} is not writable (read-only or permission denied)",
                           "point it at a writable directory")
