@@ -34,3 +34,24 @@ def dumps(obj: Any, **kwargs) -> str:
     if reasons and isinstance(out, dict):
         out = {**out, "null_reasons": {**out.get("null_reasons", {}), **{p: f"was {r}" for p, r in reasons.items()}}}
     return json.dumps(out, allow_nan=False, **kwargs)
+
+
+def restore(obj: dict) -> dict:
+    """dumps' inverse for a record read back: each null that null_reasons says "was nan" / "was inf" /
+    "was -inf" is that float again (what a reader that judges the values, such as a NaN loss, needs)."""
+    values = {"was nan": math.nan, "was inf": math.inf, "was -inf": -math.inf}
+    for path, reason in (obj.get("null_reasons") or {}).items():
+        if reason not in values:
+            continue
+        *parents, last = path.strip("/").split("/")
+        node: Any = obj
+        try:
+            for key in parents:
+                node = node[int(key)] if isinstance(node, list) else node[key]
+            if isinstance(node, list):
+                node[int(last)] = values[reason]
+            elif isinstance(node, dict) and node.get(last) is None:
+                node[last] = values[reason]
+        except (KeyError, IndexError, ValueError, TypeError):
+            continue
+    return obj

@@ -118,7 +118,10 @@ def test_a_hang_past_the_timeout(tmp_path):
     assert "--timeout 20" in s["reasons"][0]
 
 
-def test_ctrl_c_stops_the_command_and_leaves_an_interrupted_summary(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP])
+def test_ctrl_c_stops_the_command_and_leaves_an_interrupted_summary(tmp_path, sig):
+    """SIGHUP is a closed terminal or SSH session: left to its default (QA 2026-11-25), bin/smoke died, the
+    command trained on unattended and the summary said "running"."""
     name = script(tmp_path, "slow.py", LOOP.format(extra="import time; time.sleep(0.5); print('step', step, flush=True)"))
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([str(SMOKE), "--output-dir", str(tmp_path / "runs"), "--run-id", "r", "--steps", "500",
@@ -128,13 +131,58 @@ def test_ctrl_c_stops_the_command_and_leaves_an_interrupted_summary(tmp_path):
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not (log.exists() and "step 2" in log.read_text()):
         time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends: the whole foreground group
+    os.killpg(proc.pid, sig)  # what a terminal's Ctrl-C (or its closing) sends: the whole foreground group
     _, err = proc.communicate(timeout=60)
     s = json.loads((tmp_path / "runs" / "r" / "summary.json").read_text())
     assert proc.returncode == 130, err
     assert s["status"] == "interrupted" and 2 <= s["steps"] < 500
     script_pids = subprocess.run(["pgrep", "-f", str(tmp_path / name)], capture_output=True, text=True).stdout
     assert script_pids.strip() == ""
+
+
+def test_the_ranks_own_error_beats_an_oom_line_and_a_nan_loss_stays_strict_json(tmp_path):
+    """QA 2026-11-25: a printed "CUDA out of memory" (a script that caught one and retried) made a later
+    FileNotFoundError read as oom; a NaN loss was written bare into metrics.jsonl; a SIGKILL read 'exited -9'."""
+    name = script(tmp_path, "retry.py", "print('batch 64 hit CUDA out of memory, retrying with 32', flush=True)\n"
+                  + LOOP.format(extra="if step == 2: raise FileNotFoundError('data/shard-0003.bin')"))
+    proc, s = smoke_cmd(tmp_path, "--steps", "20", "--", PY, name, run_id="retry")
+    assert proc.returncode == 1 and s["status"] == "failed", s
+    assert "FileNotFoundError: data/shard-0003.bin" in s["reasons"][0]
+    name = script(tmp_path, "nan.py", LOOP.replace("loss = torch.nn", "loss = (float('nan') if step >= 3 else 1) * torch.nn")
+                  .format(extra=""))
+    proc, s = smoke_cmd(tmp_path, "--steps", "8", "--", PY, name, run_id="nan")
+    assert proc.returncode == 1 and s["status"] == "failed" and "nan" in s["reasons"][0], s
+    for f in ("metrics.jsonl", "ranks/metrics.rank0.jsonl", "ranks/rank0.json"):
+        for line in (tmp_path / "runs" / "nan" / f).read_text().splitlines():
+            json.loads(line, parse_constant=lambda c: pytest.fail(f"bare {c} in {f}"))
+    assert s["files"]["ranks"] == "ranks/"
+    name = script(tmp_path, "killed.py", LOOP.format(extra="if step == 2: import os; os.kill(os.getpid(), 9)"))
+    proc, s = smoke_cmd(tmp_path, "--steps", "20", "--", PY, name, run_id="killed")
+    assert proc.returncode == 1 and s["reasons"][0].startswith("the command was killed by SIGKILL (the kernel's OOM")
+
+
+def test_a_signal_after_the_command_ended_still_leaves_its_final_summary(tmp_path):
+    """QA 2026-11-25: a Ctrl-C in the second or two after the command ended (env.json, the plots) left the
+    summary at "running". The signal arrives here while env.json is written: a real SIGINT to this process."""
+    name = script(tmp_path, "quick.py", LOOP.format(extra="").replace("range(1000)", "range(3)"))
+    driver = tmp_path / "driver.py"
+    driver.write_text(textwrap.dedent(f"""
+        import os, signal, sys
+        from pathlib import Path
+        from podkit.train import script_smoke
+        def env_then_ctrl_c(run_dir, summary):
+            os.kill(os.getpid(), signal.SIGINT)
+        script_smoke._write_env = env_then_ctrl_c
+        summary, path, code = script_smoke.run(({PY!r}, {name!r}), Path({str(tmp_path / "runs")!r}), "late", 3, 1,
+                                               None, echo=False)
+        sys.exit(code)
+    """))
+    proc = subprocess.run([PY, str(driver)], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ))
+    s = json.loads((tmp_path / "runs" / "late" / "summary.json").read_text())
+    assert s["status"] == "pass" and proc.returncode == 0, proc.stderr + json.dumps(s)
+    assert any("SIGINT after the command ended" in w for w in s["warnings"])
+    assert "writing its summary, then stopping" in proc.stderr
 
 
 def test_the_log_gets_a_progress_bar_before_its_line_ends(tmp_path):
@@ -289,7 +337,9 @@ def test_a_second_ctrl_c_kills_a_command_that_ignores_the_first(tmp_path):
     (["--"], "no command after --"),
     (["--", "no-such-command-podkit"], "command not found: no-such-command-podkit"),
     (["--", "./missing.sh"], "is not an executable file"),
-    (["--timeout", "0", "--", "true"], "--timeout: must be positive"),
+    (["--timeout", "0", "--", "true"], "--timeout: must be a positive number of seconds"),
+    (["--timeout", "nan", "--", "true"], "--timeout: must be a positive number of seconds, got nan"),
+    (["--device", "cpu", "--", "true"], "--device: goes with the built-in run"),
     (["--config", "-"], "reads the job from a file, not stdin"),
     (["--config", "-", "--", "true"], "reads the job from a file, not stdin"),
 ])

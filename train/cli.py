@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -106,6 +107,9 @@ def main(config, steps, device, output_dir, run_id, as_json, sink, inject_fault,
     from podkit.train import parallel
 
     if command or "--" in sys.argv[1:]:
+        if device != "auto":  # the command picks its own device; a --device beside it would be dropped unsaid
+            _fail(ConfigError("--device", "goes with the built-in run: your command picks its own device",
+                              "drop --device (set CUDA_VISIBLE_DEVICES= to keep a command off the GPU)"), as_json)
         sys.exit(_smoke_command(tuple(command), config, from_files, model_preset, steps, timeout, output_dir,
                                 run_id, as_json, sink))
     try:
@@ -201,8 +205,8 @@ def _smoke_command(command, config, from_files, model_preset, steps, timeout, ou
             raise ConfigError("COMMAND", f"unexpected argument {command[0]!r}", "put your command after --")
         if steps is not None and steps <= 0:
             raise ConfigError("--steps", f"must be at least 1, got {steps}")
-        if timeout is not None and timeout <= 0:
-            raise ConfigError("--timeout", f"must be positive, got {timeout:g}")
+        if timeout is not None and not (0 < timeout < math.inf):  # also NaN, which compares false to all
+            raise ConfigError("--timeout", f"must be a positive number of seconds, got {timeout:g}")
         if model_preset and not from_files:
             raise ConfigError("--from", "--model goes with --from FILE", "add --from your config file")
         _refuse_stdin(config)
@@ -288,7 +292,9 @@ def _run(job, path, device, root: Path, run_id: str, fault, as_json: bool) -> in
     parallel.shutdown(sync=lockstep)
     # The verdict is decided and summary.json written: another Ctrl-C (a user pressing again) must not
     # turn the run's exit code into a death by signal halfway through the report.
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    from podkit.train import process_tree
+
+    for sig in process_tree.stop_signals():
         signal.signal(sig, signal.SIG_IGN)
     if os.environ.get("PODKIT_LAUNCHER"):
         return 0  # our own torchrun parent reads summary.json and exits with the verdict's code
@@ -430,7 +436,7 @@ def _supervise(cmd: list[str], env: dict, as_json: bool) -> tuple[int, int]:
         except ProcessLookupError:
             pass
 
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous = {sig: signal.signal(sig, forward) for sig in process_tree.stop_signals()}
     try:
         while True:
             try:

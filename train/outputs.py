@@ -120,13 +120,18 @@ class RunDir:
 
 def resolved_toml(job) -> str:
     """The job as it ran: every field of every section, so a rerun needs nothing else."""
+    from podkit.checks.config import SHAPE_KEYS
+
     lines = [f"# resolved by bin/smoke from {job.source}"]
+    m = job.model
+    by_dimensions = not (m.preset or m.hf_config or m.hf or m.params)
     for section in ("model", "train", "cluster", "smoke"):
         lines.append(f"\n[{section}]")
         for f in dataclasses.fields(getattr(job, section)):
             value = getattr(getattr(job, section), f.name)
-            if section == "model" and value in ("", 0, 0.0, False) and f.name != "tie_embeddings":
-                continue  # unset model alternatives would contradict the one that is set
+            if section == "model" and (value in ("", 0, 0.0, False) and f.name != "tie_embeddings"
+                                       or f.name in SHAPE_KEYS and not by_dimensions):
+                continue  # unset model alternatives, or the shape keys a preset gives, would contradict it
             if f.name in ("hf_config", "dataset") and value:
                 value = str(job.path(value).resolve())  # valid from the run directory too
             lines.append(f"{f.name} = {_toml_value(value)}")

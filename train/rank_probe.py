@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from ..checks import strict_json
 from .memprobe import CudaProbe, TensorCounter
 from .monitor import MemoryMonitor
 
@@ -136,7 +137,7 @@ class RankProbe:
         sample = self.monitor.step()
         if sample is not None:
             rec.update(sample)
-        self._metrics.write(json.dumps(rec, default=str) + "\n")
+        self._metrics.write(strict_json.dumps(rec, default=str) + "\n")  # a NaN loss as null, with why
         self._metrics.flush()
         if self.steps >= self.target:
             self.status = "steps"
@@ -154,7 +155,7 @@ class RankProbe:
                   "steps": self.steps, "losses": self.losses, **{k: v for k, v in summary.items() if k != "steps"}}
         path = self.dir / f"rank{self.rank}.json"
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record, default=str))
+        tmp.write_text(strict_json.dumps(record, default=str))  # read back with strict_json.restore
         os.replace(tmp, path)  # a process killed mid-write leaves the previous step's record
 
     def _at_exit(self) -> None:

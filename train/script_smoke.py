@@ -104,7 +104,7 @@ def run_command(command: tuple[str, ...], run_dir: RunDir, steps: int, every: in
             except OSError:  # stderr's reader is gone (`2>&1 | head`)
                 pass
 
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous = {sig: signal.signal(sig, forward) for sig in process_tree.stop_signals()}
     how = "exited"
     try:
         deadline = time.monotonic() + timeout if timeout else None
@@ -143,7 +143,7 @@ def _ranks(run_path: Path) -> list[dict]:
     out = []
     for p in sorted((run_path / "ranks").glob("rank*.json")):
         try:
-            out.append(json.loads(p.read_text()))
+            out.append(strict_json.restore(json.loads(p.read_text())))  # a NaN loss is NaN again for the verdict
         except (OSError, json.JSONDecodeError):
             pass
     return sorted(out, key=lambda r: r.get("rank", 0))
@@ -174,17 +174,26 @@ def summarize(command, code: int | None, how: str, run_dir: RunDir, steps: int, 
     reasons = []
     if how == "interrupted":
         status = "interrupted"
-        reasons.append("stopped by a signal (Ctrl-C or SIGTERM) before the run finished")
+        reasons.append("stopped by a signal (Ctrl-C, SIGTERM or a closed terminal) before the run finished")
     elif how == "timeout":
         status = "timeout"
         reasons.append(f"no end within --timeout {timeout:g} s (stopped at step {(main or {}).get('steps', 0)})")
-    elif any(r.get("status") == "oom" for r in ranks) or (code not in (0, None) and _oom_in_log(run_dir.file("log"))):
+    elif any(r.get("status") == "oom" for r in ranks) or (
+            # the log's word only where no rank recorded an error of its own: a script that caught an OOM and
+            # retried prints one, and a rank's FileNotFoundError is then the cause, not the OOM
+            code not in (0, None) and not any(r.get("error") for r in ranks) and _oom_in_log(run_dir.file("log"))):
         status = "oom"
         reasons.append(next((r["error"] for r in ranks if r.get("status") == "oom"), "out of memory (see smoke.log)"))
     elif code != 0:
         status = "failed"
         error = next((r["error"] for r in ranks if r.get("error")), "")
-        reasons.append(f"the command exited {code}" + (f": {error}" if error else "; see smoke.log"))
+        if code is not None and code < 0:  # subprocess: killed by that signal
+            name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else f"signal {-code}"
+            ended = f"the command was killed by {name}" + (
+                " (the kernel's OOM killer sends it when host RAM runs out: see dmesg)" if -code == signal.SIGKILL else "")
+        else:
+            ended = f"the command exited {code}"
+        reasons.append(ended + (f": {error}" if error else "; see smoke.log"))
     elif not ranks:
         status = "failed"
         reasons.append("no optimizer step was seen: the command ran no torch.optim step in a Python process podkit "
@@ -334,6 +343,12 @@ def _start_sinks(names: tuple[str, ...], run_dir: RunDir, command, job):
                  lambda text: print(f"smoke: warning: {text}", file=sys.stderr, flush=True))
 
 
+def _rank_files(run_dir: RunDir) -> dict[str, str]:
+    """What the ranks wrote beside the run's own files: their records and every other rank's plot."""
+    out = {"ranks": "ranks/"} if (run_dir.path / "ranks").is_dir() else {}
+    return out | {p.stem.replace(".", "_"): p.name for p in sorted(run_dir.path.glob("memory.rank*.png"))}
+
+
 def run(command: tuple[str, ...], root: Path, run_id: str, steps: int, every: int, timeout: float | None,
         job=None, min_drop: float = 0.05, echo: bool = True, sinks: tuple[str, ...] = ()) -> tuple[dict, Path, int]:
     """`sinks`: metric sinks (train/sinks.py), already checked with sinks.check, fed rank 0's records."""
@@ -341,28 +356,54 @@ def run(command: tuple[str, ...], root: Path, run_id: str, steps: int, every: in
     run_dir.write_json("summary", {"status": "running", "command": list(command), "steps": 0, "planned_steps": steps})
     if job is not None:
         run_dir.file("config").write_text(resolved_toml(job))
+    from podkit.train import process_tree
+
     follower = None
-    if sinks:
-        follower = MetricsFollower(run_dir.path / "ranks" / "metrics.rank0.jsonl", _start_sinks(sinks, run_dir, command, job))
-        follower.start()
+    # Once the command has ended, a signal must not cost the summary: it is noted, the summary written first,
+    # and the extras (env.json's torch import, the plots: a second or two) skipped. run_command puts its own
+    # handlers in place while the command runs and these back after.
+    late: list[int] = []
+
+    def defer(signum, _frame):
+        late.append(signum)
+        try:
+            print("bin/smoke: the command has ended; writing its summary, then stopping", file=sys.stderr, flush=True)
+        except OSError:
+            pass
+
+    previous = {sig: signal.signal(sig, defer) for sig in process_tree.stop_signals()}
     try:
-        code, how = run_command(command, run_dir, steps, every, timeout, echo=echo)
-    finally:
+        if sinks:
+            follower = MetricsFollower(run_dir.path / "ranks" / "metrics.rank0.jsonl",
+                                       _start_sinks(sinks, run_dir, command, job))
+            follower.start()
+        try:
+            code, how = run_command(command, run_dir, steps, every, timeout, echo=echo)
+        finally:
+            if follower is not None:
+                follower.finish()
+        summary = summarize(command, code, how, run_dir, steps, timeout, job, min_drop)
+        run_dir.write_json("summary", summary)  # the final status, before anything that may be cut short
         if follower is not None:
-            follower.finish()
-    summary = summarize(command, code, how, run_dir, steps, timeout, job, min_drop)
-    if follower is not None:
-        follower.sinks.close(summary)
-        summary["sinks"] = list(sinks)
-    _write_env(run_dir, summary)
-    main_metrics = run_dir.path / "ranks" / "metrics.rank0.jsonl"
-    if main_metrics.exists():
-        shutil.copyfile(main_metrics, run_dir.file("metrics"))
-    try:
-        _plot(run_dir, summary)
-    except Exception as exc:  # the plot must never cost the summary
-        summary["warnings"].append(f"memory plot failed: {exc}")
-    summary["files"] = run_dir.present() | {"summary": "summary.json"}
-    run_dir.write_json("summary", summary)
+            follower.sinks.close(summary)
+            summary["sinks"] = list(sinks)
+        main_metrics = run_dir.path / "ranks" / "metrics.rank0.jsonl"
+        if main_metrics.exists():
+            shutil.copyfile(main_metrics, run_dir.file("metrics"))
+        if not late:
+            _write_env(run_dir, summary)
+        try:
+            if not late:
+                _plot(run_dir, summary)
+        except Exception as exc:  # the plot must never cost the summary
+            summary["warnings"].append(f"memory plot failed: {exc}")
+        if late:
+            summary["warnings"].append(f"{signal.Signals(late[0]).name} after the command ended: env.json and the "
+                                       "memory plot were skipped")
+        summary["files"] = run_dir.present() | _rank_files(run_dir) | {"summary": "summary.json"}
+        run_dir.write_json("summary", summary)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     exit_code = EXIT_TIMEOUT if summary["status"] == "timeout" else EXIT_CODES.get(summary["status"], 1)
     return summary, run_dir.path, exit_code

@@ -29,6 +29,7 @@ from podkit.checks.errors import ConfigError
 from podkit.train import data as data_mod
 from podkit.train import model as model_mod
 from podkit.train import optim as optim_mod
+from podkit.train import process_tree
 from podkit.train import parallel
 from podkit.train import step as step_mod
 from podkit.train.memprobe import PhasePeaks, TensorCounter, make_probe
@@ -59,7 +60,8 @@ def _torch_at_least(major: int, minor: int) -> bool:
 
 
 class Interrupted(KeyboardInterrupt):
-    """SIGTERM (a pod being stopped, a job killed) handled like Ctrl-C: the summary is still written."""
+    """SIGTERM (a pod being stopped, a job killed) or SIGHUP (its terminal closed) handled like Ctrl-C: the
+    summary is still written."""
 
 
 @dataclass
@@ -317,8 +319,9 @@ class SmokeRun:
         oom = interrupted = False
         bad_input: ConfigError | None = None
         self._write_start()
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-        signal.signal(signal.SIGTERM, _raise_interrupted)
+        previous = {sig: signal.getsignal(sig) for sig in process_tree.stop_signals()}
+        for sig in previous:  # SIGTERM, and SIGHUP unless it came ignored (process_tree.stop_signals)
+            signal.signal(sig, _raise_interrupted)
         signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started with SIGINT ignored
         try:
             self._build()
