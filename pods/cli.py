@@ -623,6 +623,8 @@ def up_cmd(gpu, count, image, volume_gb, disk_gb, name, key, deadline, poll, inv
     if plan and not accept_new:
         raise PodError("a cost guard is armed over SSH right after the pod is up, and its host key is not known yet",
                        "add --accept-new to record it on that first contact")
+    if image is not None and not image.strip():
+        raise PodError("--image is empty", "give an image reference, or leave --image out for RunPod's PyTorch image")
     client = _client()
     gpu_type = provision.resolve_gpu(gpu, client.gpu_types())
     name = name or _default_name(gpu_type, inv)
@@ -630,8 +632,10 @@ def up_cmd(gpu, count, image, volume_gb, disk_gb, name, key, deadline, poll, inv
     request = PodRequest(name=name, gpu=gpu_type.id, count=count, volume_gb=volume_gb, disk_gb=disk_gb,
                          **({"image": image} if image else {}))
     say = lambda line: click.echo(line, err=True)  # noqa: E731
-    pod = provision.up(client, request, wait, say)
-    provision.record(pod, name, inv, client, say, key=str(Path(key).resolve()) if key else None, remote_dir=remote_dir)
+    with _stops_like_ctrl_c():  # a pod whose `up` is stopped is terminated, whatever stopped it
+        pod = provision.up(client, request, wait, say)
+        name = provision.record(pod, name, inv, client, say, key=str(Path(key).resolve()) if key else None,
+                                remote_dir=remote_dir)
     guard = _first_contact(name, inv, pod.id, plan, known_hosts, client, say) if accept_new else None
     if as_json:
         click.echo(json.dumps({**pod.to_json(), "inventory_name": name, "inventory": str(inv), "guard": guard}))
@@ -643,6 +647,25 @@ def up_cmd(gpu, count, image, volume_gb, disk_gb, name, key, deadline, poll, inv
 
             click.echo(guard_line(guard))
         click.echo(f"next: make deploy HOST={name}{'' if accept_new else ' ACCEPT_NEW=1'}   (stop billing: bin/pod down {name})")
+
+
+@contextmanager
+def _stops_like_ctrl_c():
+    """SIGTERM and SIGHUP (a closed terminal or SSH session) raise KeyboardInterrupt here, as Ctrl-C does, so the
+    code that terminates a half-made pod on Ctrl-C runs for them too; left to their default, the process died and
+    the pod billed on, unrecorded. A SIGHUP that came ignored (nohup) stays ignored."""
+    import signal
+
+    def interrupt(signum, _frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    sigs = [signal.SIGTERM] + ([] if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN else [signal.SIGHUP])
+    previous = {sig: signal.signal(sig, interrupt) for sig in sigs}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _first_contact(name, inv: Path, pod_id: str, plan, known_hosts, client, say) -> dict | None:
@@ -664,6 +687,7 @@ def _first_contact(name, inv: Path, pod_id: str, plan, known_hosts, client, say)
             except Unreachable:
                 if attempt == 11:
                     raise
+                say(f"pod up: {name}'s sshd does not answer yet; trying again in 5 s ({attempt + 1} of 11)")
                 time.sleep(5)
         with conn:
             _, _, rdir = located = locate(conn, spec, opts.project)
@@ -674,7 +698,12 @@ def _first_contact(name, inv: Path, pod_id: str, plan, known_hosts, client, say)
     except PodError as exc:
         if plan is None:
             raise
-        client.stop(pod_id)
+        try:
+            client.stop(pod_id)
+        except PodError as stop_exc:
+            raise PodError(f"the cost guard could not be armed ({exc}), and stopping {name} failed too ({stop_exc}): "
+                           f"it is running and billing without a guard", f"stop it: bin/pod down {name}, or at "
+                           "runpod.io/console/pods") from None
         raise PodError(f"the cost guard could not be armed ({exc}); stopped {name} so it does not bill unguarded "
                        "(its volume is kept)", f"fix that, resume it in the RunPod console, then: bin/pod guard {name} ...") from None
 

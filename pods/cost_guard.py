@@ -42,6 +42,8 @@ class GuardPlan:
                 raise PodError(f"{flag} {value:g} is not a positive number of {unit.lower()}", f"give {flag} {unit}, e.g. {flag} 2")
         if self.stop_after_h is not None and self.stop_after_h > 24 * 90:
             raise PodError(f"--stop-after {self.stop_after_h:g} hours is over 90 days", "give a shorter time")
+        if self.idle_min is not None and self.idle_min > 60 * 24 * 90:  # 1e308 minutes became Infinity in --json
+            raise PodError(f"--idle-stop {self.idle_min:g} minutes is over 90 days", "give a shorter time")
         if not self.armed:
             raise PodError("no guard condition given", "give --stop-after-smoke, --stop-after HOURS or --idle-stop MINUTES")
 

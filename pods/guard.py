@@ -27,6 +27,7 @@ the variable RunPod's SDK reads), and falls back to runpodctl when that fails.
 from __future__ import annotations
 
 import glob
+import http.client
 import json
 import os
 import shutil
@@ -128,8 +129,11 @@ def stop_pod(pod_id: str) -> str:
             if not payload.get("errors"):
                 return f"podStop through {base}/graphql"
             errors.append(f"RunPod refused podStop: {payload['errors'][0].get('message')}")
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            errors.append(f"podStop at {base}/graphql: {getattr(exc, 'code', '') or getattr(exc, 'reason', exc)}")
+        except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
+            # urllib puts the whole URL, key and all, into some messages ("unknown url type: '...?api_key=...'"):
+            # this one goes to guard.log, state.json and `bin/pod ls`.
+            why = str(getattr(exc, "code", "") or getattr(exc, "reason", exc))
+            errors.append(f"podStop at {base}/graphql: {why.replace(key, '***')}")
     else:
         errors.append(f"no {KEY_VAR} in the pod's environment")
     runpodctl = shutil.which("runpodctl")

@@ -7,7 +7,9 @@ before the error is raised: podkit never leaves a pod billing that `bin/pod ls` 
 from __future__ import annotations
 
 import difflib
+import fcntl
 import json
+import math
 import re
 import threading
 import time
@@ -20,7 +22,8 @@ from podkit.pods.hosts import HostSpec, load_inventory
 from podkit.pods.runpod import GpuType, Pod, PodRequest, RunPodClient, api_key
 
 PROVIDER = "runpod"
-_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+# A pods.toml table key as `record` writes it, bare: a '.' would make [pods.my.pod] a nested table.
+_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
 @dataclass(frozen=True)
@@ -30,7 +33,7 @@ class Wait:
     poll_s: float = 5.0
 
     def __post_init__(self):
-        if self.deadline_s <= 0 or self.poll_s <= 0:
+        if not (0 < self.deadline_s < math.inf and 0 < self.poll_s < math.inf):  # NaN too: it never times out
             raise PodError("--deadline and --poll must be positive seconds")
 
 
@@ -45,9 +48,49 @@ def resolve_gpu(gpu: str, offered: list[GpuType]) -> GpuType:
     raise PodError(f"unknown GPU type '{gpu}'", hint)
 
 
+# After a create cut short (Ctrl-C, a reply past the client's timeout), RunPod may still make the pod: how long
+# to look for it by its name before saying it may exist.
+CREATE_SETTLE_S = 20.0
+
+
+def _create(client: RunPodClient, request: PodRequest, say: Callable[[str], None]) -> str:
+    """client.create, but a create cut short after the request left (Ctrl-C, no reply in time) does not leave a
+    pod billing unrecorded: the pods of that name RunPod lists afterwards that were not there before are this
+    request's, and are terminated."""
+    before = {p.id for p in client.pods() if p.name == request.name}
+    try:
+        return client.create(request)
+    except (KeyboardInterrupt, PodError) as exc:
+        if isinstance(exc, PodError) and not exc.problem.startswith("cannot reach the RunPod API"):
+            raise  # RunPod answered: it refused, and made nothing
+        say(f"pod up: the create was cut short; checking whether RunPod made pod '{request.name}' anyway "
+            f"(up to {CREATE_SETTLE_S:.0f}s; Ctrl-C again to stop checking)")
+        found = _settle(client, request.name, before)
+        for pod_id in found:
+            _terminate_quietly(client, pod_id, say)
+        if found is None:
+            say(f"pod up: stopped checking; if bin/pod ls shows a pod '{request.name}' not podkit's, terminate it "
+                "at runpod.io/console/pods")
+        raise
+
+
+def _settle(client: RunPodClient, name: str, before: set[str]) -> list[str] | None:
+    """Ids of the pods named `name` that appear within CREATE_SETTLE_S and were not in `before`; None when
+    the check itself was interrupted or failed."""
+    deadline = time.monotonic() + CREATE_SETTLE_S
+    try:
+        while True:
+            new = [p.id for p in client.pods() if p.name == name and p.id not in before]
+            if new or time.monotonic() >= deadline:
+                return new
+            time.sleep(2.0)
+    except (KeyboardInterrupt, PodError):
+        return None
+
+
 def up(client: RunPodClient, request: PodRequest, wait: Wait, say: Callable[[str], None]) -> Pod:
     """Create the pod and wait until RunPod reports it RUNNING with a public port for sshd."""
-    pod_id = client.create(request)
+    pod_id = _create(client, request, say)
     say(f"pod up: created {pod_id} ({request.count}x {request.gpu}); waiting up to {wait.deadline_s:.0f}s for SSH")
     start = time.monotonic()
     try:
@@ -88,26 +131,54 @@ def _terminate_quietly(client: RunPodClient, pod_id: str, say: Callable[[str], N
 
 def check_new_name(name: str, inventory: Path) -> None:
     if not _NAME.match(name):
-        raise PodError(f"pod name '{name}' may use only letters, digits, '.', '_' and '-'")
+        raise PodError(f"pod name '{name}' may use only letters, digits, '_' and '-'", "e.g. --name a100-run1")
     if name in load_inventory(inventory if inventory.exists() else None).pods:
         raise PodError(f"{inventory} already has a pod named '{name}'", "choose another --name")
 
 
 def record(pod: Pod, name: str, inventory: Path, client: RunPodClient, say: Callable[[str], None],
-           key: str | None = None, remote_dir: str | None = None) -> None:
+           key: str | None = None, remote_dir: str | None = None) -> str:
     """Append [pods.NAME] with the SSH line RunPod mapped, the pod id and provider (so `down` finds it).
-    Appended, never rewritten: the rest of the file is the user's."""
+    Appended, never rewritten: the rest of the file is the user's. Returns the name recorded: NAME, or NAME-2,
+    NAME-3... when another `bin/pod up` recorded NAME while this one waited (its pod bills too: both are kept,
+    each findable)."""
+    try:
+        with _inventory_lock(inventory):
+            taken = set(load_inventory(inventory).pods) if inventory.exists() else set()
+            final = next(n for n in (name, *(f"{name}-{i}" for i in range(2, 1000))) if n not in taken)
+            _append(pod, final, inventory, key, remote_dir)
+    except OSError as exc:  # an unrecorded pod is one `down` cannot find: do not leave it billing
+        _terminate_quietly(client, pod.id, say)
+        raise PodError(f"cannot record the pod in {inventory} ({exc.strerror}); terminated it", "fix the path or --inventory") from None
+    if final != name:
+        say(f"pod up: '{name}' was recorded by another bin/pod up meanwhile; this pod is '{final}'")
+    return final
+
+
+class _inventory_lock:
+    """An exclusive lock beside pods.toml (fcntl.flock on NAME.lock, released when closed): two `bin/pod up` at
+    once each see the other's name before writing theirs."""
+
+    def __init__(self, inventory: Path):
+        self.path = inventory.with_name(f".{inventory.name}.lock")
+
+    def __enter__(self):
+        self.f = open(self.path, "a")
+        fcntl.flock(self.f, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()
+
+
+def _append(pod: Pod, name: str, inventory: Path, key: str | None, remote_dir: str | None) -> None:
     block = (f"\n[pods.{name}]  # bin/pod up\n"
              f"host = {json.dumps(f'root@{pod.ssh_host}:{pod.ssh_port}')}\n"
              f'profile = "runpod"\nprovider = "{PROVIDER}"\npod_id = {json.dumps(pod.id)}\n'
              + (f"key = {json.dumps(key)}\n" if key else "")
              + (f"remote_dir = {json.dumps(remote_dir)}\n" if remote_dir else ""))
-    try:
-        with inventory.open("a") as f:
-            f.write(block)
-    except OSError as exc:  # an unrecorded pod is one `down` cannot find: do not leave it billing
-        _terminate_quietly(client, pod.id, say)
-        raise PodError(f"cannot record the pod in {inventory} ({exc.strerror}); terminated it", "fix the path or --inventory") from None
+    with inventory.open("a") as f:
+        f.write(block)
 
 
 def recorded(name: str, inventory: Path) -> str:

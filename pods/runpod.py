@@ -17,6 +17,7 @@ printed: errors carry the endpoint without the query string.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shlex
@@ -143,14 +144,18 @@ class RunPodClient:
         self._key = key
         self.base_url = (base_url or os.environ.get(BASE_VAR) or DEFAULT_BASE).rstrip("/")
         self.timeout = timeout
+        parts = urllib.parse.urlsplit(self.base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise PodError(f"{BASE_VAR} {self.base_url!r} is not an http(s) URL", f"e.g. {DEFAULT_BASE}, or unset it")
 
     def _call(self, query: str, variables: dict | None = None) -> dict:
         endpoint = f"{self.base_url}/graphql"
         url = f"{endpoint}?{urllib.parse.urlencode({'api_key': self._key})}"
         body = json.dumps({"query": query, "variables": variables or {}}).encode()
-        req = urllib.request.Request(url, data=body, method="POST",
-                                     headers={"Content-Type": "application/json", "User-Agent": "podkit"})
         try:
+            # In the try: urllib names the whole URL, key and all, in some of its errors; none is shown as is.
+            req = urllib.request.Request(url, data=body, method="POST",
+                                         headers={"Content-Type": "application/json", "User-Agent": "podkit"})
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                 payload = json.loads(resp.read() or b"{}")
         except urllib.error.HTTPError as exc:
@@ -158,8 +163,8 @@ class RunPodClient:
                 raise PodError(f"RunPod refused the API key (HTTP {exc.code})",
                                f"check {KEY_VAR}: create a key at runpod.io > Settings > API Keys") from None
             raise PodError(f"RunPod API at {endpoint} answered HTTP {exc.code}", "try again in a minute") from None
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            reason = getattr(exc, "reason", exc)
+        except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
+            reason = str(getattr(exc, "reason", exc) or type(exc).__name__).replace(self._key, "***")
             raise PodError(f"cannot reach the RunPod API at {endpoint}: {reason}",
                            f"check the network (or {BASE_VAR})") from None
         if payload.get("errors"):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import urllib.parse
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -52,6 +53,9 @@ class FakeRunPod:
     """pod() queries answered with an error before the real answers (a blip in the API)."""
     create_error: str | None = None
     """Message for podFindAndDeployOnDemand to fail with (a quota, a failed creation)."""
+    create_reply_delay: float = 0.0
+    """Seconds podFindAndDeployOnDemand waits, after making the pod, before it answers: a client that gives up on
+    the reply (Ctrl-C, its timeout) has still made a pod (the server does not undo a mutation it ran)."""
     out_of_stock: set = field(default_factory=set)
     pods: dict = field(default_factory=dict)
     calls: list = field(default_factory=list)
@@ -133,6 +137,8 @@ class FakeRunPod:
                              "imageName": inp.get("imageName"), "volumeInGb": inp.get("volumeInGb"),
                              "containerDiskInGb": inp.get("containerDiskInGb"), "ports": inp.get("ports"),
                              "runtime": None, "machine": {"gpuDisplayName": gpu[1]}, "_polls": 0}
+        if self.create_reply_delay:
+            time.sleep(self.create_reply_delay)
         return {"data": {"podFindAndDeployOnDemand": {"id": pod_id, "imageName": inp.get("imageName"),
                                                       "machineId": "m1", "machine": {"podHostId": f"{pod_id}-64410f"}}}}
 

@@ -224,3 +224,91 @@ def test_ctrl_c_while_waiting_terminates_the_pod(tmp_path, fake):
     created = fake.ops("pod")[0]["input"]["podId"]
     assert fake.ops("podTerminate") == [{"input": {"podId": created}}] and fake.pods == {}
     assert f"terminated {created}" in err and "Traceback" not in err
+
+
+def _up_then_signal(tmp_path, fake, sig, ready_when) -> tuple[subprocess.Popen, str]:
+    import time
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env |= {"RUNPOD_API_BASE_URL": fake.url, "RUNPOD_API_KEY": KEY}
+    proc = subprocess.Popen([str(ROOT / "bin" / "pod"), "up", "--gpu", "RTX 4090", "--name", "cut", *FAST],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not ready_when() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert KEY not in err
+    return proc, err
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_sigterm_or_a_closed_terminal_while_waiting_terminates_the_pod(tmp_path, fake, sig):
+    """QA 2026-11-25: only Ctrl-C was handled; SIGTERM or SIGHUP (the terminal or SSH session closed) ended
+    bin/pod with the pod running and not in pods.toml."""
+    import signal
+
+    fake.never_ready = True
+    proc, err = _up_then_signal(tmp_path, fake, getattr(signal, sig), lambda: len(fake.ops("pod")) >= 2)
+    assert proc.returncode == 130, err
+    created = fake.ops("pod")[0]["input"]["podId"]
+    assert fake.ops("podTerminate") == [{"input": {"podId": created}}] and fake.pods == {}
+
+
+def test_a_create_cut_short_terminates_the_pod_runpod_made_anyway(tmp_path, fake):
+    """QA 2026-11-25: Ctrl-C while the create request was in flight (RunPod made the pod; its reply never came)
+    left it billing, unrecorded, and `down` refused it as not podkit's. A pod of the same name made by hand
+    before is not touched."""
+    import signal
+
+    fake.pods["hand0001xyz"] = {"id": "hand0001xyz", "name": "cut", "desiredStatus": "RUNNING", "costPerHr": 0.5,
+                                "gpuCount": 1, "imageName": "mine", "runtime": None, "machine": None, "_polls": 0}
+    fake.create_reply_delay = 10
+    proc, err = _up_then_signal(tmp_path, fake, signal.SIGINT, lambda: len(fake.pods) == 2)
+    assert proc.returncode == 130, err
+    made = next(i for i in fake.pods if i != "hand0001xyz") if len(fake.pods) == 2 else None
+    assert made is None and fake.ops("podTerminate") == [{"input": {"podId": "fake0002xyz"}}], err
+    assert "hand0001xyz" in fake.pods and f"terminated fake0002xyz" in err
+    assert not (tmp_path / "pods.toml").exists()
+
+
+def test_two_ups_of_one_name_record_two_findable_pods(tmp_path, fake):
+    """QA 2026-11-25: two `up` at once checked the name before creating and wrote it minutes later: two
+    [pods.rtx-4090] tables, and every later command refused pods.toml. The second now records NAME-2."""
+    from podkit.pods import provision
+    from podkit.pods.runpod import Pod, RunPodClient
+
+    inv, said = tmp_path / "pods.toml", []
+    pods = [Pod.from_api({"id": f"p{i}", "name": "gpu", "desiredStatus": "RUNNING", "costPerHr": 1, "gpuCount": 1,
+                          "runtime": {"ports": [{"ip": "1.2.3.4", "isIpPublic": True, "privatePort": 22,
+                                                 "publicPort": 4000 + i, "type": "tcp"}]}}) for i in (1, 2)]
+    client = RunPodClient(KEY, fake.url)
+    names = [provision.record(p, "gpu", inv, client, said.append) for p in pods]
+    assert names == ["gpu", "gpu-2"] and "this pod is 'gpu-2'" in said[0]
+    assert {n: s.pod_id for n, s in load_inventory(inv).pods.items()} == {"gpu": "p1", "gpu-2": "p2"}
+
+
+@pytest.mark.parametrize("args, env, needle", [
+    (["up", "--gpu", "RTX A6000", "--name", "my.pod"], {}, "may use only letters, digits, '_' and '-'"),
+    (["up", "--gpu", "RTX A6000", "--poll", "nan"], {}, "--deadline and --poll must be positive seconds"),
+    (["up", "--gpu", "RTX A6000", "--deadline", "nan"], {}, "--deadline and --poll must be positive seconds"),
+    (["up", "--gpu", "RTX A6000", "--idle-stop", "1e308", "--accept-new"], {}, "--idle-stop 1e+308 minutes is over 90 days"),
+    (["up", "--gpu", "RTX A6000", "--image", ""], {}, "--image is empty"),
+    (["gpus"], {"RUNPOD_API_BASE_URL": "localhost"}, "RUNPOD_API_BASE_URL 'localhost' is not an http(s) URL"),
+    (["gpus"], {"RUNPOD_API_BASE_URL": "http://127.0.0.1:abc"}, "cannot reach the RunPod API"),
+])
+def test_bad_provisioning_input_is_one_line_and_never_shows_the_key(tmp_path, fake, args, env, needle):
+    """QA 2026-11-25: a name with a dot broke pods.toml for every later command; NaN waits never ended; a
+    1e308-minute guard printed Infinity in --json; an endpoint without a scheme was a traceback holding the key."""
+    full = {k: v for k, v in os.environ.items() if k not in ("RUNPOD_API_KEY", "PYTHONPATH")}
+    full |= {"RUNPOD_API_BASE_URL": fake.url, "RUNPOD_API_KEY": KEY, **env}
+    fast = FAST if args[0] == "up" and "--poll" not in args else ()
+    out = subprocess.run([str(ROOT / "bin" / "pod"), *args, *fast], cwd=tmp_path, env=full, capture_output=True,
+                         text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert needle in one_line_error(out, notes_before=True) and KEY not in out.stdout + out.stderr
+    assert fake.ops("podFindAndDeployOnDemand") == []
