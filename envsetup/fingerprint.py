@@ -208,6 +208,8 @@ class Fingerprint:
         raw = json.loads(text)
         if not isinstance(raw, dict):
             raise ValueError(f"a fingerprint is a JSON object, this is a JSON {type(raw).__name__}")
+        if not any(k in raw for k in ("python", "python_version", "os", "gpus")):
+            raise ValueError("it holds none of a probe result's keys (python, os, gpus): not a fingerprint")
         for key in ("gpus", "python_site"):
             if not isinstance(raw.get(key, []), list):
                 raise ValueError(f"{key} must be a list")
@@ -219,8 +221,15 @@ class Fingerprint:
         for key in ("python_version", "nvcc_version"):
             if raw.get(key) is not None and not (isinstance(raw[key], str) and re.match(r"^\d+\.\d+", raw[key])):
                 raise ValueError(f"{key} must be a version such as \"3.11.7\", got {raw[key]!r}")
+        for g in raw.get("gpus", []):
+            cc = g.get("compute_capability") if isinstance(g, dict) else None
+            if not isinstance(g, dict) or not isinstance(g.get("name"), str):
+                raise ValueError(f"each of gpus must be an object with a name, got {g!r}")
+            if cc is not None and not (isinstance(cc, list) and len(cc) == 2
+                                       and all(isinstance(x, int) and not isinstance(x, bool) for x in cc)):
+                raise ValueError(f"gpus: compute_capability must be [major, minor], e.g. [9, 0], got {cc!r}")
         raw["gpus"] = [Gpu(g["name"], g.get("memory_bytes", g.get("memory_mib", 0) * 2**20),
-                           tuple(g["compute_capability"]) if g["compute_capability"] else None, g.get("driver", ""))
+                           tuple(g["compute_capability"]) if g.get("compute_capability") else None, g.get("driver", ""))
                        for g in raw.get("gpus", [])]
         if raw.get("torch"):
             t = raw["torch"]
