@@ -721,17 +721,26 @@ def down_cmd(name, terminate, inventory, as_json):
     inv = _inventory_path(inventory)
     pod_id = provision.recorded(name, inv)
     client = _client()
+    gone = False
+    try:
+        (client.terminate if terminate else client.stop)(pod_id)
+    except PodError:
+        if client.pod(pod_id) is not None:
+            raise  # RunPod has the pod and refused: its message stands
+        gone = True  # terminated in the console, or by its own guard's owner: nothing to stop
+    if gone and not terminate:
+        raise PodError(f"pod {name} ({pod_id}) is gone on RunPod (terminated in its console?)",
+                       f"remove it from {inv}: bin/pod down {name} --terminate")
     if terminate:
-        client.terminate(pod_id)
         provision.forget(name, inv)
-        line = f"pod down: terminated {name} ({pod_id}); its volume is deleted, nothing bills; removed from {inv}"
+        line = (f"pod down: {name} ({pod_id}) was already gone on RunPod; removed from {inv}" if gone else
+                f"pod down: terminated {name} ({pod_id}); its volume is deleted, nothing bills; removed from {inv}")
     else:
-        client.stop(pod_id)
         line = (f"pod down: stopped {name} ({pod_id}); its volume is kept (storage still bills); "
                 f"delete it with: bin/pod down {name} --terminate")
     if as_json:
-        click.echo(json.dumps({"name": name, "id": pod_id, "action": "terminated" if terminate else "stopped",
-                               "volume_kept": not terminate}))
+        click.echo(json.dumps({"name": name, "id": pod_id, "action": "forgotten" if gone else
+                               "terminated" if terminate else "stopped", "volume_kept": not terminate}))
     else:
         click.echo(line)
 
@@ -753,10 +762,12 @@ def ls_cmd(inventory, known_hosts, timeout, as_json):
     inv = _inventory_path(inventory)
     names = provision.inventory_ids(inv)
     pods = _client().pods()
-    rows = [{**p.to_json(), "inventory_name": names.get(p.id)} for p in pods]
+    rows = [{**p.to_json(), "inventory_name": names.get(p.id), "inventory": str(inv) if p.id in names else None}
+            for p in pods]
     listed = {p.id for p in pods}
-    rows += [{"id": i, "inventory_name": n, "status": "GONE", "cost_per_hour": 0.0, "gpu_count": 0, "gpu": "",
-              "ssh_host": None, "ssh_port": None, "name": ""} for i, n in names.items() if i not in listed]
+    rows += [{"id": i, "inventory_name": n, "inventory": str(inv), "status": "GONE", "cost_per_hour": 0.0,
+              "gpu_count": 0, "gpu": "", "ssh_host": None, "ssh_port": None, "name": ""}
+             for i, n in names.items() if i not in listed]
     opts = PodOptions(known_hosts=known_hosts, timeout=timeout)
     with ThreadPoolExecutor(max_workers=8) as pool:  # one SSH round trip per running podkit pod, at once
         guards = list(pool.map(lambda r: _guard_of(r, inv, opts), rows))

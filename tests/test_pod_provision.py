@@ -96,6 +96,13 @@ def test_ls_shows_pods_podkit_did_not_bring_up(tmp_path, fake):
     # a pod podkit recorded that the account no longer has (terminated in the console) shows as GONE
     (tmp_path / "pods.toml").write_text('[pods.old]\nhost = "root@1.2.3.4:22"\nprovider = "runpod"\npod_id = "gone9"\n')
     assert any(line.lstrip("│ ").startswith("old ") and "gone9" in line and "GONE" in line for line in pod(tmp_path, fake, "ls").stdout.splitlines())
+    rows = json.loads(pod(tmp_path, fake, "ls", "--json").stdout)  # rows as `up` prints a pod, inventory too
+    assert [(r["inventory_name"], r["inventory"]) for r in rows] == [(None, None), ("old", "pods.toml")]
+    # QA 2026-11-25: neither down nor down --terminate could remove such an entry ('RunPod refused: Pod not found')
+    assert "is gone on RunPod" in one_line_error(pod(tmp_path, fake, "down", "old"), notes_before=True)
+    forgot = pod(tmp_path, fake, "down", "old", "--terminate", "--json")
+    assert forgot.returncode == 0 and json.loads(forgot.stdout)["action"] == "forgotten", forgot.stderr
+    assert "old" not in load_inventory(tmp_path / "pods.toml").pods
 
 
 def test_down_refuses_a_pod_podkit_did_not_bring_up(tmp_path, fake):
