@@ -90,6 +90,27 @@ def test_torchrun_two_ranks_with_gloo(tmp_path):
     assert all(r["peak_allocated"] > 0 for r in s["ranks"])
 
 
+def test_a_rank_that_fails_is_named_not_the_peer_its_collective_broke(tmp_path):
+    """QA 2026-11-25: rank 1 raised, rank 0's next all-reduce failed with gloo's 'Connection closed by peer', and
+    the reason quoted rank 0's, the effect, not rank 1's cause."""
+    name = script(tmp_path, "ddp_fail.py", """
+        import torch, torch.distributed as dist
+        dist.init_process_group("gloo")
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        x = torch.randn(16, 8)
+        for step in range(50):
+            if dist.get_rank() == 1 and step == 3:
+                raise ValueError("rank1 dies")
+            loss = model(x).pow(2).mean()
+            opt.zero_grad(); loss.backward(); opt.step()
+    """)
+    proc, s = smoke_cmd(tmp_path, "--steps", "10", "--", PY, "-m", "torch.distributed.run", "--standalone",
+                        "--nproc_per_node", "2", name)
+    assert proc.returncode == 1 and s["status"] == "failed", s
+    assert "ValueError: rank1 dies" in s["reasons"][0], s["reasons"]
+
+
 def test_a_script_that_raises_leaves_a_failed_summary(tmp_path):
     name = script(tmp_path, "crash.py", LOOP.format(extra="if step == 4: raise RuntimeError('boom at step 5')"))
     proc, s = smoke_cmd(tmp_path, "--steps", "20", "--", PY, name)

@@ -157,6 +157,19 @@ def _oom_in_log(path: Path) -> bool:
     return "OutOfMemoryError" in text or "CUDA out of memory" in text
 
 
+# What a rank's collective raises when a peer died first (gloo's pair.cc, ProcessGroupNCCL's watchdog, the
+# c10d store): the peer's own error is the cause.
+_PEER_FAILURES = ("Connection closed by peer", "Connection reset by peer", "NCCL communicator was aborted",
+                  "DistBackendError", "Socket Timeout", "Broken pipe")
+
+
+def _root_cause(ranks: list[dict]) -> str:
+    """The error to name for a failed multi-rank command: the first rank's that is not a peer's failure seen
+    from a collective, else the first one."""
+    errors = [r["error"] for r in ranks if r.get("error")]
+    return next((e for e in errors if not any(p in e for p in _PEER_FAILURES)), errors[0] if errors else "")
+
+
 def summarize(command, code: int | None, how: str, run_dir: RunDir, steps: int, timeout: float | None,
               job=None, min_drop: float = 0.05) -> dict:
     ranks = _ranks(run_dir.path)
@@ -186,7 +199,7 @@ def summarize(command, code: int | None, how: str, run_dir: RunDir, steps: int, 
         reasons.append(next((r["error"] for r in ranks if r.get("status") == "oom"), "out of memory (see smoke.log)"))
     elif code != 0:
         status = "failed"
-        error = next((r["error"] for r in ranks if r.get("error")), "")
+        error = _root_cause(ranks)
         if code is not None and code < 0:  # subprocess: killed by that signal
             name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else f"signal {-code}"
             ended = f"the command was killed by {name}" + (
