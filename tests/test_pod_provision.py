@@ -234,12 +234,16 @@ def test_ctrl_c_while_waiting_terminates_the_pod(tmp_path, fake):
 
 
 def _up_then_signal(tmp_path, fake, sig, ready_when) -> tuple[subprocess.Popen, str]:
+    import signal
     import time
 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env |= {"RUNPOD_API_BASE_URL": fake.url, "RUNPOD_API_KEY": KEY}
+    # SIGHUP at its default, as a terminal's session has it: under nohup (this suite's own parent may be) it comes
+    # ignored, and bin/pod keeps it so.
     proc = subprocess.Popen([str(ROOT / "bin" / "pod"), "up", "--gpu", "RTX 4090", "--name", "cut", *FAST],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 30
         while not ready_when() and time.monotonic() < deadline:

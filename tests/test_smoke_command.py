@@ -147,7 +147,10 @@ def test_ctrl_c_stops_the_command_and_leaves_an_interrupted_summary(tmp_path, si
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([str(SMOKE), "--output-dir", str(tmp_path / "runs"), "--run-id", "r", "--steps", "500",
                              "--", PY, name], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True,
+                            # SIGHUP at its default, as in a terminal's session; under nohup (this suite may run
+                            # so) it comes ignored, and bin/smoke keeps it so (process_tree.stop_signals)
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     log = tmp_path / "runs" / "r" / "smoke.log"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not (log.exists() and "step 2" in log.read_text()):
