@@ -360,19 +360,17 @@ def _run_nodes(host: str, command: tuple[str, ...], detach: bool, run_id: str | 
             try:
                 code, error = nodes.follow(members, pods.opts, printer.for_pod, say)
             except KeyboardInterrupt:
-                say("detached; the jobs keep running: " + ", ".join(f"bin/pod stop {m.spec.name} {m.job_id}"
-                                                                    for m in members))
+                say("detached; the jobs keep running: " + ", ".join(f"bin/pod stop {pods.again(m.spec.name)} "
+                                                                    f"{m.job_id}" for m in members))
+                if as_json:  # as a single pod's run: the object, interrupted
+                    click.echo(json.dumps(_nodes_json(run_id, True, None, rdzv, members, ok=False, interrupted=True),
+                                          indent=2))
                 return 130
     finally:
         for m in members:
             m.conn.close()
     if as_json:
-        click.echo(json.dumps({"ok": code in (None, 0), "run_id": run_id, "detached": detach, "exit_code": code,
-                               "rendezvous": rdzv.endpoint,
-                               "nodes": [{"node": m.node.index, "pod": m.spec.name, "job": m.job_id,
-                                          "address": m.node.address, "nproc": m.node.nproc,
-                                          "changed_since_deploy": m.changed} for m in members]},
-                              indent=2))
+        click.echo(json.dumps(_nodes_json(run_id, detach, code, rdzv, members, ok=code == 0 or detach), indent=2))
     if detach:
         return 0
     if error:
@@ -384,6 +382,13 @@ def _run_nodes(host: str, command: tuple[str, ...], detach: bool, run_id: str | 
     say(f"run {run_id} exited {code}" + (" (the first node to fail)" if code else "")
         + f"; its logs: bin/pod fetch-logs {host}")
     return code
+
+
+def _nodes_json(run_id: str, detached: bool, code, rdzv, members, ok: bool, interrupted: bool = False) -> dict:
+    return {"ok": ok, "run_id": run_id, "detached": detached, **({"interrupted": True} if interrupted else {}),
+            "exit_code": code, "rendezvous": rdzv.endpoint,
+            "nodes": [{"node": m.node.index, "pod": m.spec.name, "job": m.job_id, "address": m.node.address,
+                       "nproc": m.node.nproc, "changed_since_deploy": m.changed} for m in members]}
 
 
 def _check_job_path(config: str, project: Path) -> str:

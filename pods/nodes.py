@@ -318,13 +318,25 @@ def start(members: list[Member], rdzv: Rendezvous, command: str, say: Callable[[
     """Start the job on every node, the rendezvous host first; one that cannot start stops the rest."""
     started: list[Member] = []
     for m in members:
+        job_id = f"{rdzv.run_id}-n{m.node.index}"
         try:
-            m.job_id = jobs.start(m.conn, command, f"{rdzv.run_id}-n{m.node.index}", env=rdzv.env(m.node),
-                                  env_defaults=rdzv.env_defaults(m.node))
+            m.job_id = jobs.start(m.conn, command, job_id, env=rdzv.env(m.node), env_defaults=rdzv.env_defaults(m.node))
         except PodError as exc:
             for s in started:
                 jobs.stop(s.conn, s.job_id, grace=10)
             raise (exc.on(m.spec.name) if not exc.host else exc) from None
+        except KeyboardInterrupt:
+            # Ctrl-C while starting: a world of some nodes never forms, and re-running would start a second one
+            # beside it. Stop what started; the start in flight may still run once its link delivers it.
+            for s in started:
+                try:
+                    say(f"interrupted while starting: job {s.job_id} on {s.spec.name} {jobs.stop(s.conn, s.job_id, 10)}")
+                except (PodError, KeyboardInterrupt) as exc:
+                    say(f"interrupted while starting: could not stop job {s.job_id} on {s.spec.name} ({exc}); "
+                        f"stop it with: bin/pod stop {s.spec.name} {s.job_id}")
+            say(f"interrupted while starting: job {job_id} may still start on {m.spec.name} (its start was in "
+                f"flight): check with bin/pod jobs {m.spec.name}, stop it with: bin/pod stop {m.spec.name} {job_id}")
+            raise
         started.append(m)
         say(f"job {m.job_id} started on {m.spec.name} (node {m.node.index} of {rdzv.nodes}, {m.node.nproc} "
             f"process(es), via {m.node.address}{' ' + m.node.interface if m.node.interface else ''})")
@@ -353,9 +365,12 @@ def follow(members: list[Member], opts: PodOptions, printer: Callable[[str], Cal
         if exc is not None:
             error = error or f"{m.spec.name}: {exc.problem}; its job {m.job_id} may still run there"
             rc = 2
+        why = "lost" if exc else f"exited {rc}"
+        if rc is None:  # the job ended without an exit code (killed with its wrapper): a failure, 1 as bin/pod's
+            rc, why = 1, "lost its job (no exit code: killed, or the pod restarted)"
         if rc != 0 and not stopped:
             code, stopped = rc, True
-            say(f"node {m.node.index} ({m.spec.name}) {'lost' if exc else f'exited {rc}'}: stopping the others")
+            say(f"node {m.node.index} ({m.spec.name}) {why}: stopping the others")
             _stop_others(members, m, opts, say, grace)
     for t in threads:
         t.join(timeout=5)

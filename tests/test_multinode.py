@@ -197,6 +197,57 @@ def test_a_node_whose_link_dies_mid_run_has_the_others_stopped(cluster):
 
 @pytest.mark.slow
 @pytest.mark.skipif(sshd_available() is not None, reason=str(sshd_available()))
+def test_a_node_whose_job_is_lost_fails_the_run_and_ctrl_c_under_json_still_prints_the_object(cluster):
+    """Review 2026-11-25: a node's job killed with its wrapper (no exit code: the OOM killer, a restart) made the
+    run exit 0 with ok true; and Ctrl-C under --json left stdout empty."""
+    import signal as sig
+
+    net, _, project, known_hosts = cluster
+    script = "import os, time; print('up on node', os.environ['PODKIT_NODE_RANK'], flush=True); time.sleep(600)"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+    def run(run_id: str) -> tuple[subprocess.Popen, list[str]]:
+        import threading
+
+        argv = [str(project / "bin" / "pod"), "run", "--known-hosts", str(known_hosts), "node0,node1", "--nodes",
+                "--json", "--id", run_id, "--", "python", "-c", script]
+        proc = subprocess.Popen(argv, cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        lines: list[str] = []
+        threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True).start()
+        assert wait_for(lambda: sum("up on node" in line for line in lines) == 2, 120), lines
+        return proc, lines
+
+    proc, lines = run("lost1")
+    try:
+        for pid in tagged("PODKIT_JOB_ID=lost1-n1"):  # the job and its wrapper, as the OOM killer would
+            os.kill(pid, sig.SIGKILL)
+        out = json.loads(proc.stdout.read())
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1 and out["ok"] is False and out["exit_code"] == 1, (out, lines)
+    assert any("node 1 (node1) lost its job" in line for line in lines), lines
+    assert wait_for(lambda: not tagged("PODKIT_JOB_ID=lost1-n0"), 60)
+
+    proc, lines = run("ctrlc1")
+    try:
+        proc.send_signal(sig.SIGINT)
+        out = json.loads(proc.stdout.read())
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for i in range(2):
+            cli(cluster, "stop", f"node{i}", f"ctrlc1-n{i}", "--grace", "5")
+    assert proc.returncode == 130 and out["interrupted"] and out["detached"] and out["exit_code"] is None, out
+    assert [n["job"] for n in out["nodes"]] == ["ctrlc1-n0", "ctrlc1-n1"]
+    for i in range(2):
+        assert wait_for(lambda: not only_sshd_left(net, i), 30), only_sshd_left(net, i)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sshd_available() is not None, reason=str(sshd_available()))
 def test_detached_nodes_are_attached_and_stopped_one_by_one(cluster):
     net, _, _, _ = cluster
     script = "import os; print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], flush=True)"
