@@ -58,3 +58,39 @@ def test_read_run_finds_every_rank(tmp_path):
     runs = read_run(tmp_path)
     assert [r.label.split(" rank ")[1] for r in runs] == ["0", "1", "10"]
     assert [r.loss[0][1] for r in runs] == [1.0, 2.0, 3.0]
+
+
+def test_what_a_killed_or_half_fetched_run_leaves_is_passed_over(tmp_path):
+    """Review 2026-11-25: a summary.json cut mid-write, a metrics line that is JSON but no object, and bytes
+    that are no text were tracebacks; another node's run directory (only metrics.rank1.jsonl) was refused."""
+    from podkit.train.plot import read_run
+
+    (tmp_path / "summary.json").write_text('{"status": "pa')
+    (tmp_path / "metrics.rank1.jsonl").write_bytes(b'{"step": 1, "loss": 2.0}\n5\nnull\n\xdf\xff garbage\n'
+                                                   b'{"step": 2, "loss": 1.5}\n')
+    [run] = read_run(tmp_path)
+    assert run.loss == [(1, 2.0), (2, 1.5)] and run.label == tmp_path.name
+    pytest.importorskip("matplotlib", reason="bin/plot draws with matplotlib ([plot] extra, installed by make setup)")
+    out = subprocess.run([str(ROOT / "bin" / "plot"), str(tmp_path), "--json"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and json.loads(out.stdout)["written"] == [str(tmp_path / "memory.png")], out.stderr
+
+
+def test_bin_plot_never_draws_over_a_file_podkit_did_not_write(tmp_path):
+    pytest.importorskip("matplotlib", reason="bin/plot draws with matplotlib ([plot] extra, installed by make setup)")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n{"step": 2, "loss": 0.5}\n')
+    theirs = tmp_path / "figure.png"
+    theirs.write_bytes(PNG + b"the user's own figure")
+
+    def plot(*args):
+        return subprocess.run([str(ROOT / "bin" / "plot"), *args], capture_output=True, text=True, timeout=120,
+                              cwd=tmp_path)
+
+    refused = plot(str(run), "-o", str(theirs))
+    assert refused.returncode == 2 and "exists and podkit did not write it" in refused.stderr
+    assert theirs.read_bytes() == PNG + b"the user's own figure"
+    ours = tmp_path / "ours.png"
+    assert plot(str(run), "-o", str(ours)).returncode == 0 and plot(str(run), "-o", str(ours)).returncode == 0
+    assert plot(str(run)).returncode == 0 and plot(str(run)).returncode == 0  # the run's own memory.png, again

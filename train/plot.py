@@ -67,24 +67,44 @@ def curves(records: list[dict], summary: dict, label: str) -> RunCurves:
 
 
 def read_run(path: Path) -> list[RunCurves]:
-    """Every rank's curves in a run directory: metrics.jsonl (rank 0) and metrics.rank<N>.jsonl."""
-    summary_path = path / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    """Every rank's curves in a run directory: metrics.jsonl (rank 0) and metrics.rank<N>.jsonl (another node's
+    fetched run holds only its own ranks' files). What a killed or half-fetched run leaves (a cut line, a
+    summary.json still being written, bytes that are no text) is passed over, not a reason to draw nothing."""
+    summary: dict = {}
+    try:
+        loaded = json.loads((path / "summary.json").read_text())
+        summary = loaded if isinstance(loaded, dict) else {}
+    except (OSError, ValueError):
+        pass  # none yet, or cut mid-write: the curves do not need it
     out = []
-    files = [path / "metrics.jsonl"] + sorted(path.glob("metrics.rank*.jsonl"), key=lambda p: _rank(p))
+    files = [f for f in [path / "metrics.jsonl"] + sorted(path.glob("metrics.rank*.jsonl"), key=lambda p: _rank(p))
+             if f.is_file()]
     for f in files:
-        if not f.is_file():
-            continue
         records = []
-        for line in f.read_text().splitlines():
+        for line in f.read_bytes().decode("utf-8", errors="replace").splitlines():
             try:
-                records.append(json.loads(line))
+                rec = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a line cut by a killed run
+            if isinstance(rec, dict):
+                records.append(rec)
         rank = _rank(f)
         label = path.name + (f" rank {rank}" if len(files) > 1 else "")
         out.append(curves(records, summary, label))
     return out
+
+
+PNG_SOFTWARE = "podkit"
+"""The PNG tEXt "Software" value podkit's plots carry (matplotlib's savefig metadata)."""
+
+
+def written_by_podkit(path: Path) -> bool:
+    """Whether an existing PNG carries podkit's Software text chunk: a file bin/plot may draw over."""
+    try:
+        head = path.read_bytes()[:4096]
+    except OSError:
+        return False
+    return head.startswith(b"\x89PNG") and b"tEXtSoftware\x00" + PNG_SOFTWARE.encode() in head
 
 
 def _rank(path: Path) -> int:
@@ -171,7 +191,7 @@ def draw(runs: list[RunCurves], path: str | Path, title: str) -> list[str]:
     status = ", ".join(f"{r.label}: {r.status}" for r in runs if r.status) if len(runs) > 1 else (runs[0].status if runs else "")
     fig.suptitle(title + (f" ({status})" if status else ""))
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, metadata={"Software": PNG_SOFTWARE})  # how bin/plot knows a PNG is podkit's
     labels = [a.get_ylabel() for a in axes]
     plt.close(fig)
     return labels

@@ -32,8 +32,9 @@ def _check_run(path: Path) -> None:
         _fail(f"{path} does not exist (give a run directory, e.g. runs/<run-id>)")
     if not path.is_dir():
         _fail(f"{path} is not a run directory (give runs/<run-id>, the directory that holds metrics.jsonl)")
-    if not (path / "metrics.jsonl").is_file():
-        _fail(f"{path} has no metrics.jsonl: not a smoke run directory, or fetched before its first step")
+    if not (path / "metrics.jsonl").is_file() and not any(path.glob("metrics.rank*.jsonl")):
+        _fail(f"{path} has no metrics.jsonl (nor another node's metrics.rank<N>.jsonl): not a smoke run directory, "
+              "or fetched before its first step")
 
 
 def _check_output(out: Path) -> None:
@@ -46,6 +47,16 @@ def _check_output(out: Path) -> None:
         _fail(f"-o {out}: {parent} is not writable")
     if out.is_dir():
         _fail(f"-o {out} is a directory (give a .png file name)")
+
+
+def _check_ours(path: Path, runs: tuple[Path, ...]) -> None:
+    """Never draw over a file podkit did not write: a PNG in one of these runs' directories is the run's, any
+    other existing file must carry podkit's PNG mark (train/plot.written_by_podkit)."""
+    from podkit.train import plot
+
+    inside_a_run = any(path.absolute().parent == r.absolute() for r in runs)
+    if path.exists() and not inside_a_run and not plot.written_by_podkit(path):
+        _fail(f"{path} exists and podkit did not write it (give another -o, or move it away)")
 
 
 @click.command(cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
@@ -65,9 +76,12 @@ def main(runs: tuple[Path, ...], output: Path | None, per_rank: bool, as_json: b
     curves = [c for run in runs for c in plot.read_run(run)]
     title = " vs ".join(r.name for r in runs) + " memory"
     written = [out]
+    if per_rank and len(runs) == 1 and len(curves) > 1:
+        written = [out if i == 0 else out.with_name(f"{out.stem}.rank{i}{out.suffix}") for i in range(len(curves))]
+    for path in written:
+        _check_ours(path, runs)
     try:
-        if per_rank and len(runs) == 1 and len(curves) > 1:
-            written = [out if i == 0 else out.with_name(f"{out.stem}.rank{i}{out.suffix}") for i in range(len(curves))]
+        if len(written) > 1:
             for path, c in zip(written, curves):
                 plot.draw([c], path, f"{title}, {c.label}")
         else:
