@@ -29,14 +29,15 @@ echo "left $pids"; exit 1
 
 # /proc/PID/stat: "pid (comm) state ppid pgrp session ...", comm perhaps holding spaces and ") ": the fields are
 # matched after the last ") ". The session is taken only from a wrapper that still carries the job's tag and
-# leads its own session, never from a pid reused by another process after the wrapper died.
+# leads its own session, never from a pid reused by another process after the wrapper died. A zombie (state Z:
+# dead, its parent yet to reap it) is no process to stop, and would read as one left running.
 _SESSION = r'''sid=
 if grep -qzxF {tag} /proc/${spare}/environ 2>/dev/null; then
   sid=$(sed -n 's/.*) [^ ]* [^ ]* [^ ]* \([0-9]*\) .*/\1/p' /proc/${spare}/stat 2>/dev/null)
   [ "$sid" = "${spare}" ] || sid=
 fi
 in_session() {{ [ -n "$sid" ] || return 0
-  grep -s -H '' /proc/[0-9]*/stat | sed -n "s|^/proc/\([0-9]*\)/stat:.*) [^ ]* [^ ]* [^ ]* $sid .*|\1|p"; }}
+  grep -s -H '' /proc/[0-9]*/stat | sed -n "s|^/proc/\([0-9]*\)/stat:.*) [^Z ] [^ ]* [^ ]* $sid .*|\1|p"; }}
 '''
 
 

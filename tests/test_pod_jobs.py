@@ -396,3 +396,34 @@ def test_attach_to_a_job_lost_without_an_exit_code_reports_none_and_exits_1(worl
     states = {j["id"]: (j["state"], j["exit_code"])
               for j in _strict(cli(world, "jobs", world.pod.spec, *args(world), "--json").stdout)["jobs"]}
     assert states[lost] == ("lost", None) and states[fours] == ("exited", 4)
+
+
+def test_a_stop_counts_no_zombie_of_the_session_as_left_running(tmp_path):
+    """Review 2026-11-25: a stop reported 'left PID' for a worker that was already dead, its parent not yet
+    having reaped it (state Z): no process to stop. Run here on this machine's /proc, as on a pod's."""
+    from podkit.pods.remote_stop import stop_script
+
+    # A session leader tagged as a job's wrapper, with one child that exits at once and is never reaped.
+    leader = subprocess.Popen([sys.executable, "-c", "import os, time\nif os.fork() == 0: os._exit(0)\ntime.sleep(60)"],
+                              env={**os.environ, "PODKIT_JOB_ID": "zombie-test"}, start_new_session=True)
+    try:
+        assert wait_for(lambda: any(Path(f"/proc/{p}/stat").read_text().split(") ")[1][0] == "Z"
+                                    for p in _children(leader.pid)), 10)
+        session = stop_script("PODKIT_JOB_ID=zombie-test", 1, "wrapper").split("tagged()")[0]
+        listed = subprocess.run(["bash", "-c", f"wrapper={leader.pid}\n{session}\nin_session"], capture_output=True,
+                                text=True, timeout=30).stdout.split()
+        assert listed == [str(leader.pid)], listed  # the leader, not its zombie
+    finally:
+        leader.kill()
+        leader.wait()
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if Path(f"/proc/{p}/stat").read_text().split(") ")[1].split()[1] == str(pid):
+                out.append(int(p))
+        except (OSError, IndexError):
+            continue
+    return out
