@@ -352,13 +352,13 @@ def _run_nodes(host: str, command: tuple[str, ...], detach: bool, run_id: str | 
     try:
         rdzv = nodes.plan(members, run_id, nproc)
         say(f"run {run_id}: {len(members)} nodes, rendezvous c10d at {rdzv.endpoint} ({specs[0].name})")
-        nodes.start(members, rdzv, line, say)
+        nodes.start(members, rdzv, line, say, pods.again)
         if detach:
             for m in members:
-                say(f"attach with: bin/pod attach {m.spec.name} {m.job_id}")
+                say(f"attach with: bin/pod attach {pods.again(m.spec.name)} {m.job_id}")
         else:
             try:
-                code, error = nodes.follow(members, pods.opts, printer.for_pod, say)
+                code, error = nodes.follow(members, pods.opts, printer.for_pod, say, again=pods.again)
             except KeyboardInterrupt:
                 say("detached; the jobs keep running: " + ", ".join(f"bin/pod stop {pods.again(m.spec.name)} "
                                                                     f"{m.job_id}" for m in members))

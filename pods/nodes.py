@@ -314,8 +314,10 @@ def _gpus(conn: PodConnection) -> int:
     return int(count) if count.isdigit() and int(count) > 0 else 1
 
 
-def start(members: list[Member], rdzv: Rendezvous, command: str, say: Callable[[str], None]) -> None:
-    """Start the job on every node, the rendezvous host first; one that cannot start stops the rest."""
+def start(members: list[Member], rdzv: Rendezvous, command: str, say: Callable[[str], None],
+          again: Callable[[str], str] = str) -> None:
+    """Start the job on every node, the rendezvous host first; one that cannot start stops the rest. `again`:
+    a pod's name with the reach options given (PodArgs.again), for the hints."""
     started: list[Member] = []
     for m in members:
         job_id = f"{rdzv.run_id}-n{m.node.index}"
@@ -333,9 +335,10 @@ def start(members: list[Member], rdzv: Rendezvous, command: str, say: Callable[[
                     say(f"interrupted while starting: job {s.job_id} on {s.spec.name} {jobs.stop(s.conn, s.job_id, 10)}")
                 except (PodError, KeyboardInterrupt) as exc:
                     say(f"interrupted while starting: could not stop job {s.job_id} on {s.spec.name} ({exc}); "
-                        f"stop it with: bin/pod stop {s.spec.name} {s.job_id}")
+                        f"stop it with: bin/pod stop {again(s.spec.name)} {s.job_id}")
             say(f"interrupted while starting: job {job_id} may still start on {m.spec.name} (its start was in "
-                f"flight): check with bin/pod jobs {m.spec.name}, stop it with: bin/pod stop {m.spec.name} {job_id}")
+                f"flight): check with bin/pod jobs {again(m.spec.name)}, stop it with: bin/pod stop "
+                f"{again(m.spec.name)} {job_id}")
             raise
         started.append(m)
         say(f"job {m.job_id} started on {m.spec.name} (node {m.node.index} of {rdzv.nodes}, {m.node.nproc} "
@@ -343,7 +346,7 @@ def start(members: list[Member], rdzv: Rendezvous, command: str, say: Callable[[
 
 
 def follow(members: list[Member], opts: PodOptions, printer: Callable[[str], Callable[[str], None]],
-           say: Callable[[str], None], grace: float = 30.0) -> tuple[int, str | None]:
+           say: Callable[[str], None], grace: float = 30.0, again: Callable[[str], str] = str) -> tuple[int, str | None]:
     """Stream every node's output (prefixed by the printer) until all end. The first node to fail
     (a nonzero exit, or a lost link) has the others stopped. Returns (exit code, error line)."""
     ended: queue.Queue = queue.Queue()
@@ -371,14 +374,14 @@ def follow(members: list[Member], opts: PodOptions, printer: Callable[[str], Cal
         if rc != 0 and not stopped:
             code, stopped = rc, True
             say(f"node {m.node.index} ({m.spec.name}) {why}: stopping the others")
-            _stop_others(members, m, opts, say, grace)
+            _stop_others(members, m, opts, say, grace, again)
     for t in threads:
         t.join(timeout=5)
     return code, error
 
 
 def _stop_others(members: list[Member], failed: Member, opts: PodOptions, say: Callable[[str], None],
-                 grace: float) -> None:
+                 grace: float, again: Callable[[str], str] = str) -> None:
     """jobs.stop on every other node, each over a connection of its own (the first one is busy
     streaming); in parallel, so a slow node does not hold the rest."""
     def stop(m: Member) -> None:
@@ -388,7 +391,7 @@ def _stop_others(members: list[Member], failed: Member, opts: PodOptions, say: C
                 say(f"node {m.node.index} ({m.spec.name}): job {m.job_id} {jobs.stop(conn, m.job_id, grace)}")
         except PodError as exc:
             say(f"node {m.node.index} ({m.spec.name}): could not stop job {m.job_id}: {exc} "
-                f"(stop it with: bin/pod stop {m.spec.name} {m.job_id})")
+                f"(stop it with: bin/pod stop {again(m.spec.name)} {m.job_id})")
 
     with ThreadPoolExecutor(max_workers=len(members)) as pool:
         list(pool.map(stop, [m for m in members if m is not failed]))

@@ -61,17 +61,37 @@ def _create(client: RunPodClient, request: PodRequest, say: Callable[[str], None
     try:
         return client.create(request)
     except (KeyboardInterrupt, PodError) as exc:
-        if isinstance(exc, PodError) and not exc.problem.startswith("cannot reach the RunPod API"):
+        if isinstance(exc, PodError) and not _maybe_made(exc):
             raise  # RunPod answered: it refused, and made nothing
+        say = _quiet_on_hangup(say)  # after SIGHUP the terminal is gone: the check must still run
         say(f"pod up: the create was cut short; checking whether RunPod made pod '{request.name}' anyway "
             f"(up to {CREATE_SETTLE_S:.0f}s; Ctrl-C again to stop checking)")
         found = _settle(client, request.name, before)
-        for pod_id in found:
-            _terminate_quietly(client, pod_id, say)
-        if found is None:
-            say(f"pod up: stopped checking; if bin/pod ls shows a pod '{request.name}' not podkit's, terminate it "
-                "at runpod.io/console/pods")
+        if found is not None and len(found) == 1:  # this request makes one pod
+            _terminate_quietly(client, found[0], say)
+        elif found:  # more than one new pod of that name: another `up` of the same name runs too
+            say(f"pod up: RunPod lists {len(found)} new pods named '{request.name}' ({', '.join(found)}): another "
+                "bin/pod up of that name may own one; terminate the one it did not record at runpod.io/console/pods")
+        else:
+            say(f"pod up: {'none appeared yet' if found == [] else 'stopped checking'}; if bin/pod ls later shows a "
+                f"pod '{request.name}' not podkit's, terminate it at runpod.io/console/pods (it bills)")
         raise
+
+
+def _maybe_made(exc: PodError) -> bool:
+    """A create that failed after its request may have reached RunPod: no answer, or a gateway's instead of
+    RunPod's (502/503/504/524 come from the proxies in front of it, which cut a reply short)."""
+    return exc.problem.startswith("cannot reach the RunPod API") or any(
+        f"answered HTTP {code}" in exc.problem for code in (502, 503, 504, 524))
+
+
+def _quiet_on_hangup(say: Callable[[str], None]) -> Callable[[str], None]:
+    def safe(line: str) -> None:
+        try:
+            say(line)
+        except OSError:  # EIO: the terminal hung up
+            pass
+    return safe
 
 
 def _settle(client: RunPodClient, name: str, before: set[str]) -> list[str] | None:
@@ -142,43 +162,39 @@ def record(pod: Pod, name: str, inventory: Path, client: RunPodClient, say: Call
     Appended, never rewritten: the rest of the file is the user's. Returns the name recorded: NAME, or NAME-2,
     NAME-3... when another `bin/pod up` recorded NAME while this one waited (its pod bills too: both are kept,
     each findable)."""
+    written = False
     try:
-        with _inventory_lock(inventory):
-            taken = set(load_inventory(inventory).pods) if inventory.exists() else set()
+        with inventory.open("a") as f:
+            # pods.toml itself is the lock (flock, released when closed): two `bin/pod up` at once each see the
+            # other's name before writing theirs.
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                taken = set(load_inventory(inventory).pods) if inventory.stat().st_size else set()
+            except PodError:  # a pods.toml the user broke by hand: appended to as before, its names unread
+                taken = set()
             final = next(n for n in (name, *(f"{name}-{i}" for i in range(2, 1000))) if n not in taken)
-            _append(pod, final, inventory, key, remote_dir)
+            f.write(_block(pod, final, key, remote_dir))
+            written = True
     except OSError as exc:  # an unrecorded pod is one `down` cannot find: do not leave it billing
-        _terminate_quietly(client, pod.id, say)
+        if written:
+            raise
+        _terminate_quietly(client, pod.id, _quiet_on_hangup(say))
         raise PodError(f"cannot record the pod in {inventory} ({exc.strerror}); terminated it", "fix the path or --inventory") from None
+    except BaseException:  # stopped while waiting for the lock: it would bill unrecorded
+        if not written:
+            _terminate_quietly(client, pod.id, _quiet_on_hangup(say))
+        raise
     if final != name:
         say(f"pod up: '{name}' was recorded by another bin/pod up meanwhile; this pod is '{final}'")
     return final
 
 
-class _inventory_lock:
-    """An exclusive lock beside pods.toml (fcntl.flock on NAME.lock, released when closed): two `bin/pod up` at
-    once each see the other's name before writing theirs."""
-
-    def __init__(self, inventory: Path):
-        self.path = inventory.with_name(f".{inventory.name}.lock")
-
-    def __enter__(self):
-        self.f = open(self.path, "a")
-        fcntl.flock(self.f, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc):
-        self.f.close()
-
-
-def _append(pod: Pod, name: str, inventory: Path, key: str | None, remote_dir: str | None) -> None:
-    block = (f"\n[pods.{name}]  # bin/pod up\n"
+def _block(pod: Pod, name: str, key: str | None, remote_dir: str | None) -> str:
+    return (f"\n[pods.{name}]  # bin/pod up\n"
              f"host = {json.dumps(f'root@{pod.ssh_host}:{pod.ssh_port}')}\n"
              f'profile = "runpod"\nprovider = "{PROVIDER}"\npod_id = {json.dumps(pod.id)}\n'
              + (f"key = {json.dumps(key)}\n" if key else "")
              + (f"remote_dir = {json.dumps(remote_dir)}\n" if remote_dir else ""))
-    with inventory.open("a") as f:
-        f.write(block)
 
 
 def recorded(name: str, inventory: Path) -> str:

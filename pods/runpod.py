@@ -144,8 +144,12 @@ class RunPodClient:
         self._key = key
         self.base_url = (base_url or os.environ.get(BASE_VAR) or DEFAULT_BASE).rstrip("/")
         self.timeout = timeout
-        parts = urllib.parse.urlsplit(self.base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        try:
+            parts = urllib.parse.urlsplit(self.base_url)
+            host = parts.hostname
+        except ValueError:  # 'http://[::1': an unclosed IPv6 bracket
+            parts, host = None, None
+        if parts is None or parts.scheme not in ("http", "https") or not host:
             raise PodError(f"{BASE_VAR} {self.base_url!r} is not an http(s) URL", f"e.g. {DEFAULT_BASE}, or unset it")
 
     def _call(self, query: str, variables: dict | None = None) -> dict:

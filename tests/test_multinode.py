@@ -7,6 +7,7 @@ node left running is found by its network namespace (`ip netns pids`) and by the
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -253,7 +254,9 @@ def test_detached_nodes_are_attached_and_stopped_one_by_one(cluster):
     script = "import os; print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], flush=True)"
     out = cli(cluster, "run", "node0,node1", "--nodes", "--detach", "--json", "--id", "det1", "--", "python", "-c", script)
     assert out.returncode == 0, out.stderr
-    assert "bin/pod attach node0 det1-n0" in out.stderr and "bin/pod attach node1 det1-n1" in out.stderr
+    # each hint is a command that reaches the pod as this one did (its --known-hosts kept)
+    assert re.search(r"bin/pod attach node0 --known-hosts \S+ det1-n0", out.stderr), out.stderr
+    assert re.search(r"bin/pod attach node1 --known-hosts \S+ det1-n1", out.stderr), out.stderr
     started = json.loads(out.stdout)  # stdout is the one JSON object
     assert started["ok"] and started["detached"] and started["run_id"] == "det1" and started["exit_code"] is None
     assert [(n["pod"], n["job"], n["nproc"]) for n in started["nodes"]] == [("node0", "det1-n0", 1), ("node1", "det1-n1", 1)]

@@ -94,3 +94,15 @@ def test_bin_plot_never_draws_over_a_file_podkit_did_not_write(tmp_path):
     ours = tmp_path / "ours.png"
     assert plot(str(run), "-o", str(ours)).returncode == 0 and plot(str(run), "-o", str(ours)).returncode == 0
     assert plot(str(run)).returncode == 0 and plot(str(run)).returncode == 0  # the run's own memory.png, again
+
+
+def test_per_rank_plots_are_named_by_rank_not_by_position(tmp_path):
+    """Review 2026-11-25: another node's run (ranks 2 and 3) wrote rank 2's curves to memory.png and rank 3's to
+    memory.rank1.png."""
+    pytest.importorskip("matplotlib", reason="bin/plot draws with matplotlib ([plot] extra, installed by make setup)")
+    for rank in (2, 3):
+        (tmp_path / f"metrics.rank{rank}.jsonl").write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.0}\n')
+    out = subprocess.run([str(ROOT / "bin" / "plot"), str(tmp_path), "--per-rank", "--json"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["written"] == [str(tmp_path / "memory.rank2.png"), str(tmp_path / "memory.rank3.png")]

@@ -323,3 +323,28 @@ def test_bad_provisioning_input_is_one_line_and_never_shows_the_key(tmp_path, fa
                          text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert needle in one_line_error(out, notes_before=True) and KEY not in out.stdout + out.stderr
     assert fake.ops("podFindAndDeployOnDemand") == []
+
+
+def test_a_create_that_times_out_and_a_check_that_fails_still_say_what_may_bill(tmp_path):
+    """Review 2026-11-25: when listing the pods failed after a create cut short (the network that made it time
+    out), the check returned None and `for pod_id in None` was a traceback, so nobody was told a pod may bill."""
+    from podkit.pods import provision
+    from podkit.pods.errors import PodError
+    from podkit.pods.runpod import PodRequest, RunPodClient
+
+    fake = FakeRunPod(key=KEY).start()
+    fake.create_reply_delay = 3  # the pod is made; the reply comes after the client's 1 s timeout
+    said: list[str] = []
+
+    def say(line: str) -> None:
+        said.append(line)
+        if "checking whether RunPod made" in line:
+            fake.stop()  # and now the API cannot be reached at all
+
+    try:
+        with pytest.raises(PodError, match="cannot reach the RunPod API"):
+            provision._create(RunPodClient(KEY, fake.url, timeout=1), PodRequest(name="slow", gpu="NVIDIA RTX A6000"),
+                              say)
+    finally:
+        fake.stop()
+    assert "stopped checking" in said[-1] and "terminate it at runpod.io/console/pods (it bills)" in said[-1], said

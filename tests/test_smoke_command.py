@@ -426,3 +426,29 @@ def test_builtin_smoke_runs_the_replica_of_a_job_read_with_from(tmp_path):
     assert s["steps"] == 3
     config = (tmp_path / "runs" / "r" / "config.toml").read_text()
     assert "micro_batch = 2" in config and "seq_len = 64" in config and 'stack = "hf"' in config
+
+
+def test_a_signal_before_the_command_starts_stops_it_rather_than_waiting_for_its_end(tmp_path):
+    """Review 2026-11-25: a Ctrl-C while bin/smoke set up (its sinks can take seconds) was noted as 'after the
+    command ended', and the command then ran to its natural end. The signal arrives here while the command is
+    being started: a real SIGINT to this process."""
+    driver = tmp_path / "driver.py"
+    driver.write_text(textwrap.dedent(f"""
+        import os, signal, sys, time
+        from pathlib import Path
+        from podkit.train import process_tree, script_smoke
+        real = process_tree.become_subreaper
+        def subreaper_then_ctrl_c():
+            os.kill(os.getpid(), signal.SIGINT)
+            return real()
+        process_tree.become_subreaper = subreaper_then_ctrl_c
+        t0 = time.monotonic()
+        summary, path, code = script_smoke.run(("sleep", "30"), Path({str(tmp_path / "runs")!r}), "early", 3, 1, None,
+                                               echo=False)
+        print(round(time.monotonic() - t0, 1))
+        sys.exit(code)
+    """))
+    proc = subprocess.run([PY, str(driver)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    s = json.loads((tmp_path / "runs" / "early" / "summary.json").read_text())
+    assert proc.returncode == 130 and s["status"] == "interrupted", proc.stderr + json.dumps(s)
+    assert float(proc.stdout.split()[-1]) < 20 and "after the command ended" not in json.dumps(s["warnings"])

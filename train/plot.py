@@ -10,6 +10,7 @@ where only the fetched files are.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
@@ -40,6 +41,8 @@ class RunCurves:
     limit: int | None = None
     status: str = ""
     steps_planned: int = 0
+    rank: int = 0
+    """The rank whose metrics file this is (read_run: metrics.jsonl is rank 0's, metrics.rank<N>.jsonl rank N's)."""
 
 
 def curves(records: list[dict], summary: dict, label: str) -> RunCurves:
@@ -90,7 +93,7 @@ def read_run(path: Path) -> list[RunCurves]:
                 records.append(rec)
         rank = _rank(f)
         label = path.name + (f" rank {rank}" if len(files) > 1 else "")
-        out.append(curves(records, summary, label))
+        out.append(dataclasses.replace(curves(records, summary, label), rank=rank))
     return out
 
 

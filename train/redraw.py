@@ -76,8 +76,8 @@ def main(runs: tuple[Path, ...], output: Path | None, per_rank: bool, as_json: b
     curves = [c for run in runs for c in plot.read_run(run)]
     title = " vs ".join(r.name for r in runs) + " memory"
     written = [out]
-    if per_rank and len(runs) == 1 and len(curves) > 1:
-        written = [out if i == 0 else out.with_name(f"{out.stem}.rank{i}{out.suffix}") for i in range(len(curves))]
+    if per_rank and len(runs) == 1 and len(curves) > 1:  # named by each file's rank: memory.rank<N>.png
+        written = [out if c.rank == 0 else out.with_name(f"{out.stem}.rank{c.rank}{out.suffix}") for c in curves]
     for path in written:
         _check_ours(path, runs)
     try:

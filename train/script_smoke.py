@@ -78,10 +78,15 @@ def _kill_group(pid: int, sig: int) -> None:
 
 
 def run_command(command: tuple[str, ...], run_dir: RunDir, steps: int, every: int, timeout: float | None,
-                echo=True) -> tuple[int | None, str]:
-    """Run the command to its end, a timeout or a signal. Returns (exit code or None, how it ended)."""
+                echo=True, early: list[int] | None = None) -> tuple[int | None, str]:
+    """Run the command to its end, a timeout or a signal. Returns (exit code or None, how it ended). `early`:
+    signals that came before the command started (run's handler notes them): it is not started, or stopped at
+    once if one comes while it starts."""
     from podkit.train import process_tree
 
+    early = [] if early is None else early
+    if early:
+        return None, "interrupted"
     process_tree.become_subreaper()
     # What this process runs itself (W&B's service, started by its sink): not the command's, never stopped with it.
     own = frozenset(process_tree.descendants(os.getpid()))
@@ -105,6 +110,8 @@ def run_command(command: tuple[str, ...], run_dir: RunDir, steps: int, every: in
                 pass
 
     previous = {sig: signal.signal(sig, forward) for sig in process_tree.stop_signals()}
+    if early:  # came while the command was being started, before `forward` could see it
+        forward(early[0], None)
     how = "exited"
     try:
         deadline = time.monotonic() + timeout if timeout else None
@@ -375,12 +382,17 @@ def run(command: tuple[str, ...], root: Path, run_id: str, steps: int, every: in
     # Once the command has ended, a signal must not cost the summary: it is noted, the summary written first,
     # and the extras (env.json's torch import, the plots: a second or two) skipped. run_command puts its own
     # handlers in place while the command runs and these back after.
+    # Before the command starts (the sinks' setup can take seconds), a signal is noted for run_command, which then
+    # does not start it, or stops it at once.
+    early: list[int] = []
     late: list[int] = []
+    ended = False
 
     def defer(signum, _frame):
-        late.append(signum)
+        (late if ended else early).append(signum)
         try:
-            print("bin/smoke: the command has ended; writing its summary, then stopping", file=sys.stderr, flush=True)
+            print("bin/smoke: the command has ended; writing its summary, then stopping" if ended else
+                  "bin/smoke: stopping before the command runs", file=sys.stderr, flush=True)
         except OSError:
             pass
 
@@ -391,8 +403,9 @@ def run(command: tuple[str, ...], root: Path, run_id: str, steps: int, every: in
                                        _start_sinks(sinks, run_dir, command, job))
             follower.start()
         try:
-            code, how = run_command(command, run_dir, steps, every, timeout, echo=echo)
+            code, how = run_command(command, run_dir, steps, every, timeout, echo=echo, early=early)
         finally:
+            ended = True
             if follower is not None:
                 follower.finish()
         summary = summarize(command, code, how, run_dir, steps, timeout, job, min_drop)
