@@ -141,7 +141,11 @@ class ModelConfig:
         return models.ModelShape(
             self.name or "custom", self.hidden, self.layers, self.heads, self.kv_heads or self.heads,
             self.ffn, self.vocab, self.tie_embeddings, arch=self.arch, head_dim=self.head_dim,
-            qkv_bias=self.qkv_bias, rope_positions=self.max_position_embeddings,
+            qkv_bias=self.qkv_bias,
+            # GPT-2's positions are a learned table (GPT2Config n_positions, default 1024, as hf_config reads it);
+            # a RoPE model's max_position_embeddings only sizes the rotary caches some releases keep.
+            **({"positions": self.max_position_embeddings or 1024} if self.arch == "gpt2"
+               else {"rope_positions": self.max_position_embeddings}),
         )
 
 

@@ -266,3 +266,15 @@ def test_context_length_is_checked_against_the_positions_the_model_has(job):
     rope = check(job(model='preset = "mistral-7b"', train="seq_len = 65536"))
     assert rope.status == rules.WARN and "32,768" in rope.message
     assert check(job(model='preset = "mistral-7b"', train="seq_len = 32768")).status == rules.PASS
+
+
+def test_a_gpt2_given_by_dimensions_has_learned_positions_too(job):
+    """Review 2026-11-25: with arch = "gpt2" and explicit dimensions, max_position_embeddings was read as a RoPE
+    limit (a warning), and the position table was not counted; it is GPT2Config's n_positions (default 1024)."""
+    dims = 'hidden = 256\nlayers = 4\nheads = 4\nffn = 1024\nvocab = 1000\narch = "gpt2"'
+    check = lambda j: next(c for c in rules.run_checks(j, estimate(j), HostFacts.unprobed(), []) if c.id == "model.context")
+    given = job(model=dims + "\nmax_position_embeddings = 512", train="seq_len = 1024")
+    assert check(given).status == rules.FAIL and "512 learned positions" in check(given).message
+    default = job(model=dims, train="seq_len = 1024")
+    assert default.shape.positions == 1024 and check(default).status == rules.PASS
+    assert default.shape.params - job(model=dims + "\nmax_position_embeddings = 512").shape.params == 512 * 256
