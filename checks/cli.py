@@ -121,6 +121,11 @@ def _refuse_flag_clashes(config: str, gpu, as_json: bool, traced: bool, emit_tom
     if emit_toml and as_json:
         raise ConfigError("--emit-toml", "prints TOML, so it cannot go with --json",
                           "drop --json, or drop --emit-toml for the JSON prediction")
+    if emit_toml:
+        for flag, given in (("--traced", traced), ("--gpu", gpu is not None), ("--rank-gpus", rank_gpus is not None)):
+            if given:
+                raise ConfigError("--emit-toml", f"prints the job and exits, so {flag} would do nothing",
+                                  f"drop {flag}, or drop --emit-toml")
     if rank_gpus is not None:
         for flag, given in (("--gpu", gpu is not None), ("--traced", traced)):
             if given:

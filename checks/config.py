@@ -416,7 +416,7 @@ class JobConfig:
         if self.cluster.offload != "none" and self.cluster.sharding != "zero3":
             raise ConfigError("cluster.offload", "bin/smoke's replica offloads through FSDP2's CPUOffloadPolicy, which "
                               "moves the parameters too, and only zero3 gathers them back",
-                              "set cluster.sharding = 'zero3' to smoke or trace it (preflight predicts it as it is)")
+                              "set cluster.sharding = 'zero3' to smoke it (preflight predicts it as it is)")
         job = self.replace(cluster={"offload": "all"} if self.cluster.offload == "optimizer" else {})
         job.replica = True
         job.facts = stacks.resolve(job.train, job.cluster, job.shape, True)

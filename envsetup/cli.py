@@ -80,20 +80,26 @@ class Setup:
     # -- venv
     def venv_step(self) -> None:
         key = _hash([self.fp.python, self.fp.python_version, self.fp.python_site, str(self.venv)])
-        if self.state.unchanged("venv", key) and _runs(self.python):
+        # `-m venv` cut short (Ctrl-C in ensurepip) leaves a python that starts but no pip: a note written before
+        # and removed after it says that this venv is podkit's and half-made, so it is rebuilt, not kept.
+        creating = self.dir / "venv-creating"
+        whole = _runs(self.python) and not creating.exists()
+        if self.state.unchanged("venv", key) and whole:
             self.outcome["venv"] = "unchanged"
             return
-        if _runs(self.python):
+        if whole:
             self.outcome["venv"] = "kept"
         else:
             # --clear: a venv left half-made by an interrupted run is rebuilt from scratch
+            creating.write_text(f"{os.getpid()}\n")
             self._run("venv", [self.fp.python, "-m", "venv", "--system-site-packages", "--clear", str(self.venv)])
+            creating.unlink()
             self.outcome["venv"] = "created"
         if self.fp.python_venv and self.fp.python_site:
             # The image's python is itself a venv: --system-site-packages would skip its packages
             # (torch among them), so point at them explicitly.
             site = subprocess.run([str(self.python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                  capture_output=True, text=True, check=True).stdout.strip()
+                                  capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL).stdout.strip()
             Path(site, "_podkit_image.pth").write_text("\n".join(self.fp.python_site) + "\n")
         self.state.record("venv", key)
 
@@ -131,7 +137,7 @@ class Setup:
         if self.state.unchanged("verify", key):
             return self.state.done["verify"]["results"]
         out = subprocess.run([str(self.python), "-c", VERIFY_SCRIPT, *names], capture_output=True, text=True,
-                             env=_child_env(), timeout=600)
+                             env=_child_env(), timeout=600, stdin=subprocess.DEVNULL)  # the secrets: see _run
         try:
             results = json.loads(out.stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):
@@ -150,8 +156,10 @@ class Setup:
         with open(log, "a") as f:
             f.write(f"\n$ {' '.join(argv)}\n")
             f.flush()
-            proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=_child_env(env),
-                                    pass_fds=(self._lock.fileno(),) if self._lock else ())
+            # stdin: nothing. Deploy pipes the secrets into this process's stdin, read after the installs: a child
+            # that read stdin (pip, a build backend) would see them, and drain them from the env file.
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
+                                    env=_child_env(env), pass_fds=(self._lock.fileno(),) if self._lock else ())
             while True:
                 try:
                     proc.wait(timeout=HEARTBEAT_S)
@@ -220,11 +228,32 @@ def main(argv=None) -> None:
         run(args.project, args.fingerprint_file, args.python, args.cache_dir, args.secrets_stdin, args.dry_run,
             args.as_json)
     except SetupError as exc:
+        _ended_early(args.project, "failed", str(exc), args.as_json, args.dry_run)
         print(f"envsetup: FAILED: {exc}", file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:
+        _ended_early(args.project, "interrupted", "stopped by a signal before the last step", args.as_json,
+                     args.dry_run)
         print("envsetup: interrupted; re-run to continue (finished steps are kept)", file=sys.stderr)
         sys.exit(130)
+
+
+def _ended_early(project: Path, status: str, error: str, as_json: bool, dry_run: bool) -> None:
+    """A run that stopped before its report: logs/envsetup/report.json says so (never the previous run's, which
+    fetch-logs would bring back as this one's), and --json still prints its one object."""
+    report = {"ok": False, "status": status, "error": error}
+    if not dry_run and project.is_dir():  # never a project directory made here
+        try:
+            logs = project / "logs" / "envsetup"
+            logs.mkdir(parents=True, exist_ok=True)
+            (logs / "report.json").write_text(json.dumps(report, indent=2))
+        except OSError:
+            pass  # the reason it failed may be this very directory
+    if as_json:
+        try:
+            print(json.dumps({**report, "failed": []}, indent=2))
+        except OSError:
+            pass
 
 
 def _check_project(project: Path, writable: bool = True) -> Path:
@@ -341,7 +370,9 @@ def run(project: Path, fingerprint_file, python, cache_dir, secrets_stdin: bool,
         secrets |= envfile.read_secrets(sys.stdin.read(), names)
     text = envfile.render(fp, project, cache_dir, attention, attention_reason, secrets)
     changed = envfile.write(project / ".podkit" / "env", text)
+    bad = [n for n, v in verify.items() if not v.startswith("ok") and n != "flash-attn"]
     report = {
+        "status": "failed" if "requirements" in failed or bad else "ok",
         "fingerprint": json.loads(fp.to_json()), "plan": [d.__dict__ for d in plan.deps], "warnings": plan.warnings,
         "outcome": setup.outcome, "verify": verify, "attention": attention, "attention_reason": attention_reason,
         "secrets": sorted(secrets), "env_file": str(project / ".podkit" / "env"), "seconds": round(time.monotonic() - started, 2),
@@ -356,7 +387,6 @@ def run(project: Path, fingerprint_file, python, cache_dir, secrets_stdin: bool,
     echo(f"  attention: {attention}" + ("" if attention == "flash-attn" else f" ({attention_reason})"))
     echo(f"  env file {'written' if changed else 'unchanged'}: .podkit/env (0600)"
                + (f", secrets: {', '.join(sorted(secrets))}" if secrets else ""))
-    bad = [n for n, v in verify.items() if not v.startswith("ok") and n != "flash-attn"]
     if as_json:
         print(json.dumps({"ok": not ("requirements" in failed or bad), "failed": failed + bad, **report},
                          indent=2, default=list))

@@ -187,6 +187,8 @@ def test_a_job_on_stdin_is_read_like_a_file_byte_order_mark_and_all(tmp_path):
     (["--rank-gpus", "-", "-c", "-"], "cannot both read stdin"),
     (["--from", str(EXAMPLES / "qwen2.5-7b-lora-r128-24gb" / "training_args.json"), "--emit-toml", "--json"],
      "cannot go with --json"),
+    (["--from", str(EXAMPLES / "qwen2.5-7b-lora-r128-24gb" / "training_args.json"), "--emit-toml", "--traced"],
+     "so --traced would do nothing"),
 ])
 def test_flags_that_cannot_both_be_honoured_are_refused(args, needle):
     """QA 2026-11-25: each of these ran with one flag silently dropped (--emit-toml --json printed TOML on a

@@ -1,5 +1,6 @@
 """envsetup on this machine: the env file's mode and content, secrets, skipped steps, an interrupted run."""
 
+import json
 import os
 import shutil
 import signal
@@ -56,9 +57,16 @@ def test_local_envsetup_interrupted_then_rerun_then_skipped(tmp_path):
     proc.send_signal(signal.SIGINT)  # mid venv creation
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode != 0
+    # Review 2026-11-25: the report was the previous run's (none here), and the half-made venv (a python that
+    # starts, ensurepip cut short) was kept and recorded as done.
+    stopped = json.loads((project / "logs" / "envsetup" / "report.json").read_text())
+    assert stopped["ok"] is False and stopped["status"] == "interrupted", stopped
     first = subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stdout + first.stderr
     assert "envsetup: ready" in first.stdout and "flash-attn    skip: no GPU" in first.stdout
+    assert json.loads((project / "logs" / "envsetup" / "report.json").read_text())["status"] == "ok"
+    assert subprocess.run([str(project / ".venv" / "bin" / "python"), "-m", "pip", "--version"], capture_output=True,
+                          env=env).returncode == 0
     again = subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and "requirements  unchanged" in again.stdout and "env file unchanged" in again.stdout
     report = (project / "logs" / "envsetup" / "report.json").read_text()
