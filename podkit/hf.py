@@ -19,6 +19,9 @@ from . import MemoryMonitor
 
 class MemoryMonitorCallback(TrainerCallback):
     def __init__(self, every: int = 10, log_path: str | None = None, **monitor_kwargs):
+        # Checked now, not as a traceback from inside trainer.train() after the model is set up: a monitor built
+        # on the CPU opens nothing until it is entered.
+        MemoryMonitor(every=every, log_path=log_path, **{**monitor_kwargs, "device": "cpu"})
         self.every, self.log_path, self.monitor_kwargs = every, log_path, monitor_kwargs
         self.monitor: MemoryMonitor | None = None
         self.summary: dict | None = None

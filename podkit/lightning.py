@@ -22,6 +22,10 @@ from . import MemoryMonitor
 
 class MemoryMonitorCallback(Callback):
     def __init__(self, every: int = 10, log_path: str | None = None, **monitor_kwargs):
+        if "device" in monitor_kwargs:
+            raise TypeError("MemoryMonitorCallback: the device is the LightningModule's; leave device out")
+        # Checked now, not as a traceback from inside trainer.fit() (a CPU monitor opens nothing until entered).
+        MemoryMonitor(every=every, log_path=log_path, device="cpu", **monitor_kwargs)
         self.every, self.log_path, self.monitor_kwargs = every, log_path, monitor_kwargs
         self.monitor: MemoryMonitor | None = None
         self.summary: dict | None = None
@@ -44,3 +48,7 @@ class MemoryMonitorCallback(Callback):
         if self.monitor is not None:
             self.monitor.close()
             self.summary = self.monitor.summary()
+
+    def on_exception(self, trainer, pl_module, exception):
+        # A crashed fit (an OOM above all) still gets its summary and a closed log: on_train_end never runs then.
+        self.on_train_end(trainer, pl_module)

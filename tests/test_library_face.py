@@ -117,3 +117,66 @@ def test_bin_commands_run_from_a_directory_with_the_users_own_modules(tmp_path):
     out = subprocess.run([str(ROOT / "bin" / "preflight"), "--no-probe", "--json"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode in (0, 1) and json.loads(out.stdout)["model"]["name"], out.stderr
+
+
+def test_the_monitor_checks_its_arguments_and_logs_without_a_with_block(tmp_path):
+    """Review 2026-11-25: without `with` the log was never written; every='10' was a comparison TypeError,
+    tokens_per_step='x' crashed mid-training; step(loss=tensor) could not be written, step=99 overwrote the
+    record's step; on CPU the summary dropped the keys the README lists; the callbacks checked nothing until
+    training had started."""
+    import torch
+
+    from podkit import MemoryMonitor
+
+    mon = MemoryMonitor(every=2, log_path=tmp_path / "m.jsonl")
+    for _ in range(6):
+        mon.step(loss=torch.tensor(1.5))
+    mon.close()
+    lines = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == [2, 4, 6] and lines[0]["loss"] == 1.5
+    summary = mon.summary()
+    assert summary["peak_allocated"] is None and "/peak_allocated" in summary["null_reasons"]
+    for bad in ({"every": "10"}, {"every": 2.5}, {"tokens_per_step": "x"}, {"log_path": 123}):
+        with pytest.raises(TypeError, match="MemoryMonitor: "):
+            MemoryMonitor(**bad)
+    with pytest.raises(ValueError, match="step is the monitor's own record key"):
+        MemoryMonitor(every=2).step(step=99)
+    lightning = pytest.importorskip("lightning", reason="lightning is not installed here (pip install lightning)")
+    from podkit.lightning import MemoryMonitorCallback
+
+    with pytest.raises(ValueError, match="every must be at least 1"):
+        MemoryMonitorCallback(every=0)
+    with pytest.raises(TypeError, match="bogus"):
+        MemoryMonitorCallback(every=10, bogus=1)
+
+
+def test_a_lightning_fit_that_crashes_still_gets_its_summary(tmp_path):
+    lightning = pytest.importorskip("lightning", reason="lightning is not installed here (pip install lightning)")
+    import torch
+
+    from podkit.lightning import MemoryMonitorCallback
+
+    class Crashes(lightning.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(8, 1)
+
+        def training_step(self, batch, batch_idx):
+            if self.global_step == 7:
+                raise RuntimeError("CUDA out of memory (simulated)")
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.layer(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    x = torch.randn(64, 8)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4)
+    mem = MemoryMonitorCallback(every=5, log_path=str(tmp_path / "crash.jsonl"))
+    trainer = lightning.Trainer(max_steps=20, accelerator="cpu", callbacks=[mem], logger=False,
+                                enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                                default_root_dir=str(tmp_path))
+    with pytest.raises(RuntimeError, match="simulated"):
+        trainer.fit(Crashes(), loader)
+    assert mem.summary is not None and mem.summary["steps"] == 7
+    assert [json.loads(line)["step"] for line in (tmp_path / "crash.jsonl").read_text().splitlines()] == [5, 7]

@@ -21,6 +21,7 @@ window's time is exact) and reads host-side counters and NVML: well under a mill
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -31,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from .memprobe import CudaProbe
+from .memprobe import AllocatorStats, CudaProbe
 
 log = logging.getLogger("podkit.monitor")
 
@@ -105,13 +106,28 @@ class Nvml:
             return None
 
 
+# What a sampled record holds of the monitor's own (MemoryMonitor.sample, Nvml.sample): step(**extra) may not reuse them.
+RECORD_KEYS = frozenset({"step", "step_time", "tokens_per_s", "mfu", "host_rss", "device_used", "device_total",
+                         "gpu_util", "power_w", "temperature_c"}
+                        | {f.name for f in dataclasses.fields(AllocatorStats)})
+
+
 class MemoryMonitor:
     def __init__(self, every: int = 10, device: torch.device | str | None = None, *, tokens_per_step: int = 0,
                  flops_per_token: float = 0.0, peak_flops: float = 0.0, warmup: int = 3,
                  capacity: int | None = None, log_path: str | Path | None = None, probe=None,
                  snapshot_path: str | Path | None = None, snapshot_steps: int = 3):
+        for name, value, whole in (("every", every, True), ("warmup", warmup, True), ("snapshot_steps", snapshot_steps, True),
+                                   ("tokens_per_step", tokens_per_step, False), ("flops_per_token", flops_per_token, False),
+                                   ("peak_flops", peak_flops, False)):
+            kinds = (int,) if whole else (int, float)
+            if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value) or value < 0:
+                raise TypeError(f"MemoryMonitor: {name} must be a {'whole' if whole else 'finite'} number >= 0, "
+                                f"got {value!r}")
         if every < 1:
             raise ValueError(f"every must be at least 1, got {every}")
+        if log_path is not None and not isinstance(log_path, (str, Path)):
+            raise TypeError(f"MemoryMonitor: log_path must be a path, got {log_path!r}")
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         self.device = torch.device(device)
@@ -160,6 +176,7 @@ class MemoryMonitor:
         if self._log_file:
             self._log_file.close()
             self._log_file = None
+        self._window_start = None  # a step after close starts again, as a new `with` would (the log appended)
 
     def dump_snapshot(self) -> None:
         """Write the allocator history of the first steps (also called on OOM, to see what was live)."""
@@ -173,7 +190,16 @@ class MemoryMonitor:
 
     # -- per step ---------------------------------------------------------------------------------
     def step(self, **extra) -> dict | None:
-        """Call once per optimizer step. Returns the record when this step was sampled."""
+        """Call once per optimizer step. Returns the record when this step was sampled. `extra` goes into the
+        record (e.g. loss=loss.item(); a one-value tensor is read with .item())."""
+        if self._window_start is None:  # used without `with`: start as `with` would, so log_path is written
+            self.__enter__()
+        taken = RECORD_KEYS & extra.keys()
+        if taken:
+            raise ValueError(f"MemoryMonitor.step: {', '.join(sorted(taken))} is the monitor's own record key; "
+                             "pass your value under another name")
+        extra = {k: v.item() if hasattr(v, "item") and getattr(v, "numel", lambda: 0)() == 1 else v
+                 for k, v in extra.items()}
         self.steps += 1
         self._window_steps += 1
         if self._history and self.steps >= self.snapshot_steps:
@@ -251,6 +277,10 @@ class MemoryMonitor:
             s = self.probe.stats()
             out.update(peak_allocated=s.peak_allocated, peak_active=s.peak_active, peak_reserved=s.peak_reserved,
                        alloc_retries=s.alloc_retries, ooms=s.ooms)
+        else:  # the keys the README lists, null, with why (strict JSON's rule: every null says why)
+            out.update(dict.fromkeys(("peak_allocated", "peak_active", "peak_reserved", "alloc_retries", "ooms")))
+            out["null_reasons"] = {f"/{k}": f"no CUDA caching allocator on {self.device.type}" for k in
+                                   ("peak_allocated", "peak_active", "peak_reserved", "alloc_retries", "ooms")}
         out["device_peak"] = self.device_peak or None
         rss = [r["host_rss"] for r in self.records if r.get("host_rss")]
         out["host_rss_peak"] = max(rss) if rss else None
