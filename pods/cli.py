@@ -183,8 +183,14 @@ def deploy_cmd(host, config, force, as_json, pods: PodArgs):
     """
     if config:
         config = _check_job_path(config, pods.opts.project)  # before connecting: a typo is bad input, not a pod's
-    outcomes: list[Outcome] = deploy(pods.specs(host), dataclasses.replace(pods.opts, force=force), config,
-                                     err=as_json)
+    specs = pods.specs(host)
+    try:
+        outcomes: list[Outcome] = deploy(specs, dataclasses.replace(pods.opts, force=force), config, err=as_json)
+    except KeyboardInterrupt:
+        if as_json:  # scripts get their one object on a Ctrl-C too, as bin/pod run prints it
+            click.echo(json.dumps({"ok": False, "interrupted": True, "exit_code": 130,
+                                   "pods": [{"pod": s.name, "result": "interrupted"} for s in specs]}, indent=2))
+        raise
     if as_json:
         click.echo(json.dumps({"ok": all(o.exit_code == 0 for o in outcomes),
                                "pods": [o.to_json() for o in outcomes]}, indent=2))

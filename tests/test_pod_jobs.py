@@ -273,7 +273,7 @@ def test_ctrl_c_during_deploy_stops_envsetup_on_the_pod_at_once(world):
     slow.chmod(0o755)
     remote = world.base / "pod-side" / "ctrl-c"
     argv = [str(world.project / "bin" / "pod"), "deploy", "--known-hosts", str(world.known_hosts), world.pod.spec,
-            "--key", str(world.pod.client_key), "--remote-dir", str(remote), "--python", str(slow)]
+            "--key", str(world.pod.client_key), "--remote-dir", str(remote), "--python", str(slow), "--json"]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.Popen(argv, cwd=world.project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
@@ -293,6 +293,9 @@ def test_ctrl_c_during_deploy_stops_envsetup_on_the_pod_at_once(world):
         for pid in found.stdout.split():  # this test's own sleep, by pid, if the fix failed
             os.kill(int(pid), signal.SIGKILL)
     assert proc.returncode == 130 and "interrupted" in err, out + err
+    # --json: the one object on a Ctrl-C too (review 2026-11-25: stdout was empty)
+    assert _strict(out) == {"ok": False, "interrupted": True, "exit_code": 130,
+                            "pods": [{"pod": f"127.0.0.1-{world.pod.port}", "result": "interrupted"}]}, out
     assert took < 20, f"deploy took {took:.0f} s to stop after Ctrl-C"
     assert wait_for(lambda: not envsetup_running(), 5), "envsetup is still running on the pod"
 
