@@ -78,11 +78,10 @@ def test_hf_trainer_callback_steps_once_per_optimizer_step(tmp_path):
     assert [r["global_step"] for r in lines] == [2, 4, 6] and all(r["host_rss"] > 0 for r in lines)
 
 
-def test_lightning_callback_steps_once_per_optimizer_step(tmp_path):
+def _lightning_fit(tmp_path, mem, crash_at: int | None = None, **trainer_kwargs):
+    """A tiny Lightning regression fit on CPU with the callback `mem`; `crash_at`: training_step raises there."""
     lightning = pytest.importorskip("lightning", reason="lightning is not installed here (pip install lightning)")
     import torch
-
-    from podkit.lightning import MemoryMonitorCallback
 
     class Regression(lightning.LightningModule):
         def __init__(self):
@@ -90,6 +89,8 @@ def test_lightning_callback_steps_once_per_optimizer_step(tmp_path):
             self.layer = torch.nn.Linear(8, 1)
 
         def training_step(self, batch, batch_idx):
+            if self.global_step == crash_at:
+                raise RuntimeError("CUDA out of memory (simulated)")
             x, y = batch
             return torch.nn.functional.mse_loss(self.layer(x), y)
 
@@ -98,11 +99,18 @@ def test_lightning_callback_steps_once_per_optimizer_step(tmp_path):
 
     x = torch.randn(64, 8)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4)
-    mem = MemoryMonitorCallback(every=5)
-    trainer = lightning.Trainer(max_steps=10, accumulate_grad_batches=2, accelerator="cpu", callbacks=[mem],
-                                logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                                enable_model_summary=False, default_root_dir=str(tmp_path))
+    trainer = lightning.Trainer(accelerator="cpu", callbacks=[mem], logger=False, enable_checkpointing=False,
+                                enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path),
+                                **trainer_kwargs)
     trainer.fit(Regression(), loader)
+
+
+def test_lightning_callback_steps_once_per_optimizer_step(tmp_path):
+    pytest.importorskip("lightning", reason="lightning is not installed here (pip install lightning)")
+    from podkit.lightning import MemoryMonitorCallback
+
+    mem = MemoryMonitorCallback(every=5)
+    _lightning_fit(tmp_path, mem, max_steps=10, accumulate_grad_batches=2)
     assert mem.summary["steps"] == 10 and [r["global_step"] for r in mem.monitor.records] == [5, 10]
 
 
@@ -151,32 +159,11 @@ def test_the_monitor_checks_its_arguments_and_logs_without_a_with_block(tmp_path
 
 
 def test_a_lightning_fit_that_crashes_still_gets_its_summary(tmp_path):
-    lightning = pytest.importorskip("lightning", reason="lightning is not installed here (pip install lightning)")
-    import torch
-
+    pytest.importorskip("lightning", reason="lightning is not installed here (pip install lightning)")
     from podkit.lightning import MemoryMonitorCallback
 
-    class Crashes(lightning.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.layer = torch.nn.Linear(8, 1)
-
-        def training_step(self, batch, batch_idx):
-            if self.global_step == 7:
-                raise RuntimeError("CUDA out of memory (simulated)")
-            x, y = batch
-            return torch.nn.functional.mse_loss(self.layer(x), y)
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
-    x = torch.randn(64, 8)
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4)
     mem = MemoryMonitorCallback(every=5, log_path=str(tmp_path / "crash.jsonl"))
-    trainer = lightning.Trainer(max_steps=20, accelerator="cpu", callbacks=[mem], logger=False,
-                                enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                                default_root_dir=str(tmp_path))
     with pytest.raises(RuntimeError, match="simulated"):
-        trainer.fit(Crashes(), loader)
+        _lightning_fit(tmp_path, mem, crash_at=7, max_steps=20)
     assert mem.summary is not None and mem.summary["steps"] == 7
     assert [json.loads(line)["step"] for line in (tmp_path / "crash.jsonl").read_text().splitlines()] == [5, 7]
