@@ -5,11 +5,20 @@ input; click's default is a three-line block (usage, hint, error) that scripts c
 from __future__ import annotations
 
 import json
+import signal
 import sys
 
 import click
 
 EXIT_BAD_INPUT = 2
+
+
+def stop_signals() -> tuple[int, ...]:
+    """The signals that stop a command as Ctrl-C does: SIGINT, SIGTERM, and SIGHUP (its terminal or SSH session
+    closed: left to its default the command died and what it started ran on, unattended), unless SIGHUP came
+    ignored (nohup, bin/pod run's detached jobs), which is kept. One rule for bin/smoke and bin/pod up."""
+    hup = () if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN else (signal.SIGHUP,)
+    return (signal.SIGTERM, signal.SIGINT, *hup)
 
 
 def wants_json(args=None) -> bool:

@@ -22,7 +22,7 @@ from typing import Iterator, NoReturn
 
 import click
 
-from podkit.checks.command import wants_json
+from podkit.checks.command import stop_signals, wants_json
 from podkit.checks.errors import ConfigError
 from podkit.pods import jobs as remote_jobs
 from podkit.pods.connection import PodConnection
@@ -670,8 +670,8 @@ def _stops_like_ctrl_c():
     def interrupt(signum, _frame):
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
-    sigs = [signal.SIGTERM] + ([] if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN else [signal.SIGHUP])
-    previous = {sig: signal.signal(sig, interrupt) for sig in sigs}
+    # Ctrl-C itself already raises KeyboardInterrupt: the others of stop_signals() are made to as well.
+    previous = {sig: signal.signal(sig, interrupt) for sig in stop_signals() if sig != signal.SIGINT}
     try:
         yield
     finally:

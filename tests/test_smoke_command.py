@@ -149,7 +149,7 @@ def test_ctrl_c_stops_the_command_and_leaves_an_interrupted_summary(tmp_path, si
                              "--", PY, name], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True,
                             # SIGHUP at its default, as in a terminal's session; under nohup (this suite may run
-                            # so) it comes ignored, and bin/smoke keeps it so (process_tree.stop_signals)
+                            # so) it comes ignored, and bin/smoke keeps it so (checks/command.stop_signals)
                             preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     log = tmp_path / "runs" / "r" / "smoke.log"
     deadline = time.monotonic() + 60

@@ -22,7 +22,7 @@ import click
 
 from podkit.checks import strict_json
 from podkit.checks.config import EXAMPLE_JOB, MAX_INT, load_job
-from podkit.checks.command import OneLineCommand
+from podkit.checks.command import OneLineCommand, stop_signals
 from podkit.checks.errors import ConfigError
 
 TINY_CPU_JOB = Path(__file__).resolve().parent.parent / "checks" / "examples" / "tiny-cpu.toml"
@@ -292,9 +292,7 @@ def _run(job, path, device, root: Path, run_id: str, fault, as_json: bool) -> in
     parallel.shutdown(sync=lockstep)
     # The verdict is decided and summary.json written: another Ctrl-C (a user pressing again) must not
     # turn the run's exit code into a death by signal halfway through the report.
-    from podkit.train import process_tree
-
-    for sig in process_tree.stop_signals():
+    for sig in stop_signals():
         signal.signal(sig, signal.SIG_IGN)
     if os.environ.get("PODKIT_LAUNCHER"):
         return 0  # our own torchrun parent reads summary.json and exits with the verdict's code
@@ -436,7 +434,7 @@ def _supervise(cmd: list[str], env: dict, as_json: bool) -> tuple[int, int]:
         except ProcessLookupError:
             pass
 
-    previous = {sig: signal.signal(sig, forward) for sig in process_tree.stop_signals()}
+    previous = {sig: signal.signal(sig, forward) for sig in stop_signals()}
     try:
         while True:
             try:

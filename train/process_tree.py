@@ -17,14 +17,6 @@ import time
 PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 
 
-def stop_signals() -> tuple[int, ...]:
-    """The signals that stop a run with its summary: Ctrl-C, SIGTERM, and SIGHUP (its terminal or SSH session
-    closed: left to its default, the launcher died and its training ran on unattended), unless SIGHUP came
-    ignored (nohup, bin/pod run's detached jobs), which is kept."""
-    hup = () if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN else (signal.SIGHUP,)
-    return (signal.SIGTERM, signal.SIGINT, *hup)
-
-
 def become_subreaper() -> bool:
     try:
         libc = ctypes.CDLL(None, use_errno=True)

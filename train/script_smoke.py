@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from podkit.checks import strict_json
+from podkit.checks.command import stop_signals
 from podkit.checks.errors import ConfigError
 from podkit.train.outputs import RunDir, resolved_toml
 from podkit.train.verdict import EXIT_CODES, Row, judge, prediction_warnings
@@ -109,7 +110,7 @@ def run_command(command: tuple[str, ...], run_dir: RunDir, steps: int, every: in
             except OSError:  # stderr's reader is gone (`2>&1 | head`)
                 pass
 
-    previous = {sig: signal.signal(sig, forward) for sig in process_tree.stop_signals()}
+    previous = {sig: signal.signal(sig, forward) for sig in stop_signals()}
     if early:  # came while the command was being started, before `forward` could see it
         forward(early[0], None)
     how = "exited"
@@ -376,8 +377,6 @@ def run(command: tuple[str, ...], root: Path, run_id: str, steps: int, every: in
     run_dir.write_json("summary", {"status": "running", "command": list(command), "steps": 0, "planned_steps": steps})
     if job is not None:
         run_dir.file("config").write_text(resolved_toml(job))
-    from podkit.train import process_tree
-
     follower = None
     # Once the command has ended, a signal must not cost the summary: it is noted, the summary written first,
     # and the extras (env.json's torch import, the plots: a second or two) skipped. run_command puts its own
@@ -396,7 +395,7 @@ def run(command: tuple[str, ...], root: Path, run_id: str, steps: int, every: in
         except OSError:
             pass
 
-    previous = {sig: signal.signal(sig, defer) for sig in process_tree.stop_signals()}
+    previous = {sig: signal.signal(sig, defer) for sig in stop_signals()}
     try:
         if sinks:
             follower = MetricsFollower(run_dir.path / "ranks" / "metrics.rank0.jsonl",

@@ -24,12 +24,12 @@ import torch
 
 from podkit.checks import advisor, gpus, memory, rules, stacks
 from podkit.checks import strict_json
+from podkit.checks.command import stop_signals
 from podkit.checks.config import JobConfig
 from podkit.checks.errors import ConfigError
 from podkit.train import data as data_mod
 from podkit.train import model as model_mod
 from podkit.train import optim as optim_mod
-from podkit.train import process_tree
 from podkit.train import parallel
 from podkit.train import step as step_mod
 from podkit.train.memprobe import PhasePeaks, TensorCounter, make_probe
@@ -319,8 +319,8 @@ class SmokeRun:
         oom = interrupted = False
         bad_input: ConfigError | None = None
         self._write_start()
-        previous = {sig: signal.getsignal(sig) for sig in process_tree.stop_signals()}
-        for sig in previous:  # SIGTERM, and SIGHUP unless it came ignored (process_tree.stop_signals)
+        previous = {sig: signal.getsignal(sig) for sig in stop_signals()}
+        for sig in previous:  # SIGTERM, and SIGHUP unless it came ignored (checks.command.stop_signals)
             signal.signal(sig, _raise_interrupted)
         signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started with SIGINT ignored
         try:
