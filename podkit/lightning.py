@@ -4,10 +4,13 @@
     mem = MemoryMonitorCallback(every=10, log_path="memory.jsonl")
     trainer = lightning.Trainer(max_steps=1000, callbacks=[mem])
     trainer.fit(model, loader)
-    print(mem.summary)   # peaks, allocator retries, OOMs, step time
+    print(mem.summary)   # status, peaks, allocator retries, OOMs, step time; also in memory.summary.json
 
 Lightning calls on_train_batch_end once per micro-batch; trainer.global_step counts optimizer steps
 (lightning/pytorch/loops/training_epoch_loop.py), so the monitor steps when global_step moves.
+Each fit() is one fit (podkit/fits.py); one that raises ends in on_exception, which
+Lightning calls for every exception out of fit(), KeyboardInterrupt included (lightning 2.6.0
+pytorch/trainer/call.py, _call_and_handle_interrupt).
 """
 
 from __future__ import annotations
@@ -18,6 +21,12 @@ except ImportError:  # the standalone package name before Lightning 2.0's unifie
     from pytorch_lightning import Callback
 
 from . import MemoryMonitor
+from .fits import MonitoredFits
+
+# Lightning calls on_exception for every exception out of fit(); a fit left open had neither (another callback's
+# on_exception raised first, or fit_loop.run() was called directly, outside fit(); the tuners hand their trial
+# runs no callbacks: lightning 2.6.0 pytorch/tuner/batch_size_scaling.py and lr_finder.py set trainer.callbacks).
+ABANDONED = "a fit began before the previous one ended, and neither on_train_end nor on_exception came"
 
 
 class MemoryMonitorCallback(Callback):
@@ -26,29 +35,38 @@ class MemoryMonitorCallback(Callback):
             raise TypeError("MemoryMonitorCallback: the device is the LightningModule's; leave device out")
         # Checked now, not as a traceback from inside trainer.fit() (a CPU monitor opens nothing until entered).
         MemoryMonitor(every=every, log_path=log_path, device="cpu", **monitor_kwargs)
-        self.every, self.log_path, self.monitor_kwargs = every, log_path, monitor_kwargs
-        self.monitor: MemoryMonitor | None = None
-        self.summary: dict | None = None
+        self.fits = MonitoredFits(every, log_path, monitor_kwargs)
         self._seen_step = 0
 
+    @property
+    def monitor(self) -> MemoryMonitor | None:
+        """The latest fit's MemoryMonitor (its records, warnings)."""
+        return self.fits.monitor
+
+    @property
+    def summary(self) -> dict | None:
+        """The latest ended fit's summary, with its status; None before the first ends."""
+        return self.fits.summary
+
+    @property
+    def summaries(self) -> list[dict]:
+        """Every ended fit's summary, in order."""
+        return self.fits.summaries
+
     def on_train_start(self, trainer, pl_module):
-        log_path = self.log_path if trainer.is_global_zero else None
-        self.monitor = MemoryMonitor(every=self.every, log_path=log_path, device=pl_module.device, **self.monitor_kwargs)
-        self.monitor.__enter__()
+        self.fits.begin(write=trainer.is_global_zero, abandoned=ABANDONED, device=pl_module.device)
         self._seen_step = trainer.global_step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if self.monitor is None:
+        if not self.fits.open:
             return
         while self._seen_step < trainer.global_step:  # an optimizer step happened after this micro-batch
             self._seen_step += 1
-            self.monitor.step(global_step=self._seen_step)
+            self.fits.monitor.step(global_step=self._seen_step)
 
     def on_train_end(self, trainer, pl_module):
-        if self.monitor is not None:
-            self.monitor.close()
-            self.summary = self.monitor.summary()
+        self.fits.end()
 
     def on_exception(self, trainer, pl_module, exception):
         # A crashed fit (an OOM above all) still gets its summary and a closed log: on_train_end never runs then.
-        self.on_train_end(trainer, pl_module)
+        self.fits.end(exception)

@@ -57,29 +57,49 @@ def test_an_installed_podkit_adds_only_podkit_to_the_environment(tmp_path):
     assert out.stdout.split() == ["True", str(site / "podkit" / "checks" / "__init__.py")]
 
 
-def test_hf_trainer_callback_steps_once_per_optimizer_step(tmp_path):
+def _hf():
     pytest.importorskip("transformers", reason="the [test] extra installs transformers")
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+    from hf_helpers import hf_fit
 
     from podkit.hf import MemoryMonitorCallback
 
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32))
-    data = [{"input_ids": torch.arange(16) % 5, "labels": torch.arange(16) % 5} for _ in range(64)]
+    return hf_fit, MemoryMonitorCallback
+
+
+def _jsonl(path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+def test_hf_trainer_callback_steps_once_per_optimizer_step(tmp_path):
+    hf_fit, MemoryMonitorCallback = _hf()
     mem = MemoryMonitorCallback(every=2, log_path=str(tmp_path / "memory.jsonl"))
-    args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=2,
-                             gradient_accumulation_steps=3, max_steps=6, save_strategy="no", report_to=[],
-                             use_cpu=True, logging_steps=100)
-    Trainer(model=model, args=args, train_dataset=data, callbacks=[mem]).train()
-    assert mem.summary["steps"] == 6  # 18 micro-batches, 6 optimizer steps
-    lines = [json.loads(x) for x in (tmp_path / "memory.jsonl").read_text().splitlines()]
+    hf_fit(mem, tmp_path / "out", gradient_accumulation_steps=3)
+    assert mem.summary["steps"] == 6 and mem.summary["status"] == "ok"  # 18 micro-batches, 6 optimizer steps
+    lines = _jsonl(tmp_path / "memory.jsonl")
     assert [r["global_step"] for r in lines] == [2, 4, 6] and all(r["host_rss"] > 0 for r in lines)
+    assert json.loads((tmp_path / "memory.summary.json").read_text()) == mem.summary
 
 
-def _lightning_fit(tmp_path, mem, crash_at: int | None = None, **trainer_kwargs):
-    """A tiny Lightning regression fit on CPU with the callback `mem`; `crash_at`: training_step raises there."""
+@pytest.mark.parametrize("how", ["error", "sigint"])
+def test_an_hf_fit_that_crashes_still_gets_its_summary(tmp_path, how):
+    """Review 2026-11-26: transformers calls no callback when train() raises (no on_exception), so the monitor
+    never closed and the run left no summary. An uncaught crash or Ctrl-C ends the process: the summary says how."""
+    pytest.importorskip("transformers", reason="the [test] extra installs transformers")
+    out = subprocess.run([sys.executable, str(ROOT / "tests" / "hf_helpers.py"), str(tmp_path / "memory.jsonl"),
+                          str(tmp_path / "out"), how], env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0 and ("KeyboardInterrupt" if how == "sigint" else "step 3 failed") in out.stderr
+    summary = json.loads((tmp_path / "memory.summary.json").read_text())
+    expected = ("interrupted", "KeyboardInterrupt") if how == "sigint" else \
+        ("failed", "RuntimeError: step 3 failed (simulated)")
+    assert (summary["status"], summary["error"]) == expected, out.stderr
+    # Two optimizer steps finished before the third's forward; the log is closed with them in it.
+    assert summary["steps"] == 2 and [r["step"] for r in _jsonl(tmp_path / "memory.jsonl")] == [1, 2]
+
+
+def _lightning_fit(tmp_path, mem, crash_at: int | None = None, crash: BaseException | None = None, **trainer_kwargs):
+    """A tiny Lightning regression fit on CPU with the callback `mem`; `crash_at`: training_step raises `crash` there
+    (a simulated CUDA OOM unless given)."""
     lightning = pytest.importorskip("lightning", reason="lightning is not installed here (pip install lightning)")
     import torch
 
@@ -90,7 +110,7 @@ def _lightning_fit(tmp_path, mem, crash_at: int | None = None, **trainer_kwargs)
 
         def training_step(self, batch, batch_idx):
             if self.global_step == crash_at:
-                raise RuntimeError("CUDA out of memory (simulated)")
+                raise crash or RuntimeError("CUDA out of memory (simulated)")
             x, y = batch
             return torch.nn.functional.mse_loss(self.layer(x), y)
 
@@ -167,3 +187,24 @@ def test_a_lightning_fit_that_crashes_still_gets_its_summary(tmp_path):
         _lightning_fit(tmp_path, mem, crash_at=7, max_steps=20)
     assert mem.summary is not None and mem.summary["steps"] == 7
     assert [json.loads(line)["step"] for line in (tmp_path / "crash.jsonl").read_text().splitlines()] == [5, 7]
+    summary = json.loads((tmp_path / "crash.summary.json").read_text())
+    assert summary == mem.summary and (summary["status"], summary["error"]) == \
+        ("oom", "RuntimeError: CUDA out of memory (simulated)")
+
+
+def test_a_lightning_fit_stopped_by_ctrl_c_says_interrupted(tmp_path):
+    pytest.importorskip("lightning", reason="lightning is not installed here (pip install lightning)")
+    import signal
+
+    from podkit.lightning import MemoryMonitorCallback
+
+    mem = MemoryMonitorCallback(every=5, log_path=str(tmp_path / "memory.jsonl"))
+    handler = signal.getsignal(signal.SIGINT)
+    try:
+        # lightning 2.6.0 trainer/call.py: on KeyboardInterrupt it calls on_exception, ignores SIGINT, sys.exit(1).
+        with pytest.raises(SystemExit):
+            _lightning_fit(tmp_path, mem, crash_at=3, crash=KeyboardInterrupt(), max_steps=20)
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    summary = json.loads((tmp_path / "memory.summary.json").read_text())
+    assert (summary["status"], summary["error"], summary["steps"]) == ("interrupted", "KeyboardInterrupt", 3)
