@@ -3,6 +3,8 @@ log, and a summary beside the log that always ends with a status, also when the 
 
     memory.jsonl            the first fit's samples (the log_path given), one line per sample, flushed
     memory.summary.json     its summary: status (running | ok | failed | oom | interrupted), error, steps, peaks...
+    memory.2.jsonl          the next fit's: a second train()/fit() with the same callback, a hyperparameter
+    memory.2.summary.json   search's trial, a rerun of the script: never appended to another fit's log
 
 Only the process that writes (rank 0) writes files; every process keeps its summaries in memory.
 """
@@ -10,6 +12,7 @@ Only the process that writes (rank 0) writes files; every process keeps its summ
 from __future__ import annotations
 
 import atexit
+import itertools
 import logging
 import os
 import sys
@@ -32,9 +35,23 @@ def ending(exc: BaseException) -> tuple[str, str]:
     return "failed", error
 
 
-def summary_path(log_path: Path) -> Path:
-    """memory.jsonl's summary: memory.summary.json beside it."""
-    return log_path.with_name(log_path.stem + ".summary.json")
+def claim_log(path: Path) -> tuple[Path, Path]:
+    """(log, summary): the first of memory.jsonl, memory.2.jsonl, ... whose log and summary are both free, the
+    log created empty here: exclusive creation, so two processes starting at once never share one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for n in itertools.count(1):
+        base = path.stem if n == 1 else f"{path.stem}.{n}"
+        log_file, summary = path.with_name(base + path.suffix), path.with_name(base + ".summary.json")
+        if summary.exists():
+            continue
+        try:
+            open(log_file, "x").close()
+        except FileExistsError:
+            continue
+        if n > 1:
+            log.warning("%s holds an earlier fit's log: this fit writes %s", path, log_file)
+        return log_file, summary
+    raise AssertionError("unreachable")
 
 
 class MonitoredFits:
@@ -53,7 +70,7 @@ class MonitoredFits:
         an exception inside it was caught by the library or by the user's code, which the callback cannot see)."""
         if self.open:
             self.end(status="failed", error=abandoned)
-        self._files = (self.log_path, summary_path(self.log_path)) if write and self.log_path else None
+        self._files = claim_log(self.log_path) if write and self.log_path else None
         self.monitor = MemoryMonitor(every=self.every, log_path=self._files[0] if self._files else None,
                                      **monitor_kwargs, **self.monitor_kwargs)
         self.monitor.__enter__()

@@ -7,7 +7,7 @@
     print(mem.summary)   # status, peaks, allocator retries, OOMs, step time; also in memory.summary.json
 
 Hooks per transformers trainer_callback.py: on_train_begin, on_step_end (once per optimizer step,
-after gradient accumulation), on_train_end. Each train() is one fit (podkit/fits.py).
+after gradient accumulation), on_train_end. Each train() is its own fit, with its own log (podkit/fits.py).
 
 A crash has no event: TrainerCallback has no on_exception, and Trainer.train() calls on_train_end only after
 its loop, with no try/finally around it (transformers 5.23.0 trainer_callback.py, trainer.py

@@ -8,7 +8,7 @@
 
 Lightning calls on_train_batch_end once per micro-batch; trainer.global_step counts optimizer steps
 (lightning/pytorch/loops/training_epoch_loop.py), so the monitor steps when global_step moves.
-Each fit() is one fit (podkit/fits.py); one that raises ends in on_exception, which
+Each fit() is its own fit, with its own log (podkit/fits.py); one that raises ends in on_exception, which
 Lightning calls for every exception out of fit(), KeyboardInterrupt included (lightning 2.6.0
 pytorch/trainer/call.py, _call_and_handle_interrupt).
 """

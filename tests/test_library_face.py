@@ -97,6 +97,37 @@ def test_an_hf_fit_that_crashes_still_gets_its_summary(tmp_path, how):
     assert summary["steps"] == 2 and [r["step"] for r in _jsonl(tmp_path / "memory.jsonl")] == [1, 2]
 
 
+def test_an_hf_callback_reused_gives_each_fit_its_own_log_and_summary(tmp_path):
+    """Review 2026-11-26: a second train() with the same callback appended to the first's log (its steps
+    counted from 1 again) and replaced its summary. Also an auto_find_batch_size retry: one train(), two fits."""
+    hf_fit, MemoryMonitorCallback = _hf()
+    mem = MemoryMonitorCallback(every=1, log_path=str(tmp_path / "memory.jsonl"))
+    hf_fit(mem, tmp_path / "out", max_steps=3)
+    hf_fit(mem, tmp_path / "out", max_steps=4)
+    assert [r["step"] for r in _jsonl(tmp_path / "memory.jsonl")] == [1, 2, 3]
+    assert [r["step"] for r in _jsonl(tmp_path / "memory.2.jsonl")] == [1, 2, 3, 4]
+    assert [s["steps"] for s in mem.summaries] == [3, 4] and [s["status"] for s in mem.summaries] == ["ok", "ok"]
+    for summary, name in zip(mem.summaries, ("memory", "memory.2")):
+        assert json.loads((tmp_path / f"{name}.summary.json").read_text()) == summary
+        assert summary["log_path"] == str(tmp_path / f"{name}.jsonl")
+    # A new callback (the script run again) does not append to the earlier run's log either.
+    hf_fit(MemoryMonitorCallback(every=1, log_path=str(tmp_path / "memory.jsonl")), tmp_path / "out", max_steps=2)
+    assert [r["step"] for r in _jsonl(tmp_path / "memory.3.jsonl")] == [1, 2]
+    assert len(_jsonl(tmp_path / "memory.jsonl")) == 3
+
+    # accelerate's find_executable_batch_size catches the OOM at the third micro-batch and trains again with a
+    # smaller batch: on_train_begin twice, on_train_end once. The first attempt ends as failed, in its own log.
+    mem = MemoryMonitorCallback(every=1, log_path=str(tmp_path / "auto" / "memory.jsonl"))
+
+    def oom():
+        raise RuntimeError("CUDA out of memory. (simulated)")  # what should_reduce_batch_size looks for
+
+    hf_fit(mem, tmp_path / "out", max_steps=4, auto_find_batch_size=True, crash_at=3, crash=oom)
+    assert [(s["status"], s["steps"]) for s in mem.summaries] == [("failed", 2), ("ok", 4)]
+    assert "auto_find_batch_size" in mem.summaries[0]["error"]
+    assert [r["step"] for r in _jsonl(tmp_path / "auto" / "memory.2.jsonl")] == [1, 2, 3, 4]
+
+
 def _lightning_fit(tmp_path, mem, crash_at: int | None = None, crash: BaseException | None = None, **trainer_kwargs):
     """A tiny Lightning regression fit on CPU with the callback `mem`; `crash_at`: training_step raises `crash` there
     (a simulated CUDA OOM unless given)."""
@@ -208,3 +239,20 @@ def test_a_lightning_fit_stopped_by_ctrl_c_says_interrupted(tmp_path):
         signal.signal(signal.SIGINT, handler)
     summary = json.loads((tmp_path / "memory.summary.json").read_text())
     assert (summary["status"], summary["error"], summary["steps"]) == ("interrupted", "KeyboardInterrupt", 3)
+
+
+def test_a_lightning_callback_reused_gives_each_fit_its_own_log_and_summary(tmp_path):
+    """Review 2026-11-26: a second fit() with the same callback appended to the first's log and replaced its
+    summary; a failed fit followed by a good one left only the good one's."""
+    pytest.importorskip("lightning", reason="lightning is not installed here (pip install lightning)")
+    from podkit.lightning import MemoryMonitorCallback
+
+    mem = MemoryMonitorCallback(every=2, log_path=str(tmp_path / "memory.jsonl"))
+    with pytest.raises(RuntimeError, match="simulated"):
+        _lightning_fit(tmp_path, mem, crash_at=3, crash=RuntimeError("bad batch (simulated)"), max_steps=8)
+    _lightning_fit(tmp_path, mem, max_steps=4)
+    assert [r["step"] for r in _jsonl(tmp_path / "memory.jsonl")] == [2, 3]
+    assert [r["step"] for r in _jsonl(tmp_path / "memory.2.jsonl")] == [2, 4]
+    assert [(s["status"], s["steps"]) for s in mem.summaries] == [("failed", 3), ("ok", 4)]
+    assert json.loads((tmp_path / "memory.summary.json").read_text())["error"] == "RuntimeError: bad batch (simulated)"
+    assert json.loads((tmp_path / "memory.2.summary.json").read_text()) == mem.summary == mem.summaries[1]
