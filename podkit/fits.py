@@ -24,6 +24,7 @@ from . import MemoryMonitor
 
 log = logging.getLogger("podkit.monitor")
 
+
 def ending(exc: BaseException) -> tuple[str, str]:
     """(status, error) for the exception that ended a fit: the statuses of bin/smoke's summary.json."""
     error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
@@ -49,7 +50,7 @@ def claim_log(path: Path) -> tuple[Path, Path]:
         except FileExistsError:
             continue
         if n > 1:
-            log.warning("%s holds an earlier fit's log: this fit writes %s", path, log_file)
+            log.warning("%s or its summary is an earlier fit's: this fit writes %s", path, log_file)
         return log_file, summary
     raise AssertionError("unreachable")
 
