@@ -195,6 +195,10 @@ def test_the_monitor_checks_its_arguments_and_logs_without_a_with_block(tmp_path
     assert [r["step"] for r in lines] == [2, 4, 6] and lines[0]["loss"] == 1.5
     summary = mon.summary()
     assert summary["peak_allocated"] is None and "/peak_allocated" in summary["null_reasons"]
+    # strict JSON's rule: every null says why, the device's peak too (no NVML reading on a CPU)
+    nulls = {f"/{k}" for k, v in summary.items() if v is None}
+    assert "/device_peak" in nulls and nulls == set(summary["null_reasons"]), summary
+    assert summary["host_rss_peak"] > 0
     for bad in ({"every": "10"}, {"every": 2.5}, {"tokens_per_step": "x"}, {"log_path": 123}):
         with pytest.raises(TypeError, match="MemoryMonitor: "):
             MemoryMonitor(**bad)

@@ -281,9 +281,18 @@ class MemoryMonitor:
             out.update(dict.fromkeys(("peak_allocated", "peak_active", "peak_reserved", "alloc_retries", "ooms")))
             out["null_reasons"] = {f"/{k}": f"no CUDA caching allocator on {self.device.type}" for k in
                                    ("peak_allocated", "peak_active", "peak_reserved", "alloc_retries", "ooms")}
+        reasons = out.setdefault("null_reasons", {})
         out["device_peak"] = self.device_peak or None
+        if out["device_peak"] is None:
+            reasons["/device_peak"] = (f"NVML reads a CUDA device's memory; this monitor's device is {self.device.type}"
+                                       if self.device.type != "cuda" else "NVML gave no reading for this device")
         rss = [r["host_rss"] for r in self.records if r.get("host_rss")]
         out["host_rss_peak"] = max(rss) if rss else None
+        if not rss:
+            reasons["/host_rss_peak"] = ("no sample taken" if not self.records
+                                         else "/proc/self/statm was unreadable at every sample")
+        if not reasons:
+            del out["null_reasons"]
         if self._timed_steps:
             step_time = self._timed_seconds / self._timed_steps
             out["step_time"] = step_time
