@@ -63,6 +63,27 @@ CATALOG: dict[str, GpuSpec] = {
         GpuSpec("RTX5090", 32607, (12, 0), 209, 209, 1792),
         GpuSpec("A5000", 24564, (8, 6), 111, 111, 768),
         GpuSpec("A6000", 49140, (8, 6), 155, 155, 768),
+        # Workstation and data-center GA10x/AD10x cards run fp16/bf16 with fp32 accumulate at the full rate (the
+        # halving above is GeForce's: NVIDIA GA102 whitepaper v2, RTX A6000 "Peak BF16 Tensor TFLOPS with FP32
+        # Accumulate" 154.8, the A6000 entry). Their datasheets quote tensor TFLOPS with 2:4 sparsity, halved
+        # here (Ampere, FP16) or quartered (Ada, FP8); each figure checks against SMs x boost clock x 1024
+        # dense FP16 FLOP/clk/SM. Compute capability: NVIDIA's CUDA GPUs list (Ampere GA10x 8.6, Ada 8.9).
+        # Workstation cards run with ECC off or on, and nvidia-smi shows less with it on (an RTX A6000 with ECC on:
+        # 46068 MiB, thamada/gls gls/RTX_A6000_x9_smi.py); like the A6000's, their memory_mib is the ECC-off total.
+        # A40: datasheet BF16 tensor 149.7 (299.4 sparse), 696 GB/s; memory.total 46068 MiB with its default
+        # ECC on (thamada/nvidia-smi nvsim/A40x10_smi.py; compute capability 8.6 in A40x10_deviceQuery.py).
+        GpuSpec("A40", 46068, (8, 6), 149.7, 149.7, 696),
+        # RTX A4000: datasheet tensor 153.4 sparse, 448 GB/s; 16376 MiB (geerlingguy/raspberry-pi-pcie-devices#791).
+        GpuSpec("A4000", 16376, (8, 6), 76.7, 76.7, 448),
+        # RTX 6000 Ada: datasheet tensor 1457.0 (FP8, sparse; 142 SMs x 2505 MHz), 960 GB/s; 49140 MiB, ECC off
+        # (thamada/nvidia-smi gls/RTX6000Ada_x8_smi.py; also ai-dynamo/dynamo deploy/dynamo_check.py's example).
+        GpuSpec("RTX6000-Ada", 49140, (8, 9), 364.2, 364.2, 960),
+        # RTX 4000 Ada: 48 SMs x 2175 MHz gives 106.9 dense (427.6 FP8 sparse; one transcription of the
+        # datasheet reads 327.6), 360 GB/s; 20475 MiB, ECC off (thamada/nvidia-smi gls/RTX4000Ada_smi.py).
+        GpuSpec("RTX4000-Ada", 20475, (8, 9), 106.9, 106.9, 360),
+        # RTX 2000 Ada: datasheet tensor 191.9 (FP8, sparse; 22 SMs x 2130 MHz), 224 GB/s; 16380 MiB, ECC off
+        # (thamada/nvidia-smi package/RTX200Ada_smi.py).
+        GpuSpec("RTX2000-Ada", 16380, (8, 9), 48.0, 48.0, 224),
         GpuSpec("L40S", 46068, (8, 9), 362, 362, 864),
         GpuSpec("A100-40GB", 40960, (8, 0), 312, 312, 1555),
         GpuSpec("A100-80GB", 81920, (8, 0), 312, 312, 2039),
@@ -96,6 +117,13 @@ _RULES: list[tuple[tuple[str, ...], str]] = [
     (("a10",), "a10"),
     (("a6000",), "a6000"),
     (("a5000",), "a5000"),
+    (("a4000",), "a4000"),
+    (("a40",), "a40"),
+    # The RTX Ada workstation cards are 'RTX <n>000 Ada (Generation)'; a model number is a whole word, so
+    # 'RTX A6000' is not '6000', and without 'ada' 'Quadro RTX 6000' (Turing, 24 GB) or 'RTX PRO 6000' match nothing.
+    (("6000", "ada"), "rtx6000-ada"),
+    (("4000", "ada"), "rtx4000-ada"),
+    (("2000", "ada"), "rtx2000-ada"),
     (("l40s",), "l40s"),
     (("l4",), "l4"),
     (("t4",), "t4"),
@@ -125,15 +153,18 @@ def catalog_names() -> str:
 
 
 def _part_pattern(part: str) -> str:
-    left = r"(?<![a-z])" if part[0].isalpha() else r"(?<!\d)"
+    # A model number is a whole word: '6000' is not the tail of 'a6000' (the RTX 6000 Ada is not the RTX A6000).
+    left = r"(?<![a-z])" if part[0].isalpha() else r"(?<![a-z0-9])"
     return left + re.escape(part) + r"(?![a-z0-9])"
 
 
 def _words(key: str) -> str:
     """The name as space-separated lower-case words, with a size however it is written ('40G', '40 GiB',
-    a bare '32' after the model) spelled '40gb', and a form factor run on to the model ('H100SXM') split."""
+    a bare '32' after the model) spelled '40gb', and a form factor run on to the model ('H100SXM') or a
+    model number run on to 'RTX' ('RTX4090') split."""
     words = re.sub(r"[^a-z0-9]+", " ", key)
     words = re.sub(r"(\d)(sxm|pcie|nvl|hbm)", r"\1 \2", words)
+    words = re.sub(r"(?<![a-z])rtx(?=\d)", "rtx ", words)
     return re.sub(r"(?<![a-z0-9])(\d{2,3}) ?(?:gb|gib|g)?(?![a-z0-9])", r"\1gb", words)
 
 
@@ -162,6 +193,10 @@ def lookup(name: str) -> GpuSpec:
 # Words that make a name another card than the catalog's of the same model number: the laptop parts
 # have less memory (the RTX 4090 Laptop GPU 16 GB, NVIDIA's GeForce RTX 40 Series Laptop specifications).
 _OTHER_CARD_WORDS = ("laptop", "mobile", "max q")
+# The RTX 4000 SFF Ada (RunPod: 'NVIDIA RTX 4000 SFF Ada Generation') is a 70 W card with lower clocks than the
+# RTX 4000 Ada (NVIDIA's RTX 4000 SFF Ada datasheet); it has no entry of its own, so it is refused, not predicted
+# as the full-size card.
+_SMALL_FORM_FACTOR_WORDS = ("sff",)
 
 
 def _check_one_card(name: str, words: str) -> None:
@@ -176,6 +211,9 @@ def _check_one_card(name: str, words: str) -> None:
                           "give one: " + catalog_names())
     if any(re.search(rf"(?<![a-z]){w}(?![a-z])", words) for w in _OTHER_CARD_WORDS):
         raise ConfigError("cluster.gpu", f"{name!r} is a laptop part, not a catalog card", "known: " + catalog_names())
+    if any(re.search(rf"(?<![a-z]){w}(?![a-z])", words) for w in _SMALL_FORM_FACTOR_WORDS):
+        raise ConfigError("cluster.gpu", f"{name!r} is a small-form-factor card, not a catalog card",
+                          "known: " + catalog_names())
 
 
 def _check_stated_memory(name: str, words: str, spec: GpuSpec) -> None:

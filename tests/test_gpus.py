@@ -1,7 +1,13 @@
+import json
+import subprocess
+from pathlib import Path
+
 import pytest
 
 from podkit.checks.errors import ConfigError
 from podkit.checks.gpus import CATALOG, lookup
+
+ROOT = Path(__file__).resolve().parents[1]
 
 REQUIRED = ["T4", "V100", "A10G", "L4", "RTX3090", "RTX4090", "RTX5090", "A5000", "A6000", "L40S",
             "A100-40GB", "A100-80GB", "H100-PCIe", "H100-SXM", "H200", "B200"]
@@ -106,3 +112,63 @@ def test_a_size_written_without_gb_picks_that_card(name, expected):
 def test_a_model_name_with_letters_run_on_is_refused(name, hint):
     with pytest.raises(ConfigError, match=f"unknown GPU '{name}' \\(did you mean '{hint}'"):
         lookup(name)
+
+
+# Cards RunPod rents (docs.runpod.io/references/gpu-types: its GPU ID is the name NVML reports, beside a
+# display name): each resolves from what a user types, the NVML name / RunPod id and RunPod's display name.
+RUNPOD_CARDS = [
+    ("A40", "NVIDIA A40", "A40", ["a40", "A40 48GB"], 86),
+    ("A4000", "NVIDIA RTX A4000", "RTX A4000", ["A4000", "rtx a4000", "RTX A4000 16GB"], 86),
+    ("RTX6000-Ada", "NVIDIA RTX 6000 Ada Generation", "RTX 6000 Ada", ["RTX6000 Ada", "RTX 6000 Ada 48GB", "rtx6000-ada"], 89),
+    ("RTX4000-Ada", "NVIDIA RTX 4000 Ada Generation", "RTX 4000 Ada", ["RTX4000 Ada", "RTX 4000 Ada 20GB"], 89),
+    ("RTX2000-Ada", "NVIDIA RTX 2000 Ada Generation", "RTX 2000 Ada", ["RTX 2000 Ada 16GB"], 89),
+]
+
+
+@pytest.mark.parametrize("card, runpod_id, display, typed, sm", RUNPOD_CARDS)
+def test_runpod_cards_resolve_from_every_name(card, runpod_id, display, typed, sm):
+    for name in [card, runpod_id, display, *typed]:
+        assert lookup(name).name == card, name
+    gpu = lookup(card)
+    assert gpu.sm == sm and gpu.supports_bf16 and gpu.bf16_tflops == gpu.fp16_tflops > 0
+    # the stated sizes above ('48GB', '16GB') passed the size check against the nvidia-smi total
+    assert gpu.memory_mib > 15_000 and gpu.bandwidth_gbs > 0
+
+
+@pytest.mark.parametrize("name, card", [
+    # a model number is a whole word: the Ampere 'RTX A<n>000' is not the Ada 'RTX <n>000 Ada'
+    ("NVIDIA RTX A6000", "A6000"), ("RTX A6000", "A6000"), ("A6000", "A6000"),
+    ("NVIDIA RTX 6000 Ada Generation", "RTX6000-Ada"),
+    ("NVIDIA RTX A4000", "A4000"), ("NVIDIA RTX 4000 Ada Generation", "RTX4000-Ada"),
+    ("NVIDIA A40", "A40"), ("NVIDIA A10", "A10"), ("NVIDIA A100 80GB PCIe", "A100-80GB"),
+    ("NVIDIA L40S", "L40S"), ("NVIDIA L4", "L4"),
+    ("RTX4090 24GB", "RTX4090"),  # 'RTX' run on to the number still names the card
+])
+def test_near_miss_names_are_each_their_own_card(name, card):
+    assert lookup(name).name == card
+
+
+@pytest.mark.parametrize("name, problem", [
+    ("Quadro RTX 6000", "unknown GPU"),  # Turing, 24 GB: not the 48 GB RTX 6000 Ada
+    ("RTX 6000", "unknown GPU"),  # Quadro RTX 6000, RTX 6000 Ada or RTX PRO 6000: no card picked for the user
+    ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "unknown GPU"),
+    ("NVIDIA RTX A2000", "unknown GPU"),  # 6 GB Ampere, not the RTX 2000 Ada
+    ("NVIDIA RTX 4000 SFF Ada Generation", "small-form-factor"),  # RunPod's id; display name below
+    ("RTX 4000 Ada SFF", "small-form-factor"),
+    ("AMD Instinct MI300X OAM", "unknown GPU"),  # podkit is CUDA-only
+    ("RTX 6000 Ada 24GB", "no catalog card of that size"),
+])
+def test_cards_that_look_like_catalog_cards_are_refused(name, problem):
+    with pytest.raises(ConfigError, match=problem):
+        lookup(name)
+
+
+def test_preflight_predicts_for_an_a40():
+    """`bin/preflight --gpu A40` predicts for the card: 46068 MiB is 45.0 GiB."""
+    out = subprocess.run([str(ROOT / "bin" / "preflight"), "--gpu", "A40", "--no-probe"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "of 45.0 GiB on A40" in out.stdout
+    data = json.loads(subprocess.run([str(ROOT / "bin" / "preflight"), "--gpu", "NVIDIA A40", "--no-probe", "--json"],
+                                     capture_output=True, text=True, timeout=120).stdout)
+    assert data["memory"]["gpu_capacity"] == 46068 * 2**20

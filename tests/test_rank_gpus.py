@@ -65,16 +65,38 @@ def test_the_hourly_price_is_for_every_gpu_of_the_job(tmp_path, fake):
 
 def test_an_unknown_card_is_skipped_and_a_bad_list_is_one_line(tmp_path):
     prices = tmp_path / "prices.json"
-    prices.write_text(json.dumps([{"id": "NVIDIA A40", "display_name": "A40", "memory_gb": 48, "price_per_hour": 0.39},
+    # RunPod's AMD card: podkit is CUDA-only, so it is listed last, unpredicted
+    prices.write_text(json.dumps([{"id": "AMD Instinct MI300X OAM", "display_name": "MI300X", "memory_gb": 192,
+                                   "price_per_hour": 2.49},
                                   {"id": "NVIDIA RTX A6000", "display_name": "RTX A6000", "memory_gb": 48, "price_per_hour": 0.49}]))
     out = subprocess.run([str(ROOT / "bin" / "preflight"), "--config", str(QLORA), "--rank-gpus", str(prices)],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.splitlines()[-1].split()[:2] == ["NVIDIA", "A40"] and "not in podkit's GPU catalog" in out.stdout
+    assert out.stdout.splitlines()[-1].split()[:3] == ["AMD", "Instinct", "MI300X"]
+    assert "not in podkit's GPU catalog" in out.stdout
     prices.write_text("{not json")
     bad = subprocess.run([str(ROOT / "bin" / "preflight"), "--rank-gpus", str(prices)], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
     assert "is not a GPU price list" in bad.stderr
+
+
+# RunPod's gpuTypes rows (id, displayName, memoryInGb from docs.runpod.io/references/gpu-types) for cards the
+# catalog gained: each is predicted, not refused, and RunPod's whole-GB size agrees with the catalog's.
+RUNPOD_ROWS = [("NVIDIA A40", "A40", 48, "A40"), ("NVIDIA RTX A4000", "RTX A4000", 16, "A4000"),
+               ("NVIDIA RTX 6000 Ada Generation", "RTX 6000 Ada", 48, "RTX6000-Ada"),
+               ("NVIDIA RTX 4000 Ada Generation", "RTX 4000 Ada", 20, "RTX4000-Ada"),
+               ("NVIDIA RTX 2000 Ada Generation", "RTX 2000 Ada", 16, "RTX2000-Ada")]
+
+
+def test_runpod_cards_the_catalog_knows_are_predicted(tmp_path):
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps([{"id": i, "display_name": d, "memory_gb": m, "price_per_hour": 0.5}
+                                  for i, d, m, _ in RUNPOD_ROWS]))
+    out = subprocess.run([str(ROOT / "bin" / "preflight"), "--config", str(QLORA), "--rank-gpus", str(prices), "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    catalog = {r["id"]: r["catalog"] for r in json.loads(out.stdout)}
+    assert catalog == {i: c for i, _, _, c in RUNPOD_ROWS}
 
 
 def test_a_job_read_with_from_is_the_one_ranked(tmp_path):
