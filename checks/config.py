@@ -503,6 +503,11 @@ def _refuse_shape_beside_a_source(model: Any) -> None:
 
 
 def parse_job(text: str, source: str = "<string>") -> JobConfig:
+    return JobConfig(**_sections(text, source), source=source)
+
+
+def _sections(text: str, source: str) -> dict[str, Any]:
+    """The TOML read into the four section dataclasses, each field checked; nothing outside the text is read."""
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -518,8 +523,7 @@ def parse_job(text: str, source: str = "<string>") -> JobConfig:
     if "model" not in raw:
         raise ConfigError("[model]", "missing", "add a [model] section, e.g. preset = \"llama-3.2-1b\"")
     _refuse_shape_beside_a_source(raw["model"])
-    parts = {name: _build(name, cls, raw.get(name, {})) for name, cls in SECTIONS.items()}
-    return JobConfig(**parts, source=source)
+    return {name: _build(name, cls, raw.get(name, {})) for name, cls in SECTIONS.items()}
 
 
 # A job file is a few KiB; reading more would be a device or the wrong file (--config /dev/zero).
@@ -528,6 +532,24 @@ MAX_JOB_BYTES = 1 << 20
 
 def load_job(path: str | Path) -> JobConfig:
     """A job TOML file, or standard input for `-`."""
+    return parse_job(_read_job(path), "<stdin>" if str(path) == "-" else str(path))
+
+
+def check_job(path: str | Path, source: str = "") -> None:
+    """What load_job refuses, less what needs more than this file: a ConfigError for bad TOML, an unknown
+    section or key, a bad value. The model is resolved (and with it the stack's facts) only when the job
+    gives its shape itself (preset, params, dimensions): a Hub id needs the network (hf_config.from_hub),
+    and an hf_config path may name a file only the machine that runs the job has. bin/pod deploy checks
+    a job so on the laptop before it touches a pod; the pod's preflight reads the rest.
+    `source`: the name messages give the file (default: the path)."""
+    source = source or str(path)
+    parts = _sections(_read_job(path), source)
+    if not (parts["model"].hf or parts["model"].hf_config):
+        JobConfig(**parts, source=source)
+
+
+def _read_job(path: str | Path) -> str:
+    """The text of a job file (or of stdin for `-`), refused as one ConfigError when it is none."""
     fix = "give the path to a job TOML file, or - for stdin"
     if not str(path).strip():  # before Path(), which reads '' as '.'
         raise ConfigError("--config", "is empty", fix)
@@ -536,7 +558,7 @@ def load_job(path: str | Path) -> JobConfig:
         if len(data) > MAX_JOB_BYTES:
             raise ConfigError("--config", f"stdin holds over {MAX_JOB_BYTES >> 20} MiB, not a job file", fix)
         try:
-            return parse_job(data.decode("utf-8-sig"), "<stdin>")
+            return data.decode("utf-8-sig")
         except UnicodeDecodeError:
             raise ConfigError("--config", "stdin is not UTF-8 text", fix) from None
     path = Path(path)
@@ -561,4 +583,4 @@ def load_job(path: str | Path) -> JobConfig:
         raise ConfigError("--config", f"{path} is a directory", "give the path to a job TOML file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError("--config", f"cannot read {path}: {exc}") from None
-    return parse_job(text, str(path))
+    return text

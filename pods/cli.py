@@ -119,9 +119,9 @@ class PodArgs:
             yield (conn, specs[0], *located)
 
 
-def _bad_input_json(problem: str, fix: str = "", host: str = "") -> None:
+def _bad_input_json(problem: str, fix: str = "", host: str = "", field: str = "") -> None:
     """What --json prints on stdout for bad input: preflight's and smoke's object, with the pod it concerns."""
-    data = ConfigError("", problem, fix).to_json()
+    data = ConfigError(field, problem, fix).to_json()
     data["error"]["host"] = host
     click.echo(json.dumps(data, indent=2))
 
@@ -134,7 +134,7 @@ def guarded(fn):
             return fn(*args, **kwargs)
         except PodError as exc:
             if kwargs.get("as_json"):  # scripts get the error as the object they asked for
-                _bad_input_json(exc.problem, exc.fix, exc.host)
+                _bad_input_json(exc.problem, exc.fix, exc.host, exc.field)
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)
         except KeyboardInterrupt:
@@ -181,8 +181,9 @@ def deploy_cmd(host, config, force, as_json, pods: PodArgs):
     HOST is user@host[:port], an ~/.ssh/config alias, the pasted RunPod line
     'ssh root@IP -p PORT -i KEY', or a pods.toml name or group; several separated by commas.
     """
-    if config:
-        config = _check_job_path(config, pods.opts.project)  # before connecting: a typo is bad input, not a pod's
+    if config:  # before connecting: a typo is bad input, not a pod's
+        config = _check_job_path(config, pods.opts.project)
+        _check_job(config, pods.opts.project)
     specs = pods.specs(host)
     try:
         outcomes: list[Outcome] = deploy(specs, dataclasses.replace(pods.opts, force=force), config, err=as_json)
@@ -415,6 +416,19 @@ def _check_job_path(config: str, project: Path) -> str:
         raise PodError(f"--config {config} is not among the files deploy sends (ignored by .gitignore or .podignore)",
                        "un-ignore it, or put the job TOML elsewhere in the project")
     return rel
+
+
+def _check_job(config: str, project: Path) -> None:
+    """The job file's own syntax and fields, read by the loader the pod's preflight uses (checks.config.check_job:
+    no torch, no network), so a bad key is refused before any sync or install, not by preflight at the end."""
+    from podkit.checks.config import check_job
+
+    try:
+        check_job(project / config, source=config)
+    except ConfigError as exc:
+        named = "" if exc.field in ("", "--config") else f"{config}: {exc.field}: "  # the others name the file
+        fix = exc.fix or f"fix it, then check it here: bin/preflight --config {config}"
+        raise PodError(f"{named}{exc.problem}", fix, field=exc.field or "--config") from None
 
 
 def _follow(conn: PodConnection, again: str, job_id: str, as_json: bool, job: dict) -> int | None:

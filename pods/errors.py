@@ -4,15 +4,16 @@
 class PodError(Exception):
     """Bad host input or a connection/transfer fault. Printed as one line; never a traceback."""
 
-    def __init__(self, problem: str, fix: str = "", host: str = ""):
+    def __init__(self, problem: str, fix: str = "", host: str = "", field: str = ""):
         self.problem = problem
         self.fix = fix
         self.host = host
+        self.field = field  # the input at fault, for --json's error.field (e.g. a job key); the line says it in problem
         super().__init__(str(self))
 
     def on(self, host: str) -> "PodError":
         """The same error, labelled with the pod it happened on."""
-        return PodError(self.problem, self.fix, host)
+        return PodError(self.problem, self.fix, host, self.field)
 
     def __str__(self) -> str:
         where = f"{self.host}: " if self.host else ""

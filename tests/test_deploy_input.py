@@ -1,0 +1,99 @@
+"""bin/pod deploy's own input, against a real sshd on loopback: a bad job file is refused on the laptop
+before the pod is touched (one line, exit 2).
+"""
+
+import json
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from sshd_harness import LoopbackPod, one_line_error, pod_cli, pod_world, sshd_available
+
+pytestmark = pytest.mark.skipif(sshd_available() is not None, reason=str(sshd_available()))
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    w = pod_world(tmp_path_factory.mktemp("deploy-input"), "a")
+    yield w
+    w.pod.stop()
+
+
+def cli(world, *args, **kw):
+    return pod_cli(world.project, *args, known_hosts=world.known_hosts, **kw)
+
+
+def pod_args(pod: LoopbackPod, remote_dir: str | None = None) -> list[str]:
+    return ["--key", str(pod.client_key), "--remote-dir", remote_dir or pod.remote_dir, "--python", sys.executable]
+
+
+def write_job(world, name: str, text: str) -> str:
+    """A job file inside the project (deploy takes --config relative to it); its path as --config gives it."""
+    path = world.project / "jobs" / name
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(text)
+    return f"jobs/{name}"
+
+
+BAD_JOBS = [
+    # (id, job TOML, what the one line says; the JSON error's field)
+    ("micro-batch-0", '[model]\npreset = "tiny"\n[train]\nmicro_batch = 0\n',
+     "jobs/micro-batch-0.toml: train.micro_batch: must be at least 1, got 0", "train.micro_batch"),
+    ("unknown-key", '[model]\npreset = "tiny"\n[train]\nmicro_bacth = 2\n',
+     "train.micro_bacth: unknown key (did you mean 'micro_batch'?)", "train.micro_bacth"),
+    ("bad-toml", '[model\npreset = "tiny"\n', "jobs/bad-toml.toml is not valid TOML", "--config"),
+    # a Hub model: its field is still checked here, without the network (HF_HUB_OFFLINE=1 below)
+    ("hub-model-bad-field", '[model]\nhf = "podkit-test/no-such-model"\n[cluster]\ngpus_per_node = 0\n',
+     "cluster.gpus_per_node: must be at least 1, got 0", "cluster.gpus_per_node"),
+]
+
+
+@pytest.mark.parametrize("case", BAD_JOBS, ids=[c[0] for c in BAD_JOBS])
+def test_a_bad_job_is_refused_before_the_pod_is_touched(world, case):
+    """It was only preflight on the pod, after the sync and the installs, that refused it (exit 1)."""
+    name, text, expect, field = case
+    config = write_job(world, f"{name}.toml", text)
+    remote = Path(world.pod.base) / "remote" / f"untouched-{name}"
+    env = {"HF_HUB_OFFLINE": "1"}
+    line = one_line_error(cli(world, "deploy", world.pod.spec, *pod_args(world.pod, str(remote)), "--config", config,
+                              env=env))
+    assert expect in line and "Traceback" not in line, line
+    assert "(" in line and line.endswith(")"), line  # what to do comes with it
+    as_json = cli(world, "deploy", world.pod.spec, *pod_args(world.pod, str(remote)), "--config", config, "--json",
+                  env=env)
+    assert one_line_error(as_json) == line
+    data = json.loads(as_json.stdout)  # the one object a script reads
+    assert data["ok"] is False and data["exit_code"] == 2 and data["error"]["field"] == field
+    assert line == f"error: {data['error']['problem']} ({data['error']['fix']})"
+    assert not remote.exists()  # nothing was synced, installed or even probed there
+
+
+def test_a_bad_job_is_refused_without_connecting(world):
+    """The check comes before the connection: a port that accepts TCP sees no one arrive."""
+    config = write_job(world, "mb0.toml", '[model]\npreset = "tiny"\n[train]\nmicro_batch = 0\n')
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.setblocking(False)
+        line = one_line_error(cli(world, "deploy", f"root@127.0.0.1:{listener.getsockname()[1]}", "--timeout", "2",
+                                  "--config", config))
+        assert "train.micro_batch: must be at least 1, got 0" in line
+        with pytest.raises(BlockingIOError):
+            listener.accept()  # nobody connected
+
+
+@pytest.mark.parametrize("model", ['hf = "podkit-test/no-such-model"', 'hf_config = "/only/on/the/pod/config.json"'],
+                         ids=["hub-id", "pod-path"])
+def test_a_model_read_elsewhere_is_left_to_the_pods_preflight(world, model):
+    """A Hub id needs the network, and an hf_config path may exist only on the pod: the laptop does not read
+    them, so deploy goes on to connect (refused here: a closed port)."""
+    config = write_job(world, "elsewhere.toml", f"[model]\n{model}\n")
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()
+    line = one_line_error(cli(world, "deploy", f"root@127.0.0.1:{port}", "--config", config,
+                              env={"HF_HUB_OFFLINE": "1"}))
+    assert "connection refused" in line, line
