@@ -303,6 +303,10 @@ def run(project: Path, fingerprint_file, python, cache_dir, secrets_stdin: bool,
     """Install what this machine needs for podkit, reusing the image's torch, and write the env file."""
     started = time.monotonic()
     project = _check_project(project, writable=not dry_run)  # a dry run writes nothing
+    try:
+        names = envfile.secret_names(os.environ)  # a bad name would be written into a file every command sources
+    except envfile.BadSecretName as exc:
+        _bad(str(exc), exc.fix)
     if cache_dir is not None:
         cache_dir = _check_cache_dir(cache_dir)
     if fingerprint_file:
@@ -317,7 +321,6 @@ def run(project: Path, fingerprint_file, python, cache_dir, secrets_stdin: bool,
     if not fp.python:
         _bad("no python3 on this machine", "install python3 with venv (e.g. apt-get install python3-venv), then re-run")
     plan = resolve(fp, requirements())
-    names = envfile.SECRET_NAMES + tuple(n for n in os.environ.get("PODKIT_SECRET_NAMES", "").split(",") if n)
     if dry_run and as_json:
         print(json.dumps({"ok": True, "dry_run": True, "fingerprint": json.loads(fp.to_json()),
                           "plan": [dict(d.__dict__) for d in plan.deps], "warnings": plan.warnings,

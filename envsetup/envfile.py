@@ -8,12 +8,48 @@ environment, never as arguments, and are never printed.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from pathlib import Path
 
 from podkit.envsetup.fingerprint import Fingerprint
 
 SECRET_NAMES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY")
+EXTRA_NAMES_VAR = "PODKIT_SECRET_NAMES"  # more names, comma-separated: the user's own secrets
+# A shell variable name (POSIX.1-2017 XBD 3.235 "Name"): each is written as `export NAME=...` into a file that
+# every command sources.
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class BadSecretName(ValueError):
+    """PODKIT_SECRET_NAMES holds something that is not a variable name: str() is the problem, .fix what to do."""
+
+    fix = (f"give names only, comma-separated: letters, digits and _, not starting with a digit, "
+           f"e.g. {EXTRA_NAMES_VAR}=MY_TOKEN,MY_API_KEY")
+
+
+def extra_secret_names(value: str) -> tuple[str, ...]:
+    """The names in a PODKIT_SECRET_NAMES value (spaces around commas and empty entries ignored), in order, once each.
+    A name that is not one raises BadSecretName; what follows a '=' is never repeated (it may be the secret)."""
+    names = []
+    for entry in value.split(","):
+        name = entry.strip()
+        if not name:
+            continue
+        if not _NAME.fullmatch(name):
+            shown = name.split("=", 1)[0] + ("=..." if "=" in name else "")
+            raise BadSecretName(f"{EXTRA_NAMES_VAR}: {shown!r} is not an environment variable name"
+                                + ("; it takes names only, each value is read from the environment"
+                                   if "=" in name else ""))
+        if name not in names:
+            names.append(name)
+    return tuple(names)
+
+
+def secret_names(environ=os.environ) -> tuple[str, ...]:
+    """The secrets to forward: SECRET_NAMES and those PODKIT_SECRET_NAMES adds (BadSecretName for a bad one)."""
+    extra = extra_secret_names(environ.get(EXTRA_NAMES_VAR, ""))
+    return SECRET_NAMES + tuple(n for n in extra if n not in SECRET_NAMES)
 
 
 def alloc_conf_var(fp: Fingerprint) -> str:
@@ -46,6 +82,9 @@ def render(fp: Fingerprint, project: Path, cache_dir: str | None, attention: str
     ]
     lines += [f"export {k}=\"${{{k}:-{v}}}\"" for k, v in settings.items()]
     lines += [f"export PODKIT_ATTENTION={attention}", f"export PODKIT_ATTENTION_REASON={shlex.quote(attention_reason)}"]
+    extra = ",".join(sorted(n for n in secrets if n not in SECRET_NAMES))
+    if extra:  # recorded, so that a later envsetup (a re-deploy without them set locally) keeps them: existing_secrets
+        lines.append(f"export {EXTRA_NAMES_VAR}={shlex.quote(extra)}")
     lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(secrets.items())]
     return "\n".join(lines) + "\n"
 
@@ -78,17 +117,25 @@ def read_secrets(lines: str, names: tuple[str, ...]) -> dict[str, str]:
 
 
 def existing_secrets(path: Path, names: tuple[str, ...]) -> dict[str, str]:
-    """Secrets already in the env file, so a re-deploy without them set locally keeps them."""
+    """Secrets already in the env file, so a re-deploy without them set locally keeps them: those of `names`
+    and those the file's own PODKIT_SECRET_NAMES line names."""
     out = {}
     try:
         text = path.read_text()
     except OSError:
         return out
+    exported = {}
     for line in text.splitlines():
         if line.startswith("export "):
             name, _, value = line[7:].partition("=")
-            if name in names:
+            try:
                 parsed = shlex.split(value)
-                if parsed:
-                    out[name] = parsed[0]
-    return out
+            except ValueError:  # not a line render() wrote
+                continue
+            if parsed:
+                exported[name] = parsed[0]
+    try:
+        recorded = extra_secret_names(exported.get(EXTRA_NAMES_VAR, ""))
+    except BadSecretName:  # an edited file: its own names are not trusted
+        recorded = ()
+    return {n: v for n, v in exported.items() if n in names or n in recorded}

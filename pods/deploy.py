@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from podkit.envsetup.envfile import SECRET_NAMES
+from podkit.envsetup.envfile import EXTRA_NAMES_VAR, SECRET_NAMES, BadSecretName, secret_names
 from podkit.pods.connection import PodConnection
 from podkit.pods.errors import PodError, Unreachable
 from podkit.pods.hosts import HostSpec, resolve
@@ -170,9 +170,14 @@ def _deploy(conn: PodConnection, spec: HostSpec, opts: PodOptions, say, config, 
         return
     if not fp.gpus:
         say("envsetup: no GPU on this pod: GPU-only dependencies (flash-attn) are skipped")
-    secrets = "".join(f"{n}={os.environ[n]}\n" for n in _secret_names() if os.environ.get(n))
+    # The values travel on stdin (pods/shell.py: never in argv). envsetup keeps only the names it knows, so the
+    # extra names go with it, in its environment: names are not secret. The pod's own extra names stay beside ours.
+    names = _secret_names()
+    secrets = "".join(f"{n}={os.environ[n]}\n" for n in names if os.environ.get(n))
+    extra = ",".join(n for n in names if n not in SECRET_NAMES)
     cache = profile.caches(fp.home)
-    cmd = (f"PODKIT_PYTHON={shlex.quote(fp.python)} bin/envsetup --project . --fingerprint logs/probe.json --secrets-stdin"
+    cmd = ((f"{EXTRA_NAMES_VAR}={shlex.quote(extra)}${{{EXTRA_NAMES_VAR}:+,${EXTRA_NAMES_VAR}}} " if extra else "")
+           + f"PODKIT_PYTHON={shlex.quote(fp.python)} bin/envsetup --project . --fingerprint logs/probe.json --secrets-stdin"
            + (f" --cache-dir {shlex.quote(cache)}" if cache else ""))
     # envsetup's own lines already start with "envsetup: " (its verdict): do not say it twice.
     said = lambda line: say(line.strip() if line.strip().startswith("envsetup: ") else f"envsetup: {line.strip()}")  # noqa: E731
@@ -207,11 +212,15 @@ def _deploy(conn: PodConnection, spec: HostSpec, opts: PodOptions, say, config, 
 
 
 def _secret_names() -> tuple[str, ...]:
-    extra = tuple(n for n in os.environ.get("PODKIT_SECRET_NAMES", "").split(",") if n)
-    return SECRET_NAMES + extra
+    """The secrets deploy forwards: envfile.SECRET_NAMES and the local PODKIT_SECRET_NAMES (a bad name: PodError)."""
+    try:
+        return secret_names(os.environ)
+    except BadSecretName as exc:
+        raise PodError(str(exc), exc.fix, field=EXTRA_NAMES_VAR) from None
 
 
 def deploy(specs: list[HostSpec], opts: PodOptions, config: str | None = None, err: bool = False) -> list[Outcome]:
+    _secret_names()  # a bad name is bad input: refused before any pod is reached
     printer = Printer(prefix=len(specs) > 1, err=err)
     single = len(specs) == 1
     live: list[PodConnection] = []  # open connections, so Ctrl-C can stop their remote steps

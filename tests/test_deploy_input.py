@@ -1,10 +1,14 @@
 """bin/pod deploy's own input, against a real sshd on loopback: a bad job file is refused on the laptop
-before the pod is touched (one line, exit 2).
+before the pod is touched (one line, exit 2), and the user's extra secrets (PODKIT_SECRET_NAMES) reach
+the pod's env file through stdin only: never in a process's argv, the output or a log.
 """
 
 import json
+import os
+import secrets
 import socket
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -97,3 +101,86 @@ def test_a_model_read_elsewhere_is_left_to_the_pods_preflight(world, model):
     line = one_line_error(cli(world, "deploy", f"root@127.0.0.1:{port}", "--config", config,
                               env={"HF_HUB_OFFLINE": "1"}))
     assert "connection refused" in line, line
+
+
+class ArgvWatch:
+    """Every process's command line on this machine (laptop and loopback pod alike), read from /proc over and
+    over while a command runs: which of them held `needle`, and whether the watch saw the pod's envsetup at all."""
+
+    def __init__(self, needle: str):
+        self.needle = needle.encode()
+        self.leaks: set[str] = set()
+        self.saw_envsetup = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            for pid in os.listdir("/proc"):
+                if not pid.isdigit():
+                    continue
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        argv = f.read()
+                except OSError:
+                    continue
+                if self.needle in argv:
+                    self.leaks.add(argv.replace(b"\0", b" ").decode(errors="replace"))
+                if b"podkit.envsetup.cli" in argv:
+                    self.saw_envsetup = True
+
+
+def test_extra_secret_names_reach_the_pods_env_file_through_stdin_only(world):
+    """PODKIT_SECRET_NAMES was read on the laptop only: envsetup on the pod kept the names it knew and dropped
+    MY_TOKEN. It arrives now, in no argv, output or log, and a re-deploy without it set keeps it."""
+    pod, remote = world.pod, Path(world.pod.remote_dir)
+    token = "s3cret-" + secrets.token_hex(8)
+    with ArgvWatch(token) as watch:
+        out = cli(world, "deploy", pod.spec, *pod_args(pod),
+                  env={"PODKIT_SECRET_NAMES": "MY_TOKEN, OTHER_UNSET", "MY_TOKEN": token, "HF_TOKEN": "hf_" + token})
+    assert out.returncode == 0, out.stdout + out.stderr
+    env_file = (remote / ".podkit" / "env").read_text()
+    assert f"export MY_TOKEN={token}" in env_file and f"export HF_TOKEN=hf_{token}" in env_file
+    assert "OTHER_UNSET" not in env_file  # a name without a value adds nothing
+    assert watch.saw_envsetup, "the watch never saw the pod's envsetup running"
+    assert not watch.leaks, watch.leaks
+    assert token not in out.stdout + out.stderr
+    assert "secrets: HF_TOKEN, MY_TOKEN" in out.stdout  # envsetup names them, never their values
+    for logs in (remote / "logs", remote / ".podkit" / "envsetup"):
+        for path in logs.rglob("*"):
+            if path.is_file():
+                assert token not in path.read_text(errors="replace"), path
+
+    again = cli(world, "deploy", pod.spec, *pod_args(pod), env={"PODKIT_SECRET_NAMES": "", "MY_TOKEN": ""})
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"export MY_TOKEN={token}" in (remote / ".podkit" / "env").read_text()  # kept, as HF_TOKEN is
+
+
+def test_a_bad_secret_name_is_refused_before_connecting(world):
+    """A name is written as `export NAME=...` into a file every command on the pod sources: it must be one.
+    A NAME=value given by mistake is refused without repeating the value."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.setblocking(False)
+        host = f"root@127.0.0.1:{listener.getsockname()[1]}"
+        for value, expect in (("MY-TOKEN", "'MY-TOKEN' is not an environment variable name"),
+                              ("MY_TOKEN=s3cret-value", "'MY_TOKEN=...' is not an environment variable name"),
+                              ("OK_NAME,$(touch /tmp/x)", "'$(touch /tmp/x)' is not")):
+            out = cli(world, "deploy", host, "--timeout", "2", env={"PODKIT_SECRET_NAMES": value})
+            line = one_line_error(out)
+            assert "PODKIT_SECRET_NAMES" in line and expect in line, line
+            assert "s3cret-value" not in out.stdout + out.stderr
+            as_json = cli(world, "deploy", host, "--timeout", "2", "--json", env={"PODKIT_SECRET_NAMES": value})
+            assert one_line_error(as_json) == line
+            assert json.loads(as_json.stdout)["error"]["field"] == "PODKIT_SECRET_NAMES"
+        with pytest.raises(BlockingIOError):
+            listener.accept()

@@ -38,6 +38,24 @@ def test_env_file_is_0600_and_settings_follow_the_pod(tmp_path):
         "HF_TOKEN": "a", "WANDB_API_KEY": "b"}
 
 
+def test_extra_secret_names_are_checked_recorded_and_kept(tmp_path):
+    assert envfile.extra_secret_names(" MY_TOKEN, ,_K2,MY_TOKEN,") == ("MY_TOKEN", "_K2")
+    assert envfile.secret_names({"PODKIT_SECRET_NAMES": "HF_TOKEN,MY_TOKEN"}) == envfile.SECRET_NAMES + ("MY_TOKEN",)
+    for bad, shown in (("MY-TOKEN", "'MY-TOKEN'"), ("2X", "'2X'"), ("X;rm -rf ~", "'X;rm -rf ~'"),
+                       ("MY_TOKEN=hf_value", "'MY_TOKEN=...'")):
+        with pytest.raises(envfile.BadSecretName) as exc:
+            envfile.extra_secret_names(f"OK,{bad}")
+        assert shown in str(exc.value) and "hf_value" not in str(exc.value)
+    fp = parse_probe((FINGERPRINTS / "runpod-a100.txt").read_text())
+    text = envfile.render(fp, tmp_path, None, "sdpa", "x", {"HF_TOKEN": "a", "MY_TOKEN": "b c", "ZZ": "d"})
+    assert "export PODKIT_SECRET_NAMES=MY_TOKEN,ZZ\n" in text
+    path = tmp_path / "env"
+    envfile.write(path, text)
+    # a later envsetup that is not told the extra names (a re-deploy without them set) keeps what the file recorded
+    assert envfile.existing_secrets(path, envfile.SECRET_NAMES) == {"HF_TOKEN": "a", "MY_TOKEN": "b c", "ZZ": "d"}
+    assert "PODKIT_SECRET_NAMES" not in envfile.render(fp, tmp_path, None, "sdpa", "x", {"HF_TOKEN": "a"})
+
+
 def test_probe_reads_this_machine():
     fp = probe_local(python=sys.executable)
     assert fp.python == sys.executable and fp.torch and fp.torch.version.startswith("2.")
