@@ -19,6 +19,13 @@ EXTRA_NAMES_VAR = "PODKIT_SECRET_NAMES"  # more names, comma-separated: the user
 # A shell variable name (POSIX.1-2017 XBD 3.235 "Name"): each is written as `export NAME=...` into a file that
 # every command sources.
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Names a secret must not take: the secrets are exported last (render), so one of these would override the env
+# file's own settings (PATH, VIRTUAL_ENV, PODKIT_*, the allocator and cache settings) or change what every
+# command runs (the loader's LD_*, Python's PYTHON*, bash's BASH_ENV/ENV/IFS, the shell's HOME/SHELL).
+_NOT_SECRETS = frozenset({"PATH", "VIRTUAL_ENV", "HOME", "SHELL", "IFS", "ENV", "BASH_ENV", "PS4", "CDPATH",
+                          "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "TOKENIZERS_PARALLELISM",
+                          "OMP_NUM_THREADS", "HF_HOME", "PIP_CACHE_DIR", "TORCH_HOME", "TRITON_CACHE_DIR"})
+_NOT_SECRET_PREFIXES = ("PODKIT_", "LD_", "PYTHON")
 
 
 class BadSecretName(ValueError):
@@ -41,6 +48,10 @@ def extra_secret_names(value: str) -> tuple[str, ...]:
             raise BadSecretName(f"{EXTRA_NAMES_VAR}: {shown!r} is not an environment variable name"
                                 + ("; it takes names only, each value is read from the environment"
                                    if "=" in name else ""))
+        if name in _NOT_SECRETS or name.startswith(_NOT_SECRET_PREFIXES):
+            raise BadSecretName(f"{EXTRA_NAMES_VAR}: {name} is not a secret to forward: it is exported after the env "
+                                "file's own settings and would replace one, or change how every command on the pod "
+                                "runs")
         if name not in names:
             names.append(name)
     return tuple(names)

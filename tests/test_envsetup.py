@@ -46,6 +46,10 @@ def test_extra_secret_names_are_checked_recorded_and_kept(tmp_path):
         with pytest.raises(envfile.BadSecretName) as exc:
             envfile.extra_secret_names(f"OK,{bad}")
         assert shown in str(exc.value) and "hf_value" not in str(exc.value)
+    # exported after the file's own settings, these would replace one or change every command: not secrets
+    for taken in ("PATH", "LD_PRELOAD", "PODKIT_ROOT", "PYTHONPATH", "BASH_ENV", "HF_HOME", "PYTORCH_ALLOC_CONF"):
+        with pytest.raises(envfile.BadSecretName, match=f"{taken} is not a secret to forward"):
+            envfile.extra_secret_names(f"MY_TOKEN,{taken}")
     fp = parse_probe((FINGERPRINTS / "runpod-a100.txt").read_text())
     text = envfile.render(fp, tmp_path, None, "sdpa", "x", {"HF_TOKEN": "a", "MY_TOKEN": "b c", "ZZ": "d"})
     assert "export PODKIT_SECRET_NAMES=MY_TOKEN,ZZ\n" in text
