@@ -316,8 +316,11 @@ def run(project: Path, fingerprint_file, python, cache_dir, secrets_stdin: bool,
             _bad(f"--fingerprint {fingerprint_file}: cannot read it ({exc})", "re-run deploy, or drop the option to probe here")
     else:
         fp = probe_local(str(project), python)
-    if fp.python_missing:
-        _bad(f"python {fp.python_missing} does not exist on this machine", "fix PYTHON=, or leave it out to detect")
+        given = python or os.environ.get("PODKIT_PYTHON")  # what the probe was told to use, and only that
+        fault = fp.python_fault(given)
+        if fault:
+            _bad(f"python {given} {fault}", "give --python the interpreter that has the image's torch, or leave "
+                 "--python out and PODKIT_PYTHON unset to detect it")
     if not fp.python:
         _bad("no python3 on this machine", "install python3 with venv (e.g. apt-get install python3-venv), then re-run")
     plan = resolve(fp, requirements())

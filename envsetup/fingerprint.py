@@ -18,9 +18,11 @@ from dataclasses import asdict, dataclass, field
 
 from podkit.envsetup import arch
 
-# Candidates for "the image's Python": an explicit PODKIT_PYTHON, SageMaker's pytorch conda envs
-# (notebook instances: /home/ec2-user/anaconda3/envs/pytorch_p310, whoever logs in), the base conda
-# env of AWS's deep learning containers (/opt/conda/bin/python: their PATH is set for PID 1 only, an
+# "The image's Python": an explicit PODKIT_PYTHON (--python, PYTHON=, pods.toml's python) is the only
+# candidate, never traded for another without a word: what is wrong with it (missing, not executable, not
+# running as Python 3) is reported for Fingerprint.python_fault to refuse. Else the candidates are SageMaker's
+# pytorch conda envs (notebook instances: /home/ec2-user/anaconda3/envs/pytorch_p310, whoever logs in), the
+# base conda env of AWS's deep learning containers (/opt/conda/bin/python: their PATH is set for PID 1 only, an
 # SSH session's python3 is the OS one), then python3. The first one with torch wins, else the first that runs.
 PROBE_SCRIPT = r'''
 set +e
@@ -55,7 +57,7 @@ pod_id="${RUNPOD_POD_ID:-}"
 # sagemaker-ssh-helper logs in as root, whose home is elsewhere.
 for d in "$HOME/SageMaker" /home/ec2-user/SageMaker; do [ -d "$d" ] && { emit sagemaker "$d"; break; }; done
 python_facts() {
-"$1" - <<'PY' 2>/dev/null
+"$1" - <<'PY'
 import importlib.util, json, os, sys
 print("python_version\t%d.%d.%d" % sys.version_info[:3])
 print("python_venv\t%s" % int(sys.prefix != sys.base_prefix))
@@ -98,17 +100,35 @@ for dist in ("bitsandbytes", "flash_attn", "nvidia-ml-py"):
         pass
 PY
 }
-candidates="${PODKIT_PYTHON:-} $(ls -d "$HOME"/anaconda3/envs/pytorch*/bin/python /home/ec2-user/anaconda3/envs/pytorch*/bin/python \
-  /opt/conda/envs/pytorch*/bin/python /opt/conda/bin/python 2>/dev/null | awk '!seen[$0]++') $(command -v python3)"
-[ -n "${PODKIT_PYTHON:-}" ] && [ ! -x "$PODKIT_PYTHON" ] && emit python_missing "$PODKIT_PYTHON"
-# One interpreter start per candidate: its facts say whether it has torch.
 chosen="" chosen_facts=""
-for py in $candidates; do
-  [ -x "$py" ] || continue
-  facts="$(python_facts "$py")"
-  [ -z "$chosen" ] && chosen="$py" chosen_facts="$facts"
-  case "$facts" in *$'\ntorch\t'*) chosen="$py" chosen_facts="$facts"; break;; esac
-done
+if [ -n "${PODKIT_PYTHON:-}" ]; then
+  py="$PODKIT_PYTHON"
+  case "$py" in */*) ;; *) py="$(command -v -- "$py" 2>/dev/null || printf '%s' "$py")";; esac  # a name on PATH
+  if [ ! -e "$py" ]; then emit python_missing "$PODKIT_PYTHON"
+  elif [ -d "$py" ]; then emit python_bad "is a directory"
+  elif [ ! -x "$py" ]; then emit python_bad "is not executable (mode $(stat -c %a "$py" 2>/dev/null || echo unknown))"
+  else
+    facts="$(python_facts "$py" 2>/dev/null)"
+    case "$facts" in
+      *"python_version"$'\t'*) chosen="$py" chosen_facts="$facts";;
+      *) # Its own words for why (a missing libpython, a wrapper's error), only on this failure path.
+         why="$(python_facts "$py" 2>&1 >/dev/null)"; rc=$?
+         why="$(printf '%s\n' "$why" | sed '/^[[:space:]]*$/d' | tail -n 1 | cut -c1-200)"
+         [ -n "$why" ] || why="nothing on stderr"
+         emit python_bad "does not run as Python 3 (exit $rc: $why)";;
+    esac
+  fi
+else
+  candidates="$(ls -d "$HOME"/anaconda3/envs/pytorch*/bin/python /home/ec2-user/anaconda3/envs/pytorch*/bin/python \
+    /opt/conda/envs/pytorch*/bin/python /opt/conda/bin/python 2>/dev/null | awk '!seen[$0]++') $(command -v python3)"
+  # One interpreter start per candidate: its facts say whether it has torch.
+  for py in $candidates; do
+    [ -x "$py" ] || continue
+    facts="$(python_facts "$py" 2>/dev/null)"
+    [ -z "$chosen" ] && chosen="$py" chosen_facts="$facts"
+    case "$facts" in *$'\ntorch\t'*) chosen="$py" chosen_facts="$facts"; break;; esac
+  done
+fi
 [ -z "$chosen" ] && exit 0
 emit python "$chosen"
 printf '%s\n' "$chosen_facts"
@@ -116,7 +136,7 @@ printf '%s\n' "$chosen_facts"
 # apart, so the plan sees it while the venv is still made from the image's interpreter.
 venv_py="${PODKIT_PROBE_DIR:-}/.venv/bin/python"
 case "$chosen_facts" in *$'\ntorch\t'*) ;; *)
-  [ -n "${PODKIT_PROBE_DIR:-}" ] && [ -x "$venv_py" ] && python_facts "$venv_py" | sed -n 's/^torch\t/venv_torch\t/p';;
+  [ -n "${PODKIT_PROBE_DIR:-}" ] && [ -x "$venv_py" ] && python_facts "$venv_py" 2>/dev/null | sed -n 's/^torch\t/venv_torch\t/p';;
 esac
 '''
 
@@ -175,6 +195,7 @@ class Fingerprint:
     python_venv: bool = False
     python_site: list[str] = field(default_factory=list)
     python_missing: str | None = None  # an explicit PYTHON= that does not exist
+    python_bad: str | None = None  # what is wrong with an explicit PYTHON= that exists ("is not executable ...")
     torch: TorchBuild | None = None  # the image's, or else the project venv's (see venv_torch)
     torch_error: str | None = None
     torch_in_venv: bool = False  # torch came from the project's .venv, not the image
@@ -192,6 +213,23 @@ class Fingerprint:
             return None
         major, minor = self.python_version.split(".")[:2]
         return f"cp{major}{minor}"
+
+    def python_fault(self, given: str | None) -> str | None:
+        """What is wrong with the interpreter the user named (`given`: --python, PYTHON=, pods.toml's python),
+        in words that follow its path; None when none was named or it will do. The probe never trades a named
+        interpreter for another, so deploy and envsetup refuse a bad one here (exit 2) before using it: one
+        without torch too, as --python promises the image's torch (the venv's own counts, where the probe saw it)."""
+        if not given:
+            return None
+        if self.python_missing:
+            return "does not exist"
+        if self.python_bad:
+            return self.python_bad
+        if not self.python:  # a probe that did not get this far (not a fault of the interpreter's)
+            return None
+        if self.torch is None:
+            return "has no torch" + (f" (Python {self.python_version})" if self.python_version else "")
+        return None
 
     def summary(self) -> str:
         gpu = f"{len(self.gpus)}x {self.gpus[0].name}" if self.gpus else "no GPU"
@@ -247,7 +285,7 @@ def parse_probe(text: str) -> Fingerprint:
             continue
         value = value.strip()
         if key in ("user", "home", "os", "kernel", "machine", "python", "python_version", "disk_path",
-                   "nvcc_version", "runpod_pod_id", "workspace", "sagemaker", "python_missing"):
+                   "nvcc_version", "runpod_pod_id", "workspace", "sagemaker", "python_missing", "python_bad"):
             setattr(fp, key, value)
         elif key == "cpus" and value.isdigit():
             fp.cpus = int(value)

@@ -29,6 +29,8 @@ from podkit.pods import progress as bars
 from podkit.pods.sync import TheirFiles, ensure_rsync, push, refuse_theirs
 
 ROOT = Path(__file__).resolve().parents[1]
+PYTHON_FIX = ("name the pod's interpreter that has the image's torch with --python (PYTHON=, or python in pods.toml), "
+              "or leave it out to detect it")
 
 
 @dataclass
@@ -136,8 +138,9 @@ def _deploy(conn: PodConnection, spec: HostSpec, opts: PodOptions, say, config, 
     outcome.fingerprint, outcome.profile = fp, profile.name
     outcome.gpu = f"{len(fp.gpus)}x {fp.gpus[0].name}" if fp.gpus else "none"
     say(f"probe: {fp.summary()}; profile {profile.name}; project {remote_dir}")
-    if fp.python_missing:
-        raise PodError(f"python {fp.python_missing} does not exist on the pod", "fix PYTHON=, or leave it out to detect")
+    fault = fp.python_fault(spec.python)
+    if fault:
+        raise PodError(f"python {spec.python} {fault} on the pod", PYTHON_FIX)
     state = claim(conn, remote_dir, force=opts.force)  # before anything is written there
     try:
         checked = refuse_theirs(conn, opts.project, remote_dir, first_writes=("logs/probe.json",))

@@ -15,9 +15,11 @@ import pytest
 from podkit.envsetup import envfile
 from podkit.envsetup.fingerprint import parse_probe, probe_local
 
+from pod_image import unusable_pythons
 from sshd_harness import project_copy
 
 FINGERPRINTS = Path(__file__).parent / "fingerprints"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_env_file_is_0600_and_settings_follow_the_pod(tmp_path):
@@ -138,6 +140,25 @@ def test_the_probe_and_the_plan_see_the_torch_in_the_project_venv(tmp_path, monk
     plan = resolve(fp, [])
     assert plan.dep("torch").action == "reuse" and "venv" in plan.dep("torch").reason
     assert plan.dep("bitsandbytes").action == "pip", plan.dep("bitsandbytes")
+
+
+def test_a_python_that_cannot_serve_is_one_line_naming_what_is_wrong(tmp_path):
+    """Review 2026-11-26: --python naming a file that exists but cannot run was "does not exist" (execute bit
+    off), or was silently traded for another interpreter (a failing wrapper, a Python without torch: python3 on
+    PATH with torch won), or failed later in the venv step. Now one line, exit 2, saying what is wrong with it."""
+    project = tmp_path / "proj"
+    project.mkdir()
+    # python3 on PATH is a Python with torch (the suite's): the interpreter the probe used to trade for.
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PODKIT_PYTHON")}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    for expect, python in unusable_pythons(tmp_path / "pythons").items():
+        out = subprocess.run([str(ROOT / "bin" / "envsetup"), "--project", str(project), "--python", str(python),
+                              "--dry-run"], capture_output=True, text=True, env=env, timeout=120)
+        assert out.returncode == 2 and "Traceback" not in out.stderr, (python, out.stdout, out.stderr)
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"envsetup: python {python} {expect}"), out.stderr
+        assert "leave --python out" in lines[0], lines[0]
+    assert sorted(os.listdir(project)) == []  # nothing made
 
 
 def test_envsetup_knows_the_machine_without_pods():

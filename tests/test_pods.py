@@ -23,6 +23,7 @@ import pytest
 from podkit.pods.connection import PodConnection
 from podkit.pods.hosts import parse_host, resolve
 from podkit.pods.sync import remote_disk_full
+from pod_image import unusable_pythons
 from sshd_harness import LoopbackPod, NamespacePod, keygen, one_line_error, pod_cli, pod_world, sshd_available, wait_for
 
 pytestmark = pytest.mark.skipif(sshd_available() is not None, reason=str(sshd_available()))
@@ -137,6 +138,21 @@ def test_wrong_key_refused_port_refused_and_silent_server(world):
     assert "not a number" in one_line_error(cli(world, "deploy", "root@host:abc"))
     assert "does not exist on the pod" in one_line_error(
         cli(world, "deploy", pod.spec, "--key", str(pod.client_key), "--python", "/nonexistent/python3", *args))
+
+
+def test_deploy_with_a_python_that_cannot_serve_is_one_line_and_writes_nothing(world):
+    """--python naming a file on the pod that exists but cannot be the image's python (execute bit off, a
+    directory, a wrapper that fails, a Python without torch): one line saying what is wrong with it, exit 2,
+    before anything is written there. It was "does not exist", or the probe traded it silently for another
+    interpreter and deploy went on to fail in envsetup (exit 1)."""
+    pod = world.pod
+    remote = world.base / "pod-side" / "bad-python"
+    for expect, python in unusable_pythons(world.base / "pod-pythons").items():
+        line = one_line_error(cli(world, "deploy", pod.spec, "--key", str(pod.client_key), "--remote-dir", str(remote),
+                                  "--python", str(python)))
+        assert line.startswith(f"error: python {python} {expect}") and "on the pod" in line, line
+        assert "--python" in line and "leave it out" in line, line
+        assert not remote.exists()
 
 
 def _partial(directory: Path, name: str) -> bool:
