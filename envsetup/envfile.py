@@ -63,6 +63,13 @@ def secret_names(environ=os.environ) -> tuple[str, ...]:
     return SECRET_NAMES + tuple(n for n in extra if n not in SECRET_NAMES)
 
 
+def venv_python(project: str | Path) -> str:
+    """The interpreter podkit's commands and jobs run on a machine envsetup set up: the project venv's, made from
+    the image's interpreter (the probe's choice, or --python's). The env file below puts its bin first on PATH;
+    where there is no venv, the image's interpreter itself is the one (`bin/pod run --nodes` launches with it)."""
+    return f"{str(project).rstrip('/')}/.venv/bin/python"
+
+
 def alloc_conf_var(fp: Fingerprint) -> str:
     """torch 2.9 renamed PYTORCH_CUDA_ALLOC_CONF to PYTORCH_ALLOC_CONF (the old name still works)."""
     if fp.torch and fp.torch.major_minor >= (2, 9):
@@ -74,7 +81,7 @@ def render(fp: Fingerprint, project: Path, cache_dir: str | None, attention: str
            secrets: dict[str, str]) -> str:
     gpus = max(1, len(fp.gpus))
     threads = max(1, fp.cpus // gpus)  # one process per GPU: split the cores, don't oversubscribe
-    venv = project / ".venv"
+    venv = Path(venv_python(project)).parents[1]
     settings = {
         alloc_conf_var(fp): "expandable_segments:True",
         "TOKENIZERS_PARALLELISM": "false",

@@ -350,7 +350,6 @@ def _run_nodes(host: str, command: tuple[str, ...], detach: bool, run_id: str | 
         raise PodError(f"--nodes needs at least 2 hosts, '{host}' names {len(specs)}",
                        "name them comma-separated (A,B), or leave --nodes out for one pod")
     nproc = nodes.check_job(command, len(specs), nproc) or nproc
-    line = nodes.launch_command(command)
     run_id = run_id or remote_jobs.new_id(_command_line(command))
     printer = Printer(prefix=True, err=as_json)  # with --json, stdout carries only the object
     say = lambda text: click.echo(f"pod run: {text}", err=True)  # noqa: E731
@@ -359,7 +358,7 @@ def _run_nodes(host: str, command: tuple[str, ...], detach: bool, run_id: str | 
     try:
         rdzv = nodes.plan(members, run_id, nproc)
         say(f"run {run_id}: {len(members)} nodes, rendezvous c10d at {rdzv.endpoint} ({specs[0].name})")
-        nodes.start(members, rdzv, line, say, pods.again)
+        nodes.start(members, rdzv, command, say, pods.again)
         if detach:
             for m in members:
                 say(f"attach with: bin/pod attach {pods.again(m.spec.name)} {m.job_id}")

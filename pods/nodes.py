@@ -4,7 +4,11 @@ Every node runs COMMAND as a detached job (pods/jobs.py) under torchrun, all joi
 rendezvous on the first node's address as the other nodes reach it, at a port free there. torchrun
 reads its settings from PET_* variables (torch/distributed/argparse_util.py `env`, torch 2.13), so
 the same environment serves `bin/smoke` (which starts torchrun itself), a user's own `torchrun ...`
-and a plain command (wrapped in `python -m torch.distributed.run --no-python`).
+(run as `PY -m torch.distributed.run ...`, its arguments kept) and a plain command (wrapped in
+`PY -m torch.distributed.run --no-python`). PY is the node's interpreter (`interpreter`): the project
+venv's python where deploy made one, else the image's that the probe chose or --python named; never a
+bare `python` or `torchrun` from PATH (an image may have only python3, and torch's torchrun script runs
+the image's interpreter, outside the venv, or is not on an SSH session's PATH at all).
 
 c10d ignores --node_rank: it ranks nodes by their address (sorted participants,
 torch/distributed/elastic/rendezvous/dynamic_rendezvous.py `_mark_rendezvous_complete`), so global
@@ -26,9 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from podkit.envsetup.envfile import venv_python
+from podkit.envsetup.fingerprint import Fingerprint
 from podkit.pods import jobs
 from podkit.pods.connection import PodConnection
-from podkit.pods.deploy import PodOptions, connect, locate
+from podkit.pods.deploy import PYTHON_FIX, PodOptions, connect, locate
 from podkit.pods.errors import PodError
 from podkit.pods.hosts import HostSpec
 from podkit.pods.ownership import deployed as is_deployed
@@ -165,18 +171,45 @@ class Rendezvous:
         return {"GLOO_SOCKET_IFNAME": node.interface, "NCCL_SOCKET_IFNAME": node.interface}
 
 
-def launch_command(command: tuple[str, ...]) -> str:
-    """COMMAND as each node runs it: bin/smoke and torchrun read PET_* themselves; anything else
-    runs as torchrun's workers."""
+def _check_smoke(command: tuple[str, ...]) -> None:
+    if Path(command[0]).name == "smoke" and "--" in command:
+        raise PodError("bin/smoke -- COMMAND does not run across nodes yet",
+                       "run your script under --nodes directly: bin/pod run A,B --nodes -- python train.py")
+
+
+def launch_command(command: tuple[str, ...], python: str) -> str:
+    """COMMAND as a node runs it, torchrun under `python` (the node's `interpreter`), which reads PET_*:
+    bin/smoke starts torchrun itself; `torchrun ARGS` and `python[3] -m torch.distributed.run ARGS` run as
+    `python -m torch.distributed.run ARGS`; anything else runs as torchrun's workers. A torchrun or an
+    interpreter named by its path is the user's choice, run as given."""
+    _check_smoke(command)
     first = Path(command[0]).name
     if first == "smoke":
-        if "--" in command:
-            raise PodError("bin/smoke -- COMMAND does not run across nodes yet",
-                           "run your script under --nodes directly: bin/pod run A,B --nodes -- python train.py")
         return shlex.join(command)
+    torchrun = [python, "-m", "torch.distributed.run"]
+    if command[0] == "torchrun":
+        return shlex.join([*torchrun, *command[1:]])
+    if command[0] in ("python", "python3") and command[1:3] == ("-m", "torch.distributed.run"):
+        return shlex.join([*torchrun, *command[3:]])
     if first == "torchrun" or "torch.distributed.run" in command[:3]:
         return shlex.join(command)
-    return shlex.join(["python", "-m", "torch.distributed.run", "--no-python", *command])
+    return shlex.join([*torchrun, "--no-python", *command])
+
+
+def interpreter(conn: PodConnection, fp: Fingerprint, remote_dir: str, given: str | None) -> str:
+    """The Python every process --nodes starts on this node runs under: the project venv's where envsetup made
+    it (the env file puts its bin first on PATH, so `python` in the job is this one too), else the image's
+    interpreter that the probe chose (the one --python or pods.toml named, checked as deploy checks it)."""
+    fault = fp.python_fault(given)
+    if fault:
+        raise PodError(f"python {given} {fault} on the pod", PYTHON_FIX)
+    venv = venv_python(remote_dir)
+    if conn.run(f"[ -x {shlex.quote(venv)} ]", prelude=False).ok:
+        return venv
+    if fp.python:
+        return fp.python
+    raise PodError("no Python on the pod (no project venv, and no python3 or conda python found)",
+                   "install python3, re-run bin/pod deploy for it, or name its interpreter with --python")
 
 
 def job_config(command: tuple[str, ...]) -> str | None:
@@ -192,8 +225,10 @@ def job_config(command: tuple[str, ...]) -> str | None:
 
 
 def check_job(command: tuple[str, ...], hosts: int, nproc: int | None) -> int | None:
-    """The job's gpus_per_node, after checking it against the hosts given and --nproc-per-node.
-    Read from this machine's copy of the project (what deploy synced); None when there is none here."""
+    """The job's gpus_per_node, after checking COMMAND (before anything starts) and its job against the hosts
+    given and --nproc-per-node. Read from this machine's copy of the project (what deploy synced); None when
+    there is none here."""
+    _check_smoke(command)
     path = job_config(command)
     if path is None and Path(command[0]).name == "smoke" and "--from" not in command:
         raise PodError("bin/smoke without --config runs its one-node default job",
@@ -227,17 +262,19 @@ class Member:
     job_id: str = ""
     changed: list[str] | None = None
     """Project files changed here since its last deploy (pods/sync.changed_since_deploy); None: not known."""
+    python: str = "python3"
+    """The node's interpreter (`interpreter`): torchrun's, and the network scripts' below."""
 
 
-def _python(conn: PodConnection, script: str, *args: str) -> dict:
-    """Run a short Python script on the pod (the project's venv is first on PATH after the prelude)."""
-    cmd = f"python3 -c {shlex.quote(script)} " + " ".join(shlex.quote(a) for a in args)
-    result = conn.run(cmd, timeout=60)
+def _python(m: Member, script: str, *args: str) -> dict:
+    """Run a short Python script on the node, under its interpreter."""
+    cmd = shlex.join([m.python, "-c", script, *args])
+    result = m.conn.run(cmd, timeout=60)
     lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
     if not result.ok or not lines:
         detail = (result.stderr or result.stdout).strip().splitlines()
         raise PodError(f"could not read the network setup: {detail[-1] if detail else result.exit_code}",
-                       "check that python3 runs on the pod (deploy it first)")
+                       f"check that {m.python} runs on the pod (deploy it first)")
     return json.loads(lines[-1])
 
 
@@ -250,16 +287,17 @@ def connect_all(specs: list[HostSpec], opts: PodOptions, say: Callable[[str], Ca
     def one(spec: HostSpec) -> Member:
         conn = connect(spec, opts, say(spec.name))
         try:
-            _, _, rdir = locate(conn, spec, opts.project)
+            fp, _, rdir = locate(conn, spec, opts.project)
             if not is_deployed(conn, rdir):
                 raise PodError(f"{rdir} on {spec.name} was never deployed", f"run: bin/pod deploy {spec.name}, then re-run")
+            python = interpreter(conn, fp, rdir, spec.python)
             changed = changed_since_deploy(conn, opts.project, rdir)
             if changed:
                 say(spec.name)(changed_note(changed, spec.name))
         except BaseException:
             conn.close()
             raise
-        return Member(spec, conn, changed=changed)
+        return Member(spec, conn, changed=changed, python=python)
 
     with ThreadPoolExecutor(max_workers=min(16, len(specs))) as pool:
         futures = [pool.submit(one, s) for s in specs]
@@ -282,7 +320,7 @@ def plan(members: list[Member], run_id: str, nproc: int | None) -> Rendezvous:
     import secrets
 
     first, nonce = members[0], secrets.token_hex(16)
-    me = _python(first.conn, _SELF, nonce, str(LISTEN_S))
+    me = _python(first, _SELF, nonce, str(LISTEN_S))
     try:
         candidates = [me["ssh_addr"]] if me["ssh_addr"] and not me["ssh_addr"].startswith("127.") else []
         candidates += [a for a in me["ifaces"].values() if a not in candidates]
@@ -292,7 +330,7 @@ def plan(members: list[Member], run_id: str, nproc: int | None) -> Rendezvous:
         tried = []
         for host in candidates:
             with ThreadPoolExecutor(max_workers=len(members)) as pool:
-                routes = list(pool.map(lambda m: _python(m.conn, _ROUTE, host, str(me["port"]), nonce), members))
+                routes = list(pool.map(lambda m: _python(m, _ROUTE, host, str(me["port"]), nonce), members))
             if all(r["reachable"] for r in routes[1:]):
                 for i, (m, r) in enumerate(zip(members, routes)):
                     m.node = Node(i, m.spec.name, host if i == 0 else r["addr"], r["iface"], nproc or _gpus(m.conn))
@@ -314,15 +352,17 @@ def _gpus(conn: PodConnection) -> int:
     return int(count) if count.isdigit() and int(count) > 0 else 1
 
 
-def start(members: list[Member], rdzv: Rendezvous, command: str, say: Callable[[str], None],
+def start(members: list[Member], rdzv: Rendezvous, command: tuple[str, ...], say: Callable[[str], None],
           again: Callable[[str], str] = str) -> None:
-    """Start the job on every node, the rendezvous host first; one that cannot start stops the rest. `again`:
-    a pod's name with the reach options given (PodArgs.again), for the hints."""
+    """Start COMMAND on every node (launch_command, under each node's interpreter), the rendezvous host first;
+    one that cannot start stops the rest. `again`: a pod's name with the reach options given (PodArgs.again),
+    for the hints."""
     started: list[Member] = []
     for m in members:
         job_id = f"{rdzv.run_id}-n{m.node.index}"
         try:
-            m.job_id = jobs.start(m.conn, command, job_id, env=rdzv.env(m.node), env_defaults=rdzv.env_defaults(m.node))
+            m.job_id = jobs.start(m.conn, launch_command(command, m.python), job_id, env=rdzv.env(m.node),
+                                  env_defaults=rdzv.env_defaults(m.node))
         except PodError as exc:
             for s in started:
                 jobs.stop(s.conn, s.job_id, grace=10)

@@ -271,6 +271,70 @@ def test_detached_nodes_are_attached_and_stopped_one_by_one(cluster):
         assert wait_for(lambda: not only_sshd_left(net, i), 30), only_sshd_left(net, i)
 
 
+SHOW_RANK = ("import os, sys; print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], 'on node',"
+             " os.environ['PODKIT_NODE_RANK'], 'prefix', sys.prefix, 'args', sys.argv[1:], flush=True)")
+
+
+def node_lines(out: str, i: int) -> list[str]:
+    return [line.split("] ", 1)[1] for line in out.splitlines() if line.startswith(f"[node{i}] rank ")]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sshd_available() is not None, reason=str(sshd_available()))
+def test_a_users_torchrun_runs_under_the_nodes_venv_with_its_arguments(cluster):
+    """Review 2026-11-26: `torchrun ...` ran as written. The venv deploy made reuses the image's torch, so its bin
+    has no torchrun: here there is none on the pods' PATH at all (exit 127), and on an image whose torchrun is on
+    PATH that script runs the image's interpreter, outside the venv deploy installed into. It now runs as the
+    node's python -m torch.distributed.run, the user's arguments kept."""
+    net, pods, _, _ = cluster
+    for p in pods:  # the user's script, on each pod
+        Path(p.remote_dir, "show_rank.py").write_text(SHOW_RANK + "\n")
+    out = cli(cluster, "run", "node0,node1", "--nodes", "--id", "trun1", "--", "torchrun", "--max-restarts", "0",
+              "show_rank.py", "--lr", "1e-4", timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    ranks = set()
+    for i, p in enumerate(pods):
+        venv = Path(p.remote_dir) / ".venv"
+        lines = node_lines(out.stdout, i)
+        assert len(lines) == 1 and lines[0].endswith(f"on node {i} prefix {venv} args ['--lr', '1e-4']"), out.stdout
+        ranks.add(lines[0].split(" on node")[0])
+        listed = {j["id"]: j for j in json.loads(cli(cluster, "jobs", f"node{i}", "--json").stdout)["jobs"]}
+        assert listed[f"trun1-n{i}"]["command"] == \
+            f"{venv}/bin/python -m torch.distributed.run --max-restarts 0 show_rank.py --lr 1e-4"
+    assert ranks == {"rank 0 of 2", "rank 1 of 2"}  # one world across both pods
+    for i in range(2):
+        assert wait_for(lambda: not only_sshd_left(net, i), 30), only_sshd_left(net, i)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sshd_available() is not None, reason=str(sshd_available()))
+def test_a_node_without_the_venv_launches_with_the_interpreter_the_probe_chose(cluster):
+    """A node whose deploy left no venv (envsetup could not make one: an image without python3-venv) and so no env
+    file: `python` on its PATH is whatever the login put there, here pyenv's shim without torch (on many images,
+    nothing: only python3), and `python -m torch.distributed.run` failed on it. The launch uses the interpreter the
+    probe chose, the one pods.toml's python names; the other node keeps its venv."""
+    net, pods, _, _ = cluster
+    node1 = Path(pods[1].remote_dir)
+    moved = [(node1 / ".venv", node1 / ".venv.away"), (node1 / ".podkit" / "env", node1 / ".podkit" / "env.away")]
+    for path, away in moved:
+        path.rename(away)
+    try:
+        out = cli(cluster, "run", "node0,node1", "--nodes", "--id", "novenv1", "--", "python3", "-c", SHOW_RANK,
+                  "--x", timeout=300)
+        listed = json.loads(cli(cluster, "jobs", "node1", "--json").stdout)["jobs"]
+    finally:
+        for path, away in moved:
+            away.rename(path)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert {node_lines(out.stdout, i)[0].split(" on node")[0] for i in range(2)} == {"rank 0 of 2", "rank 1 of 2"}
+    # On node 0 the env file put the venv first on PATH: the user's own python3 is the venv's.
+    assert node_lines(out.stdout, 0)[0].endswith(f"prefix {Path(pods[0].remote_dir) / '.venv'} args ['--x']"), out.stdout
+    command = {j["id"]: j for j in listed}["novenv1-n1"]["command"]
+    assert command.startswith(f"{sys.executable} -m torch.distributed.run --no-python python3 -c "), command
+    for i in range(2):
+        assert wait_for(lambda: not only_sshd_left(net, i), 30), only_sshd_left(net, i)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(sshd_available() is not None, reason=str(sshd_available()))
 def test_bad_input_is_one_line_and_starts_nothing(cluster):
@@ -286,6 +350,9 @@ def test_bad_input_is_one_line_and_starts_nothing(cluster):
     assert "--nproc-per-node 2 disagrees" in err
     assert "one-node default job" in one_line_error(cli(cluster, "run", "node0,node1", "--nodes", "--", "bin/smoke"))
     assert "named twice" in one_line_error(cli(cluster, "run", "node0,node0", "--nodes", "--", "true"))
+    # --python naming what cannot launch torchrun there (checked as deploy checks it).
+    err = one_line_error(cli(cluster, "run", "node0,node1", "--nodes", "--python", "/bin/false", "--", "true"))
+    assert "python /bin/false does not run as Python 3 (exit 1" in err, err
     # A host that does not answer at all.
     dead = f"root@127.0.0.1:{free_port()}"
     assert "refused" in one_line_error(cli(cluster, "run", f"node0,{dead}", "--nodes", "--", "true"))
@@ -347,12 +414,21 @@ def test_what_each_node_runs():
     from podkit.pods.errors import PodError
     from podkit.pods.nodes import job_config, launch_command
 
-    assert launch_command(("bin/smoke", "--config", "j.toml")) == "bin/smoke --config j.toml"
-    assert launch_command(("torchrun", "train.py")) == "torchrun train.py"
-    assert launch_command(("python", "train.py", "--lr", "1e-4")) == \
-        "python -m torch.distributed.run --no-python python train.py --lr 1e-4"
+    py = "/workspace/podkit/.venv/bin/python"  # the node's interpreter (pods/nodes.interpreter)
+    assert launch_command(("bin/smoke", "--config", "j.toml"), py) == "bin/smoke --config j.toml"
+    # torch's torchrun script would run the image's interpreter (or not be on PATH): its module under the node's
+    assert launch_command(("torchrun", "--nproc-per-node", "2", "train.py", "--lr", "1e-4"), py) == \
+        f"{py} -m torch.distributed.run --nproc-per-node 2 train.py --lr 1e-4"
+    assert launch_command(("python3", "-m", "torch.distributed.run", "train.py"), py) == \
+        f"{py} -m torch.distributed.run train.py"
+    # named by its path: the user's choice, as given
+    assert launch_command(("/opt/conda/bin/torchrun", "train.py"), py) == "/opt/conda/bin/torchrun train.py"
+    assert launch_command(("/opt/conda/bin/python", "-m", "torch.distributed.run", "t.py"), py) == \
+        "/opt/conda/bin/python -m torch.distributed.run t.py"
+    assert launch_command(("python", "train.py", "--lr", "1e-4"), py) == \
+        f"{py} -m torch.distributed.run --no-python python train.py --lr 1e-4"
     with pytest.raises(PodError, match="does not run across nodes"):
-        launch_command(("bin/smoke", "--", "python", "train.py"))
+        launch_command(("bin/smoke", "--", "python", "train.py"), py)
     assert job_config(("bin/smoke", "-c", "a.toml")) == "a.toml"
     assert job_config(("bin/smoke", "--config=b.toml")) == "b.toml"
     assert job_config(("python", "train.py", "--config", "c.toml")) is None
