@@ -15,10 +15,13 @@ import atexit
 import itertools
 import logging
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from podkit.checks import strict_json
+from podkit.checks.command import stop_signals
 
 from . import MemoryMonitor
 
@@ -36,9 +39,14 @@ def ending(exc: BaseException) -> tuple[str, str]:
     return "failed", error
 
 
-def claim_log(path: Path) -> tuple[Path, Path]:
+def claim_log(path: Path) -> tuple[Path, Path | None]:
     """(log, summary): the first of memory.jsonl, memory.2.jsonl, ... whose log and summary are both free, the
-    log created empty here: exclusive creation, so two processes starting at once never share one."""
+    log created empty here: exclusive creation, so two processes starting at once never share one. Absolute, so a
+    chdir during the fit cannot put the summary elsewhere than its log. A log_path that exists and is not a
+    regular file (/dev/stdout, a pipe) is used as given, with no summary file: the summary stays in memory."""
+    path = path.absolute()
+    if path.exists() and not path.is_file():
+        return path, None
     path.parent.mkdir(parents=True, exist_ok=True)
     for n in itertools.count(1):
         base = path.stem if n == 1 else f"{path.stem}.{n}"
@@ -63,7 +71,7 @@ class MonitoredFits:
         self.summary: dict | None = None  # the latest ended fit's
         self.summaries: list[dict] = []  # every ended fit's, in order
         self.open = False
-        self._files: tuple[Path, Path] | None = None
+        self._files: tuple[Path, Path | None] | None = None
         self._earlier_exc: BaseException | None = None
 
     def begin(self, write: bool, abandoned: str, **monitor_kwargs) -> MemoryMonitor:
@@ -81,7 +89,31 @@ class MonitoredFits:
         # the interpreter sets sys.last_value and then runs atexit's functions (CPython pythonrun.c, PyErr_Print).
         self._earlier_exc = getattr(sys, "last_value", None)  # one from before this fit (an interactive session)
         atexit.register(self._at_exit)
+        self._catch_stop_signals()
         return self.monitor
+
+    def _catch_stop_signals(self) -> None:
+        """SIGTERM (bin/pod stop, a timeout, torchrun stopping the ranks when one failed) and SIGHUP end a process
+        without atexit while they are at their default: the fit is ended as interrupted first, then the signal
+        is sent again at its default, so the process still dies of it. Only from the main thread (signal.signal's
+        rule), only where the script set no handler of its own; SIGINT is KeyboardInterrupt, which atexit sees."""
+        self._signals: dict[int, object] = {}
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in stop_signals():
+            if sig != signal.SIGINT and signal.getsignal(sig) == signal.SIG_DFL:
+                self._signals[sig] = signal.signal(sig, self._on_signal)
+
+    def _release_signals(self) -> None:
+        for sig, previous in getattr(self, "_signals", {}).items():
+            if signal.getsignal(sig) == self._on_signal:  # not replaced by the script meanwhile
+                signal.signal(sig, previous)
+        self._signals = {}
+
+    def _on_signal(self, sig: int, frame) -> None:
+        self.end(status="interrupted", error=f"killed by {signal.Signals(sig).name}")
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
 
     def end(self, exc: BaseException | None = None, *, status: str = "ok", error: str | None = None) -> dict | None:
         """The open fit ends: its monitor closed, its summary kept and written. `exc`: the exception that ended it."""
@@ -89,6 +121,7 @@ class MonitoredFits:
             return None
         self.open = False
         atexit.unregister(self._at_exit)
+        self._release_signals()
         self._earlier_exc = None
         if exc is not None:
             status, error = ending(exc)
@@ -123,7 +156,7 @@ class MonitoredFits:
         return {"log_path": str(self._files[0])} if self._files else {}
 
     def _write(self, summary: dict) -> None:
-        if not self._files:
+        if not self._files or self._files[1] is None:
             return
         path = self._files[1]
         tmp = path.with_name(path.name + ".tmp")

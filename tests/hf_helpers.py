@@ -1,7 +1,7 @@
 """A real transformers fit on the CPU for the callback tests: a tiny Llama built from its config (no Hub
 download) and a real Trainer. Imported by tests, and run as a script by the ones whose process must die:
 
-    python tests/hf_helpers.py LOG_PATH OUT_DIR error|sigint    # the third micro-batch's forward raises
+    python tests/hf_helpers.py LOG_PATH OUT_DIR error|sigint|sigterm    # the third micro-batch's forward raises
 """
 
 from __future__ import annotations
@@ -42,9 +42,13 @@ def ctrl_c():
     os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C: Python raises KeyboardInterrupt in the main thread
 
 
+def terminated():
+    os.kill(os.getpid(), signal.SIGTERM)  # bin/pod stop's first signal: at its default it skips atexit
+
+
 if __name__ == "__main__":
     from podkit.hf import MemoryMonitorCallback
 
     log_path, out, how = sys.argv[1:]
     hf_fit(MemoryMonitorCallback(every=1, log_path=log_path), out, crash_at=3,
-           crash={"error": step_fails, "sigint": ctrl_c}[how])
+           crash={"error": step_fails, "sigint": ctrl_c, "sigterm": terminated}[how])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -80,7 +81,7 @@ def test_hf_trainer_callback_steps_once_per_optimizer_step(tmp_path):
     assert json.loads((tmp_path / "memory.summary.json").read_text()) == mem.summary
 
 
-@pytest.mark.parametrize("how", ["error", "sigint"])
+@pytest.mark.parametrize("how", ["error", "sigint", "sigterm"])
 def test_an_hf_fit_that_crashes_still_gets_its_summary(tmp_path, how):
     """Review 2026-11-26: transformers calls no callback when train() raises (no on_exception), so the monitor
     never closed and the run left no summary. An uncaught crash or Ctrl-C ends the process: the summary says how."""
@@ -88,10 +89,13 @@ def test_an_hf_fit_that_crashes_still_gets_its_summary(tmp_path, how):
     out = subprocess.run([sys.executable, str(ROOT / "tests" / "hf_helpers.py"), str(tmp_path / "memory.jsonl"),
                           str(tmp_path / "out"), how], env=dict(os.environ, PYTHONPATH=str(ROOT)),
                          capture_output=True, text=True, timeout=300)
-    assert out.returncode != 0 and ("KeyboardInterrupt" if how == "sigint" else "step 3 failed") in out.stderr
+    if how == "sigterm":  # the process still dies of the signal, after the summary is written
+        assert out.returncode == -signal.SIGTERM, (out.returncode, out.stderr)
+    else:
+        assert out.returncode != 0 and ("KeyboardInterrupt" if how == "sigint" else "step 3 failed") in out.stderr
     summary = json.loads((tmp_path / "memory.summary.json").read_text())
-    expected = ("interrupted", "KeyboardInterrupt") if how == "sigint" else \
-        ("failed", "RuntimeError: step 3 failed (simulated)")
+    expected = {"sigint": ("interrupted", "KeyboardInterrupt"), "sigterm": ("interrupted", "killed by SIGTERM"),
+                "error": ("failed", "RuntimeError: step 3 failed (simulated)")}[how]
     assert (summary["status"], summary["error"]) == expected, out.stderr
     # Two optimizer steps finished before the third's forward; the log is closed with them in it.
     assert summary["steps"] == 2 and [r["step"] for r in _jsonl(tmp_path / "memory.jsonl")] == [1, 2]
@@ -260,3 +264,15 @@ def test_a_lightning_callback_reused_gives_each_fit_its_own_log_and_summary(tmp_
     assert [(s["status"], s["steps"]) for s in mem.summaries] == [("failed", 3), ("ok", 4)]
     assert json.loads((tmp_path / "memory.summary.json").read_text())["error"] == "RuntimeError: bad batch (simulated)"
     assert json.loads((tmp_path / "memory.2.summary.json").read_text()) == mem.summary == mem.summaries[1]
+
+
+def test_a_fits_log_path_is_absolute_and_a_device_is_used_as_given(tmp_path, monkeypatch):
+    """Review 2026-11-25: a relative log_path put the final summary in the directory of a later chdir, not beside
+    its log; /dev/stdout was taken as an earlier fit's log, and podkit made files in /dev."""
+    from podkit.fits import claim_log
+
+    monkeypatch.chdir(tmp_path)
+    log, summary = claim_log(Path("rel.jsonl"))
+    assert (log, summary) == (tmp_path / "rel.jsonl", tmp_path / "rel.summary.json") and log.is_file()
+    assert claim_log(Path("/dev/null")) == (Path("/dev/null"), None)
+    assert not Path("/dev/null.2").exists() and not Path("/dev/null.summary.json").exists()

@@ -284,8 +284,10 @@ class MemoryMonitor:
         reasons = out.setdefault("null_reasons", {})
         out["device_peak"] = self.device_peak or None
         if out["device_peak"] is None:
-            reasons["/device_peak"] = (f"NVML reads a CUDA device's memory; this monitor's device is {self.device.type}"
-                                       if self.device.type != "cuda" else "NVML gave no reading for this device")
+            reasons["/device_peak"] = (
+                f"NVML reads a CUDA device's memory; this monitor's device is {self.device.type}"
+                if self.device.type != "cuda" else "no sample taken" if not self.records
+                else "NVML gave no reading for this device")
         rss = [r["host_rss"] for r in self.records if r.get("host_rss")]
         out["host_rss_peak"] = max(rss) if rss else None
         if not rss:
