@@ -214,11 +214,16 @@ class Fingerprint:
         major, minor = self.python_version.split(".")[:2]
         return f"cp{major}{minor}"
 
-    def python_fault(self, given: str | None) -> str | None:
+    def python_fault(self, given: str | None, torch_needed: bool | None = None) -> str | None:
         """What is wrong with the interpreter the user named (`given`: --python, PYTHON=, pods.toml's python),
         in words that follow its path; None when none was named or it will do. The probe never trades a named
-        interpreter for another, so deploy and envsetup refuse a bad one here (exit 2) before using it: one
-        without torch too, as --python promises the image's torch (the venv's own counts, where the probe saw it)."""
+        interpreter for another, so deploy and envsetup refuse a bad one here (exit 2) before using it.
+        `torch_needed` (default: the machine has a GPU): one without torch is refused too. On a GPU pod torch is
+        the image's, never installed by podkit; on a CPU machine envsetup installs the pinned CPU torch into the
+        venv (resolve.py), so there a Python without torch will do. The venv's own torch counts, where the probe
+        saw it."""
+        if torch_needed is None:
+            torch_needed = bool(self.gpus)
         if not given:
             return None
         if self.python_missing:
@@ -227,7 +232,7 @@ class Fingerprint:
             return self.python_bad
         if not self.python:  # a probe that did not get this far (not a fault of the interpreter's)
             return None
-        if self.torch is None:
+        if self.torch is None and torch_needed:
             return "has no torch" + (f" (Python {self.python_version})" if self.python_version else "")
         return None
 

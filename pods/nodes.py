@@ -175,6 +175,39 @@ def _check_smoke(command: tuple[str, ...]) -> None:
     if Path(command[0]).name == "smoke" and "--" in command:
         raise PodError("bin/smoke -- COMMAND does not run across nodes yet",
                        "run your script under --nodes directly: bin/pod run A,B --nodes -- python train.py")
+    _check_launcher(command)
+
+
+def _launcher_in(command: tuple[str, ...]) -> str | None:
+    """A process launcher that COMMAND runs other than as its first word (launch_command hands those to torchrun
+    itself): `env X=1 torchrun`, `python -u -m torch.distributed.run`, `uv run torchrun`, or accelerate's and
+    DeepSpeed's own launchers anywhere. None of these reads the PET_* rendezvous --nodes sets up, and each would run
+    as a worker of podkit's torchrun, a launcher inside a launcher: one per worker, each waiting on a world that
+    never forms. Only the words before the script (the first *.py or *.sh) are the command's own: those after it
+    are the script's arguments (`train.py --backend deepspeed`)."""
+    names = [Path(w).name for w in command]
+    script = next((i for i, n in enumerate(names) if n.endswith((".py", ".sh"))), len(names))
+    names = names[:script]
+    for i, name in enumerate(names):
+        if name == "torchrun" and i > 0:
+            return "torchrun"
+        if name == "torch.distributed.run" and i > 2:
+            return "python -m torch.distributed.run"
+        if name in ("accelerate", "accelerate-launch") and (name == "accelerate-launch" or "launch" in names[i + 1:i + 2]):
+            return "accelerate launch"
+        if name == "deepspeed":
+            return "deepspeed"
+    return None
+
+
+def _check_launcher(command: tuple[str, ...]) -> None:
+    if Path(command[0]).name == "smoke":
+        return
+    found = _launcher_in(command)
+    if found:
+        raise PodError(f"--nodes starts torchrun on every node itself, and COMMAND runs {found} inside it",
+                       "give torchrun first with its arguments (--nodes -- torchrun --nproc-per-node 8 train.py) or "
+                       "the script alone (--nodes -- python train.py); set variables in .podkit/env, not with env")
 
 
 def launch_command(command: tuple[str, ...], python: str) -> str:
@@ -200,12 +233,15 @@ def interpreter(conn: PodConnection, fp: Fingerprint, remote_dir: str, given: st
     """The Python every process --nodes starts on this node runs under: the project venv's where envsetup made
     it (the env file puts its bin first on PATH, so `python` in the job is this one too), else the image's
     interpreter that the probe chose (the one --python or pods.toml named, checked as deploy checks it)."""
-    fault = fp.python_fault(given)
+    fault = fp.python_fault(given, torch_needed=False)
     if fault:
         raise PodError(f"python {given} {fault} on the pod", PYTHON_FIX)
     venv = venv_python(remote_dir)
     if conn.run(f"[ -x {shlex.quote(venv)} ]", prelude=False).ok:
         return venv
+    fault = fp.python_fault(given, torch_needed=True)  # no venv: torchrun runs under this one, which needs torch
+    if fault:
+        raise PodError(f"python {given} {fault} on the pod, which has no project venv", PYTHON_FIX)
     if fp.python:
         return fp.python
     raise PodError("no Python on the pod (no project venv, and no python3 or conda python found)",

@@ -85,10 +85,11 @@ def python_with_torch(bin_dir: Path, name: str = "python3") -> Path:
     return path
 
 
-def unusable_pythons(base: Path) -> dict[str, Path]:
+def unusable_pythons(base: Path, without_torch: bool = False) -> dict[str, Path]:
     """Files that exist but cannot serve as the image's python, each made for real: one whose execute bit is
     off, a directory, a wrapper that fails as a python missing its libpython does, and a Python without torch
-    (a bare venv of this interpreter's own base install)."""
+    (a bare venv of this interpreter's own base install), with `without_torch`: refused where torch is needed
+    (a GPU pod, a node without the project venv), not on a CPU machine, where envsetup installs CPU torch."""
     base.mkdir(parents=True, exist_ok=True)
     not_executable = base / "not-executable"
     not_executable.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
@@ -99,13 +100,20 @@ def unusable_pythons(base: Path) -> dict[str, Path]:
     broken.write_text("#!/bin/sh\necho 'python3: error while loading shared libraries: libpython3.11.so.1.0: "
                       "cannot open shared object file' >&2\nexit 127\n")
     broken.chmod(0o755)
+    found = {"is not executable (mode 644)": not_executable, "is a directory": directory,
+             "does not run as Python 3 (exit 127: python3: error while loading shared libraries": broken}
+    if without_torch:
+        found["has no torch"] = torchless_python(base)
+    return found
+
+
+def torchless_python(base: Path) -> Path:
+    """A real Python without torch: a bare venv of this interpreter's own base install."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(base / "bare")], check=True)
     bare = base / "bare" / "bin" / "python"
     if subprocess.run([str(bare), "-c", "import torch"], capture_output=True).returncode == 0:
         pytest.skip(f"{bare} has torch: no torch-less python to test with")
-    return {"is not executable (mode 644)": not_executable, "is a directory": directory,
-            "does not run as Python 3 (exit 127: python3: error while loading shared libraries": broken,
-            "has no torch": bare}
+    return bare
 
 
 def mirror(directory: str, dest: Path) -> Path:

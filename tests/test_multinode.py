@@ -342,6 +342,8 @@ def test_bad_input_is_one_line_and_starts_nothing(cluster):
     before = {i: {j["id"] for j in json.loads(cli(cluster, "jobs", f"node{i}", "--json").stdout)["jobs"]} for i in range(2)}
     assert "--nodes needs at least 2 hosts" in one_line_error(cli(cluster, "run", "node0", "--nodes", "--", "true"))
     assert "add --nodes" in one_line_error(cli(cluster, "run", "node0,node1", "--", "true"))
+    assert "runs torchrun inside it" in one_line_error(cli(cluster, "run", "node0,node1", "--nodes", "--", "env",
+                                                           "X=1", "torchrun", "t.py"))
     assert "goes with --nodes" in one_line_error(cli(cluster, "run", "node0", "--nproc-per-node", "2", "--", "true"))
     err = one_line_error(cli(cluster, "run", "node0,node1", "--nodes", "--", "bin/smoke", "--config", "one-node.toml"))
     assert "cluster.nodes = 1, but 2 hosts" in err
@@ -429,6 +431,18 @@ def test_what_each_node_runs():
         f"{py} -m torch.distributed.run --no-python python train.py --lr 1e-4"
     with pytest.raises(PodError, match="does not run across nodes"):
         launch_command(("bin/smoke", "--", "python", "train.py"), py)
+    # Review 2026-11-25: a launcher after the first word ran as a worker of podkit's torchrun, one launcher per
+    # worker waiting on a world that never formed (a local 2-process run hung until killed). Refused, one line.
+    for nested, named in ((("env", "X=1", "torchrun", "train.py"), "torchrun"),
+                          (("python", "-u", "-m", "torch.distributed.run", "t.py"), "python -m torch.distributed.run"),
+                          (("uv", "run", "torchrun", "t.py"), "torchrun"),
+                          (("accelerate", "launch", "t.py"), "accelerate launch"),
+                          (("deepspeed", "--num_gpus", "8", "t.py"), "deepspeed")):
+        with pytest.raises(PodError, match=f"COMMAND runs {named} inside it"):
+            launch_command(nested, py)
+    # a script's own arguments are not launchers
+    assert launch_command(("python", "train.py", "--backend", "deepspeed", "torchrun"), py).endswith(
+        "--no-python python train.py --backend deepspeed torchrun")
     assert job_config(("bin/smoke", "-c", "a.toml")) == "a.toml"
     assert job_config(("bin/smoke", "--config=b.toml")) == "b.toml"
     assert job_config(("python", "train.py", "--config", "c.toml")) is None
