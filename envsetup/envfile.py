@@ -39,15 +39,15 @@ def extra_secret_names(value: str) -> tuple[str, ...]:
     """The names in a PODKIT_SECRET_NAMES value (spaces around commas and empty entries ignored), in order, once each.
     A name that is not one raises BadSecretName; what follows a '=' is never repeated (it may be the secret)."""
     names = []
-    for entry in value.split(","):
-        name = entry.strip()
+    for k, entry in enumerate((e.strip() for e in value.split(",")), 1):
+        name = entry
         if not name:
             continue
         if not _NAME.fullmatch(name):
-            shown = name.split("=", 1)[0] + ("=..." if "=" in name else "")
-            raise BadSecretName(f"{EXTRA_NAMES_VAR}: {shown!r} is not an environment variable name"
-                                + ("; it takes names only, each value is read from the environment"
-                                   if "=" in name else ""))
+            # Never echoed: a value pasted where a name goes may be the secret itself (NAME=value, or a bare token).
+            raise BadSecretName(f"{EXTRA_NAMES_VAR}: entry {k} ({len(name)} characters) is not an environment "
+                                "variable name" + ("; it takes names only, each value is read from the environment"
+                                                   if "=" in name else ""))
         if name in _NOT_SECRETS or name.startswith(_NOT_SECRET_PREFIXES):
             raise BadSecretName(f"{EXTRA_NAMES_VAR}: {name} is not a secret to forward: it is exported after the env "
                                 "file's own settings and would replace one, or change how every command on the pod "

@@ -175,9 +175,9 @@ def _deploy(conn: PodConnection, spec: HostSpec, opts: PodOptions, say, config, 
         say("envsetup: no GPU on this pod: GPU-only dependencies (flash-attn) are skipped")
     # The values travel on stdin (pods/shell.py: never in argv). envsetup keeps only the names it knows, so the
     # extra names go with it, in its environment: names are not secret. The pod's own extra names stay beside ours.
-    names = _secret_names()
-    secrets = "".join(f"{n}={os.environ[n]}\n" for n in names if os.environ.get(n))
-    extra = ",".join(n for n in names if n not in SECRET_NAMES)
+    values = _secrets()
+    secrets = "".join(f"{n}={v}\n" for n, v in values.items())
+    extra = ",".join(n for n in values if n not in SECRET_NAMES)
     cache = profile.caches(fp.home)
     cmd = ((f"{EXTRA_NAMES_VAR}={shlex.quote(extra)}${{{EXTRA_NAMES_VAR}:+,${EXTRA_NAMES_VAR}}} " if extra else "")
            + f"PODKIT_PYTHON={shlex.quote(fp.python)} bin/envsetup --project . --fingerprint logs/probe.json --secrets-stdin"
@@ -214,16 +214,26 @@ def _deploy(conn: PodConnection, spec: HostSpec, opts: PodOptions, say, config, 
         outcome.exit_code = 1
 
 
-def _secret_names() -> tuple[str, ...]:
-    """The secrets deploy forwards: envfile.SECRET_NAMES and the local PODKIT_SECRET_NAMES (a bad name: PodError)."""
+def _secrets() -> dict[str, str]:
+    """The secrets deploy forwards, by name: those of envfile.SECRET_NAMES and the local PODKIT_SECRET_NAMES that
+    are set here (a name set nowhere is not sent: it may be a token pasted where a name goes). PodError for a bad
+    name, or for a value of several lines: envsetup reads NAME=value lines from stdin (envfile.read_secrets), so
+    only the first line would arrive."""
     try:
-        return secret_names(os.environ)
+        names = secret_names(os.environ)
     except BadSecretName as exc:
         raise PodError(str(exc), exc.fix, field=EXTRA_NAMES_VAR) from None
+    values = {n: os.environ[n] for n in names if os.environ.get(n)}
+    for name, value in values.items():
+        if "\n" in value or "\r" in value:
+            raise PodError(f"{name} holds a value of several lines; the pod's env file takes one-line secrets",
+                           f"put it in a file on the pod and export its path instead (e.g. {name}_FILE)",
+                           field=name)
+    return values
 
 
 def deploy(specs: list[HostSpec], opts: PodOptions, config: str | None = None, err: bool = False) -> list[Outcome]:
-    _secret_names()  # a bad name is bad input: refused before any pod is reached
+    _secrets()  # a bad name or value is bad input: refused before any pod is reached
     printer = Printer(prefix=len(specs) > 1, err=err)
     single = len(specs) == 1
     live: list[PodConnection] = []  # open connections, so Ctrl-C can stop their remote steps

@@ -296,9 +296,9 @@ CASES = [
     # each name is written as `export NAME=...` into the env file every command sources
     ("envsetup-secret-name-bad", "envsetup", ["--fingerprint", "fp.json", "--dry-run"],
      {"fp.json": FINGERPRINT_OK, "env:PODKIT_SECRET_NAMES": "MY_TOKEN,MY-TOKEN"},
-     "PODKIT_SECRET_NAMES: 'MY-TOKEN' is not an environment variable name"),
+     "PODKIT_SECRET_NAMES: entry 2 (8 characters) is not an environment variable name"),
     ("envsetup-secret-name-bad-json", "envsetup", ["--fingerprint", "fp.json", "--dry-run", "--json"],
-     {"fp.json": FINGERPRINT_OK, "env:PODKIT_SECRET_NAMES": "1ST"}, "'1ST' is not an environment variable name"),
+     {"fp.json": FINGERPRINT_OK, "env:PODKIT_SECRET_NAMES": "1ST"}, "entry 1 (3 characters) is not an environment variable name"),
     ("envsetup-cache-dir-under-file", "envsetup", ["--fingerprint", "fp.json", "--cache-dir", "f/cache", "--dry-run"],
      {"fp.json": FINGERPRINT_OK, "f": "x"}, "--cache-dir"),
     # -- bin/pod, bin/deploy, bin/fetch-logs (nothing here reaches a network: each fails before connecting)

@@ -172,15 +172,23 @@ def test_a_bad_secret_name_is_refused_before_connecting(world):
         listener.listen()
         listener.setblocking(False)
         host = f"root@127.0.0.1:{listener.getsockname()[1]}"
-        for value, expect in (("MY-TOKEN", "'MY-TOKEN' is not an environment variable name"),
-                              ("MY_TOKEN=s3cret-value", "'MY_TOKEN=...' is not an environment variable name"),
-                              ("OK_NAME,$(touch /tmp/x)", "'$(touch /tmp/x)' is not")):
+        for value, expect in (("MY-TOKEN", "entry 1 (8 characters) is not an environment variable name"),
+                              ("MY_TOKEN=s3cret-value", "entry 1 (21 characters) is not an environment variable name"),
+                              ("OK_NAME,$(touch /tmp/x)", "entry 2 (15 characters) is not")):
             out = cli(world, "deploy", host, "--timeout", "2", env={"PODKIT_SECRET_NAMES": value})
             line = one_line_error(out)
             assert "PODKIT_SECRET_NAMES" in line and expect in line, line
-            assert "s3cret-value" not in out.stdout + out.stderr
+            assert "s3cret-value" not in out.stdout + out.stderr and "touch" not in line
             as_json = cli(world, "deploy", host, "--timeout", "2", "--json", env={"PODKIT_SECRET_NAMES": value})
             assert one_line_error(as_json) == line
             assert json.loads(as_json.stdout)["error"]["field"] == "PODKIT_SECRET_NAMES"
+        # Review 2026-11-25: envsetup reads NAME=value lines, so a secret of several lines (a service account's
+        # JSON) arrived cut to its first line. Refused before connecting, its value never shown.
+        value = '{\n  "private_key": "s3cret-value"\n}'
+        out = cli(world, "deploy", host, "--timeout", "2", env={"PODKIT_SECRET_NAMES": "GCP_SA_JSON",
+                                                                  "GCP_SA_JSON": value})
+        line = one_line_error(out)
+        assert "GCP_SA_JSON holds a value of several lines" in line, line
+        assert "s3cret-value" not in out.stdout + out.stderr
         with pytest.raises(BlockingIOError):
             listener.accept()

@@ -1,5 +1,6 @@
 """envsetup on this machine: the env file's mode and content, secrets, skipped steps, an interrupted run."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -15,7 +16,7 @@ import pytest
 from podkit.envsetup import envfile
 from podkit.envsetup.fingerprint import parse_probe, probe_local
 
-from pod_image import unusable_pythons
+from pod_image import torchless_python, unusable_pythons
 from sshd_harness import project_copy
 
 FINGERPRINTS = Path(__file__).parent / "fingerprints"
@@ -43,11 +44,12 @@ def test_env_file_is_0600_and_settings_follow_the_pod(tmp_path):
 def test_extra_secret_names_are_checked_recorded_and_kept(tmp_path):
     assert envfile.extra_secret_names(" MY_TOKEN, ,_K2,MY_TOKEN,") == ("MY_TOKEN", "_K2")
     assert envfile.secret_names({"PODKIT_SECRET_NAMES": "HF_TOKEN,MY_TOKEN"}) == envfile.SECRET_NAMES + ("MY_TOKEN",)
-    for bad, shown in (("MY-TOKEN", "'MY-TOKEN'"), ("2X", "'2X'"), ("X;rm -rf ~", "'X;rm -rf ~'"),
-                       ("MY_TOKEN=hf_value", "'MY_TOKEN=...'")):
+    # A bad entry is named by position and length, never echoed: it may be a pasted secret (review 2026-11-25).
+    for bad in ("MY-TOKEN", "2X", "X;rm -rf ~", "MY_TOKEN=hf_value", "0123abcdef0123abcdef-x"):
         with pytest.raises(envfile.BadSecretName) as exc:
             envfile.extra_secret_names(f"OK,{bad}")
-        assert shown in str(exc.value) and "hf_value" not in str(exc.value)
+        assert f"entry 2 ({len(bad)} characters)" in str(exc.value) and bad not in str(exc.value), str(exc.value)
+        assert ("names only" in str(exc.value)) == ("=" in bad)
     # exported after the file's own settings, these would replace one or change every command: not secrets
     for taken in ("PATH", "LD_PRELOAD", "PODKIT_ROOT", "PYTHONPATH", "BASH_ENV", "HF_HOME", "PYTORCH_ALLOC_CONF"):
         with pytest.raises(envfile.BadSecretName, match=f"{taken} is not a secret to forward"):
@@ -159,6 +161,24 @@ def test_a_python_that_cannot_serve_is_one_line_naming_what_is_wrong(tmp_path):
         assert len(lines) == 1 and lines[0].startswith(f"envsetup: python {python} {expect}"), out.stderr
         assert "leave --python out" in lines[0], lines[0]
     assert sorted(os.listdir(project)) == []  # nothing made
+
+
+def test_a_named_python_without_torch_is_refused_only_where_torch_must_be_the_images(tmp_path):
+    """Review 2026-11-25: a named Python without torch was refused on a CPU machine too, where envsetup installs
+    the pinned CPU torch into the venv (resolve.py); on a GPU pod torch is the image's and podkit never installs it."""
+    bare = torchless_python(tmp_path / "pythons")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PODKIT_PYTHON")}
+    out = subprocess.run([str(ROOT / "bin" / "envsetup"), "--project", str(tmp_path), "--python", str(bare),
+                          "--dry-run", "--json"], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    torch = next(d for d in json.loads(out.stdout)["plan"] if d["name"] == "torch")
+    assert torch["action"] == "pip" and "CPU machine without torch" in torch["reason"], torch
+    fp = parse_probe((FINGERPRINTS / "runpod-a100.txt").read_text())
+    assert fp.gpus and fp.python_fault(str(bare)) is None  # this pod's probe found torch
+    torchless = dataclasses.replace(fp, torch=None)
+    assert torchless.python_fault(str(bare)).startswith("has no torch")
+    assert torchless.python_fault(str(bare), torch_needed=False) is None
+    assert dataclasses.replace(torchless, gpus=[]).python_fault(str(bare)) is None
 
 
 def test_envsetup_knows_the_machine_without_pods():
