@@ -297,6 +297,9 @@ CASES = [
     ("envsetup-secret-name-bad", "envsetup", ["--fingerprint", "fp.json", "--dry-run"],
      {"fp.json": FINGERPRINT_OK, "env:PODKIT_SECRET_NAMES": "MY_TOKEN,MY-TOKEN"},
      "PODKIT_SECRET_NAMES: entry 2 (8 characters) is not an environment variable name"),
+    # bin/envsetup ran the CLI under PODKIT_PYTHON itself: one that cannot run was bash's "Permission denied", 126
+    ("envsetup-podkit-python-not-executable", "envsetup", ["--project", ".", "--dry-run"],
+     {"notpy": "#!/bin/sh\n", "env:PODKIT_PYTHON": "./notpy"}, "python ./notpy is not executable (mode 644)"),
     ("envsetup-secret-name-bad-json", "envsetup", ["--fingerprint", "fp.json", "--dry-run", "--json"],
      {"fp.json": FINGERPRINT_OK, "env:PODKIT_SECRET_NAMES": "1ST"}, "entry 1 (3 characters) is not an environment variable name"),
     ("envsetup-cache-dir-under-file", "envsetup", ["--fingerprint", "fp.json", "--cache-dir", "f/cache", "--dry-run"],
