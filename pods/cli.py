@@ -28,6 +28,7 @@ from podkit.pods import jobs as remote_jobs
 from podkit.pods.connection import PodConnection
 from podkit.pods.deploy import Outcome, PodOptions, Printer, connect, deploy, locate
 from podkit.pods.errors import OutputClosed, PodError
+from podkit.pods.fetch import check_target as check_fetch_target
 from podkit.pods.fetch import fetch as fetch_logs
 from podkit.pods.hosts import HostSpec, load_inventory, select_hosts
 from podkit.pods.ownership import deployed as is_deployed
@@ -220,8 +221,28 @@ def fetch_cmd(host, dest, as_json, pods: PodArgs):
     """Bring every run directory and log from HOST back to pod-logs/<pod>/ (incremental, resumable)."""
     _check_dest(dest)
     specs, opts = pods.specs(host), pods.opts
+    for spec in specs:  # before connecting: a file where DEST/<pod> or its runs/ goes is the user's
+        check_fetch_target(dest / spec.name)
     printer = Printer(prefix=len(specs) > 1, err=as_json)
     results: list[dict] = []
+    try:
+        # SIGTERM/SIGHUP as Ctrl-C: the fetch then records what already arrived as podkit's (fetch.py); killed at
+        # their default, the next fetch took it for the user's and never fetched its updates.
+        with _stops_like_ctrl_c():
+            worst = _fetch_each(specs, opts, dest, printer, results)
+    except KeyboardInterrupt:
+        if as_json:  # scripts get their one object on a Ctrl-C too, as deploy and run print it
+            done = {r["pod"] for r in results}
+            click.echo(json.dumps({"ok": False, "interrupted": True, "exit_code": 130, "pods": results + [
+                {"pod": s.name, "ok": False, "result": "interrupted"} for s in specs if s.name not in done]}, indent=2))
+        raise
+    if as_json:
+        click.echo(json.dumps({"ok": worst == 0, "pods": results}, indent=2))
+    sys.exit(worst)
+
+
+def _fetch_each(specs, opts, dest: Path, printer, results: list[dict]) -> int:
+    """Fetch each pod in turn into DEST/<pod>, appending each one's result; the worst exit code."""
     worst = 0
     for spec in specs:  # sequential: fetches share the local disk and are usually small
         say = printer.for_pod(spec.name)
@@ -241,9 +262,7 @@ def fetch_cmd(host, dest, as_json, pods: PodArgs):
             click.echo(f"[{spec.name}] error: {message}" if len(specs) > 1 else f"error: {message}", err=True)
             results.append({"pod": spec.name, "ok": False, "error": message})
             worst = 2
-    if as_json:
-        click.echo(json.dumps({"ok": worst == 0, "pods": results}, indent=2))
-    sys.exit(worst)
+    return worst
 
 
 def _check_dest(dest: Path) -> None:

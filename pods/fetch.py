@@ -21,6 +21,7 @@ import shutil
 import stat
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
@@ -31,17 +32,54 @@ from podkit.pods.rsync import PARTIAL_DIR, TransferStats, remote_target, run_rsy
 FETCHED = ["/runs/***", "/logs/***"]
 TOPS = ("runs", "logs")
 RECORD = ".podkit-fetched.json"
+LOCK = ".podkit-fetch.lock"
 PART = ".podkit-part"  # fetch_sftp's file in flight
 DIR = "dir"  # a directory's entry in the record (its mtime moves with its contents: only its being podkit's counts)
 
 
+def check_target(local: Path) -> None:
+    """PodError unless `local` (DEST/<pod>) and its runs/ and logs/ are real directories or absent: a file there is
+    the user's, which making the directory would replace (rsync does), and a symlink under it is refused."""
+    if local.is_symlink() and not local.exists():
+        raise PodError(f"fetch: {local} is a symlink to nothing", "remove it, or point it at a directory")
+    if local.exists() and not local.is_dir():
+        raise PodError(f"fetch: {local} is a file, not a directory podkit can fetch into",
+                       "move it away, or give another --dest")
+    for top in TOPS:
+        path = local / top
+        if path.is_symlink():
+            raise PodError(f"fetch: {path} is a symlink; podkit fetches only into real directories",
+                           "give the other disk as --dest instead (each pod's files go to DEST/<pod>/)")
+        if path.exists() and not path.is_dir():
+            raise PodError(f"fetch: {path} is a file of yours where the pod's {top}/ directory goes",
+                           "move it away, or give another --dest")
+
+
+@contextmanager
+def _one_fetch(local: Path):
+    """One fetch of a pod's directory at a time: two at once each read the record before the other wrote it, and the
+    later one's record dropped what the earlier one fetched (then kept as the user's, never fetched again)."""
+    import fcntl
+
+    with open(local / LOCK, "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise PodError(f"fetch: another fetch-logs is writing {local}", "wait for it to finish, then re-run") from None
+        yield
+
+
 def fetch(conn: PodConnection, remote_dir: str, local: Path, *, rsync_on_pod: bool = True,
           progress: Callable[[str], None] | None = None, bwlimit: int | None = None) -> TransferStats:
+    check_target(local)
     local.mkdir(parents=True, exist_ok=True)
-    for top in TOPS:
-        if (local / top).is_symlink():
-            raise PodError(f"fetch: {local / top} is a symlink; podkit fetches only into real directories",
-                           "give the other disk as --dest instead (each pod's files go to DEST/<pod>/)")
+    with _one_fetch(local):
+        return _fetch(conn, remote_dir, local, rsync_on_pod, progress, bwlimit)
+
+
+def _fetch(conn: PodConnection, remote_dir: str, local: Path, rsync_on_pod: bool,
+           progress: Callable[[str], None] | None, bwlimit: int | None) -> TransferStats:
+    check_target(local)  # again, under the lock
     record, before = _read_record(local), _local_entries(local)
     kept = {rel for rel, now in before.items() if record.get(rel) != now}
     written: set[str] = set()  # filled as the transfer goes, so a cut one still says what arrived
@@ -160,6 +198,16 @@ def fetch_sftp(conn: PodConnection, remote_dir: str, local: Path, kept: set[str]
             if child in kept:
                 continue
             dst = local / child
+            if stat.S_ISLNK(entry.st_mode):  # listdir_attr gives lstat's mode
+                # As rsync -l: the link itself, never its target (which may be outside the project: .podkit/env).
+                if not (dst.exists() or dst.is_symlink()):
+                    dst.parent.mkdir(parents=True, exist_ok=True)
+                    os.symlink(sftp.readlink(f"{remote_dir}/{child}"), dst)
+                    written.add(child)
+                    stats.files += 1
+                continue
+            if dst.is_symlink():
+                continue  # never written through a local link (it may point outside pod-logs)
             if stat.S_ISDIR(entry.st_mode):
                 if not dst.is_dir():
                     if dst.exists() or dst.is_symlink():

@@ -25,8 +25,10 @@ try:
 except ImportError:  # Python 3.10
     import tomli as tomllib
 
-_HOSTNAME = re.compile(r"^[A-Za-z0-9_.%-]+$|^[0-9A-Fa-f:]+$")
-_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+# Never only dots: a pod's name is a directory under pod-logs/ (fetch-logs' DEST/<pod>), and '..' or '.' would put
+# its runs/ and logs/ outside it; a host of dots is no host.
+_HOSTNAME = re.compile(r"^(?!\.+$)[A-Za-z0-9_.%-]+$|^[0-9A-Fa-f:]+$")
+_NAME = re.compile(r"^(?!\.+$)[A-Za-z0-9_.-]+$")
 PROFILES = ("auto", "runpod", "sagemaker", "generic")
 
 
@@ -60,14 +62,15 @@ class HostSpec:
         if self.port is not None and not 0 < self.port < 65536:
             raise PodError(f"port {self.port} is out of range", "use a port between 1 and 65535")
         if self.pod_id is not None and not _NAME.match(self.pod_id):
-            raise PodError(f"pod_id '{self.pod_id}' may use only letters, digits, '.', '_' and '-'", "fix pods.toml")
+            raise PodError(f"pod_id '{self.pod_id}' may use only letters, digits, '.', '_' and '-', not only dots",
+                           "fix pods.toml")
         if self.profile not in PROFILES:
             raise PodError(f"unknown profile '{self.profile}'", "use one of " + ", ".join(PROFILES))
         if not self.name:
             label = self.host if self.port in (None, 22) else f"{self.host}-{self.port}"
             object.__setattr__(self, "name", re.sub(r"[^A-Za-z0-9_.-]", "_", label))
         elif not _NAME.match(self.name):
-            raise PodError(f"pod name '{self.name}' may use only letters, digits, '.', '_' and '-'")
+            raise PodError(f"pod name '{self.name}' may use only letters, digits, '.', '_' and '-', not only dots")
 
 
 @dataclass(frozen=True)

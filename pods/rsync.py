@@ -139,6 +139,14 @@ def _describe(code: int, err: str, conn: PodConnection, what: str) -> PodError:
     told = [line[len("podkit: "):] for line in lines if line.startswith("podkit: ") and "dropped" not in line]
     own = [line for line in lines if line.startswith(("rsync: ", "rsync error: ")) and "connection unexpectedly" not in line
            and "error in rsync protocol data stream" not in line]
+    # A name the pod now has as a file where a directory was fetched (or the reverse): rsync says which
+    # (generator.c: "cannot delete non-empty directory: %s", "could not make way for new %s: %s"), then ends with
+    # code 23, "some files/attrs were not transferred (see previous errors)", the only line that starts "rsync".
+    blocked = [m.group(1) for line in lines for m in [re.search(r"(?:could not make way for new [a-z ]+|cannot "
+                                                               r"delete non-empty directory): (.+)$", line)] if m]
+    if blocked:
+        return PodError(f"{what}: {blocked[-1]} is a file on one side and a directory on the other, so it was not "
+                        "transferred (the rest was)", "move the receiving side's copy away, then re-run")
     if own and conn.alive:  # rsync's own complaint (a bad option, a missing directory), not the link
         return PodError(f"{what}: {own[0]}", "see rsync's message")
     if told:  # the relay's own diagnosis (pods/rsh.py), e.g. a login shell that never started

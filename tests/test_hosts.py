@@ -35,6 +35,7 @@ def test_pasted_runpod_line(tmp_path):
     ("ssh root@h ls", "remote command"),
     ("", "empty host"),
     ("root@h;rm", "not a valid host name"),
+    ("root@..", "not a valid host name"),  # its pod name would be '..': fetch-logs' DEST/.. (review 2026-11-25)
 ])
 def test_malformed_hosts_give_one_line(text, needle):
     with pytest.raises(PodError) as err:
@@ -137,3 +138,12 @@ def test_bad_inventory(tmp_path, text, needle):
 def test_no_host_given():
     with pytest.raises(PodError, match="no host given"):
         select_hosts(" ", Inventory())
+
+
+def test_a_pod_named_only_dots_is_refused(tmp_path):
+    """Review 2026-11-25: [pods.".."] fetched into DEST/.., outside pod-logs (runs/ landing in the project's own)."""
+    for name in ("..", "."):
+        inv = tmp_path / "pods.toml"
+        inv.write_text(f'[pods."{name}"]\nhost = "root@127.0.0.1:2222"\n')
+        with pytest.raises(PodError, match="not only dots"):
+            select_hosts(name, load_inventory(inv))

@@ -369,6 +369,85 @@ def test_fetch_keeps_an_edit_made_while_it_ran_and_refuses_a_symlinked_runs(worl
     shutil.rmtree(run)
 
 
+def test_fetch_review_2026_11_25(world):
+    """Review 2026-11-25 of fetch-logs, each against this loopback pod: a user's file where runs/ or DEST/<pod> goes
+    was replaced (or a traceback); two fetches at once lost the record of what the first brought; SIGTERM mid-fetch
+    left what had arrived unrecorded, so the next fetch kept it as the user's and never brought its update; Ctrl-C
+    under --json printed no object; over SFTP a pod's symlink was followed (its target copied); a name that is a
+    file on the pod and a directory here failed every fetch with rsync's summary line only."""
+    from podkit.pods.fetch import RECORD, fetch
+
+    pod, remote = world.pod, Path(world.pod.remote_dir)
+    base = world.base / "fetch-review"
+    args = ["--dest", str(base), *pod_args(pod)]
+    local = base / f"127.0.0.1-{pod.port}"
+    run = remote / "runs" / "rv"
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "a_summary.json").write_text('{"status": "running"}\n')
+    (run / "b_big.bin").write_bytes(os.urandom(3 * 2**20))
+
+    # a user's file where runs/ goes, or where DEST/<pod> goes: refused before connecting, left as it was
+    local.mkdir(parents=True)
+    (local / "runs").write_text("MY NOTES\n")
+    assert "is a file of yours where the pod's runs/ directory goes" in one_line_error(cli(world, "fetch-logs",
+                                                                                          pod.spec, *args))
+    assert (local / "runs").read_text() == "MY NOTES\n"
+    (local / "runs").unlink()
+    local.rmdir()
+    local.write_text("mine\n")
+    out = cli(world, "fetch-logs", pod.spec, *args, "--json")
+    assert "is a file, not a directory" in one_line_error(out) and json.loads(out.stdout)["ok"] is False
+    local.unlink()
+
+    # SIGTERM mid-fetch: what arrived is recorded as podkit's; the rerun brings the rest and the summary's update
+    argv = [str(world.project / "bin" / "pod"), "fetch-logs", "--known-hosts", str(world.known_hosts),
+            "--bwlimit", "300", pod.spec, *args]
+    proc = subprocess.Popen(argv, cwd=world.project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert wait_for(lambda: _partial(local / "runs" / "rv", "b_big.bin"), 60), "the slow fetch never started"
+    # a second fetch of the same pod meanwhile is refused, and leaves the first's record alone
+    assert "another fetch-logs is writing" in one_line_error(cli(world, "fetch-logs", pod.spec, *args))
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 130, proc.returncode
+    assert "runs/rv/a_summary.json" in json.loads((local / RECORD).read_text())["files"]
+    later = time.time() + 60
+    (run / "a_summary.json").write_text('{"status": "pass"}\n')
+    os.utime(run / "a_summary.json", (later, later))
+    again = cli(world, "fetch-logs", pod.spec, *args, "--json")
+    assert again.returncode == 0 and json.loads(again.stdout)["pods"][0]["kept"] == [], again.stdout
+    assert (local / "runs" / "rv" / "a_summary.json").read_text() == '{"status": "pass"}\n'
+    assert (local / "runs" / "rv" / "b_big.bin").read_bytes() == (run / "b_big.bin").read_bytes()
+
+    # Ctrl-C under --json: the one object still comes, saying so
+    (run / "c_big.bin").write_bytes(os.urandom(3 * 2**20))
+    proc = subprocess.Popen([*argv, "--json"], cwd=world.project, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    assert wait_for(lambda: _partial(local / "runs" / "rv", "c_big.bin"), 60), "the slow fetch never started"
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and json.loads(out)["interrupted"] is True, out + err
+
+    # over SFTP a pod's symlink comes back as a link, its target (outside the project) never read
+    secret = world.base / "outside-secret.txt"
+    secret.write_text("SECRET\n")
+    (run / "link").symlink_to(secret)
+    with PodConnection(resolve(parse_host(pod.spec, key=str(pod.client_key))), known_hosts=world.known_hosts) as conn:
+        fetch(conn, pod.remote_dir, local, rsync_on_pod=False)
+    assert (local / "runs" / "rv" / "link").is_symlink()
+    assert os.readlink(local / "runs" / "rv" / "link") == str(secret)
+    (run / "link").unlink()
+
+    # a fetched directory that is a file on the pod now: named, not rsync's summary line
+    (run / "sub").mkdir()
+    (run / "sub" / "a.txt").write_text("x\n")
+    assert cli(world, "fetch-logs", pod.spec, *args).returncode == 0
+    shutil.rmtree(run / "sub")
+    (run / "sub").write_text("now a file\n")
+    line = one_line_error(cli(world, "fetch-logs", pod.spec, *args))
+    assert "runs/rv/sub is a file on one side and a directory on the other" in line, line
+    shutil.rmtree(run)
+
+
 def test_run_says_which_local_files_changed_since_the_last_deploy(world):
     """The job runs the pod's deployed copy: bin/pod run names the files changed here since that deploy."""
     pod = world.pod
