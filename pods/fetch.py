@@ -15,6 +15,7 @@ puts pod-logs on another disk instead.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -99,14 +100,14 @@ def _fetch(conn: PodConnection, remote_dir: str, local: Path, rsync_on_pod: bool
                                   disk_full=lambda: shutil.disk_usage(local).free < 2**20)
     except BaseException:
         # also after a cut transfer: what did arrive is podkit's, and the next run must know it; a record that
-        # cannot be written (a full disk) leaves the error that stopped the fetch to be reported
+        # cannot be written even then leaves the error that stopped the fetch to be reported
         try:
-            _write_record(local, record, before, kept, written)
+            _record_or_make_room(local, record, before, kept, written)
         except OSError:
             pass
         raise
     try:
-        _write_record(local, record, before, kept, written)
+        _record_or_make_room(local, record, before, kept, written)
     except OSError as exc:
         raise PodError(f"fetch: the files came back, but {local / RECORD} could not be written ({exc.strerror})",
                        "free space there and re-run; until then the next fetch keeps what came back as yours") from None
@@ -159,16 +160,40 @@ def _local_entries(local: Path) -> dict[str, list[int] | str]:
 
 def _write_record(local: Path, record: dict, before: dict, kept: set[str], written: set[str]) -> None:
     """What is podkit's now: what this fetch wrote, and what was podkit's before it and is as it was. A file the
-    user made or changed while the fetch ran is neither."""
+    user made or changed while the fetch ran is neither. A directory that appeared during the fetch is taken as
+    podkit's even when rsync's line for it never came (a transfer cut just after making it): owning a directory
+    only lets the pod's files into it, and any file in it that podkit did not write stays the user's."""
     files = {}
     for rel, now in _local_entries(local).items():
         if rel in kept:
             continue
-        if rel in written or (rel in record and before.get(rel) == now):
+        if rel in written or (rel in record and before.get(rel) == now) or (now == DIR and rel not in before):
             files[rel] = now
     tmp = local / (RECORD + ".tmp")
     tmp.write_text(json.dumps({"files": files}, sort_keys=True))
     os.replace(tmp, local / RECORD)
+
+
+def _record_or_make_room(local: Path, record: dict, before: dict, kept: set[str], written: set[str]) -> None:
+    """_write_record; on a full disk, again after deleting the transfer's own partial files (rsync's partial-dir,
+    fetch_sftp's *.podkit-part), which only make the next fetch resume sooner: without the record, what this fetch
+    brought would count as the user's from then on, and never be fetched again."""
+    try:
+        _write_record(local, record, before, kept, written)
+        return
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+    for top in TOPS:
+        for dirpath, dirnames, filenames in os.walk(local / top):
+            for name in dirnames:
+                if name == PARTIAL_DIR:
+                    shutil.rmtree(os.path.join(dirpath, name), ignore_errors=True)
+            dirnames[:] = [d for d in dirnames if d != PARTIAL_DIR]
+            for name in filenames:
+                if name.endswith(PART):
+                    os.unlink(os.path.join(dirpath, name))
+    _write_record(local, record, before, kept, written)
 
 
 def _exclude_rule(rel: str) -> bytes:

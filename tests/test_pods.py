@@ -448,6 +448,42 @@ def test_fetch_review_2026_11_25(world):
     shutil.rmtree(run)
 
 
+def test_fetch_onto_a_full_disk_still_records_what_came_back(world, tmp_path):
+    """Review 2026-11-25: a fetch stopped by a full disk could not write its record either (rsync's partial file
+    held the space), so after freeing space the rerun kept what had come back as the user's and never fetched the
+    rest or its updates. The partial files are dropped to make room for the record."""
+    from podkit.pods.fetch import RECORD
+
+    pod, remote = world.pod, Path(world.pod.remote_dir)
+    dest = tmp_path / "small-disk"
+    dest.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(dest)], capture_output=True,
+                             text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a 3 MiB tmpfs to fill (needs root and CAP_SYS_ADMIN): {mounted.stderr.strip()}")
+    run = remote / "runs" / "full"
+    try:
+        run.mkdir(parents=True, exist_ok=True)
+        (run / "a1.json").write_text('{"status": "running"}\n')
+        (run / "z_big.bin").write_bytes(os.urandom(5 * 2**20))
+        args = ["--dest", str(dest), *pod_args(pod)]
+        local = dest / f"127.0.0.1-{pod.port}"
+        full = cli(world, "fetch-logs", pod.spec, *args)
+        assert "the disk is full" in one_line_error(full)
+        assert "runs/full/a1.json" in json.loads((local / RECORD).read_text())["files"]
+        subprocess.run(["mount", "-o", "remount,size=16m", str(dest)], check=True)
+        later = time.time() + 60
+        (run / "a1.json").write_text('{"status": "pass"}\n')
+        os.utime(run / "a1.json", (later, later))
+        again = cli(world, "fetch-logs", pod.spec, *args, "--json")
+        assert again.returncode == 0 and json.loads(again.stdout)["pods"][0]["kept"] == [], again.stdout
+        assert (local / "runs" / "full" / "a1.json").read_text() == '{"status": "pass"}\n'
+        assert (local / "runs" / "full" / "z_big.bin").read_bytes() == (run / "z_big.bin").read_bytes()
+    finally:
+        subprocess.run(["umount", str(dest)], check=False)
+        shutil.rmtree(run, ignore_errors=True)
+
+
 def test_run_says_which_local_files_changed_since_the_last_deploy(world):
     """The job runs the pod's deployed copy: bin/pod run names the files changed here since that deploy."""
     pod = world.pod
