@@ -165,3 +165,24 @@ class MonitoredFits:
             os.replace(tmp, path)  # never a half-written summary
         except OSError as e:  # never an exception out of on_exception or atexit, over the fit's own
             log.error("cannot write %s: %s", path, e)
+
+
+class FitsView:
+    """What a callback that holds `self.fits` (a MonitoredFits) shows its user: the HF and Lightning callbacks'."""
+
+    fits: MonitoredFits
+
+    @property
+    def monitor(self) -> MemoryMonitor | None:
+        """The latest fit's MemoryMonitor (its records, warnings)."""
+        return self.fits.monitor
+
+    @property
+    def summary(self) -> dict | None:
+        """The latest ended fit's summary, with its status; None before the first ends."""
+        return self.fits.summary
+
+    @property
+    def summaries(self) -> list[dict]:
+        """Every ended fit's summary, in order (one per train()/fit(), and one per auto_find_batch_size attempt)."""
+        return self.fits.summaries

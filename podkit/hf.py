@@ -22,34 +22,19 @@ from __future__ import annotations
 from transformers import TrainerCallback
 
 from . import MemoryMonitor
-from .fits import MonitoredFits
+from .fits import FitsView, MonitoredFits
 
 # accelerate 1.15.0 utils/memory.py find_executable_batch_size catches an OOM and calls the inner loop again.
 ABANDONED = ("train() began again before the previous fit ended: an exception inside it was caught, by "
              "auto_find_batch_size after an out-of-memory error or around trainer.train()")
 
 
-class MemoryMonitorCallback(TrainerCallback):
+class MemoryMonitorCallback(FitsView, TrainerCallback):
     def __init__(self, every: int = 10, log_path: str | None = None, **monitor_kwargs):
         # Checked now, not as a traceback from inside trainer.train() after the model is set up: a monitor built
         # on the CPU opens nothing until it is entered.
         MemoryMonitor(every=every, log_path=log_path, **{**monitor_kwargs, "device": "cpu"})
         self.fits = MonitoredFits(every, log_path, monitor_kwargs)
-
-    @property
-    def monitor(self) -> MemoryMonitor | None:
-        """The latest fit's MemoryMonitor (its records, warnings)."""
-        return self.fits.monitor
-
-    @property
-    def summary(self) -> dict | None:
-        """The latest ended fit's summary, with its status; None before the first ends."""
-        return self.fits.summary
-
-    @property
-    def summaries(self) -> list[dict]:
-        """Every ended fit's summary, in order (one per train(), one per auto_find_batch_size attempt)."""
-        return self.fits.summaries
 
     def on_train_begin(self, args, state, control, **kwargs):
         # Only the main process writes the log; every process measures its own device.

@@ -21,7 +21,7 @@ except ImportError:  # the standalone package name before Lightning 2.0's unifie
     from pytorch_lightning import Callback
 
 from . import MemoryMonitor
-from .fits import MonitoredFits
+from .fits import FitsView, MonitoredFits
 
 # Lightning calls on_exception for every exception out of fit(); a fit left open had neither (another callback's
 # on_exception raised first, or fit_loop.run() was called directly, outside fit(); the tuners hand their trial
@@ -29,7 +29,7 @@ from .fits import MonitoredFits
 ABANDONED = "a fit began before the previous one ended, and neither on_train_end nor on_exception came"
 
 
-class MemoryMonitorCallback(Callback):
+class MemoryMonitorCallback(FitsView, Callback):
     def __init__(self, every: int = 10, log_path: str | None = None, **monitor_kwargs):
         if "device" in monitor_kwargs:
             raise TypeError("MemoryMonitorCallback: the device is the LightningModule's; leave device out")
@@ -37,21 +37,6 @@ class MemoryMonitorCallback(Callback):
         MemoryMonitor(every=every, log_path=log_path, device="cpu", **monitor_kwargs)
         self.fits = MonitoredFits(every, log_path, monitor_kwargs)
         self._seen_step = 0
-
-    @property
-    def monitor(self) -> MemoryMonitor | None:
-        """The latest fit's MemoryMonitor (its records, warnings)."""
-        return self.fits.monitor
-
-    @property
-    def summary(self) -> dict | None:
-        """The latest ended fit's summary, with its status; None before the first ends."""
-        return self.fits.summary
-
-    @property
-    def summaries(self) -> list[dict]:
-        """Every ended fit's summary, in order."""
-        return self.fits.summaries
 
     def on_train_start(self, trainer, pl_module):
         self.fits.begin(write=trainer.is_global_zero, abandoned=ABANDONED, device=pl_module.device)

@@ -369,6 +369,18 @@ def test_fetch_keeps_an_edit_made_while_it_ran_and_refuses_a_symlinked_runs(worl
     shutil.rmtree(run)
 
 
+def _updated_then_all_fetched(world, args: list[str], run: Path, here: Path, summary: str, big: str) -> None:
+    """The pod updates the run's `summary` after a cut fetch: the rerun keeps nothing as the user's, brings the
+    update and the rest (`big`) whole."""
+    later = time.time() + 60
+    (run / summary).write_text('{"status": "pass"}\n')
+    os.utime(run / summary, (later, later))
+    again = cli(world, "fetch-logs", world.pod.spec, *args, "--json")
+    assert again.returncode == 0 and json.loads(again.stdout)["pods"][0]["kept"] == [], again.stdout
+    assert (here / summary).read_text() == '{"status": "pass"}\n'
+    assert (here / big).read_bytes() == (run / big).read_bytes()
+
+
 def test_fetch_review_2026_11_25(world):
     """Review 2026-11-25 of fetch-logs, each against this loopback pod: a user's file where runs/ or DEST/<pod> goes
     was replaced (or a traceback); two fetches at once lost the record of what the first brought; SIGTERM mid-fetch
@@ -410,13 +422,7 @@ def test_fetch_review_2026_11_25(world):
     proc.communicate(timeout=60)
     assert proc.returncode == 130, proc.returncode
     assert "runs/rv/a_summary.json" in json.loads((local / RECORD).read_text())["files"]
-    later = time.time() + 60
-    (run / "a_summary.json").write_text('{"status": "pass"}\n')
-    os.utime(run / "a_summary.json", (later, later))
-    again = cli(world, "fetch-logs", pod.spec, *args, "--json")
-    assert again.returncode == 0 and json.loads(again.stdout)["pods"][0]["kept"] == [], again.stdout
-    assert (local / "runs" / "rv" / "a_summary.json").read_text() == '{"status": "pass"}\n'
-    assert (local / "runs" / "rv" / "b_big.bin").read_bytes() == (run / "b_big.bin").read_bytes()
+    _updated_then_all_fetched(world, args, run, local / "runs" / "rv", "a_summary.json", "b_big.bin")
 
     # Ctrl-C under --json: the one object still comes, saying so
     (run / "c_big.bin").write_bytes(os.urandom(3 * 2**20))
@@ -472,13 +478,7 @@ def test_fetch_onto_a_full_disk_still_records_what_came_back(world, tmp_path):
         assert "the disk is full" in one_line_error(full)
         assert "runs/full/a1.json" in json.loads((local / RECORD).read_text())["files"]
         subprocess.run(["mount", "-o", "remount,size=16m", str(dest)], check=True)
-        later = time.time() + 60
-        (run / "a1.json").write_text('{"status": "pass"}\n')
-        os.utime(run / "a1.json", (later, later))
-        again = cli(world, "fetch-logs", pod.spec, *args, "--json")
-        assert again.returncode == 0 and json.loads(again.stdout)["pods"][0]["kept"] == [], again.stdout
-        assert (local / "runs" / "full" / "a1.json").read_text() == '{"status": "pass"}\n'
-        assert (local / "runs" / "full" / "z_big.bin").read_bytes() == (run / "z_big.bin").read_bytes()
+        _updated_then_all_fetched(world, args, run, local / "runs" / "full", "a1.json", "z_big.bin")
     finally:
         subprocess.run(["umount", str(dest)], check=False)
         shutil.rmtree(run, ignore_errors=True)
