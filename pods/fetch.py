@@ -80,7 +80,6 @@ def fetch(conn: PodConnection, remote_dir: str, local: Path, *, rsync_on_pod: bo
 
 def _fetch(conn: PodConnection, remote_dir: str, local: Path, rsync_on_pod: bool,
            progress: Callable[[str], None] | None, bwlimit: int | None) -> TransferStats:
-    check_target(local)  # again, under the lock
     record, before = _read_record(local), _local_entries(local)
     kept = {rel for rel, now in before.items() if record.get(rel) != now}
     written: set[str] = set()  # filled as the transfer goes, so a cut one still says what arrived

@@ -171,7 +171,8 @@ class Rendezvous:
         return {"GLOO_SOCKET_IFNAME": node.interface, "NCCL_SOCKET_IFNAME": node.interface}
 
 
-def _check_smoke(command: tuple[str, ...]) -> None:
+def _check_command(command: tuple[str, ...]) -> None:
+    """PodError for a COMMAND --nodes cannot run: bin/smoke -- COMMAND, or a launcher inside COMMAND."""
     if Path(command[0]).name == "smoke" and "--" in command:
         raise PodError("bin/smoke -- COMMAND does not run across nodes yet",
                        "run your script under --nodes directly: bin/pod run A,B --nodes -- python train.py")
@@ -215,7 +216,7 @@ def launch_command(command: tuple[str, ...], python: str) -> str:
     bin/smoke starts torchrun itself; `torchrun ARGS` and `python[3] -m torch.distributed.run ARGS` run as
     `python -m torch.distributed.run ARGS`; anything else runs as torchrun's workers. A torchrun or an
     interpreter named by its path is the user's choice, run as given."""
-    _check_smoke(command)
+    _check_command(command)
     first = Path(command[0]).name
     if first == "smoke":
         return shlex.join(command)
@@ -264,7 +265,7 @@ def check_job(command: tuple[str, ...], hosts: int, nproc: int | None) -> int | 
     """The job's gpus_per_node, after checking COMMAND (before anything starts) and its job against the hosts
     given and --nproc-per-node. Read from this machine's copy of the project (what deploy synced); None when
     there is none here."""
-    _check_smoke(command)
+    _check_command(command)
     path = job_config(command)
     if path is None and Path(command[0]).name == "smoke" and "--from" not in command:
         raise PodError("bin/smoke without --config runs its one-node default job",
