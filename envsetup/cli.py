@@ -48,8 +48,8 @@ class Setup:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(parents=True, exist_ok=True)
         self.state = StepState(self.dir / "state.json")
+        self.venv = Path(envfile.venv_dir(project))
         self.python = Path(envfile.venv_python(project))
-        self.venv = self.python.parents[1]
         self.outcome: dict[str, str] = {}
         self._lock = None  # see lock()
 

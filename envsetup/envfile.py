@@ -39,8 +39,7 @@ def extra_secret_names(value: str) -> tuple[str, ...]:
     """The names in a PODKIT_SECRET_NAMES value (spaces around commas and empty entries ignored), in order, once each.
     A name that is not one raises BadSecretName; what follows a '=' is never repeated (it may be the secret)."""
     names = []
-    for k, entry in enumerate((e.strip() for e in value.split(",")), 1):
-        name = entry
+    for k, name in enumerate((e.strip() for e in value.split(",")), 1):
         if not name:
             continue
         if not _NAME.fullmatch(name):
@@ -63,11 +62,16 @@ def secret_names(environ=os.environ) -> tuple[str, ...]:
     return SECRET_NAMES + tuple(n for n in extra if n not in SECRET_NAMES)
 
 
+def venv_dir(project: str | Path) -> str:
+    """The project venv envsetup makes from the image's interpreter (the probe's choice, or --python's)."""
+    return f"{str(project).rstrip('/')}/.venv"
+
+
 def venv_python(project: str | Path) -> str:
-    """The interpreter podkit's commands and jobs run on a machine envsetup set up: the project venv's, made from
-    the image's interpreter (the probe's choice, or --python's). The env file below puts its bin first on PATH;
-    where there is no venv, the image's interpreter itself is the one (`bin/pod run --nodes` launches with it)."""
-    return f"{str(project).rstrip('/')}/.venv/bin/python"
+    """The interpreter podkit's commands and jobs run on a machine envsetup set up: the project venv's. The env
+    file below puts its bin first on PATH; where there is no venv, the image's interpreter itself is the one
+    (`bin/pod run --nodes` launches with it)."""
+    return f"{venv_dir(project)}/bin/python"
 
 
 def alloc_conf_var(fp: Fingerprint) -> str:
@@ -81,7 +85,7 @@ def render(fp: Fingerprint, project: Path, cache_dir: str | None, attention: str
            secrets: dict[str, str]) -> str:
     gpus = max(1, len(fp.gpus))
     threads = max(1, fp.cpus // gpus)  # one process per GPU: split the cores, don't oversubscribe
-    venv = Path(venv_python(project)).parents[1]
+    venv = Path(venv_dir(project))
     settings = {
         alloc_conf_var(fp): "expandable_segments:True",
         "TOKENIZERS_PARALLELISM": "false",
