@@ -119,15 +119,16 @@ if [ -n "${PODKIT_PYTHON:-}" ]; then
     esac
   fi
 else
+  # One path per line (a path may hold a space: a PATH entry such as "/home/me/My Envs/bin").
   candidates="$(ls -d "$HOME"/anaconda3/envs/pytorch*/bin/python /home/ec2-user/anaconda3/envs/pytorch*/bin/python \
-    /opt/conda/envs/pytorch*/bin/python /opt/conda/bin/python 2>/dev/null | awk '!seen[$0]++') $(command -v python3)"
+    /opt/conda/envs/pytorch*/bin/python /opt/conda/bin/python 2>/dev/null; command -v python3)"
   # One interpreter start per candidate: its facts say whether it has torch.
-  for py in $candidates; do
-    [ -x "$py" ] || continue
+  while IFS= read -r py; do
+    [ -n "$py" ] && [ -x "$py" ] || continue
     facts="$(python_facts "$py" 2>/dev/null)"
     [ -z "$chosen" ] && chosen="$py" chosen_facts="$facts"
     case "$facts" in *$'\ntorch\t'*) chosen="$py" chosen_facts="$facts"; break;; esac
-  done
+  done <<< "$(printf '%s\n' "$candidates" | awk '!seen[$0]++')"
 fi
 [ -z "$chosen" ] && exit 0
 emit python "$chosen"

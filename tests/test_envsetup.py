@@ -70,6 +70,20 @@ def test_probe_reads_this_machine():
     assert fp.cpus >= 1 and fp.ram_total_mib > 0 and fp.disk_free_mib and fp.python_tag.startswith("cp3")
 
 
+def test_probe_finds_python3_in_a_path_with_a_space(tmp_path, monkeypatch):
+    # The automatic search (no PODKIT_PYTHON) took `command -v python3` apart at the space and found no interpreter.
+    bindir = tmp_path / "My Envs" / "bin"
+    bindir.mkdir(parents=True)
+    wrapper = bindir / "python3"
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/anaconda3 candidates
+    monkeypatch.delenv("PODKIT_PYTHON", raising=False)
+    fp = probe_local(str(tmp_path))
+    assert fp.python == str(wrapper) and fp.torch is not None
+
+
 @pytest.mark.slow
 def test_local_envsetup_interrupted_then_rerun_then_skipped(tmp_path):
     project = project_copy(tmp_path / "proj")
