@@ -10,6 +10,8 @@ import sys
 
 import click
 
+from podkit.launch import wants_json  # stdlib only: the launcher reads it where click may be missing
+
 EXIT_BAD_INPUT = 2
 
 
@@ -19,12 +21,6 @@ def stop_signals() -> tuple[int, ...]:
     ignored (nohup, bin/pod run's detached jobs), which is kept. One rule for bin/smoke and bin/pod up."""
     hup = () if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN else (signal.SIGHUP,)
     return (signal.SIGTERM, signal.SIGINT, *hup)
-
-
-def wants_json(args=None) -> bool:
-    """--json among the command's own arguments (not those of a command after --)."""
-    argv = list(sys.argv[1:] if args is None else args)
-    return "--json" in (argv[:argv.index("--")] if "--" in argv else argv)
 
 
 class OneLineMain:

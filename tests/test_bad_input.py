@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -423,3 +424,30 @@ def test_a_generated_run_id_is_a_plain_directory_name():
     for source in ("print('hi')", "b')", "a/b/job.toml", "<stdin>", "'''", "x" * 200):
         run_id = new_run_id(source)
         assert check_run_id(run_id) == run_id and re.fullmatch(r"[\w.-]+", run_id) and len(run_id) < 70, run_id
+
+
+@pytest.mark.parametrize("command", ["preflight", "smoke", "plot", "pod"])
+def test_a_checkout_that_was_never_set_up_says_make_setup(tmp_path, command):
+    """No .venv and a python3 without podkit's dependencies (a fresh clone, `make setup` skipped): the command ran
+    under python3 and died on its first import of one with a traceback. One line naming the module, exit 2."""
+    checkout = tmp_path / "clone"
+    checkout.mkdir()
+    for name in ("bin", "checks", "train", "pods", "envsetup"):
+        (checkout / name).symlink_to(ROOT / name)
+    shutil.copytree(ROOT / "podkit", checkout / "podkit", ignore=shutil.ignore_patterns("__pycache__"))  # it finds
+    # the checkout from its own resolved path
+    bare = tmp_path / "path"
+    bare.mkdir()
+    # python3 without site-packages: what a machine's own interpreter is before `make setup`
+    (bare / "python3").write_text(f'#!/bin/sh\nexec "{ROOT / ".venv" / "bin" / "python"}" -S "$@"\n')
+    (bare / "python3").chmod(0o755)
+    env = dict(os.environ, PATH=f"{bare}:/usr/bin:/bin")
+    env.pop("PYTHONPATH", None)
+    script = str(checkout / "bin" / command)
+    out = subprocess.run([script, "--json", *(["ls"] if command == "pod" else [])], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.splitlines() == [out.stderr.strip()], out.stderr
+    assert "no .venv" in out.stderr and "make setup" in out.stderr and str(checkout) in out.stderr, out.stderr
+    data = json.loads(out.stdout)
+    assert data["status"] == "bad-input" and "make setup" in data["error"]["fix"], data
