@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -249,7 +250,7 @@ def from_hub(repo_id: str, revision: str = "") -> ModelShape:
     field = "model.hf"
     try:
         from huggingface_hub import hf_hub_download
-        from huggingface_hub import errors
+        from huggingface_hub import constants, errors
     except ImportError:
         raise ConfigError(field, "reading a Hub id needs huggingface_hub, which is not installed",
                           "pip install huggingface_hub==2.4.0, or set model.hf_config to a local config.json") from None
@@ -265,6 +266,11 @@ def from_hub(repo_id: str, revision: str = "") -> ModelShape:
             # copy it has, as transformers would with HF_HUB_OFFLINE=1.
             path = hf_hub_download(repo_id, "config.json", revision=revision or None, local_files_only=True)
         except errors.LocalEntryNotFoundError:
+            # The one slow step of a preflight (seconds; 23 s before it gives up on an unreachable Hub), said first
+            # to a person at a terminal; a script's stderr keeps its one line.
+            if sys.stderr.isatty() and not constants.HF_HUB_OFFLINE:
+                print(f"podkit: fetching {repo_id}{at} config.json from the Hugging Face Hub (once: later runs read "
+                      "its cache)", file=sys.stderr, flush=True)
             path = hf_hub_download(repo_id, "config.json", revision=revision or None)
     except errors.HFValidationError:
         raise ConfigError(field, f"{repo_id!r} is not a Hub repo id",

@@ -131,6 +131,33 @@ def test_hub_refusals_are_one_line_naming_the_fix(tmp_path, hub, repo, needle):
     assert len(lines) == 1 and needle in lines[0], out.stderr
 
 
+def test_a_person_at_a_terminal_is_told_the_hub_is_being_asked(tmp_path, hub):
+    """The Hub fetch is a preflight's one slow step (23 s over an unreachable Hub): at a terminal a line says so
+    before it starts; the refusal still follows as its own line."""
+    import pty
+
+    controller, terminal = pty.openpty()
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    out = subprocess.run([str(ROOT / "bin" / "preflight"), "--config", str(job_file(tmp_path, "nobody/no-such-model"))],
+                         stdout=subprocess.PIPE, stderr=terminal, text=True, timeout=120,
+                         env={**clean, "HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": hub})
+    os.close(terminal)
+    err = b""
+    while True:
+        try:
+            chunk = os.read(controller, 4096)
+        except OSError:  # EIO: the terminal's other end is closed and everything was read
+            break
+        if not chunk:
+            break
+        err += chunk
+    os.close(controller)
+    lines = err.decode().strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 2, lines
+    assert lines[0].startswith("podkit: fetching nobody/no-such-model config.json from the Hugging Face Hub"), lines
+    assert "not a Hub repo" in lines[1], lines
+
+
 def test_missing_huggingface_hub_is_one_clear_error():
     # None in sys.modules makes `import huggingface_hub` raise ImportError, as when it is not installed.
     code = ("import sys; sys.modules['huggingface_hub'] = None\n"
