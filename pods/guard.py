@@ -81,14 +81,18 @@ def env(name: str) -> str:
 # ---------------------------------------------------------------- conditions
 
 def job_running(project: str) -> bool:
-    """A podkit job is running: its wrapper's pid is alive and it has no exit code yet (pods/jobs.py)."""
+    """A podkit job is running: its wrapper's pid is alive, still that job's (PODKIT_JOB_ID=<id> in its environment:
+    after a restart the pid file may name any other process), and it has no exit code yet (pods/jobs.py)."""
     for d in glob.glob(os.path.join(project, "logs", "jobs", "*", "")):
         if os.path.exists(os.path.join(d, "exit_code")):
             continue
+        tag = f"PODKIT_JOB_ID={os.path.basename(os.path.dirname(d))}".encode()
         try:
             with open(os.path.join(d, "pid")) as f:
-                os.kill(int(f.read().strip()), 0)
-            return True
+                pid = int(f.read().strip())
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if tag in f.read().split(b"\0"):
+                    return True
         except (OSError, ValueError):
             continue
     return False

@@ -108,6 +108,14 @@ def require(conn: PodConnection, job_id: str) -> None:
         raise NoSuchJob(f"no job '{job_id}' on this pod", "list them with: bin/pod jobs HOST")
 
 
+def _ours(job_id: str) -> str:
+    """Shell defining `ours PID`: PID is alive and is this job's wrapper. A pid file outlives its process: after
+    the pod restarts, the pid it names may be any other process (the next job's worker, the user's notebook),
+    which `kill -0` alone took for the job (listed running, attach waiting on it forever, stop killing it)."""
+    return (f"ours() {{ [ -n \"$1\" ] && kill -0 \"$1\" 2>/dev/null && "
+            f"grep -qzxF PODKIT_JOB_ID={valid_id(job_id)} /proc/$1/environ 2>/dev/null; }}\n")
+
+
 LOST = 4
 """attach's remote exit when the job left no exit code; a job's own 4 is told apart by its exit_code file."""
 
@@ -118,8 +126,8 @@ def attach(conn: PodConnection, job_id: str, out: Callable[[str], None]) -> int 
     d = f"{JOBS_DIR}/{valid_id(job_id)}"
     require(conn, job_id)  # on its own: the stream below exits with the job's code, which may be any number
     script = (
-        f"pid=$(cat {d}/pid)\n"
-        f"if kill -0 $pid 2>/dev/null; then tail -n +1 -F --pid=$pid {d}/output.log 2>/dev/null; else cat {d}/output.log; fi\n"
+        f"{_ours(job_id)}pid=$(cat {d}/pid)\n"
+        f"if ours $pid; then tail -n +1 -F --pid=$pid {d}/output.log 2>/dev/null; else cat {d}/output.log; fi\n"
         f"for i in 1 2 3 4 5 6 7 8 9 10; do [ -r {d}/exit_code ] && break; sleep 0.2; done\n"
         f"[ -r {d}/exit_code ] && exit $(cat {d}/exit_code)\n"
         f"echo 'podkit: job {job_id} ended without an exit code (killed or the pod restarted)' >&2; exit {LOST}\n"
@@ -137,11 +145,11 @@ def stop(conn: PodConnection, job_id: str, grace: float = 30.0) -> str:
     script = (
         f"[ -r {d}/pid ] || {{ echo 'podkit: no job {job_id} on this pod' >&2; exit 3; }}\n"
         f"[ -r {d}/exit_code ] && {{ echo \"already exited $(cat {d}/exit_code)\"; exit 0; }}\n"
-        f"wrapper=$(cat {d}/pid); touch {d}/stopped\n"
+        f"{_ours(job_id)}wrapper=$(cat {d}/pid); ours \"$wrapper\" || wrapper=; touch {d}/stopped\n"
         f"({stop_script(f'PODKIT_JOB_ID={job_id}', grace, spare_var='wrapper')})"
     )
     result = conn.run(script + f"\nfor i in 1 2 3 4 5 6 7 8 9 10; do [ -r {d}/exit_code ] && break; sleep 0.2; done\n"
-                      f"kill -KILL $wrapper 2>/dev/null; true\n", timeout=grace + 60)
+                      f"ours \"$wrapper\" && kill -KILL $wrapper 2>/dev/null; true\n", timeout=grace + 60)
     if result.exit_code == 3:
         raise PodError(f"no job '{job_id}' on this pod", "list them with: bin/pod jobs HOST")
     return (result.stdout.strip().splitlines() or ["stopped"])[0]
@@ -157,7 +165,7 @@ def list_jobs(conn: PodConnection) -> list[Job]:
     script = (
         f"[ -d {JOBS_DIR} ] || exit 0\n"
         f"for d in {JOBS_DIR}/*/; do id=$(basename $d); pid=$(cat $d/pid 2>/dev/null)\n"
-        f"  if [ -r $d/exit_code ] && [ -e $d/stopped ]; then st=\"stopped $(cat $d/exit_code)\"; elif [ -r $d/exit_code ]; then st=\"exited $(cat $d/exit_code)\"; elif [ -n \"$pid\" ] && kill -0 $pid 2>/dev/null; then st=running; else st=lost; fi\n"
+        f"  if [ -r $d/exit_code ] && [ -e $d/stopped ]; then st=\"stopped $(cat $d/exit_code)\"; elif [ -r $d/exit_code ]; then st=\"exited $(cat $d/exit_code)\"; elif [ -n \"$pid\" ] && kill -0 $pid 2>/dev/null && grep -qzxF \"PODKIT_JOB_ID=$id\" /proc/$pid/environ 2>/dev/null; then st=running; else st=lost; fi\n"
         f"  printf '%s\\t%s\\t%s\\t%s\\n' \"$id\" \"$st\" \"$(cat $d/started 2>/dev/null)\" \"$(head -c 200 $d/command | head -n 1)\"; done\n"
     )
     jobs = []

@@ -430,3 +430,33 @@ def _children(pid: int) -> list[int]:
         except (OSError, IndexError):
             continue
     return out
+
+
+def test_a_pid_file_naming_another_process_after_a_restart_is_a_lost_job_and_stop_spares_that_process(world):
+    """Review 2026-11-25: a pod restart leaves logs/jobs/<id>/pid behind, and the pid it names may now be any other
+    process (a later job's worker, the user's notebook). `kill -0` alone took it for the job: `jobs` said running,
+    attach waited on it forever, stop SIGKILLed it, and the cost guard's idle-stop counted the pod busy for good."""
+    from podkit.pods.guard import job_running
+
+    jid = f"rebooted-{uuid.uuid4().hex[:8]}"
+    other = subprocess.Popen(["sleep", "600"])  # not podkit's: no PODKIT_JOB_ID in its environment
+    try:
+        d = Path(world.pod.remote_dir) / "logs" / "jobs" / jid  # what the job left before the pod restarted
+        d.mkdir(parents=True)
+        (d / "pid").write_text(f"{other.pid}\n")
+        (d / "command").write_text("python train.py\n")
+        (d / "started").write_text("2026-11-24T00:00:00.000000000Z\n")
+        (d / "output.log").write_text("step 1\n")
+        states = {j["id"]: (j["state"], j["exit_code"])
+                  for j in _strict(cli(world, "jobs", world.pod.spec, *args(world), "--json").stdout)["jobs"]}
+        assert states[jid] == ("lost", None), states[jid]
+        attached = cli(world, "attach", world.pod.spec, *args(world), jid, timeout=60)
+        said = attached.stdout + attached.stderr
+        assert attached.returncode == 1 and "ended without an exit code" in said and "step 1" in said, said
+        assert not job_running(world.pod.remote_dir)
+        stopped = cli(world, "stop", world.pod.spec, *args(world), jid, "--grace", "1")
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert other.poll() is None, "bin/pod stop killed a process that was not the job's"
+    finally:
+        other.kill()
+        other.wait()
