@@ -560,7 +560,7 @@ def stop_cmd(host, job_id, grace, as_json, pods: PodArgs):
             click.echo(f"\nstopped waiting; the pod may still finish the stop: check with bin/pod jobs "
                        f"{pods.again(host)}, or re-run bin/pod stop {pods.again(host)} {job_id}", err=True)
             sys.exit(130)
-    stopped = not what.startswith("left")
+    stopped = re.search(r"(^|: )left \d", what) is None  # pids still alive after SIGKILL
     if as_json:
         click.echo(json.dumps({"ok": stopped, "job": job_id, "pod": spec.name, "host": spec.host, "result": what}, indent=2))
     else:
@@ -585,8 +585,8 @@ def jobs_cmd(host, as_json, pods: PodArgs):
     with pods.one(host, err=as_json) as (conn, *_):
         if as_json:
             click.echo(json.dumps({"ok": True, "jobs": [{"id": j.id, "state": j.state, "exit_code": j.exit_code,
-                                                          "command": j.command} for j in remote_jobs.list_jobs(conn)]},
-                                  indent=2))
+                                                          "left_running": j.left_running, "command": j.command}
+                                                         for j in remote_jobs.list_jobs(conn)]}, indent=2))
             return
         print_table(jobs_table(remote_jobs.list_jobs(conn)))
 

@@ -30,6 +30,9 @@ class Job:
     state: str  # running | exited | stopped | lost (no process and no exit code: the pod restarted)
     exit_code: int | None = None
     started: str = ""  # UTC ISO time with nanoseconds: sorts as it happened
+    left_running: int = 0
+    """Processes of a job that is no longer running (exited, stopped, lost) still alive: what it started in the
+    background, workers its killed launcher left behind. `stop` ends them."""
 
 
 def new_id(command: str) -> str:
@@ -144,7 +147,12 @@ def stop(conn: PodConnection, job_id: str, grace: float = 30.0) -> str:
     d = f"{JOBS_DIR}/{valid_id(job_id)}"
     script = (
         f"[ -r {d}/pid ] || {{ echo 'podkit: no job {job_id} on this pod' >&2; exit 3; }}\n"
-        f"[ -r {d}/exit_code ] && {{ echo \"already exited $(cat {d}/exit_code)\"; exit 0; }}\n"
+        # An exited job may have left processes running (started in the background, workers of a killed
+        # launcher): they carry its tag still, and are stopped as a running job's are.
+        f"if [ -r {d}/exit_code ]; then code=$(cat {d}/exit_code)\n"
+        f"  left=$( ({stop_script(f'PODKIT_JOB_ID={job_id}', grace)}) )\n"
+        f"  if [ \"$left\" = 'stopped 0' ]; then echo \"already exited $code\"; "
+        f"else echo \"already exited $code; of what it left running: $left\"; fi; exit 0; fi\n"
         f"{_ours(job_id)}wrapper=$(cat {d}/pid); ours \"$wrapper\" || wrapper=; touch {d}/stopped\n"
         f"({stop_script(f'PODKIT_JOB_ID={job_id}', grace, spare_var='wrapper')})"
     )
@@ -164,15 +172,19 @@ def newest(conn: PodConnection) -> Job | None:
 def list_jobs(conn: PodConnection) -> list[Job]:
     script = (
         f"[ -d {JOBS_DIR} ] || exit 0\n"
+        # every live process's job tag, once: what a job that no longer runs left running
+        "tags=$(grep -zh '^PODKIT_JOB_ID=' /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n')\n"
         f"for d in {JOBS_DIR}/*/; do id=$(basename $d); pid=$(cat $d/pid 2>/dev/null)\n"
         f"  if [ -r $d/exit_code ] && [ -e $d/stopped ]; then st=\"stopped $(cat $d/exit_code)\"; elif [ -r $d/exit_code ]; then st=\"exited $(cat $d/exit_code)\"; elif [ -n \"$pid\" ] && kill -0 $pid 2>/dev/null && grep -qzxF \"PODKIT_JOB_ID=$id\" /proc/$pid/environ 2>/dev/null; then st=running; else st=lost; fi\n"
-        f"  printf '%s\\t%s\\t%s\\t%s\\n' \"$id\" \"$st\" \"$(cat $d/started 2>/dev/null)\" \"$(head -c 200 $d/command | head -n 1)\"; done\n"
+        f"  n=0; [ \"$st\" = running ] || n=$(printf '%s\\n' \"$tags\" | grep -cxF \"PODKIT_JOB_ID=$id\")\n"
+        f"  printf '%s\\t%s\\t%s\\t%s\\t%s\\n' \"$id\" \"$st\" \"$n\" \"$(cat $d/started 2>/dev/null)\" \"$(head -c 200 $d/command | head -n 1)\"; done\n"
     )
     jobs = []
     for line in conn.run(script).stdout.splitlines():
-        parts = line.split("\t", 3)
-        if len(parts) != 4 or not _ID.fullmatch(parts[0]):
+        parts = line.split("\t", 4)
+        if len(parts) != 5 or not _ID.fullmatch(parts[0]):
             continue
         state, _, code = parts[1].partition(" ")
-        jobs.append(Job(parts[0], parts[3], state, int(code) if code.strip().lstrip("-").isdigit() else None, parts[2]))
+        jobs.append(Job(parts[0], parts[4], state, int(code) if code.strip().lstrip("-").isdigit() else None, parts[3],
+                        int(parts[2]) if parts[2].isdigit() else 0))
     return jobs

@@ -42,6 +42,8 @@ def jobs_table(jobs: list["Job"]) -> Table:
     table.add_column("command", overflow="fold")
     for job in jobs:
         state = f"{job.state} {job.exit_code}" if job.exit_code is not None else job.state
+        if job.left_running:  # bin/pod stop ends them
+            state += f", {job.left_running} process{'es' if job.left_running > 1 else ''} left running"
         table.add_row(_plain(job.id), _plain(state), _plain(job.started[:19].replace("T", " ") or "-"), _plain(job.command))
     return table
 

@@ -460,3 +460,31 @@ def test_a_pid_file_naming_another_process_after_a_restart_is_a_lost_job_and_sto
     finally:
         other.kill()
         other.wait()
+
+
+def test_stop_ends_what_an_exited_job_left_running_and_jobs_shows_it(world):
+    """Review 2026-11-25: a job whose command exited (its code recorded) while something it started kept running (a
+    server started with `&`, workers of a launcher the OOM killer took) was listed `exited 0`, and `bin/pod stop`
+    answered 'already exited 0' and left those processes running: nothing podkit offered could see or stop them."""
+    jid = f"leftover-{uuid.uuid4().hex[:8]}"
+    ran = cli(world, "run", *args(world), "--id", jid, world.pod.spec, "--", "sh", "-c", "sleep 600 & exit 0")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    try:
+        assert wait_for(lambda: len(with_env(f"PODKIT_JOB_ID={jid}")) == 1, 10), with_env(f"PODKIT_JOB_ID={jid}")
+        listed = cli(world, "jobs", world.pod.spec, *args(world), "--json")
+        job = next(j for j in _strict(listed.stdout)["jobs"] if j["id"] == jid)
+        assert (job["state"], job["exit_code"], job["left_running"]) == ("exited", 0, 1), job
+        assert re.search(rf"│ {jid}\s+│ exited 0, 1 process left running\s+│",
+                         cli(world, "jobs", world.pod.spec, *args(world)).stdout)
+        stopped = cli(world, "stop", world.pod.spec, *args(world), jid, "--grace", "2", "--json")
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert _strict(stopped.stdout)["result"] == "already exited 0; of what it left running: stopped 1"
+        assert wait_for(lambda: not with_env(f"PODKIT_JOB_ID={jid}"), 10), "still running on the pod"
+        job = next(j for j in _strict(cli(world, "jobs", world.pod.spec, *args(world), "--json").stdout)["jobs"]
+                   if j["id"] == jid)
+        assert (job["state"], job["exit_code"], job["left_running"]) == ("exited", 0, 0), job  # how it ended stays
+        again = cli(world, "stop", world.pod.spec, *args(world), jid, "--json")
+        assert _strict(again.stdout)["result"] == "already exited 0"
+    finally:
+        for pid in with_env(f"PODKIT_JOB_ID={jid}"):
+            os.kill(pid, signal.SIGKILL)
