@@ -679,7 +679,8 @@ def up_cmd(gpu, count, image, volume_gb, disk_gb, name, key, deadline, poll, inv
         pod = provision.up(client, request, wait, say)
         name = provision.record(pod, name, inv, client, say, key=str(Path(key).resolve()) if key else None,
                                 remote_dir=remote_dir)
-    guard = _first_contact(name, inv, pod.id, plan, known_hosts, client, say) if accept_new else None
+        # ... and one stopped during its first contact is said to be billing (or, asked for a guard, stopped)
+        guard = _first_contact(name, inv, pod.id, plan, known_hosts, client, say) if accept_new else None
     if as_json:
         click.echo(json.dumps({**pod.to_json(), "inventory_name": name, "inventory": str(inv), "guard": guard}))
     else:
@@ -716,7 +717,7 @@ def _first_contact(name, inv: Path, pod_id: str, plan, known_hosts, client, say)
     be armed stops the pod (volume kept): it was asked not to bill unguarded."""
     import time
 
-    from podkit.pods import cost_guard
+    from podkit.pods import cost_guard, provision
     from podkit.pods.errors import Unreachable
     from podkit.pods.ownership import claim
 
@@ -738,9 +739,26 @@ def _first_contact(name, inv: Path, pod_id: str, plan, known_hosts, client, say)
                 return None
             claim(conn, rdir)  # the guard's files go in the project's .podkit/, with deploy's rules
             return cost_guard.install(conn, rdir, plan, pod_id, located[0].python)
-    except PodError as exc:
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM or SIGHUP (_stops_like_ctrl_c) while the new pod was reached
+        say = provision.quiet_on_hangup(say)
         if plan is None:
-            raise
+            say(f"\npod up: interrupted before the first contact; {name} ({pod_id}) is running and billing, recorded "
+                f"in {inv}; record its host key with: bin/pod probe {name} --accept-new; stop it: bin/pod down {name}")
+        else:
+            try:
+                client.stop(pod_id)
+                say(f"\npod up: interrupted before its cost guard was armed; stopped {name} ({pod_id}) so it does not "
+                    f"bill unguarded (its volume is kept); resume it in the RunPod console, then: bin/pod guard {name} ...")
+            except PodError as stop_exc:
+                say(f"\npod up: interrupted before its cost guard was armed, and stopping {name} ({pod_id}) failed "
+                    f"({stop_exc}): it is running and billing without a guard; stop it: bin/pod down {name}, or at "
+                    "runpod.io/console/pods")
+        raise SystemExit(130) from None  # not `re-run to continue`: a second `up` makes a second pod
+    except PodError as exc:
+        if plan is None:  # no guard asked for: the pod stays up, recorded; the error says it bills
+            raise PodError(f"{name} ({pod_id}) is up and billing, recorded in {inv}, but the first contact failed: "
+                           f"{exc.problem}", f"{exc.fix + '; ' if exc.fix else ''}then: bin/pod probe {name} --accept-new; "
+                           f"or stop it: bin/pod down {name}") from None
         try:
             client.stop(pod_id)
         except PodError as stop_exc:

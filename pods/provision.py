@@ -63,7 +63,7 @@ def _create(client: RunPodClient, request: PodRequest, say: Callable[[str], None
     except (KeyboardInterrupt, PodError) as exc:
         if isinstance(exc, PodError) and not _maybe_made(exc):
             raise  # RunPod answered: it refused, and made nothing
-        say = _quiet_on_hangup(say)  # after SIGHUP the terminal is gone: the check must still run
+        say = quiet_on_hangup(say)  # after SIGHUP the terminal is gone: the check must still run
         say(f"pod up: the create was cut short; checking whether RunPod made pod '{request.name}' anyway "
             f"(up to {CREATE_SETTLE_S:.0f}s; Ctrl-C again to stop checking)")
         found = _settle(client, request.name, before)
@@ -85,7 +85,7 @@ def _maybe_made(exc: PodError) -> bool:
         f"answered HTTP {code}" in exc.problem for code in (502, 503, 504, 524))
 
 
-def _quiet_on_hangup(say: Callable[[str], None]) -> Callable[[str], None]:
+def quiet_on_hangup(say: Callable[[str], None]) -> Callable[[str], None]:
     def safe(line: str) -> None:
         try:
             say(line)
@@ -178,11 +178,11 @@ def record(pod: Pod, name: str, inventory: Path, client: RunPodClient, say: Call
     except OSError as exc:  # an unrecorded pod is one `down` cannot find: do not leave it billing
         if written:
             raise
-        _terminate_quietly(client, pod.id, _quiet_on_hangup(say))
+        _terminate_quietly(client, pod.id, quiet_on_hangup(say))
         raise PodError(f"cannot record the pod in {inventory} ({exc.strerror}); terminated it", "fix the path or --inventory") from None
     except BaseException:  # stopped while waiting for the lock: it would bill unrecorded
         if not written:
-            _terminate_quietly(client, pod.id, _quiet_on_hangup(say))
+            _terminate_quietly(client, pod.id, quiet_on_hangup(say))
         raise
     if final != name:
         say(f"pod up: '{name}' was recorded by another bin/pod up meanwhile; this pod is '{final}'")

@@ -348,3 +348,64 @@ def test_a_create_that_times_out_and_a_check_that_fails_still_say_what_may_bill(
     finally:
         fake.stop()
     assert "stopped checking" in said[-1] and "terminate it at runpod.io/console/pods (it bills)" in said[-1], said
+
+
+@pytest.mark.parametrize("guard", [(), ("--idle-stop", "30")])
+def test_an_up_stopped_during_its_first_contact_says_the_pod_bills_or_stops_it(tmp_path, fake, guard):
+    """Review 2026-11-25: `up --accept-new` interrupted while it waited for the new pod's sshd ("does not answer yet;
+    trying again in 5 s") said only 'interrupted (... re-run to continue)': the pod ran on, billing, with no word of
+    it (a re-run makes a second pod), and one that was asked for a guard billed without one. Its first contact
+    failing for good was the bare SSH error, nothing saying the pod was up."""
+    import signal
+    import time
+
+    from sshd_harness import free_port
+
+    fake.ssh_port = free_port()  # RunPod mapped the port; the container's sshd is not listening yet
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env |= {"RUNPOD_API_BASE_URL": fake.url, "RUNPOD_API_KEY": KEY}
+    proc = subprocess.Popen([str(ROOT / "bin" / "pod"), "up", "--gpu", "RTX 4090", "--name", "fc", "--accept-new",
+                             "--known-hosts", str(tmp_path / "known_hosts"), *guard, *FAST], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    err = ""
+    try:
+        while "does not answer yet" not in err and proc.poll() is None:
+            err += proc.stderr.readline()
+        proc.send_signal(signal.SIGINT)
+        out, rest = proc.communicate(timeout=60)
+        err += rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130 and "Traceback" not in err and "re-run" not in err, err
+    assert "pod_id = \"fake0001xyz\"" in (tmp_path / "pods.toml").read_text()  # recorded: down finds it
+    if guard:
+        assert fake.ops("podStop") == [{"input": {"podId": "fake0001xyz"}}], err
+        assert "stopped fc (fake0001xyz) so it does not bill unguarded" in err, err
+    else:
+        assert fake.ops("podStop") == [] and fake.pods["fake0001xyz"]["desiredStatus"] == "RUNNING"
+        assert "fc (fake0001xyz) is running and billing" in err and "stop it: bin/pod down fc" in err, err
+
+
+def test_a_first_contact_that_fails_says_the_new_pod_bills(tmp_path, fake, monkeypatch):
+    """The same pod whose sshd never answers (or offers an unexpected key): one line, exit 2, naming the pod as up,
+    billing and how to stop it (it was the bare SSH error)."""
+    from click.testing import CliRunner
+
+    from podkit.pods import cli
+    from podkit.pods.errors import Unreachable
+
+    def unreachable(*_a, **_k):
+        raise Unreachable("connection refused by 127.0.0.1:1", "check the pod is running")
+
+    monkeypatch.setattr(cli, "connect", unreachable)
+    monkeypatch.setattr("time.sleep", lambda _s: None)
+    monkeypatch.setenv("RUNPOD_API_BASE_URL", fake.url)
+    monkeypatch.setenv("RUNPOD_API_KEY", KEY)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli.main, ["up", "--gpu", "RTX 4090", "--name", "fc", "--accept-new", *FAST])
+    assert result.exit_code == 2, result.output
+    line = [x for x in result.output.splitlines() if x.startswith("error: ")]
+    assert len(line) == 1 and "fc (fake0001xyz) is up and billing" in line[0] and "connection refused" in line[0]
+    assert "bin/pod down fc" in line[0] and fake.pods["fake0001xyz"]["desiredStatus"] == "RUNNING"
