@@ -546,11 +546,12 @@ def attach_cmd(host, job_id, as_json, pods: PodArgs):
 @pod_options
 @guarded
 def stop_cmd(host, job_id, grace, as_json, pods: PodArgs):
-    """Stop a detached job and every process it started (workers included). Default: the newest job."""
+    """Stop a detached job and every process it started (workers included). Default: the newest running job
+    (the newest job when none runs)."""
     if job_id:
         remote_jobs.valid_id(job_id)
     with pods.one(host, err=as_json) as (conn, spec, *_):
-        job_id = job_id or _newest(conn, spec)
+        job_id = job_id or _newest(conn, spec, running=True)
         remote_jobs.require(conn, job_id)  # before saying it stops one
         click.echo(f"stopping job {job_id} on {spec.name}: SIGTERM to its processes, SIGKILL to what is left after "
                    f"{grace:g} s", err=True)
@@ -568,8 +569,10 @@ def stop_cmd(host, job_id, grace, as_json, pods: PodArgs):
     sys.exit(0 if stopped else 1)
 
 
-def _newest(conn: PodConnection, spec: HostSpec) -> str:
-    job = remote_jobs.newest(conn)
+def _newest(conn: PodConnection, spec: HostSpec, running: bool = False) -> str:
+    """The newest job's id; with `running`, the newest of those still running, if any: `bin/pod stop HOST` after a
+    quick `bin/pod run HOST -- nvidia-smi` beside a training job stops the training, not the finished check."""
+    job = remote_jobs.newest(conn, running=running)
     if job is None:
         raise PodError(f"no jobs on {spec.name}", "start one with: bin/pod run HOST -- COMMAND")
     return job.id

@@ -163,9 +163,12 @@ def stop(conn: PodConnection, job_id: str, grace: float = 30.0) -> str:
     return (result.stdout.strip().splitlines() or ["stopped"])[0]
 
 
-def newest(conn: PodConnection) -> Job | None:
-    """The job started last (by its start time, not its name)."""
+def newest(conn: PodConnection, running: bool = False) -> Job | None:
+    """The job started last (by its start time, not its name); with `running`, the last of those still running
+    when any is."""
     jobs = list_jobs(conn)
+    if running and any(j.state == "running" for j in jobs):
+        jobs = [j for j in jobs if j.state == "running"]
     return max(jobs, key=lambda j: j.started) if jobs else None
 
 

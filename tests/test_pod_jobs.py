@@ -488,3 +488,22 @@ def test_stop_ends_what_an_exited_job_left_running_and_jobs_shows_it(world):
     finally:
         for pid in with_env(f"PODKIT_JOB_ID={jid}"):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_stop_without_an_id_stops_the_running_job_not_a_later_one_that_exited(world):
+    """Review 2026-11-25: `bin/pod run -d HOST -- train`, then a quick `bin/pod run HOST -- nvidia-smi` beside it, then
+    `bin/pod stop HOST`: the default was the newest job, the finished check ('already exited 0', exit 0), and the
+    training ran on, billing, while the user took it for stopped."""
+    train, check = f"train-{uuid.uuid4().hex[:8]}", f"check-{uuid.uuid4().hex[:8]}"
+    assert cli(world, "run", *args(world), "--id", train, "-d", world.pod.spec, "--", "sleep", "600").returncode == 0
+    try:
+        assert cli(world, "run", *args(world), "--id", check, world.pod.spec, "--", "true").returncode == 0
+        stopped = cli(world, "stop", world.pod.spec, *args(world), "--grace", "2", "--json")
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert _strict(stopped.stdout)["job"] == train, stopped.stdout
+        assert wait_for(lambda: not with_env(f"PODKIT_JOB_ID={train}"), 10), "the training runs on"
+        again = cli(world, "stop", world.pod.spec, *args(world), "--json")  # none runs: the newest, as before
+        assert _strict(again.stdout)["job"] == check and _strict(again.stdout)["result"] == "already exited 0"
+    finally:
+        for pid in with_env(f"PODKIT_JOB_ID={train}"):
+            os.kill(pid, signal.SIGKILL)
