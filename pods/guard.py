@@ -41,6 +41,7 @@ import urllib.request
 
 KEY_VAR, POD_VAR, BASE_VAR = "RUNPOD_API_KEY", "RUNPOD_POD_ID", "RUNPOD_API_BASE_URL"
 FINAL_WAIT_S = 30.0  # the longest pause between checks: a guard of hours needs no finer clock
+RUNPODCTL_TIMEOUT_S = 120.0  # runpodctl's own HTTP client may wait on a dead network for good
 
 
 def log(d: str, line: str) -> None:
@@ -142,10 +143,15 @@ def stop_pod(pod_id: str) -> str:
         errors.append(f"no {KEY_VAR} in the pod's environment")
     runpodctl = shutil.which("runpodctl")
     if runpodctl:
-        out = subprocess.run([runpodctl, "stop", "pod", pod_id], capture_output=True, text=True, timeout=120)
-        if out.returncode == 0:
-            return "runpodctl stop pod"
-        errors.append(f"runpodctl stop pod: {(out.stderr or out.stdout).strip()[:200]}")
+        try:
+            out = subprocess.run([runpodctl, "stop", "pod", pod_id], capture_output=True, text=True,
+                                 timeout=RUNPODCTL_TIMEOUT_S)
+        except (OSError, subprocess.SubprocessError) as exc:  # hung on the network, or not runnable: retried, not fatal
+            errors.append(f"runpodctl stop pod: {exc}")
+        else:
+            if out.returncode == 0:
+                return "runpodctl stop pod"
+            errors.append(f"runpodctl stop pod: {(out.stderr or out.stdout).strip()[:200]}")
     else:
         errors.append("no runpodctl on PATH")
     raise RuntimeError("; ".join(errors))
@@ -200,8 +206,11 @@ def main(d: str) -> int:
             try:
                 how = stop_pod(pod_id)
             except RuntimeError as exc:  # keep trying: a guard that gives up lets the pod bill
-                log(d, f"{reason}; stopping FAILED: {exc}; retrying")
-                write_state(d, status="stop-failing", reason=reason, error=str(exc)[:300])
+                try:  # a full disk (checkpoints) must not end the retries either
+                    log(d, f"{reason}; stopping FAILED: {exc}; retrying")
+                    write_state(d, status="stop-failing", reason=reason, error=str(exc)[:300])
+                except OSError:
+                    pass
                 time.sleep(backoff)
                 backoff = min(60.0, backoff * 2)
                 continue

@@ -230,3 +230,21 @@ def test_a_stop_that_fails_keeps_retrying_and_shows_in_ls(tmp_path):
         assert wait_for(lambda: not alive(pid), 10)
     finally:
         w.stop()
+
+
+def test_a_runpodctl_that_hangs_is_a_stop_to_retry_not_the_end_of_the_guard(tmp_path, monkeypatch):
+    """Review 2026-11-25: with the API out of reach from the pod (a network outage: the likeliest reason a stop
+    fails), the fallback `runpodctl stop pod` can hang on that same network; past its timeout subprocess raised
+    TimeoutExpired, which nothing caught: the watchdog died and the pod billed on unguarded. It is now one more
+    failed attempt, retried like the others."""
+    from podkit.pods import guard
+
+    ctl = tmp_path / "runpodctl"
+    ctl.write_text("#!/bin/sh\nexec sleep 5\n")  # then exits 0: a stop that 'succeeds' long after the timeout
+    ctl.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.delenv("RUNPOD_API_KEY", raising=False)
+    monkeypatch.setattr(guard, "pid1_env", lambda _name: "")
+    monkeypatch.setattr(guard, "RUNPODCTL_TIMEOUT_S", 0.5, raising=False)
+    with pytest.raises(RuntimeError, match=r"runpodctl stop pod: .*timed out after 0.5 seconds"):
+        guard.stop_pod("fake0001xyz")
