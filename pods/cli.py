@@ -458,8 +458,17 @@ def _follow(conn: PodConnection, again: str, job_id: str, as_json: bool, job: di
     except remote_jobs.NoSuchJob:
         raise
     except PodError as exc:
-        raise PodError(f"{exc.problem}; job {job_id} keeps running on the pod",
-                       f"re-attach: bin/pod attach {again} {job_id} (its output again from the start)") from None
+        fault = PodError(f"{exc.problem}; job {job_id} keeps running on the pod",
+                         f"re-attach: bin/pod attach {again} {job_id} (its output again from the start)")
+        if not as_json:
+            raise fault from None
+        # --json: the job's object, as on a Ctrl-C, so a script has the id to re-attach to (the bad-input object
+        # alone named it only in prose)
+        error = ConfigError("", fault.problem, fault.fix).to_json()["error"]
+        click.echo(json.dumps({"ok": False, **job, "detached": True, "exit_code": None, "error": {**error, "host": ""}},
+                              indent=2))
+        click.echo(f"error: {fault}", err=True)
+        sys.exit(2)
     except KeyboardInterrupt:
         _left_running(again, job_id, as_json, job)
     except OutputClosed:

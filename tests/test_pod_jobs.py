@@ -507,3 +507,34 @@ def test_stop_without_an_id_stops_the_running_job_not_a_later_one_that_exited(wo
     finally:
         for pid in with_env(f"PODKIT_JOB_ID={train}"):
             os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("command", ["run", "attach"])
+def test_a_dropped_link_while_following_under_json_names_the_job_that_runs_on(world, command):
+    """Review 2026-11-25: `bin/pod run --json` (or attach --json) whose link dropped mid-run printed the bad-input
+    object, which named the job only in the prose of its message: a script had no id to re-attach to."""
+    jid = f"drop-{command}-{uuid.uuid4().hex[:6]}"
+    ticking = ["bash", "-c", "for i in $(seq 1 600); do echo tick $i; sleep 0.1; done"]
+    if command == "attach":
+        assert cli(world, "run", *args(world), "--id", jid, "-d", world.pod.spec, "--", *ticking).returncode == 0
+        follow = ["attach", "--known-hosts", str(world.known_hosts), world.pod.spec, *args(world), jid, "--json"]
+    else:
+        follow = ["run", "--known-hosts", str(world.known_hosts), *args(world), "--id", jid, "--json", world.pod.spec,
+                  "--", *ticking]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.Popen([str(world.project / "bin" / "pod"), *follow], cwd=world.project, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_for(lambda: with_env(f"PODKIT_JOB_ID={jid}"), timeout=60)
+        time.sleep(1.5)  # following: the output streams
+        world.pod.drop_connections()
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 2 and "Traceback" not in err, err
+        data = _strict(out)
+        assert (data["ok"], data["job"], data["exit_code"]) == (False, jid, None), data
+        assert "dropped" in data["error"]["problem"] and f"keeps running" in data["error"]["problem"], data
+        assert with_env(f"PODKIT_JOB_ID={jid}"), "the job was stopped"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        cli(world, "stop", world.pod.spec, *args(world), jid, "--grace", "1")
