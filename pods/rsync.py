@@ -7,6 +7,7 @@ partial file on the next run instead of starting over.
 from __future__ import annotations
 
 import os
+import posixpath
 import re
 import shutil
 import subprocess
@@ -48,15 +49,17 @@ def remote_target(conn: PodConnection, path: str) -> str:
 
 def run_rsync(conn: PodConnection, args: list[str], *, what: str, progress: Callable[[str], None] | None = None,
               bwlimit: int | None = None, disk_full: Callable[[], bool] | None = None,
-              written: set[str] | None = None) -> TransferStats:
+              written: set[str] | None = None, under: str = "") -> TransferStats:
     """rsync with `args`; `disk_full` checks the receiving side when rsync fails without saying why; `written`
     receives what it writes (files, links and directories, relative to the destination) as it goes, so it holds
-    them also when the transfer is cut."""
+    them also when the transfer is cut. `under` is the destination's own path where the caller names paths from
+    a directory above it (fetch's runs/ in pod-logs/<pod>/): written's names and the errors' start with it."""
     if not shutil.which("rsync"):
         raise PodError("rsync is not installed on this machine", "install it (apt-get install rsync / brew install rsync)")
     try:
         with RshServer(conn) as server:
-            return _run(conn, server, args, what=what, progress=progress, bwlimit=bwlimit, written=written)
+            return _run(conn, server, args, what=what, progress=progress, bwlimit=bwlimit, written=written,
+                        under=under)
     except PodError as exc:
         # rsync's own message can be lost when the receiver dies mid-stream (seen with a full
         # disk: exit 11 and nothing on stderr), so ask the disk itself before blaming rsync.
@@ -69,7 +72,7 @@ WROTE = "podkit-wrote:"  # --out-format's prefix for each item written (`names`)
 
 
 def _run(conn: PodConnection, server: RshServer, args: list[str], *, what: str, progress, bwlimit,
-         written: set[str] | None = None) -> TransferStats:
+         written: set[str] | None = None, under: str = "") -> TransferStats:
     argv = ["rsync", "--partial-dir=" + PARTIAL_DIR, "--protect-args", "--stats", "-e", server.rsh()]
     if progress is not None:
         argv.append("--info=progress2")
@@ -92,7 +95,7 @@ def _run(conn: PodConnection, server: RshServer, args: list[str], *, what: str, 
                 *pieces, pending = re.split(rb"[\r\n]", pending + chunk)
                 for piece in pieces:
                     if written is not None and piece.startswith(WROTE.encode()):
-                        written.add(_out_name(piece[len(WROTE):]))
+                        written.add(_under(under, _out_name(piece[len(WROTE):])))
                         continue
                     text = piece.decode(errors="replace").strip()
                     if progress is not None and re.match(r"^[\d,]+\s+\d+%", text):
@@ -108,7 +111,7 @@ def _run(conn: PodConnection, server: RshServer, args: list[str], *, what: str, 
     stats.seconds = time.monotonic() - start
     if proc.returncode in (0, 24):  # 24: a source file vanished mid-transfer (a log rotated); fine
         return stats
-    raise _describe(proc.returncode, err, conn, what)
+    raise _describe(proc.returncode, err, conn, what, under)
 
 
 def _out_name(raw: bytes) -> str:
@@ -119,6 +122,11 @@ def _out_name(raw: bytes) -> str:
     return os.fsdecode(raw).rstrip("/")
 
 
+def _under(under: str, name: str) -> str:
+    """`name`, relative to the destination, as a path from the directory above it ("." is `under` itself)."""
+    return posixpath.normpath(posixpath.join(under, name)) if under else name
+
+
 def _parse_stats(text: str) -> TransferStats:
     def number(label: str) -> int:
         m = re.search(rf"{label}:\s*([\d,]+)", text)
@@ -127,7 +135,7 @@ def _parse_stats(text: str) -> TransferStats:
     return TransferStats(files=number("Number of regular files transferred"), bytes=number("Literal data"))
 
 
-def _describe(code: int, err: str, conn: PodConnection, what: str) -> PodError:
+def _describe(code: int, err: str, conn: PodConnection, what: str, under: str = "") -> PodError:
     ep = conn.endpoint
     if conn.frozen is not None:
         return PodError(f"{what}: {conn.frozen.problem}", conn.frozen.fix)
@@ -145,8 +153,8 @@ def _describe(code: int, err: str, conn: PodConnection, what: str) -> PodError:
     blocked = [m.group(1) for line in lines for m in [re.search(r"(?:could not make way for new [a-z ]+|cannot "
                                                                r"delete non-empty directory): (.+)$", line)] if m]
     if blocked:
-        return PodError(f"{what}: {blocked[-1]} is a file on one side and a directory on the other, so it was not "
-                        "transferred (the rest was)", "move the receiving side's copy away, then re-run")
+        return PodError(f"{what}: {_under(under, blocked[-1])} is a file on one side and a directory on the other, "
+                        "so it was not transferred (the rest was)", "move the receiving side's copy away, then re-run")
     if own and conn.alive:  # rsync's own complaint (a bad option, a missing directory), not the link
         return PodError(f"{what}: {own[0]}", "see rsync's message")
     if told:  # the relay's own diagnosis (pods/rsh.py), e.g. a login shell that never started
