@@ -11,6 +11,12 @@ podkit's fetch) count as the user's too: podkit cannot tell them apart. A newer 
 replaced by an older remote one (--update), and nothing local is deleted. A runs/ or logs/ that is a
 symlink is refused (rsync would replace it, and from 3.4 it opens no path through one): --dest
 puts pod-logs on another disk instead.
+
+On the pod, runs/ or logs/ may be a symlink to a directory (on RunPod, runs/ is often linked to the
+/workspace volume): it is followed, and what is under it comes back as under a directory. A symlink
+below runs/ or logs/ comes back as a link, never followed (one may point at .podkit/env). A runs/ or
+logs/ missing on the pod is nothing to fetch; one that is a symlink to nothing, or a file, is an error
+once the other has come back.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shlex
 import shutil
 import stat
 import tempfile
@@ -30,8 +37,7 @@ from podkit.pods.connection import PodConnection
 from podkit.pods.errors import PodError
 from podkit.pods.rsync import PARTIAL_DIR, TransferStats, remote_target, run_rsync
 
-FETCHED = ["/runs/***", "/logs/***"]
-TOPS = ("runs", "logs")
+TOPS = ("runs", "logs")  # fetched in this order: runs/ holds the big files, so the progress shown is mostly its
 RECORD = ".podkit-fetched.json"
 LOCK = ".podkit-fetch.lock"
 PART = ".podkit-part"  # fetch_sftp's file in flight
@@ -83,20 +89,29 @@ def _fetch(conn: PodConnection, remote_dir: str, local: Path, rsync_on_pod: bool
     record, before = _read_record(local), _local_entries(local)
     kept = {rel for rel, now in before.items() if record.get(rel) != now}
     written: set[str] = set()  # filled as the transfer goes, so a cut one still says what arrived
+    start = time.monotonic()
+    found = _tops_on_pod(conn, remote_dir)
+    # a top the pod does not have is nothing to fetch; without an answer (the project directory itself cannot
+    # be entered), each is tried and rsync says what is wrong
+    tops = [top for top in TOPS if found is None or found[top][0] == "dir"]
     try:
         if not rsync_on_pod:
-            stats = fetch_sftp(conn, remote_dir, local, kept, written)
+            stats = fetch_sftp(conn, remote_dir, local, kept, written, tops=tops)
         else:
-            with tempfile.NamedTemporaryFile("wb", prefix="podkit-kept-", suffix=".rules") as rules:
-                rules.write(b"".join(_exclude_rule(rel) + b"\0" for rel in sorted(kept)))
-                rules.flush()
-                # --from0: the rules file is NUL-separated, so a name may hold a newline. Excludes come first:
-                # the first matching rule wins.
-                args = ["-rlptz", "--update", "--from0", f"--exclude-from={rules.name}",
-                        *[f"--include={p}" for p in FETCHED], "--exclude=*",
-                        remote_target(conn, remote_dir.rstrip("/") + "/"), f"{local}/"]
-                stats = run_rsync(conn, args, what="fetch", progress=progress, bwlimit=bwlimit, written=written,
-                                  disk_full=lambda: shutil.disk_usage(local).free < 2**20)
+            stats, failed = TransferStats(), []
+            for top in tops:
+                try:
+                    one = _fetch_top(conn, remote_dir, local, top, kept, written, progress, bwlimit)
+                except PodError as exc:
+                    if not conn.alive:
+                        raise
+                    # the link is up (a name that is a file on one side and a directory on the other, say): the
+                    # other top still comes back, as it did when one rsync carried both
+                    failed.append(exc)
+                    continue
+                stats.files, stats.bytes = stats.files + one.files, stats.bytes + one.bytes
+            if failed:
+                raise failed[0]
     except BaseException:
         # also after a cut transfer: what did arrive is podkit's, and the next run must know it; a record that
         # cannot be written even then leaves the error that stopped the fetch to be reported
@@ -110,8 +125,69 @@ def _fetch(conn: PodConnection, remote_dir: str, local: Path, rsync_on_pod: bool
     except OSError as exc:
         raise PodError(f"fetch: the files came back, but {local / RECORD} could not be written ({exc.strerror})",
                        "free space there and re-run; until then the next fetch keeps what came back as yours") from None
+    stats.seconds = time.monotonic() - start
     stats.kept = sorted(rel + "/" if before[rel] == DIR else rel for rel in kept)
+    for top in TOPS:
+        if found is not None and found[top][0] in ("dangling", "file"):
+            raise _not_a_directory(remote_dir, top, *found[top], tops)
     return stats
+
+
+def _fetch_top(conn: PodConnection, remote_dir: str, local: Path, top: str, kept: set[str], written: set[str],
+               progress: Callable[[str], None] | None, bwlimit: int | None) -> TransferStats:
+    """One rsync of the pod's `top` (runs or logs) into local/top. The source's trailing slash makes rsync enter
+    it, so a top that is a symlink to a directory is followed; -l keeps every link below it a link."""
+    prefix = top + "/"
+    with tempfile.NamedTemporaryFile("wb", prefix="podkit-kept-", suffix=".rules") as rules:
+        # the user's paths under this top, anchored at the transfer's root: local/top
+        rules.write(b"".join(_exclude_rule(rel[len(prefix):]) + b"\0" for rel in sorted(kept)
+                             if rel.startswith(prefix)))
+        rules.flush()
+        # --from0: the rules file is NUL-separated, so a name may hold a newline.
+        args = ["-rlptz", "--update", "--from0", f"--exclude-from={rules.name}",
+                remote_target(conn, f"{remote_dir.rstrip('/')}/{top}/"), f"{local / top}/"]
+        return run_rsync(conn, args, what="fetch", progress=progress, bwlimit=bwlimit, written=written, under=top,
+                         disk_full=lambda: shutil.disk_usage(local).free < 2**20)
+
+
+# For each top: its kind (dir, none, dangling, file) and, for a symlink, where it points. Run in the project
+# directory; exit 3 when that cannot be entered.
+_TOPS_SCRIPT = """cd -- {d} 2>/dev/null || exit 3
+for top in {tops}; do
+  if [ -d "$top" ]; then kind=dir
+  elif [ -L "$top" ] && ! [ -e "$top" ]; then kind=dangling
+  elif [ -e "$top" ] || [ -L "$top" ]; then kind=file
+  else kind=none; fi
+  printf '%s %s %s\\n' "$top" "$kind" "$(readlink -- "$top" 2>/dev/null | head -n 1)"
+done"""
+
+
+def _tops_on_pod(conn: PodConnection, remote_dir: str) -> dict[str, tuple[str, str]] | None:
+    """What runs/ and logs/ are on the pod, each (kind, where its symlink points or ""): "dir" (a directory, or a
+    symlink to one), "none", "dangling" (a symlink to nothing), "file" (anything else); None when the project
+    directory cannot be entered or the answer cannot be read."""
+    result = conn.run(_TOPS_SCRIPT.format(d=shlex.quote(remote_dir), tops=" ".join(TOPS)), prelude=False)
+    found = {}
+    for line in result.stdout.splitlines():
+        top, _, rest = line.partition(" ")
+        kind, _, target = rest.partition(" ")
+        if top in TOPS and kind in ("dir", "none", "dangling", "file"):
+            found[top] = (kind, target)
+    return found if result.ok and set(found) == set(TOPS) else None
+
+
+def _not_a_directory(remote_dir: str, top: str, kind: str, target: str, fetched: list[str]) -> PodError:
+    """The one line for a top that is a symlink to nothing, or not a directory: an error rather than a note, since
+    the pod's runs are then not where the user keeps them, and a fetch that exits 0 reads as "all safe here"."""
+    where = f"{remote_dir.rstrip('/')}/{top}"
+    if kind == "dangling":
+        what, fix = f"is a symlink to {target}, which does not exist or cannot be reached", \
+            "mount or restore what it points to (a volume not attached?), or remove the link, then re-run"
+    else:
+        what = f"is a symlink to {target}, which is not a directory" if target else "is a file, not a directory"
+        fix = f"the pod's {top}/ must be a directory (or a symlink to one): move it away, then re-run"
+    rest = f" ({', '.join(t + '/' for t in fetched)} did)" if fetched else ""
+    return PodError(f"fetch: {where} on the pod {what}, so nothing under {top}/ came back{rest}", fix)
 
 
 def theirs(local: Path) -> set[str]:
@@ -204,9 +280,10 @@ def _exclude_rule(rel: str) -> bytes:
 
 
 def fetch_sftp(conn: PodConnection, remote_dir: str, local: Path, kept: set[str] = frozenset(),
-               written: set[str] | None = None) -> TransferStats:
-    """Without rsync on the pod: walk runs/ and logs/ over SFTP, same rules (the user's files and directories kept,
-    a newer local file never replaced); `written` receives what it writes, as it goes."""
+               written: set[str] | None = None, tops: list[str] | tuple[str, ...] = TOPS) -> TransferStats:
+    """Without rsync on the pod: walk `tops` (runs/ and logs/) over SFTP, same rules (the user's files and
+    directories kept, a newer local file never replaced); `written` receives what it writes, as it goes. A top
+    that is a symlink to a directory is followed (listdir_attr opens the path); links below it stay links."""
     start = time.monotonic()
     sftp = conn.sftp()
     stats = TransferStats()
@@ -258,7 +335,7 @@ def fetch_sftp(conn: PodConnection, remote_dir: str, local: Path, kept: set[str]
             stats.bytes += entry.st_size
 
     try:
-        for top in TOPS:
+        for top in tops:
             walk(top)
     except (EOFError, OSError) as exc:
         if conn.frozen is not None:

@@ -484,6 +484,139 @@ def test_fetch_onto_a_full_disk_still_records_what_came_back(world, tmp_path):
         shutil.rmtree(run, ignore_errors=True)
 
 
+def _pod_with_linked_runs(world, name: str) -> tuple[Path, Path]:
+    """A project directory on the pod whose runs/ is a symlink to a directory outside it, as RunPod users link
+    runs/ to the /workspace volume: one run with two files, a symlink to the project's .podkit/env (secrets) and
+    a relative one; logs/ a real directory with one log. Its own directory, so the module's pod is left alone."""
+    remote, volume = world.base / "pod-side" / name, world.base / "volume" / name / "runs"
+    run = volume / "r1"
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text('{"status": "pass"}\n')
+    (run / "notes.log").write_text("pod v1\n")
+    (remote / ".podkit").mkdir(parents=True)
+    (remote / ".podkit" / "env").write_text("export HF_TOKEN=hf_LINKEDsecret\n")
+    (run / "env").symlink_to(remote / ".podkit" / "env")
+    (run / "latest").symlink_to("summary.json")
+    (remote / "runs").symlink_to(volume)
+    (remote / "logs").mkdir()
+    (remote / "logs" / "job.log").write_text("ran\n")
+    return remote, volume
+
+
+def _fetch_args(world, remote: Path, dest: Path) -> list[str]:
+    return ["--key", str(world.pod.client_key), "--remote-dir", str(remote), "--python", sys.executable,
+            "--dest", str(dest)]
+
+
+def _followed(local: Path, remote: Path) -> None:
+    """What came back of _pod_with_linked_runs: runs/ a real directory of regular files, its links still links
+    (the secret's never followed), logs/ too; each recorded as podkit's."""
+    from podkit.pods.fetch import RECORD
+
+    r1 = local / "runs" / "r1"
+    assert not (local / "runs").is_symlink() and r1.is_dir() and not r1.is_symlink()
+    for name, text in (("summary.json", '{"status": "pass"}\n'), ("notes.log", "pod v1\n")):
+        assert not (r1 / name).is_symlink() and (r1 / name).read_text() == text, name
+    assert (r1 / "env").is_symlink() and os.readlink(r1 / "env") == str(remote / ".podkit" / "env")
+    assert (r1 / "latest").is_symlink() and os.readlink(r1 / "latest") == "summary.json"
+    assert (local / "logs" / "job.log").read_text() == "ran\n"
+    for dirpath, _, filenames in os.walk(local):
+        for name in filenames:
+            path = Path(dirpath) / name
+            assert path.is_symlink() or "hf_LINKEDsecret" not in path.read_text(errors="replace"), path
+    record = json.loads((local / RECORD).read_text())["files"]
+    assert {"runs/r1", "runs/r1/summary.json", "runs/r1/notes.log", "runs/r1/env", "runs/r1/latest",
+            "logs/job.log"} <= set(record), sorted(record)
+
+
+@pytest.mark.parametrize("rsync_on_pod", [True, False], ids=["rsync", "sftp"])
+def test_fetch_follows_a_runs_that_is_a_symlink_on_the_pod(world, rsync_on_pod):
+    """runs/ on the pod a symlink to a directory outside the project: its files come back as regular files under
+    pod-logs/<pod>/runs/, a link inside it as a link. rsync's one transfer of the project directory matched
+    /runs/*** only as a directory, so it skipped the link, brought nothing of the runs, and reported success.
+    SFTP already followed it; both now say in one line when runs/ is a symlink to nothing, after logs/ came back."""
+    from podkit.pods.errors import PodError
+    from podkit.pods.fetch import fetch
+
+    name = "linked-" + ("rsync" if rsync_on_pod else "sftp")
+    remote, volume = _pod_with_linked_runs(world, name)
+    local = world.base / f"{name}-logs" / "pod"
+    with PodConnection(resolve(parse_host(world.pod.spec, key=str(world.pod.client_key))),
+                       known_hosts=world.known_hosts) as conn:
+        stats = fetch(conn, str(remote), local, rsync_on_pod=rsync_on_pod)
+        assert stats.files == (3 if rsync_on_pod else 5), stats  # rsync counts regular files only, SFTP links too
+        _followed(local, remote)
+        assert fetch(conn, str(remote), local, rsync_on_pod=rsync_on_pod).files == 0  # nothing moves again
+
+        # the volume not mounted: runs/ a symlink to nothing. One line, after logs/ came back; the local copy stays
+        (remote / "runs").unlink()
+        (remote / "runs").symlink_to(world.base / "volume" / name / "not-mounted")
+        (remote / "logs" / "later.log").write_text("later\n")
+        with pytest.raises(PodError) as raised:
+            fetch(conn, str(remote), local, rsync_on_pod=rsync_on_pod)
+    assert "runs on the pod is a symlink to" in str(raised.value) and "does not exist" in str(raised.value)
+    assert "(logs/ did)" in str(raised.value), str(raised.value)
+    assert (local / "logs" / "later.log").read_text() == "later\n"
+    assert (local / "runs" / "r1" / "summary.json").read_text() == '{"status": "pass"}\n'
+
+
+def test_fetch_of_a_pod_runs_that_is_a_symlink_to_nothing_or_a_file_is_one_line(world):
+    """bin/pod fetch-logs when runs/ on the pod is not a directory: one line naming it and what it points to,
+    exit 2, --json's ok false, and logs/ still fetched; runs/ missing altogether is nothing to fetch, exit 0."""
+    remote, volume = _pod_with_linked_runs(world, "linked-broken")
+    dest = world.base / "linked-broken-logs"
+    args = _fetch_args(world, remote, dest)
+    local = dest / f"127.0.0.1-{world.pod.port}"
+    (remote / "runs").unlink()
+    (remote / "runs").symlink_to(volume / "gone")
+    line = one_line_error(cli(world, "fetch-logs", world.pod.spec, *args))
+    assert f"{remote}/runs on the pod is a symlink to {volume / 'gone'}, which does not exist" in line, line
+    assert "(logs/ did)" in line and (local / "logs" / "job.log").read_text() == "ran\n"
+    (remote / "runs").unlink()
+    (remote / "runs").symlink_to(volume / "r1" / "summary.json")
+    out = cli(world, "fetch-logs", world.pod.spec, *args, "--json")
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    report = json.loads(out.stdout)
+    assert report["ok"] is False and "which is not a directory" in report["pods"][0]["error"], report
+    (remote / "runs").unlink()
+    (remote / "runs").write_text("not a directory\n")
+    assert "runs on the pod is a file, not a directory" in one_line_error(cli(world, "fetch-logs", world.pod.spec,
+                                                                                 *args))
+    (remote / "runs").unlink()
+    missing = cli(world, "fetch-logs", world.pod.spec, *args)
+    assert missing.returncode == 0 and "0 files changed" in missing.stdout, missing.stdout + missing.stderr
+    assert not (local / "runs").exists()
+
+
+def test_fetch_rerun_keeps_a_users_file_inside_a_runs_linked_on_the_pod(world):
+    """The user's edit of a fetched file under a runs/ that is a symlink on the pod (and one under logs/) is kept
+    when the pod's copy is newer; podkit's own copies next to it update. Each top is its own transfer, so the rule
+    that keeps the file is anchored at that top."""
+    remote, volume = _pod_with_linked_runs(world, "linked-kept")
+    dest = world.base / "linked-kept-logs"
+    args = _fetch_args(world, remote, dest)
+    local = dest / f"127.0.0.1-{world.pod.port}"
+    odd = "notes [v1]*.log"  # rsync's wildcard characters: the re-anchored rule must still match it alone
+    (volume / "r1" / odd).write_text("pod v1\n")
+    first = cli(world, "fetch-logs", world.pod.spec, *args, "--json")
+    assert first.returncode == 0 and json.loads(first.stdout)["pods"][0]["kept"] == [], first.stdout + first.stderr
+    _followed(local, remote)
+
+    for path in (local / "runs" / "r1" / "notes.log", local / "runs" / "r1" / odd, local / "logs" / "job.log"):
+        path.write_text("MY EDIT\n")
+    later = time.time() + 60
+    for path in (volume / "r1" / "notes.log", volume / "r1" / odd, volume / "r1" / "summary.json",
+                 remote / "logs" / "job.log"):
+        path.write_text("pod v2\n")
+        os.utime(path, (later, later))
+    again = cli(world, "fetch-logs", world.pod.spec, *args, "--json")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert json.loads(again.stdout)["pods"][0]["kept"] == ["logs/job.log", f"runs/r1/{odd}", "runs/r1/notes.log"]
+    assert (local / "runs" / "r1" / "summary.json").read_text() == "pod v2\n"
+    for path in (local / "runs" / "r1" / "notes.log", local / "runs" / "r1" / odd, local / "logs" / "job.log"):
+        assert path.read_text() == "MY EDIT\n", path
+
+
 def test_run_says_which_local_files_changed_since_the_last_deploy(world):
     """The job runs the pod's deployed copy: bin/pod run names the files changed here since that deploy."""
     pod = world.pod
