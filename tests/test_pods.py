@@ -449,8 +449,11 @@ def test_fetch_review_2026_11_25(world):
     assert cli(world, "fetch-logs", pod.spec, *args).returncode == 0
     shutil.rmtree(run / "sub")
     (run / "sub").write_text("now a file\n")
+    (remote / "logs" / "after-blocked.log").write_text("still fetched\n")  # "the rest was": logs/ too
     line = one_line_error(cli(world, "fetch-logs", pod.spec, *args))
     assert "runs/rv/sub is a file on one side and a directory on the other" in line, line
+    assert (local / "logs" / "after-blocked.log").read_text() == "still fetched\n"
+    (remote / "logs" / "after-blocked.log").unlink()
     shutil.rmtree(run)
 
 
