@@ -366,12 +366,34 @@ def test_a_second_ctrl_c_kills_a_command_that_ignores_the_first(tmp_path):
     (["--device", "cpu", "--", "true"], "--device: goes with the built-in run"),
     (["--config", "-"], "reads the job from a file, not stdin"),
     (["--config", "-", "--", "true"], "reads the job from a file, not stdin"),
+    # said before the command starts, once: not "running ..." and then "cannot write" (review 2026-11-25)
+    (["--output-dir", "/etc/passwd", "--", "true"], "--output-dir: /etc/passwd is a file"),
+    (["--steps", "99999999999999999999", "--", "true"], "--steps: 99999999999999999999 is too large"),
 ])
 def test_bad_command_is_one_line_exit_2(tmp_path, args, needle):
     proc, s = smoke_cmd(tmp_path, *args)
     assert proc.returncode == 2, proc.stderr
     assert needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert s is None
+
+
+@pytest.mark.parametrize("first_line, needle", [
+    ("echo hi\n", "cannot start ./job: Exec format error (not a program, and no #! line"),
+    ("#!/nonexistent/python\n", "cannot start ./job: the interpreter its #! line names, /nonexistent/python, does not"),
+])
+def test_a_command_the_kernel_cannot_start_is_bad_input_with_a_final_summary(tmp_path, first_line, needle):
+    """Review 2026-11-25: an executable script without a #! line (or with a wrong one) was reported as
+    "--output-dir: cannot write ...", and its run directory kept a summary saying "running"."""
+    job = tmp_path / "job"
+    job.write_text(first_line + "echo hi\n")
+    job.chmod(0o755)
+    proc, s = smoke_cmd(tmp_path, "--json", "--", "./job")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and needle in proc.stderr, proc.stderr
+    assert "--output-dir" not in proc.stderr
+    assert json.loads(proc.stdout)["error"]["field"] == "--"
+    assert s["status"] == "failed" and needle.split("./job: ")[1] in s["reasons"][0], s
+    assert s["exit_code"] is None and s["null_reasons"]["/exit_code"] == "the command could not be started"
 
 
 TRAINER = """

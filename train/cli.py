@@ -203,8 +203,9 @@ def _smoke_command(command, config, from_files, model_preset, steps, timeout, ou
         script_smoke.check_command(command, "--" in sys.argv[1:])
         if "--" not in sys.argv[1:]:
             raise ConfigError("COMMAND", f"unexpected argument {command[0]!r}", "put your command after --")
-        if steps is not None and steps <= 0:
-            raise ConfigError("--steps", f"must be at least 1, got {steps}")
+        if steps is not None and not 0 < steps <= MAX_INT:  # as the built-in run
+            raise ConfigError("--steps", f"must be at least 1, got {steps}" if steps <= 0 else
+                              f"{steps} is too large to be meant")
         if timeout is not None and not (0 < timeout < math.inf):  # also NaN, which compares false to all
             raise ConfigError("--timeout", f"must be a positive number of seconds, got {timeout:g}")
         if model_preset and not from_files:
@@ -216,11 +217,16 @@ def _smoke_command(command, config, from_files, model_preset, steps, timeout, ou
             job = build_job(config, list(from_files), model_preset).job
         elif config:
             job = load_job(config)
-        if run_id is not None:
-            from podkit.train.outputs import check_new_run_dir, check_run_id
+        from podkit.train.outputs import check_new_run_dir, check_output_root, check_run_id
 
+        if output_dir is not None and not output_dir.strip():
+            raise ConfigError("--output-dir", "is empty", "give a directory, or leave it out for train.output_dir")
+        # Before the command starts, as the built-in run: a file or an unwritable place is bad input, said once.
+        root = check_output_root(Path(output_dir or (job.train.output_dir if job else "runs")),
+                                 "--output-dir" if output_dir or job is None else "train.output_dir")
+        if run_id is not None:
             check_run_id(run_id)
-            check_new_run_dir(Path(output_dir or (job.train.output_dir if job else "runs")).absolute(), run_id)
+            check_new_run_dir(root, run_id)
         # The same switch as the built-in run: [smoke] sinks of the job, plus --sink.
         sinks = tuple(dict.fromkeys([*(job.smoke.sinks if job else []), *sink]))
         if sinks:
@@ -231,12 +237,13 @@ def _smoke_command(command, config, from_files, model_preset, steps, timeout, ou
         _fail(exc, as_json)
     steps = steps or (job.smoke.steps if job else 100)
     every = job.smoke.profile_every if job else 10
-    root = Path(output_dir or (job.train.output_dir if job else "runs")).absolute()
     run_id = run_id or new_run_id(Path(command[0]).name if len(command) < 2 else Path(command[-1]).name)
-    click.echo(f"smoke: running {' '.join(command)} for {steps} optimizer steps -> {root / run_id}", err=True)
     try:
-        summary, run_path, code = script_smoke.run(command, root, run_id, steps, every, timeout, job,
-                                                   min_drop=job.smoke.min_loss_drop if job else 0.05, sinks=sinks)
+        summary, run_path, code = script_smoke.run(
+            command, root, run_id, steps, every, timeout, job, min_drop=job.smoke.min_loss_drop if job else 0.05,
+            sinks=sinks, announce=f"smoke: running {' '.join(command)} for {steps} optimizer steps -> {root / run_id}")
+    except ConfigError as exc:  # the command could not be started (its summary.json says so too)
+        _fail(exc, as_json)
     except OSError as exc:
         _fail(ConfigError("--output-dir", f"cannot write {root / run_id}: {exc}"), as_json)
     _report(summary, run_path, as_json)

@@ -12,6 +12,7 @@ still leaves summary.json and smoke.log, with the command's exit code.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -47,6 +48,26 @@ def check_command(command: tuple[str, ...], dashdash: bool) -> None:
         raise ConfigError("--", f"command not found: {exe}", "check the name, or give its full path")
 
 
+def _not_started(command: tuple[str, ...], exc: OSError) -> ConfigError:
+    """Why the kernel would not start the command (check_command saw an executable file): a script without a #!
+    line, or a #! naming an interpreter that is not there."""
+    exe, why = command[0], exc.strerror or str(exc)
+    fix = f"or run it through its interpreter, e.g. bin/smoke -- {'python' if exe.endswith('.py') else 'bash'} {exe}"
+    try:
+        with open(shutil.which(exe) or exe, "rb") as f:
+            first = f.readline(256)
+    except OSError:
+        first = b""
+    if exc.errno == errno.ENOEXEC:
+        return ConfigError("--", f"cannot start {exe}: {why} (not a program, and no #! line names its interpreter)",
+                           f"add one, e.g. #!/usr/bin/env bash, {fix}")
+    if exc.errno == errno.ENOENT and first.startswith(b"#!"):
+        interpreter = first[2:].strip().decode(errors="replace").split(" ")[0]
+        return ConfigError("--", f"cannot start {exe}: the interpreter its #! line names, {interpreter}, does not exist",
+                           f"fix its first line, {fix}")
+    return ConfigError("--", f"cannot start {exe}: {why}", "check the command")
+
+
 def _child_env(run_path: Path, steps: int, every: int) -> dict:
     env = dict(os.environ)
     # bin/smoke put podkit's root on PYTHONPATH for itself; the command must not see podkit's
@@ -79,10 +100,11 @@ def _kill_group(pid: int, sig: int) -> None:
 
 
 def run_command(command: tuple[str, ...], run_dir: RunDir, steps: int, every: int, timeout: float | None,
-                echo=True, early: list[int] | None = None) -> tuple[int | None, str]:
+                echo=True, early: list[int] | None = None, announce: str = "") -> tuple[int | None, str]:
     """Run the command to its end, a timeout or a signal. Returns (exit code or None, how it ended). `early`:
     signals that came before the command started (run's handler notes them): it is not started, or stopped at
-    once if one comes while it starts."""
+    once if one comes while it starts. `announce`: a line for stderr once it has started. Raises ConfigError
+    when it cannot be started."""
     from podkit.train import process_tree
 
     early = [] if early is None else early
@@ -94,8 +116,14 @@ def run_command(command: tuple[str, ...], run_dir: RunDir, steps: int, every: in
     log = open(run_dir.file("log"), "ab")
     log.write(f"$ {' '.join(command)}\n".encode())
     log.flush()
-    proc = subprocess.Popen(list(command), env=_child_env(run_dir.path, steps, every), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        proc = subprocess.Popen(list(command), env=_child_env(run_dir.path, steps, every), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    except OSError as exc:  # bad input: no process to wait for, and no "--output-dir" to blame
+        log.close()
+        raise _not_started(command, exc) from None
+    if announce:
+        print(announce, file=sys.stderr, flush=True)
     reader = threading.Thread(target=_tee, args=(proc.stdout, log, sys.stderr.buffer if echo else None), daemon=True)
     reader.start()
     stopped: list[int] = []
@@ -179,7 +207,8 @@ def _root_cause(ranks: list[dict]) -> str:
 
 
 def summarize(command, code: int | None, how: str, run_dir: RunDir, steps: int, timeout: float | None,
-              job=None, min_drop: float = 0.05) -> dict:
+              job=None, min_drop: float = 0.05, not_started: str = "") -> dict:
+    """`how`: exited, timeout, interrupted, or "not started" (then `not_started` says why)."""
     ranks = _ranks(run_dir.path)
     main = next((r for r in ranks if r.get("rank") == 0), ranks[0] if ranks else None)
     losses = [x for x in (main or {}).get("losses", []) if x is not None]
@@ -193,7 +222,10 @@ def summarize(command, code: int | None, how: str, run_dir: RunDir, steps: int, 
         limit = main["capacity"]
     verdict = judge(losses, min_drop, peak, limit, steps)
     reasons = []
-    if how == "interrupted":
+    if how == "not started":
+        status = "failed"
+        reasons.append(not_started)
+    elif how == "interrupted":
         status = "interrupted"
         reasons.append("stopped by a signal (Ctrl-C, SIGTERM or a closed terminal) before the run finished")
     elif how == "timeout":
@@ -269,7 +301,7 @@ def summarize(command, code: int | None, how: str, run_dir: RunDir, steps: int, 
             else "no optimizer step was timed",
         "mfu": "your command's FLOPS per step are not known to podkit",
         "predicted": "no job config (--from/--config) to predict from",
-        "exit_code": "the command did not end by itself",
+        "exit_code": "the command could not be started" if how == "not started" else "the command did not end by itself",
     }
     summary["null_reasons"] = strict_json.null_reasons(summary, why)
     return summary
@@ -371,8 +403,10 @@ def _rank_files(run_dir: RunDir) -> dict[str, str]:
 
 
 def run(command: tuple[str, ...], root: Path, run_id: str, steps: int, every: int, timeout: float | None,
-        job=None, min_drop: float = 0.05, echo: bool = True, sinks: tuple[str, ...] = ()) -> tuple[dict, Path, int]:
-    """`sinks`: metric sinks (train/sinks.py), already checked with sinks.check, fed rank 0's records."""
+        job=None, min_drop: float = 0.05, echo: bool = True, sinks: tuple[str, ...] = (),
+        announce: str = "") -> tuple[dict, Path, int]:
+    """`sinks`: metric sinks (train/sinks.py), already checked with sinks.check, fed rank 0's records. Raises
+    ConfigError when the command cannot be started (its summary.json says so first)."""
     run_dir = RunDir(root, run_id)
     run_dir.write_json("summary", {"status": "running", "command": list(command), "steps": 0, "planned_steps": steps})
     if job is not None:
@@ -401,14 +435,22 @@ def run(command: tuple[str, ...], root: Path, run_id: str, steps: int, every: in
             follower = MetricsFollower(run_dir.path / "ranks" / "metrics.rank0.jsonl",
                                        _start_sinks(sinks, run_dir, command, job))
             follower.start()
+        not_started = None
         try:
-            code, how = run_command(command, run_dir, steps, every, timeout, echo=echo, early=early)
+            code, how = run_command(command, run_dir, steps, every, timeout, echo=echo, early=early, announce=announce)
+        except ConfigError as exc:  # the kernel would not start it: bad input, yet the run directory gets its end
+            not_started, code, how = exc, None, "not started"
         finally:
             ended = True
             if follower is not None:
                 follower.finish()
-        summary = summarize(command, code, how, run_dir, steps, timeout, job, min_drop)
+        summary = summarize(command, code, how, run_dir, steps, timeout, job, min_drop,
+                            not_started=f"{not_started.problem} ({not_started.fix})" if not_started else "")
         run_dir.write_json("summary", summary)  # the final status, before anything that may be cut short
+        if not_started is not None:
+            if follower is not None:
+                follower.sinks.close(summary)
+            raise not_started
         if follower is not None:
             follower.sinks.close(summary)
             summary["sinks"] = list(sinks)
