@@ -128,6 +128,20 @@ def test_an_out_of_memory_error_is_status_oom(tmp_path):
     assert proc.returncode == 3 and s["status"] == "oom" and s["steps"] == 3
 
 
+@pytest.mark.parametrize("extra, reason", [
+    # torch's CPU allocator (1 PiB: past any machine's address space, whatever the overcommit setting)
+    ("if step == 2: torch.empty(1 << 50, dtype=torch.uint8)", "can't allocate memory"),
+    ("if step == 2: raise MemoryError()", "MemoryError: out of host memory"),  # Python's own, whose str() is empty
+])
+def test_host_memory_running_out_is_status_oom_as_in_the_builtin_run(tmp_path, extra, reason):
+    """Review 2026-11-25: the built-in run calls host RAM running out oom/3; the user's command got failed/1
+    and the reason 'MemoryError: ' with nothing after it."""
+    name = script(tmp_path, "host_oom.py", LOOP.format(extra=extra))
+    proc, s = smoke_cmd(tmp_path, "--steps", "20", "--", PY, name)
+    assert proc.returncode == 3 and s["status"] == "oom" and s["steps"] == 3, s
+    assert reason in s["reasons"][0], s["reasons"]
+
+
 @pytest.mark.slow
 def test_a_hang_past_the_timeout(tmp_path):
     name = script(tmp_path, "hang.py", LOOP.format(extra="if step == 2: import time; time.sleep(600)"))

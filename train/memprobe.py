@@ -26,6 +26,17 @@ from torch.utils._pytree import tree_leaves
 
 from podkit.checks.allocator import round_size
 
+OOM_ERROR = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+# What torch's CPU allocator raises when malloc fails (c10/core/impl/alloc_cpu.cpp, torch 2.13:
+# "DefaultCPUAllocator: can't allocate memory: you tried to allocate N bytes"), a RuntimeError.
+CPU_OOM_TEXT = "can't allocate memory"
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """CUDA OOM, Python's MemoryError, or the CPU allocator's failure: all are oom/3, not a crash. One rule for
+    the built-in run (train/smoke.py) and a user's command (train/rank_probe.py)."""
+    return isinstance(exc, (OOM_ERROR, MemoryError)) or (isinstance(exc, RuntimeError) and CPU_OOM_TEXT in str(exc))
+
 
 @dataclass(frozen=True)
 class AllocatorStats:

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from ..checks import strict_json
-from .memprobe import CudaProbe, TensorCounter
+from .memprobe import CudaProbe, TensorCounter, is_out_of_memory
 from .monitor import MemoryMonitor
 
 
@@ -85,8 +85,11 @@ class RankProbe:
         previous_hook = sys.excepthook
 
         def excepthook(kind, value, tb):
-            self.error = f"{kind.__name__}: {value}"
-            self.status = "oom" if "OutOfMemoryError" in kind.__name__ or "out of memory" in str(value) else "error"
+            # A MemoryError's str() is empty: the summary's reason would end in "MemoryError: ".
+            text = str(value) or ("out of host memory" if issubclass(kind, MemoryError) else "")
+            self.error = f"{kind.__name__}: {text}"
+            # As the built-in run: host RAM running out (MemoryError, torch's CPU allocator) is oom/3 like CUDA's.
+            self.status = "oom" if is_out_of_memory(value) or "out of memory" in str(value) else "error"
             if self.monitor is not None and self.status == "oom":
                 self.monitor.dump_snapshot()  # what was live when it ran out
             self._write()

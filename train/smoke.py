@@ -32,7 +32,7 @@ from podkit.train import model as model_mod
 from podkit.train import optim as optim_mod
 from podkit.train import parallel
 from podkit.train import step as step_mod
-from podkit.train.memprobe import PhasePeaks, TensorCounter, make_probe
+from podkit.train.memprobe import OOM_ERROR, PhasePeaks, TensorCounter, is_out_of_memory, make_probe
 from podkit.train.monitor import MemoryMonitor, flops_per_token
 from podkit.train.outputs import RunDir, env_record, resolved_toml
 from podkit.train import plot
@@ -41,17 +41,6 @@ from podkit.train.verdict import Verdict, comparison, judge, prediction_warnings
 log = logging.getLogger("podkit.smoke")
 MEASURED_STEPS = 4  # steps 1..4 recorded in detail; step 3 is measured term by term
 FLASH_ATTN_INSTALL = "make deploy installs flash-attn where the GPU supports it (sm80+); or set attention = 'sdpa'"
-
-
-OOM_ERROR = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
-# What torch's CPU allocator raises when malloc fails (c10/core/impl/alloc_cpu.cpp, torch 2.13:
-# "DefaultCPUAllocator: can't allocate memory: you tried to allocate N bytes"), a RuntimeError.
-CPU_OOM_TEXT = "can't allocate memory"
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """CUDA OOM, Python's MemoryError, or the CPU allocator's failure: all are oom/3, not a crash."""
-    return isinstance(exc, (OOM_ERROR, MemoryError)) or (isinstance(exc, RuntimeError) and CPU_OOM_TEXT in str(exc))
 
 
 def _torch_at_least(major: int, minor: int) -> bool:
