@@ -223,6 +223,49 @@ def test_a_signal_after_the_command_ended_still_leaves_its_final_summary(tmp_pat
     assert "writing its summary, then stopping" in proc.stderr
 
 
+LEAKY = """
+import os, sys, time
+print("environment:", dict(os.environ), flush=True)
+token = os.environ["HF_TOKEN"]
+sys.stdout.write(token[:9]); sys.stdout.flush(); time.sleep(0.5)  # the token split across two reads of the pipe
+sys.stdout.write(token[9:] + "\\n"); sys.stdout.flush()
+""" + LOOP.format(extra="if step == 2: raise PermissionError(f'401 for {os.environ[\"HF_TOKEN\"]} and '"
+                        "f'{os.environ[\"MYSERVICE_AUTH\"]}')").replace("import sys, torch", "import os, sys, torch")
+
+
+def test_secrets_stay_out_of_the_log_the_summary_and_the_ranks_records(tmp_path, monkeypatch):
+    """Review 2026-11-25: a script that printed its environment, or crashed with its token in the message, put
+    HF_TOKEN's value into smoke.log, summary.json (reasons, ranks) and ranks/rank0.json; a token given on the
+    command line was recorded as it was."""
+    monkeypatch.setenv("HF_TOKEN", "hf_podkitTestSecret0123456789")
+    monkeypatch.setenv("MYSERVICE_AUTH", "svc-podkit-test-secret")  # a name of the user's own, named for envsetup
+    monkeypatch.setenv("PODKIT_SECRET_NAMES", "MYSERVICE_AUTH")
+    name = script(tmp_path, "leaky.py", LEAKY)
+    proc, s = smoke_cmd(tmp_path, "--steps", "10", "--json", "--", PY, name, "--token", "hf_podkitTestSecret0123456789")
+    assert proc.returncode == 1 and s["status"] == "failed", proc.stderr[-3000:]
+    assert "PermissionError: 401 for [HF_TOKEN redacted] and [MYSERVICE_AUTH redacted]" in s["reasons"][0], s
+    assert s["command"][-1] == "[HF_TOKEN redacted]"
+    run = tmp_path / "runs" / "r"
+    assert (run / "smoke.log").read_text().count("[HF_TOKEN redacted]") >= 3  # argv, the environment, the split one
+    files = [p for p in run.rglob("*") if p.is_file()]
+    assert len(files) > 5, files
+    for where, text in [(str(p), p.read_bytes()) for p in files] + [("stdout", proc.stdout.encode()),
+                                                                      ("stderr", proc.stderr.encode())]:
+        for secret in (b"podkitTestSecret", b"svc-podkit-test-secret"):
+            assert secret not in text, f"{secret} in {where}"
+
+
+def test_the_secret_filter_catches_a_value_split_across_reads():
+    from podkit.train.secret_filter import SecretFilter
+
+    f = SecretFilter({"WANDB_API_KEY": "0123456789abcdef", "TOKENIZERS_PARALLELISM": "false", "PATH": "/usr/bin",
+                      "PODKIT_SECRET_NAMES": "MY_SERVICE_AUTH"})
+    out = b"".join([f.feed(b"key=0123"), f.feed(b"4567"), f.feed(b"89abcdef done 01"), f.flush()])
+    assert out == b"key=[WANDB_API_KEY redacted] done 01"
+    # short values, other names, and podkit's own settings (a list of names): left
+    assert f.feed(b"parallel: false, 50% MY_SERVICE_AUTH\r") == b"parallel: false, 50% MY_SERVICE_AUTH\r"
+
+
 def test_the_log_gets_a_progress_bar_before_its_line_ends(tmp_path):
     import io
     import threading

@@ -197,6 +197,7 @@ def _smoke_command(command, config, from_files, model_preset, steps, timeout, ou
     """bin/smoke -- COMMAND...: the user's own script, measured (train/script_smoke.py)."""
     from podkit.train import script_smoke
     from podkit.train.outputs import new_run_id
+    from podkit.train.secret_filter import SecretFilter
 
     job = None
     try:
@@ -241,7 +242,8 @@ def _smoke_command(command, config, from_files, model_preset, steps, timeout, ou
     try:
         summary, run_path, code = script_smoke.run(
             command, root, run_id, steps, every, timeout, job, min_drop=job.smoke.min_loss_drop if job else 0.05,
-            sinks=sinks, announce=f"smoke: running {' '.join(command)} for {steps} optimizer steps -> {root / run_id}")
+            sinks=sinks, announce=f"smoke: running {' '.join(SecretFilter().argv(command))} for {steps} optimizer steps "
+                                  f"-> {root / run_id}")
     except ConfigError as exc:  # the command could not be started (its summary.json says so too)
         _fail(exc, as_json)
     except OSError as exc:

@@ -26,11 +26,11 @@ import torch
 
 from podkit.checks import strict_json
 from podkit.checks.errors import ConfigError
+from podkit.train.secret_filter import SECRET_MARKERS
 
 # Variables recorded in env.json: what changes memory, speed or threading. Secrets never match.
 ENV_PREFIXES = ("PYTORCH_", "CUDA_", "NCCL_", "TORCH_", "OMP_", "MKL_", "TOKENIZERS_", "HF_HOME", "HF_HUB_OFFLINE",
                 "NVIDIA_", "LOCAL_RANK", "WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT")
-SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "CREDENTIAL")
 
 FILES = {"config": "config.toml", "env": "env.json", "metrics": "metrics.jsonl", "summary": "summary.json",
          "plot": "memory.png", "snapshot": "memory_snapshot.pickle", "log": "smoke.log"}

@@ -32,6 +32,7 @@ import torch
 from ..checks import strict_json
 from .memprobe import CudaProbe, TensorCounter, is_out_of_memory
 from .monitor import MemoryMonitor
+from .secret_filter import SecretFilter
 
 
 class SmokeStepsReached(SystemExit):
@@ -61,6 +62,7 @@ class RankProbe:
         self._t0 = time.perf_counter()
         self._last = self._t0
         self._metrics = None
+        self._secrets = SecretFilter()
 
     # -- installing --------------------------------------------------------------------------------
     def install(self) -> None:
@@ -87,7 +89,7 @@ class RankProbe:
         def excepthook(kind, value, tb):
             # A MemoryError's str() is empty: the summary's reason would end in "MemoryError: ".
             text = str(value) or ("out of host memory" if issubclass(kind, MemoryError) else "")
-            self.error = f"{kind.__name__}: {text}"
+            self.error = self._secrets.text(f"{kind.__name__}: {text}")  # a token in the message stays out of ranks/
             # As the built-in run: host RAM running out (MemoryError, torch's CPU allocator) is oom/3 like CUDA's.
             self.status = "oom" if is_out_of_memory(value) or "out of memory" in str(value) else "error"
             if self.monitor is not None and self.status == "oom":

@@ -13,6 +13,7 @@ still leaves summary.json and smoke.log, with the command's exit code.
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import os
 import shutil
@@ -27,6 +28,7 @@ from podkit.checks import strict_json
 from podkit.checks.command import stop_signals
 from podkit.checks.errors import ConfigError
 from podkit.train.outputs import RunDir, resolved_toml
+from podkit.train.secret_filter import SecretFilter
 from podkit.train.verdict import EXIT_CODES, Row, judge, prediction_warnings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,14 +81,20 @@ def _child_env(run_path: Path, steps: int, every: int) -> dict:
     return env
 
 
-def _tee(stream, log_file, echo) -> None:
+def _tee(stream, log_file, echo, secrets: SecretFilter | None = None) -> None:
+    """The command's output into the log and onto `echo`, with the environment's secret values replaced (a
+    script that prints its environment, or a traceback holding a token)."""
+    secrets = SecretFilter() if secrets is None else secrets
     # Whatever has arrived, not whole lines: a progress bar redraws with \r and ends its line only when done.
-    for chunk in iter(lambda: stream.read1(1 << 16), b""):
-        log_file.write(chunk)
+    for chunk in itertools.chain(iter(lambda: stream.read1(1 << 16), b""), [None]):  # None: the end, flush
+        data = secrets.flush() if chunk is None else secrets.feed(chunk)
+        if not data:
+            continue
+        log_file.write(data)
         log_file.flush()
         if echo is not None:
             try:
-                echo.write(chunk)
+                echo.write(data)
                 echo.flush()
             except OSError:  # the terminal's reader is gone: keep draining the pipe into the log, or the command blocks
                 echo = None
@@ -113,8 +121,9 @@ def run_command(command: tuple[str, ...], run_dir: RunDir, steps: int, every: in
     process_tree.become_subreaper()
     # What this process runs itself (W&B's service, started by its sink): not the command's, never stopped with it.
     own = frozenset(process_tree.descendants(os.getpid()))
+    secrets = SecretFilter()
     log = open(run_dir.file("log"), "ab")
-    log.write(f"$ {' '.join(command)}\n".encode())
+    log.write(f"$ {' '.join(secrets.argv(command))}\n".encode())
     log.flush()
     try:
         proc = subprocess.Popen(list(command), env=_child_env(run_dir.path, steps, every), stdout=subprocess.PIPE,
@@ -124,7 +133,8 @@ def run_command(command: tuple[str, ...], run_dir: RunDir, steps: int, every: in
         raise _not_started(command, exc) from None
     if announce:
         print(announce, file=sys.stderr, flush=True)
-    reader = threading.Thread(target=_tee, args=(proc.stdout, log, sys.stderr.buffer if echo else None), daemon=True)
+    reader = threading.Thread(target=_tee, args=(proc.stdout, log, sys.stderr.buffer if echo else None, secrets),
+                              daemon=True)
     reader.start()
     stopped: list[int] = []
 
@@ -261,8 +271,10 @@ def summarize(command, code: int | None, how: str, run_dir: RunDir, steps: int, 
     elif ranks and code == 0 and how == "exited" and 0 < done < steps:
         reasons.append(f"the command ended by itself after {done} optimizer steps: run it with --steps {done} "
                        f"(or fewer) to judge that many")
+    secrets = SecretFilter()  # the ranks' errors are the script's own text: a token in a message stays out
     summary = {
-        "status": status, "reasons": reasons, "checks": verdict.checks, "exit_code": code, "command": list(command),
+        "status": status, "reasons": [secrets.text(r) for r in reasons], "checks": verdict.checks, "exit_code": code,
+        "command": secrets.argv(command),
         "steps": done, "planned_steps": steps,
         "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
         "loss_note": "the value each step passed to backward (the Trainer divides it by gradient accumulation)",
@@ -270,9 +282,10 @@ def summarize(command, code: int | None, how: str, run_dir: RunDir, steps: int, 
         "peak_reserved": max((r.get("peak_reserved") or 0 for r in ranks), default=0) or None,
         "device_peak": max((r.get("device_peak") or 0 for r in ranks), default=0) or None,
         "step_time": (main or {}).get("step_time"), "tokens_per_s": None, "mfu": None,
-        "ranks": [{k: r.get(k) for k in ("rank", "device", "status", "error", "steps", "peak_allocated",
-                                        "peak_reserved", "device_peak", "host_rss_peak")} for r in ranks],
-        "warnings": sorted({w for r in ranks for w in r.get("warnings", [])}),
+        "ranks": [{k: secrets.text(r[k]) if k == "error" and r.get(k) else r.get(k)
+                   for k in ("rank", "device", "status", "error", "steps", "peak_allocated", "peak_reserved",
+                             "device_peak", "host_rss_peak")} for r in ranks],
+        "warnings": sorted({secrets.text(w) for r in ranks for w in r.get("warnings", [])}),
         "predicted": None, "memory": [],
     }
     if job is not None:
@@ -391,7 +404,7 @@ def _start_sinks(names: tuple[str, ...], run_dir: RunDir, command, job):
     job_fields = {} if job is None else {
         s: {f: getattr(getattr(job, s), f) for f in getattr(job, s).__dataclass_fields__}
         for s in ("model", "train", "cluster", "smoke")}
-    config = {"job": {**job_fields, "command": list(command)}, "toml": resolved_toml(job) if job is not None else ""}
+    config = {"job": {**job_fields, "command": SecretFilter().argv(command)}, "toml": resolved_toml(job) if job is not None else ""}
     return Sinks(names, run_dir.path, run_dir.run_id, config, job.smoke.wandb_project if job is not None else "podkit",
                  lambda text: print(f"smoke: warning: {text}", file=sys.stderr, flush=True))
 
@@ -408,7 +421,8 @@ def run(command: tuple[str, ...], root: Path, run_id: str, steps: int, every: in
     """`sinks`: metric sinks (train/sinks.py), already checked with sinks.check, fed rank 0's records. Raises
     ConfigError when the command cannot be started (its summary.json says so first)."""
     run_dir = RunDir(root, run_id)
-    run_dir.write_json("summary", {"status": "running", "command": list(command), "steps": 0, "planned_steps": steps})
+    run_dir.write_json("summary", {"status": "running", "command": SecretFilter().argv(command), "steps": 0,
+                                   "planned_steps": steps})
     if job is not None:
         run_dir.file("config").write_text(resolved_toml(job))
     follower = None

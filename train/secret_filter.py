@@ -1,0 +1,72 @@
+"""Secrets out of what a smoke run records: the values of HF_TOKEN, WANDB_API_KEY and the like are replaced
+by "[HF_TOKEN redacted]" wherever podkit writes text it did not compose itself: the command's output in
+smoke.log (and its echo), the command line, and the errors in summary.json and ranks/. A user's script that
+prints its environment, or crashes with a token in its message, must not put the token into files that
+fetch-logs copies to a laptop and people paste into issues.
+
+Secrets are found by name: those envsetup forwards (envsetup/envfile.py SECRET_NAMES, plus PODKIT_SECRET_NAMES)
+and any variable whose name says it is one. Only the exact value is matched, and only values of MIN_LEN
+characters or more (TOKENIZERS_PARALLELISM=false names a TOKEN and is none).
+"""
+
+from __future__ import annotations
+
+import os
+
+from podkit.envsetup.envfile import EXTRA_NAMES_VAR, SECRET_NAMES, BadSecretName, extra_secret_names
+
+# A name holding one of these is taken for a secret (env.json leaves such variables out too).
+SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "CREDENTIAL")
+MIN_LEN = 8
+
+
+def _names(environ) -> set[str]:
+    try:
+        extra = extra_secret_names(environ.get(EXTRA_NAMES_VAR, ""))
+    except BadSecretName:  # envsetup refuses it, loudly; here the other names still count
+        extra = ()
+    # podkit's own variables hold names and paths (PODKIT_SECRET_NAMES=MY_TOKEN names a secret, it is none).
+    return {*SECRET_NAMES, *extra, *(k for k in environ if any(m in k.upper() for m in SECRET_MARKERS)
+                                     and not k.startswith("PODKIT_"))}
+
+
+class SecretFilter:
+    """Replaces the environment's secret values in text, or in a byte stream fed in chunks (`feed`, then
+    `flush` at its end): a value split across two chunks is still caught."""
+
+    def __init__(self, environ=None):
+        environ = os.environ if environ is None else environ
+        values = {environ[n]: n for n in sorted(_names(environ)) if len(environ.get(n, "")) >= MIN_LEN}
+        # Longest first: one secret may contain another.
+        self._pairs = sorted(((v, f"[{n} redacted]") for v, n in values.items()), key=lambda p: -len(p[0]))
+        self._bytes = [(v.encode(errors="surrogateescape"), r.encode()) for v, r in self._pairs]
+        self._pending = b""
+
+    def __bool__(self) -> bool:
+        return bool(self._pairs)
+
+    def text(self, s: str) -> str:
+        for value, replacement in self._pairs:
+            s = s.replace(value, replacement)
+        return s
+
+    def argv(self, command) -> list[str]:
+        return [self.text(a) for a in command]
+
+    def feed(self, chunk: bytes) -> bytes:
+        """What of the stream so far can be written: all but a tail that may be the start of a secret."""
+        data = self._pending + chunk
+        for value, replacement in self._bytes:
+            data = data.replace(value, replacement)
+        keep = 0
+        for value, _ in self._bytes:
+            for k in range(min(len(value) - 1, len(data)), keep, -1):
+                if data.endswith(value[:k]):
+                    keep = k
+                    break
+        self._pending = data[len(data) - keep:] if keep else b""
+        return data[:len(data) - keep]
+
+    def flush(self) -> bytes:
+        out, self._pending = self._pending, b""
+        return out
