@@ -314,6 +314,43 @@ def test_a_script_that_ends_early_or_steps_by_hand_is_told_what_to_do(tmp_path):
     assert s["checks"]["finite_loss"] is False  # no loss was seen, so none is known to be finite
 
 
+PREFETCHING = """
+import queue, threading, torch
+stop = threading.Event()
+batches = queue.Queue(maxsize=4)
+def prefetch():  # a loader thread the script stops after its loop, as many do
+    while not stop.is_set():
+        try:
+            batches.put(torch.randn(8, 4), timeout=0.1)
+        except queue.Full:
+            pass
+loader = threading.Thread(target=prefetch, name="prefetch")
+loader.start()
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(1000):
+    loss = model(batches.get()).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+stop.set(); loader.join()
+"""
+
+
+def test_a_thread_the_script_stops_after_its_loop_does_not_hang_it_past_the_last_step(tmp_path):
+    """Review 2026-11-25: the last step's SystemExit skips the code after the script's loop, so its loader
+    thread was never stopped, Python waited for it forever, and bin/smoke with it (a Ctrl-C then read
+    "interrupted" for a run that had done every step)."""
+    name = script(tmp_path, "prefetching.py", PREFETCHING)
+    t0 = time.monotonic()
+    try:
+        proc, s = smoke_cmd(tmp_path, "--steps", "5", "--", PY, str(tmp_path / name), timeout=120)
+    finally:
+        subprocess.run(["pkill", "-KILL", "-f", str(tmp_path / name)])  # never left running, whatever failed
+    assert proc.returncode == 0 and s["status"] == "pass" and s["exit_code"] == 0, proc.stderr[-3000:]
+    assert time.monotonic() - t0 < 90
+    assert any("thread(s) prefetch kept the script (rank 0) from exiting" in w for w in s["warnings"]), s["warnings"]
+    assert "keep pid" in (tmp_path / "runs" / "r" / "smoke.log").read_text()
+
+
 STUBBORN = """\
 import signal, time
 signal.signal(signal.SIGTERM, signal.SIG_IGN)

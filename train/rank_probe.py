@@ -15,7 +15,9 @@ own `train` module may be on sys.path). No code change in the user's script:
   on CPU the TensorCounter, switched on before the script builds its model.
 - stop: after the N-th step the hook raises SmokeStepsReached, a SystemExit(0): `except Exception`
   in the script does not swallow it, every rank stops at the same step (each step synchronises the
-  ranks), and launchers see a clean exit.
+  ranks), and launchers see a clean exit. Python then joins the script's non-daemon threads, which the
+  code after its loop would have stopped (a prefetch or logging thread): one still running after
+  EXIT_GRACE_S would keep the process alive forever, so the probe ends it then (exit 0, with a warning).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import atexit
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -33,6 +36,9 @@ from ..checks import strict_json
 from .memprobe import CudaProbe, TensorCounter, is_out_of_memory
 from .monitor import MemoryMonitor
 from .secret_filter import SecretFilter
+
+
+EXIT_GRACE_S = 10.0
 
 
 class SmokeStepsReached(SystemExit):
@@ -63,6 +69,7 @@ class RankProbe:
         self._last = self._t0
         self._metrics = None
         self._secrets = SecretFilter()
+        self.warnings: list[str] = []
 
     # -- installing --------------------------------------------------------------------------------
     def install(self) -> None:
@@ -147,8 +154,38 @@ class RankProbe:
         if self.steps >= self.target:
             self.status = "steps"
             self._write()
+            threading.Thread(target=self._end_a_stuck_exit, name="podkit-smoke-exit", daemon=True).start()
             raise SmokeStepsReached(self.steps)
         self._write()
+
+    def _end_a_stuck_exit(self) -> None:
+        """Once the main thread has ended (SmokeStepsReached), the interpreter waits for every non-daemon
+        thread before it exits (and before atexit); past EXIT_GRACE_S of that wait, finish the record and end
+        the process as the step's SystemExit(0) would have."""
+        main = threading.main_thread()
+        stuck_since = None
+        while True:
+            time.sleep(0.2)
+            waiting_for = [t.name for t in threading.enumerate()
+                           if t is not main and not t.daemon and t is not threading.current_thread() and t.is_alive()]
+            if main.is_alive():  # still unwinding (a finally, a context manager's exit)
+                stuck_since = None
+                continue
+            if not waiting_for:
+                return  # the threads ended: atexit runs, the process exits by itself
+            if stuck_since is None:
+                stuck_since = time.monotonic()
+                print(f"podkit smoke: step {self.steps} was the last, but thread(s) {', '.join(waiting_for)} keep "
+                      f"pid {os.getpid()} from exiting; ending it in {EXIT_GRACE_S:.0f} s", file=sys.stderr, flush=True)
+            elif time.monotonic() - stuck_since >= EXIT_GRACE_S:
+                self.warnings.append(
+                    f"after the last step, thread(s) {', '.join(waiting_for)} kept the script (rank {self.rank}) from "
+                    f"exiting; podkit ended it after {EXIT_GRACE_S:.0f} s: stop them in a `finally` (or make them "
+                    "daemon threads) so that an early end of the loop does not hang your script")
+                try:
+                    self._at_exit()
+                finally:
+                    os._exit(0)
 
     # -- records -----------------------------------------------------------------------------------
     def _write(self) -> None:
@@ -158,6 +195,7 @@ class RankProbe:
         record = {"rank": self.rank, "local_rank": self.local_rank, "pid": os.getpid(), "device": str(self.monitor.device),
                   "capacity": self.monitor.capacity or None, "status": self.status, "error": self.error,
                   "steps": self.steps, "losses": self.losses, **{k: v for k, v in summary.items() if k != "steps"}}
+        record["warnings"] = [*record.get("warnings", []), *self.warnings]
         path = self.dir / f"rank{self.rank}.json"
         tmp = path.with_suffix(".tmp")
         tmp.write_text(strict_json.dumps(record, default=str))  # read back with strict_json.restore
