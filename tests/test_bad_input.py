@@ -228,6 +228,10 @@ CASES = [
     ("smoke-run-id-slash", "smoke", ["-c", "j.toml", "--run-id", "a/b"], {"j.toml": job()}, "--run-id"),
     ("smoke-run-id-env-escape", "smoke", ["-c", "j.toml"], {"j.toml": job(), "env:PODKIT_RUN_ID": "../../x"},
      "PODKIT_RUN_ID"),
+    # Review 2026-11-25: a PODKIT_RUN_ID left exported wrote a second run into the first's directory.
+    ("smoke-run-id-env-exists", "smoke", ["-c", "j.toml", "--output-dir", "old"],
+     {"j.toml": job(), "old/earlier/summary.json": "{}", "env:PODKIT_RUN_ID": "earlier"},
+     "PODKIT_RUN_ID: {tmp}/old/earlier already exists"),
     ("smoke-run-id-dotdot", "smoke", ["-c", "j.toml", "--run-id", ".."], {"j.toml": job()}, "--run-id"),
     ("smoke-output-dir-under-file", "smoke", ["-c", "j.toml", "--output-dir", "f/runs"],
      {"j.toml": job(), "f": "a file"}, "is a file"),
@@ -373,6 +377,7 @@ def test_bad_input_is_one_line_exit_2(case, tmp_path):
     assert out.returncode == 2, f"{name}: exit {out.returncode}\n{out.stderr}\n{out.stdout[-500:]}"
     assert "Traceback" not in out.stderr + out.stdout, out.stderr
     assert len(lines) == 1, f"{name}: {len(lines)} lines on stderr:\n{out.stderr}"
+    expect = expect.replace("{tmp}", str(tmp_path))
     assert expect in lines[0], f"{name}: {expect!r} not in {lines[0]!r}"
     if "--json" in args:  # scripts get the error as one strict JSON object on stdout
         data = json.loads(out.stdout, parse_constant=lambda c: pytest.fail(f"bare {c}"))

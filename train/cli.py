@@ -157,6 +157,10 @@ def main(config, steps, device, output_dir, run_id, as_json, sink, inject_fault,
                 check_run_id(run_id)
             except ConfigError as exc:
                 raise ConfigError("PODKIT_RUN_ID", exc.problem, exc.fix) from None
+            # A name left exported from an earlier run names that run's directory: never written into again.
+            if not parallel.under_torchrun() and nodes == 1 and (root / run_id).exists():
+                raise ConfigError("PODKIT_RUN_ID", f"{root / run_id} already exists (an earlier run)",
+                                  "unset PODKIT_RUN_ID for a fresh time-stamped run, or set it to a new name")
     except ConfigError as exc:
         _fail(exc, as_json)
 
