@@ -215,13 +215,16 @@ def test_offload_without_full_sharding_refused(tmp_path, sharding):
 
 
 def test_secrets_stay_out_of_the_env_record(tmp_path):
-    env = dict(os.environ, HF_TOKEN="hf_secret_value", PYTORCH_ALLOC_CONF="expandable_segments:True")
+    # TOKENIZERS_PARALLELISM names no secret (envsetup exports it, and env.json records it); TORCH_API_KEY does
+    env = dict(os.environ, HF_TOKEN="hf_secret_value", PYTORCH_ALLOC_CONF="expandable_segments:True",
+               TOKENIZERS_PARALLELISM="false", TORCH_API_KEY="torch_key_value")
     out = tmp_path / "runs"
     subprocess.run([str(ROOT / "bin" / "smoke"), "--output-dir", str(out), "--run-id", "s", "--steps", "3"],
                    env=env, capture_output=True, timeout=120)
     record = (out / "s" / "env.json").read_text()
     assert "hf_secret_value" not in record and "HF_TOKEN" not in record
     assert json.loads(record)["env"]["PYTORCH_ALLOC_CONF"] == "expandable_segments:True"
+    assert json.loads(record)["env"]["TOKENIZERS_PARALLELISM"] == "false" and "torch_key_value" not in record
     for f in (out / "s").iterdir():
         assert b"hf_secret_value" not in f.read_bytes()
 

@@ -26,7 +26,7 @@ import torch
 
 from podkit.checks import strict_json
 from podkit.checks.errors import ConfigError
-from podkit.train.secret_filter import SECRET_MARKERS
+from podkit.train.secret_filter import is_secret_name
 
 # Variables recorded in env.json: what changes memory, speed or threading. Secrets never match.
 ENV_PREFIXES = ("PYTORCH_", "CUDA_", "NCCL_", "TORCH_", "OMP_", "MKL_", "TOKENIZERS_", "HF_HOME", "HF_HUB_OFFLINE",
@@ -190,7 +190,7 @@ def allocator_settings() -> dict:
 
 def env_record(device: torch.device, world_size: int, nvml_driver: str | None) -> dict:
     env = {k: v for k, v in os.environ.items()
-           if k.startswith(ENV_PREFIXES) and not any(m in k.upper() for m in SECRET_MARKERS)}
+           if k.startswith(ENV_PREFIXES) and not is_secret_name(k)}
     rec = {
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "host": platform.node(),

@@ -15,9 +15,16 @@ import os
 
 from podkit.envsetup.envfile import EXTRA_NAMES_VAR, SECRET_NAMES, BadSecretName, extra_secret_names
 
-# A name holding one of these is taken for a secret (env.json leaves such variables out too).
-SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "CREDENTIAL")
+# A name with one of these as a word (HF_TOKEN, AWS_SECRET_ACCESS_KEY) or as its end (GITHUBTOKEN) is taken for a
+# secret; env.json leaves such variables out too. Words, not substrings: TOKENIZERS_PARALLELISM, which envsetup
+# exports and env.json must record, names no secret.
+SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "CREDENTIAL", "CREDENTIALS")
 MIN_LEN = 8
+
+
+def is_secret_name(name: str) -> bool:
+    upper = name.upper()
+    return any(m in upper.split("_") or upper.endswith(m) for m in SECRET_MARKERS)
 
 
 def _names(environ) -> set[str]:
@@ -26,8 +33,7 @@ def _names(environ) -> set[str]:
     except BadSecretName:  # envsetup refuses it, loudly; here the other names still count
         extra = ()
     # podkit's own variables hold names and paths (PODKIT_SECRET_NAMES=MY_TOKEN names a secret, it is none).
-    return {*SECRET_NAMES, *extra, *(k for k in environ if any(m in k.upper() for m in SECRET_MARKERS)
-                                     and not k.startswith("PODKIT_"))}
+    return {*SECRET_NAMES, *extra, *(k for k in environ if is_secret_name(k) and not k.startswith("PODKIT_"))}
 
 
 class SecretFilter:
