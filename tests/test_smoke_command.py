@@ -160,7 +160,7 @@ def test_ctrl_c_stops_the_command_and_leaves_an_interrupted_summary(tmp_path, si
     name = script(tmp_path, "slow.py", LOOP.format(extra="import time; time.sleep(0.5); print('step', step, flush=True)"))
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([str(SMOKE), "--output-dir", str(tmp_path / "runs"), "--run-id", "r", "--steps", "500",
-                             "--", PY, name], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             "--", PY, str(tmp_path / name)], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True,
                             # SIGHUP at its default, as in a terminal's session; under nohup (this suite may run
                             # so) it comes ignored, and bin/smoke keeps it so (checks/command.stop_signals)
@@ -169,6 +169,8 @@ def test_ctrl_c_stops_the_command_and_leaves_an_interrupted_summary(tmp_path, si
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not (log.exists() and "step 2" in log.read_text()):
         time.sleep(0.2)
+    running = subprocess.run(["pgrep", "-f", str(tmp_path / name)], capture_output=True, text=True).stdout
+    assert running.strip(), "the check below would find no script even while it runs"
     os.killpg(proc.pid, sig)  # what a terminal's Ctrl-C (or its closing) sends: the whole foreground group
     _, err = proc.communicate(timeout=60)
     s = json.loads((tmp_path / "runs" / "r" / "summary.json").read_text())
@@ -403,7 +405,7 @@ def test_a_command_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
 def test_ctrl_c_stops_the_command_even_when_nobody_reads_its_output(tmp_path):
     name = script(tmp_path, "slow.py", LOOP.format(extra="import time; time.sleep(0.2); print('step', step, flush=True)"))
     proc = subprocess.Popen([str(SMOKE), "--output-dir", str(tmp_path / "runs"), "--run-id", "r", "--steps", "500",
-                             "--", PY, name], cwd=tmp_path, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                             "--", PY, str(tmp_path / name)], cwd=tmp_path, env=dict(os.environ, PYTHONUNBUFFERED="1"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     log = tmp_path / "runs" / "r" / "smoke.log"
     try:
@@ -428,7 +430,7 @@ def test_ctrl_c_stops_the_command_even_when_nobody_reads_its_output(tmp_path):
 
 def test_a_second_ctrl_c_kills_a_command_that_ignores_the_first(tmp_path):
     name = script(tmp_path, "stubborn.py", STUBBORN)
-    proc = subprocess.Popen([str(SMOKE), "--output-dir", str(tmp_path / "runs"), "--run-id", "r", "--", PY, name],
+    proc = subprocess.Popen([str(SMOKE), "--output-dir", str(tmp_path / "runs"), "--run-id", "r", "--", PY, str(tmp_path / name)],
                             cwd=tmp_path, env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     log = tmp_path / "runs" / "r" / "smoke.log"
