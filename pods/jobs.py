@@ -85,7 +85,8 @@ def start(conn: PodConnection, command: str, job_id: str | None = None, *, env: 
         f"exit 2; fi\n"
         f"printf '%s\\n' {shlex.quote(command)} > {d}/command\n"
         f"date -u +%Y-%m-%dT%H:%M:%S.%NZ > {d}/started\n"
-        f"env -u PODKIT_SESSION PODKIT_JOB_ID={job_id} setsid nohup bash --noprofile --norc -c {shlex.quote(inner)} "
+        # The tag before `env`, so that the pid $! names carries it from its first exec (attach waits for that)
+        f"PODKIT_JOB_ID={job_id} env -u PODKIT_SESSION setsid nohup bash --noprofile --norc -c {shlex.quote(inner)} "
         f"> {d}/output.log 2>&1 < /dev/null &\n"
         f"echo $! > {d}/pid\n"
     )
@@ -130,6 +131,11 @@ def attach(conn: PodConnection, job_id: str, out: Callable[[str], None]) -> int 
     require(conn, job_id)  # on its own: the stream below exits with the job's code, which may be any number
     script = (
         f"{_ours(job_id)}pid=$(cat {d}/pid)\n"
+        # Just after the start, $! names the launcher (env -> setsid -> nohup -> bash) before its exec of the
+        # tagged environment: wait those milliseconds (5 s at most, for a pid the pod reused after a restart),
+        # or attach would print an output.log the job has not written yet and miss the rest.
+        f"n=0; while [ $n -lt 100 ] && ! [ -r {d}/exit_code ] && kill -0 \"$pid\" 2>/dev/null && ! ours $pid; "
+        f"do sleep 0.05; n=$((n + 1)); done\n"
         f"if ours $pid; then tail -n +1 -F --pid=$pid {d}/output.log 2>/dev/null; else cat {d}/output.log; fi\n"
         f"for i in 1 2 3 4 5 6 7 8 9 10; do [ -r {d}/exit_code ] && break; sleep 0.2; done\n"
         f"[ -r {d}/exit_code ] && exit $(cat {d}/exit_code)\n"

@@ -11,6 +11,7 @@ import re
 import shlex
 import signal
 import subprocess
+import threading
 import sys
 import textwrap
 import time
@@ -400,6 +401,31 @@ def test_attach_to_a_job_lost_without_an_exit_code_reports_none_and_exits_1(worl
     states = {j["id"]: (j["state"], j["exit_code"])
               for j in _strict(cli(world, "jobs", world.pod.spec, *args(world), "--json").stdout)["jobs"]}
     assert states[lost] == ("lost", None) and states[fours] == ("exited", 4)
+
+
+def test_attach_waits_for_a_job_whose_launcher_has_not_taken_its_tag_yet(world):
+    """Full suite, 2026-11-25: `run` printed nothing for a job that printed and exited 0. Its attach came while
+    the pid file named the launcher before its exec of the tagged environment, took the job for ended, printed
+    the still-empty output.log and then picked up the exit code. Here the launcher's exec is held back 4 s
+    (attach waits 5 s at most)."""
+    job = f"late-{uuid.uuid4().hex[:8]}"
+    d = Path(world.pod.remote_dir) / "logs" / "jobs" / job
+    d.mkdir(parents=True)
+    (d / "command").write_text("echo hello\n")
+    (d / "started").write_text("2026-11-25T00:00:00.000000000Z\n")
+    inner = f'sleep 0.5; echo hello; echo 0 > "{d}/exit_code.tmp" && mv "{d}/exit_code.tmp" "{d}/exit_code"'
+    launcher = subprocess.Popen(["sh", "-c", f'sleep 4; exec env PODKIT_JOB_ID={job} sh -c \'{inner}\''],
+                                stdout=open(d / "output.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    (d / "pid").write_text(f"{launcher.pid}\n")
+    # reaped as soon as it ends, as a pod's init would: a zombie still answers kill -0, and tail --pid would wait on
+    reaper = threading.Thread(target=launcher.wait, daemon=True)
+    reaper.start()
+    try:
+        attached = cli(world, "attach", world.pod.spec, *args(world), job)
+    finally:
+        launcher.kill()
+        reaper.join()
+    assert attached.returncode == 0 and "hello" in attached.stdout, (attached.stdout, attached.stderr)
 
 
 def test_a_stop_counts_no_zombie_of_the_session_as_left_running(tmp_path):
