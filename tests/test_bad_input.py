@@ -238,6 +238,15 @@ CASES = [
     ("smoke-config-output-dir-under-file", "smoke", ["-c", "j.toml"],
      {"j.toml": job(train={"output_dir": '"f/runs"'}), "f": "a file"}, "train.output_dir"),
     ("smoke-output-dir-empty", "smoke", ["-c", "j.toml", "--output-dir", ""], {"j.toml": job()}, "--output-dir"),
+    # Review 2026-11-25: an option's value left out took the next word: `--output-dir -- python x.py` ran the command
+    # into ./--/, `--config --json` looked for a file named --json.
+    ("smoke-output-dir-forgotten", "smoke", ["--output-dir", "--", "python", "-c", "pass"], {},
+     "--output-dir: has no value: it took '--'"),
+    ("smoke-config-forgotten-json", "smoke", ["--config", "--json"], {}, "has no value: it took '--json'"),
+    ("smoke-from-forgotten", "smoke", ["--from", "--", "python", "-c", "pass"], {}, "--from: has no value"),
+    ("smoke-run-id-forgotten", "smoke", ["--run-id", "--", "python", "-c", "pass"], {}, "--run-id: has no value"),
+    ("smoke-output-dir-takes-option", "smoke", ["-c", "j.toml", "--output-dir", "--steps", "1"], {"j.toml": job()},
+     "--output-dir: has no value: it took '--steps'"),
     ("smoke-steps-zero", "smoke", ["-c", "j.toml", "--steps", "0"], {"j.toml": job()}, "--steps"),
     ("smoke-steps-not-int", "smoke", ["-c", "j.toml", "--steps", "abc"], {"j.toml": job()}, "bin/smoke"),
     ("smoke-device-unknown", "smoke", ["--device", "tpu"], {}, "bin/smoke"),
@@ -383,7 +392,7 @@ def test_bad_input_is_one_line_exit_2(case, tmp_path):
         data = json.loads(out.stdout, parse_constant=lambda c: pytest.fail(f"bare {c}"))
         assert data["ok"] is False and data["exit_code"] == 2 and expect in json.dumps(data["error"])
     # A refused run makes nothing outside its temp dir, and no run directory inside it.
-    assert not (tmp_path / "runs").exists() and not (tmp_path.parent / "x").exists()
+    assert not (tmp_path / "runs").exists() and not (tmp_path.parent / "x").exists() and not (tmp_path / "--").exists()
 
 
 def test_table_is_big_enough():

@@ -106,6 +106,12 @@ def main(config, steps, device, output_dir, run_id, as_json, sink, inject_fault,
     """
     from podkit.train import parallel
 
+    try:
+        _refuse_forgotten_values(click.get_current_context())
+    except ConfigError as exc:
+        from podkit.launch import wants_json
+
+        _fail(exc, as_json or wants_json())  # `--output-dir --json`: the --json went to the option
     if command or "--" in sys.argv[1:]:
         if device != "auto":  # the command picks its own device; a --device beside it would be dropped unsaid
             _fail(ConfigError("--device", "goes with the built-in run: your command picks its own device",
@@ -168,6 +174,29 @@ def main(config, steps, device, output_dir, run_id, as_json, sink, inject_fault,
     if job.facts.process_group and not parallel.under_torchrun():
         sys.exit(_launch_torchrun(job, root, run_id, as_json, nodes))
     sys.exit(_run(job, path, target, root, run_id, fault, as_json))
+
+
+# What a value looks like, for the fix of an option whose value was forgotten.
+_VALUE_EXAMPLES = {"--config": "job.toml", "--output-dir": "runs", "--run-id": "lr3e4", "--from": "training_args.json",
+                   "--model": "llama-3.2-1b", "--inject-fault": "nan:5"}
+
+
+def _refuse_forgotten_values(ctx: click.Context) -> None:
+    """click gives an option that takes a value the next word, whatever it is: `--output-dir -- python x.py`
+    ran the command into ./--/, and `--config --json` looked for a file named --json. A value of `--` or one of
+    bin/smoke's own option names can only be a value left out; a path that starts with '-' is still taken."""
+    params = ctx.command.get_params(ctx)
+    names = {name for p in params for name in (*p.opts, *p.secondary_opts)}
+    for p in params:
+        if not isinstance(p, click.Option) or p.is_flag or p.type is not click.STRING:
+            continue
+        value = ctx.params.get(p.name)
+        for v in (value if p.multiple else (value,)) or ():
+            if v is not None and (v == "--" or v.split("=", 1)[0] in names):
+                option = max(p.opts, key=len)
+                what = "what starts your command" if v == "--" else "an option of bin/smoke"
+                raise ConfigError(option, f"has no value: it took {v!r} ({what}) for one",
+                                  f"give it one, e.g. {option} {_VALUE_EXAMPLES.get(option, 'VALUE')}, or leave it out")
 
 
 def _nodes(job) -> int:
