@@ -238,6 +238,12 @@ CASES = [
     ("smoke-config-output-dir-under-file", "smoke", ["-c", "j.toml"],
      {"j.toml": job(train={"output_dir": '"f/runs"'}), "f": "a file"}, "train.output_dir"),
     ("smoke-output-dir-empty", "smoke", ["-c", "j.toml", "--output-dir", ""], {"j.toml": job()}, "--output-dir"),
+    # Review 2026-11-25: root passes os.access on /proc; the run said it was launching, then failed in every rank
+    # (exit 1, a torchrun traceback). Writable is now tried up front, by making a directory there.
+    ("smoke-output-dir-proc-torchrun", "smoke", ["-c", "j.toml", "--output-dir", "/proc/x"],
+     {"j.toml": job(cluster={"gpus_per_node": "2"})}, "--output-dir: /proc is not writable"),
+    ("smoke-command-output-dir-proc", "smoke", ["--output-dir", "/proc/x", "--", "python", "-c", "pass"], {},
+     "--output-dir: /proc is not writable"),
     # Review 2026-11-25: an option's value left out took the next word: `--output-dir -- python x.py` ran the command
     # into ./--/, `--config --json` looked for a file named --json.
     ("smoke-output-dir-forgotten", "smoke", ["--output-dir", "--", "python", "-c", "pass"], {},

@@ -19,6 +19,7 @@ import re
 import secrets
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -63,7 +64,10 @@ def check_run_id(run_id: str) -> str:
 
 def check_output_root(root: Path, field: str) -> Path:
     """The directory runs go under, absolute and normalised; refused when it cannot be made: an
-    existing ancestor that is a file (output_dir = "/etc/passwd/runs") or not writable."""
+    existing ancestor that is a file (output_dir = "/etc/passwd/runs") or not writable. Writable is tried,
+    not read from the mode bits: root passes os.access on /proc and on a read-only bind mount of some
+    kernels, and the run then failed later, after it had said it was starting. The try makes a directory
+    in the nearest existing ancestor (what the run does next) and removes it: nothing is left behind."""
     root = Path(os.path.normpath(root.absolute()))
     ancestor = root
     while not ancestor.exists() and ancestor != ancestor.parent:
@@ -74,6 +78,11 @@ def check_output_root(root: Path, field: str) -> Path:
     if not os.access(ancestor, os.W_OK | os.X_OK):
         raise ConfigError(field, f"{ancestor} is not writable (read-only or permission denied)",
                           "point it at a writable directory")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".podkit-write-test-", dir=ancestor))
+    except OSError as exc:
+        raise ConfigError(field, f"{ancestor} is not writable (making a directory there failed: "
+                          f"{exc.strerror or exc})", "point it at a writable directory") from None
     return root
 
 
