@@ -232,6 +232,12 @@ CASES = [
     ("smoke-run-id-env-exists", "smoke", ["-c", "j.toml", "--output-dir", "old"],
      {"j.toml": job(), "old/earlier/summary.json": "{}", "env:PODKIT_RUN_ID": "earlier"},
      "PODKIT_RUN_ID: {tmp}/old/earlier already exists"),
+    # Review 2026-11-25: -- COMMAND ignored PODKIT_RUN_ID, which the built-in run honours; both decide the run id in
+    # one place now (train/outputs.py decide_run_id), refusals included.
+    ("smoke-command-run-id-env-exists", "smoke", ["--output-dir", "old", "--", "python", "-c", "pass"],
+     {"old/earlier/summary.json": "{}", "env:PODKIT_RUN_ID": "earlier"}, "PODKIT_RUN_ID: {tmp}/old/earlier already exists"),
+    ("smoke-command-run-id-env-escape", "smoke", ["--", "python", "-c", "pass"], {"env:PODKIT_RUN_ID": "../../x"},
+     "PODKIT_RUN_ID: '../../x' is not a plain directory name"),
     ("smoke-run-id-dotdot", "smoke", ["-c", "j.toml", "--run-id", ".."], {"j.toml": job()}, "--run-id"),
     ("smoke-output-dir-under-file", "smoke", ["-c", "j.toml", "--output-dir", "f/runs"],
      {"j.toml": job(), "f": "a file"}, "is a file"),

@@ -492,6 +492,20 @@ def test_a_command_the_kernel_cannot_start_is_bad_input_with_a_final_summary(tmp
     assert s["exit_code"] is None and s["null_reasons"]["/exit_code"] == "the command could not be started"
 
 
+def test_podkit_run_id_names_the_run_directory_as_in_the_builtin_run(tmp_path):
+    """Review 2026-11-25: -- COMMAND ignored PODKIT_RUN_ID (bin/pod run --nodes sets it) and made a time-stamped
+    directory, where the built-in run writes runs/$PODKIT_RUN_ID/; --run-id still wins over it."""
+    env = dict(os.environ, PODKIT_RUN_ID="from-env")
+    made = []
+    for extra, expect in (([], "from-env"), (["--run-id", "given"], "given")):
+        proc = subprocess.run([str(SMOKE), "--output-dir", "runs", "--json", *extra, "--", "true"], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120, env=env)
+        assert proc.returncode == 1 and json.loads(proc.stdout)["status"] == "failed", proc.stderr  # no torch step
+        made.append(expect)
+        assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == made, proc.stderr
+        assert (tmp_path / "runs" / expect / "summary.json").exists()
+
+
 TRAINER = """
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments

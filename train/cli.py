@@ -144,33 +144,19 @@ def main(config, steps, device, output_dir, run_id, as_json, sink, inject_fault,
         fault = Fault.parse(inject_fault)
         target = pick_device(device)
         check_runnable(job, target)  # once, before any process is launched
-        from podkit.train.outputs import check_new_run_dir, check_output_root, check_run_id, new_run_id
+        from podkit.train.outputs import check_output_root, decide_run_id
 
         if output_dir is not None and not output_dir.strip():
             raise ConfigError("--output-dir", "is empty", "give a directory, or leave it out for train.output_dir")
         field = "--output-dir" if output_dir else "train.output_dir"
         root = check_output_root(Path(output_dir or job.train.output_dir), field)
         nodes = _nodes(job)
-        if run_id is not None:
-            check_run_id(run_id)
-            # torchrun's ranks all open the directory their launcher checked; the nodes of one run (bin/pod run
-            # --nodes) may share an output directory that another node's ranks have made already.
-            if not parallel.under_torchrun() and nodes == 1:
-                check_new_run_dir(root, run_id)
-        elif os.environ.get("PODKIT_RUN_ID"):
-            run_id = os.environ["PODKIT_RUN_ID"]
-            try:
-                check_run_id(run_id)
-            except ConfigError as exc:
-                raise ConfigError("PODKIT_RUN_ID", exc.problem, exc.fix) from None
-            # A name left exported from an earlier run names that run's directory: never written into again.
-            if not parallel.under_torchrun() and nodes == 1 and (root / run_id).exists():
-                raise ConfigError("PODKIT_RUN_ID", f"{root / run_id} already exists (an earlier run)",
-                                  "unset PODKIT_RUN_ID for a fresh time-stamped run, or set it to a new name")
+        # torchrun's ranks all open the directory their launcher checked; the nodes of one run (bin/pod run
+        # --nodes) may share an output directory that another node's ranks have made already.
+        run_id = decide_run_id(root, run_id, job.source, shared=parallel.under_torchrun() or nodes > 1)
     except ConfigError as exc:
         _fail(exc, as_json)
 
-    run_id = run_id or new_run_id(job.source)
     if job.facts.process_group and not parallel.under_torchrun():
         sys.exit(_launch_torchrun(job, root, run_id, as_json, nodes))
     sys.exit(_run(job, path, target, root, run_id, fault, as_json))
@@ -229,7 +215,6 @@ def _smoke_command(command, config, from_files, model_preset, steps, timeout, ou
                    sink: tuple[str, ...] = ()) -> int:
     """bin/smoke -- COMMAND...: the user's own script, measured (train/script_smoke.py)."""
     from podkit.train import script_smoke
-    from podkit.train.outputs import new_run_id
     from podkit.train.secret_filter import SecretFilter
 
     job = None
@@ -251,16 +236,16 @@ def _smoke_command(command, config, from_files, model_preset, steps, timeout, ou
             job = build_job(config, list(from_files), model_preset).job
         elif config:
             job = load_job(config)
-        from podkit.train.outputs import check_new_run_dir, check_output_root, check_run_id
+        from podkit.train.outputs import check_output_root, decide_run_id
 
         if output_dir is not None and not output_dir.strip():
             raise ConfigError("--output-dir", "is empty", "give a directory, or leave it out for train.output_dir")
         # Before the command starts, as the built-in run: a file or an unwritable place is bad input, said once.
         root = check_output_root(Path(output_dir or (job.train.output_dir if job else "runs")),
                                  "--output-dir" if output_dir or job is None else "train.output_dir")
-        if run_id is not None:
-            check_run_id(run_id)
-            check_new_run_dir(root, run_id)
+        # As the built-in run: --run-id, else PODKIT_RUN_ID, else a fresh name. Never a shared directory: no
+        # torchrun starts bin/smoke -- COMMAND as its worker, and bin/pod run --nodes refuses it (pods/nodes.py).
+        run_id = decide_run_id(root, run_id, Path(command[0]).name if len(command) < 2 else Path(command[-1]).name)
         # The same switch as the built-in run: [smoke] sinks of the job, plus --sink.
         sinks = tuple(dict.fromkeys([*(job.smoke.sinks if job else []), *sink]))
         if sinks:
@@ -271,7 +256,6 @@ def _smoke_command(command, config, from_files, model_preset, steps, timeout, ou
         _fail(exc, as_json)
     steps = steps or (job.smoke.steps if job else 100)
     every = job.smoke.profile_every if job else 10
-    run_id = run_id or new_run_id(Path(command[0]).name if len(command) < 2 else Path(command[-1]).name)
     try:
         summary, run_path, code = script_smoke.run(
             command, root, run_id, steps, every, timeout, job, min_drop=job.smoke.min_loss_drop if job else 0.05,

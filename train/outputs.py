@@ -53,6 +53,31 @@ def check_new_run_dir(root: Path, run_id: str, field: str = "--run-id") -> None:
                           "choose another --run-id, or leave it out for a fresh time-stamped one")
 
 
+def decide_run_id(root: Path, given: str | None, stem: str, shared: bool = False) -> str:
+    """The run directory's name, for the built-in run and `-- COMMAND` alike: --run-id (`given`), else
+    PODKIT_RUN_ID from the environment (bin/pod run --nodes sets it on every node), else a fresh time-stamped
+    name from `stem` (a job file's, or a command's last word). A name given either way must be a plain one and
+    name a new directory: a second run there would mix its files into the first's, and a PODKIT_RUN_ID left
+    exported names an earlier run. Unless `shared`: torchrun's ranks all open the directory their launcher
+    checked, and the nodes of one multi-node run may share an output directory another node made already."""
+    if given is not None:
+        check_run_id(given)
+        if not shared:
+            check_new_run_dir(root, given)
+        return given
+    env = os.environ.get("PODKIT_RUN_ID")
+    if not env:
+        return new_run_id(stem)
+    try:
+        check_run_id(env)
+    except ConfigError as exc:
+        raise ConfigError("PODKIT_RUN_ID", exc.problem, exc.fix) from None
+    if not shared and (root / env).exists():
+        raise ConfigError("PODKIT_RUN_ID", f"{root / env} already exists (an earlier run)",
+                          "unset PODKIT_RUN_ID for a fresh time-stamped run, or set it to a new name")
+    return env
+
+
 def check_run_id(run_id: str) -> str:
     """A run id names one directory under --output-dir: '../../x' or 'a/b' would write elsewhere."""
     if not run_id or run_id in (".", "..") or "/" in run_id or "\\" in run_id or "\0" in run_id \
