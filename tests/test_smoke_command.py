@@ -490,6 +490,9 @@ def test_a_command_the_kernel_cannot_start_is_bad_input_with_a_final_summary(tmp
     assert json.loads(proc.stdout)["error"]["field"] == "--"
     assert s["status"] == "failed" and needle.split("./job: ")[1] in s["reasons"][0], s
     assert s["exit_code"] is None and s["null_reasons"]["/exit_code"] == "the command could not be started"
+    # Review 2026-11-25: this summary alone had no `files`; every run's lists what it wrote.
+    assert s["files"] == {"summary": "summary.json", "log": "smoke.log"}, s
+    assert sorted(p.name for p in (tmp_path / "runs" / "r").iterdir()) == ["smoke.log", "summary.json"]
 
 
 def test_podkit_run_id_names_the_run_directory_as_in_the_builtin_run(tmp_path):

@@ -415,6 +415,11 @@ def _rank_files(run_dir: RunDir) -> dict[str, str]:
     return out | {p.stem.replace(".", "_"): p.name for p in sorted(run_dir.path.glob("memory.rank*.png"))}
 
 
+def _files(run_dir: RunDir) -> dict[str, str]:
+    """summary.json's `files`: what the run directory holds, the summary itself included."""
+    return run_dir.present() | _rank_files(run_dir) | {"summary": "summary.json"}
+
+
 def run(command: tuple[str, ...], root: Path, run_id: str, steps: int, every: int, timeout: float | None,
         job=None, min_drop: float = 0.05, echo: bool = True, sinks: tuple[str, ...] = (),
         announce: str = "") -> tuple[dict, Path, int]:
@@ -460,6 +465,8 @@ def run(command: tuple[str, ...], root: Path, run_id: str, steps: int, every: in
                 follower.finish()
         summary = summarize(command, code, how, run_dir, steps, timeout, job, min_drop,
                             not_started=f"{not_started.problem} ({not_started.fix})" if not_started else "")
+        if not_started is not None:  # the final shape at once: nothing more is written (smoke.log has the $ line)
+            summary["files"] = _files(run_dir)
         run_dir.write_json("summary", summary)  # the final status, before anything that may be cut short
         if not_started is not None:
             if follower is not None:
@@ -481,7 +488,7 @@ def run(command: tuple[str, ...], root: Path, run_id: str, steps: int, every: in
         if late:
             summary["warnings"].append(f"{signal.Signals(late[0]).name} after the command ended: env.json and the "
                                        "memory plot were skipped")
-        summary["files"] = run_dir.present() | _rank_files(run_dir) | {"summary": "summary.json"}
+        summary["files"] = _files(run_dir)
         run_dir.write_json("summary", summary)
     finally:
         for sig, handler in previous.items():
