@@ -8,7 +8,9 @@ import os
 import pickle
 import signal
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -227,6 +229,61 @@ def test_secrets_stay_out_of_the_env_record(tmp_path):
     assert json.loads(record)["env"]["TOKENIZERS_PARALLELISM"] == "false" and "torch_key_value" not in record
     for f in (out / "s").iterdir():
         assert b"hf_secret_value" not in f.read_bytes()
+
+
+SECRET = "hf_podkitTestSecret0123456789"
+
+
+def _assert_no_secret(run: Path, proc) -> None:
+    files = [p for p in run.rglob("*") if p.is_file()]
+    assert len(files) >= 4, files  # smoke.log, summary.json, config.toml, env.json at least
+    for where, text in [(str(p), p.read_bytes()) for p in files] + [("stdout", proc.stdout.encode()),
+                                                                      ("stderr", proc.stderr.encode())]:
+        assert b"podkitTestSecret" not in text, f"the secret in {where}"
+
+
+def test_secrets_stay_out_of_the_builtin_runs_log_when_a_path_holds_one(tmp_path, monkeypatch):
+    """Review 2026-11-25: -- COMMAND filtered what it wrote, the built-in run nothing: its log names the job file
+    (`job PATH: ...`), on the console too, and config.toml's first line does."""
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    job = tiny_job(tmp_path / f"jobs-{SECRET}")
+    proc, s = smoke(tmp_path, "--config", str(job), "--steps", "3", "--json")
+    assert proc.returncode in (0, 1) and s["steps"] == 3, proc.stderr
+    run = tmp_path / "runs" / s["run_id"]
+    assert "jobs-[HF_TOKEN redacted]/job.toml" in (run / "smoke.log").read_text()
+    assert "jobs-[HF_TOKEN redacted]/job.toml" in (run / "config.toml").read_text().splitlines()[0]
+    _assert_no_secret(run, proc)
+
+
+# A library's error with the token in its message (a download URL), raised while the run builds its data stream.
+LEAKY_DATA = f"""
+import os, sys
+from podkit.train import data
+def make_stream(*args, **kwargs):
+    raise OSError(f"403 Forbidden: https://huggingface.co/api/datasets/x?token={{os.environ['HF_TOKEN']}}")
+data.make_stream = make_stream
+from podkit.train.cli import main
+main(prog_name="bin/smoke")
+"""
+
+
+def test_secrets_stay_out_of_the_builtin_runs_summary_and_traceback(tmp_path):
+    """Review 2026-11-25: an error's message went into the built-in run's summary.json reasons and its traceback
+    into smoke.log as it was."""
+    driver = tmp_path / "driver.py"
+    driver.write_text(LEAKY_DATA)
+    env = dict(os.environ, HF_TOKEN=SECRET, PYTHONPATH=str(ROOT))
+    env.pop("PODKIT_RUN_ID", None)
+    out = tmp_path / "runs"
+    proc = subprocess.run([sys.executable, str(driver), "--output-dir", str(out), "--run-id", "leak", "--steps", "3",
+                           "--json"], capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
+    s = json.loads((out / "leak" / "summary.json").read_text())
+    assert proc.returncode == 1 and s["status"] == "failed", proc.stderr
+    assert s["reasons"][0].startswith("OSError: 403 Forbidden: ") and "token=[HF_TOKEN redacted]" in s["reasons"][0], s
+    assert json.loads(proc.stdout)["reasons"] == s["reasons"]
+    log = (out / "leak" / "smoke.log").read_text()
+    assert "Traceback" in log and "token=[HF_TOKEN redacted]" in log, log
+    _assert_no_secret(out / "leak", proc)
 
 
 @pytest.mark.parametrize("train, left_out", [

@@ -43,13 +43,18 @@ def default_job(device: str) -> Path:
 
 
 def _setup_logging(run_path: Path | None, rank: int) -> None:
+    from podkit.train.secret_filter import RedactingFormatter, SecretFilter
+
     root = logging.getLogger("podkit")
     root.setLevel(logging.INFO)
     root.handlers.clear()
-    fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S")
+    # Every line, its traceback included, without the environment's secret values (as -- COMMAND's log): a job
+    # file's path, an error's message may hold one.
+    secrets = SecretFilter()
+    fmt = RedactingFormatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S", secrets)
     if rank == 0:
         console = logging.StreamHandler(sys.stderr)
-        console.setFormatter(logging.Formatter("smoke: %(message)s"))
+        console.setFormatter(RedactingFormatter("smoke: %(message)s", secrets=secrets))
         console.addFilter(lambda record: not getattr(record, "file_only", False))  # tracebacks: smoke.log only
         root.addHandler(console)
     if run_path is not None:
@@ -360,6 +365,8 @@ def _launch_torchrun(job, root: Path, run_id: str, as_json: bool, nodes: int = 1
         click.echo(f"smoke: this node's {nproc} process(es) ended (torchrun exit {code}); rank 0 ran on another "
                    f"node and wrote the run's summary.json there; ranks' logs: {root / run_id}", err=True)
         return 0 if code == 0 else 1
+    from podkit.train.secret_filter import SecretFilter
+
     if stopped:
         # Rank 0 may have been killed before it wrote its summary: the run was still interrupted.
         if summary is not None and summary.get("status") != "interrupted":
@@ -374,7 +381,7 @@ def _launch_torchrun(job, root: Path, run_id: str, as_json: bool, nodes: int = 1
         click.echo(f"smoke: torchrun exited {code} without a summary; see {root / run_id}", err=True)
         return 1
     if summary.get("status") == "running" or (summary.get("status") in ("interrupted", "failed") and code != 0):
-        summary = _failed_under_torchrun(summary, code, root / run_id)
+        summary = SecretFilter().deep(_failed_under_torchrun(summary, code, root / run_id))  # its reasons name paths
         summary_path.write_text(strict_json.dumps(summary, indent=2))
     _report(summary, root / run_id, as_json)
     from podkit.train.verdict import EXIT_CODES

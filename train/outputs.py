@@ -27,7 +27,7 @@ import torch
 
 from podkit.checks import strict_json
 from podkit.checks.errors import ConfigError
-from podkit.train.secret_filter import is_secret_name
+from podkit.train.secret_filter import SecretFilter, is_secret_name
 
 # Variables recorded in env.json: what changes memory, speed or threading. Secrets never match.
 ENV_PREFIXES = ("PYTORCH_", "CUDA_", "NCCL_", "TORCH_", "OMP_", "MKL_", "TOKENIZERS_", "HF_HOME", "HF_HUB_OFFLINE",
@@ -156,7 +156,7 @@ def resolved_toml(job) -> str:
     """The job as it ran: every field of every section, so a rerun needs nothing else."""
     from podkit.checks.config import SHAPE_KEYS
 
-    lines = [f"# resolved by bin/smoke from {job.source}"]
+    lines = [f"# resolved by bin/smoke from {SecretFilter().text(str(job.source))}"]  # a comment: no value lost
     m = job.model
     by_dimensions = not (m.preset or m.hf_config or m.hf or m.params)
     for section in ("model", "train", "cluster", "smoke"):

@@ -1,8 +1,9 @@
 """Secrets out of what a smoke run records: the values of HF_TOKEN, WANDB_API_KEY and the like are replaced
 by "[HF_TOKEN redacted]" wherever podkit writes text it did not compose itself: the command's output in
-smoke.log (and its echo), the command line, and the errors in summary.json and ranks/. A user's script that
-prints its environment, or crashes with a token in its message, must not put the token into files that
-fetch-logs copies to a laptop and people paste into issues.
+smoke.log (and its echo), the command line, and the errors in summary.json and ranks/; in the built-in run
+every line of smoke.log (and smoke.rank<N>.log, and their echo) and the text of summary.json. A user's script
+that prints its environment, or an error (a traceback, a path) with a token in it, must not put the token into
+files that fetch-logs copies to a laptop and people paste into issues.
 
 Secrets are found by name: those envsetup forwards (envsetup/envfile.py SECRET_NAMES, plus PODKIT_SECRET_NAMES)
 and any variable whose name says it is one. Only the exact value is matched, and only values of MIN_LEN
@@ -11,6 +12,7 @@ characters or more (TOKENIZERS_PARALLELISM=false names a TOKEN and is none).
 
 from __future__ import annotations
 
+import logging
 import os
 
 from podkit.envsetup.envfile import EXTRA_NAMES_VAR, SECRET_NAMES, BadSecretName, extra_secret_names
@@ -59,6 +61,18 @@ class SecretFilter:
     def argv(self, command) -> list[str]:
         return [self.text(a) for a in command]
 
+    def deep(self, obj):
+        """A JSON-shaped value (summary.json) with every string in it, keys included, passed through `text`."""
+        if not self._pairs:
+            return obj
+        if isinstance(obj, str):
+            return self.text(obj)
+        if isinstance(obj, dict):
+            return {self.deep(k): self.deep(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(self.deep(v) for v in obj)
+        return obj
+
     def feed(self, chunk: bytes) -> bytes:
         """What of the stream so far can be written: all but a tail that may be the start of a secret."""
         data = self._pending + chunk
@@ -76,3 +90,14 @@ class SecretFilter:
     def flush(self) -> bytes:
         out, self._pending = self._pending, b""
         return out
+
+
+class RedactingFormatter(logging.Formatter):
+    """A log formatter whose whole output (the message, its arguments, a traceback) has the secrets replaced."""
+
+    def __init__(self, fmt=None, datefmt=None, secrets: SecretFilter | None = None):
+        super().__init__(fmt, datefmt)
+        self.secrets = SecretFilter() if secrets is None else secrets
+
+    def format(self, record: logging.LogRecord) -> str:
+        return self.secrets.text(super().format(record))

@@ -35,6 +35,7 @@ from podkit.train import step as step_mod
 from podkit.train.memprobe import OOM_ERROR, PhasePeaks, TensorCounter, is_out_of_memory, make_probe
 from podkit.train.monitor import MemoryMonitor, flops_per_token
 from podkit.train.outputs import RunDir, env_record, resolved_toml
+from podkit.train.secret_filter import SecretFilter
 from podkit.train import plot
 from podkit.train.verdict import Verdict, comparison, judge, prediction_warnings
 
@@ -374,9 +375,9 @@ class SmokeRun:
         """The smallest final summary, when building the full one failed (a full disk, a bug)."""
         verdict = Verdict(status="oom" if oom else "failed", reasons=[reason], checks={})
         self.verdict = verdict
-        self.summary = {"status": verdict.status, "reasons": verdict.reasons,
-                        "run_id": self.run_dir.run_id if self.run_dir else None,
-                        "steps": len(self.measured.losses), "predicted": self.estimate.allocated}
+        self.summary = SecretFilter().deep({"status": verdict.status, "reasons": verdict.reasons,
+                                            "run_id": self.run_dir.run_id if self.run_dir else None,
+                                            "steps": len(self.measured.losses), "predicted": self.estimate.allocated})
         if self.sinks is not None:
             try:
                 self.sinks.close(self.summary)
@@ -491,6 +492,9 @@ class SmokeRun:
                  "slowdown": round(s.slowdown, 2), "caveat": s.caveat}
                 for s in advisor.advise(self.pred_job)
             ]
+        # Its reasons and warnings carry errors' own text (an exception's message, a path): secrets stay out, as
+        # in -- COMMAND's summary.
+        self.summary = SecretFilter().deep(self.summary)
         if self.run_dir:
             self._write_outputs(rows)
         return verdict
