@@ -64,6 +64,10 @@ def start(conn: PodConnection, command: str, job_id: str | None = None, *, env: 
     d = f"{JOBS_DIR}/{job_id}"
     exports = "".join(f"export {_name(k)}={shlex.quote(v)}\n" for k, v in (env or {}).items())
     exports += "".join(f"[ -n \"${{{_name(k)}:-}}\" ] || export {k}={shlex.quote(v)}\n" for k, v in (env_defaults or {}).items())
+    # The wrapper's first act is to record its own pid (written aside, then renamed: a reader never sees half a
+    # file), before the env file or the command: from its first moment the job is one `stop`, `attach` and `jobs`
+    # find, whatever becomes of the launcher below (a Ctrl-C or a dropped link right after it started the wrapper
+    # left a job running that no pid file named, which `stop` could not find).
     # The inner shell sources the env file itself, after whatever BASH_ENV or rc files did
     # (pyenv or conda shims), so the project's venv is first on PATH; then it records the exit
     # code. setsid puts it in its own session, so the SSH session's hangup never reaches it.
@@ -76,7 +80,8 @@ def start(conn: PodConnection, command: str, job_id: str | None = None, *, env: 
     # `stop` signals the job's whole tree, this subshell too: its TERM trap (a command, not an ignore, so the
     # command's processes still get the default) lets it wait for the command and pass on the command's own exit
     # code (bin/smoke's 130), not bash's 143.
-    inner = (f'jobdir="$PWD/{d}"\n[ -r .podkit/env ] && . .podkit/env\n{exports}'
+    inner = (f'jobdir="$PWD/{d}"\necho $$ > "$jobdir/pid.wrapper" && mv -f "$jobdir/pid.wrapper" "$jobdir/pid"\n'
+             f'[ -r .podkit/env ] && . .podkit/env\n{exports}'
              '( trap : TERM; eval "$(cat "$jobdir/command")" )\n'
              'rc=$?; echo $rc > "$jobdir/exit_code.tmp" && mv "$jobdir/exit_code.tmp" "$jobdir/exit_code"')
     script = (
@@ -88,7 +93,11 @@ def start(conn: PodConnection, command: str, job_id: str | None = None, *, env: 
         # The tag before `env`, so that the pid $! names carries it from its first exec (attach waits for that)
         f"PODKIT_JOB_ID={job_id} env -u PODKIT_SESSION setsid nohup bash --noprofile --norc -c {shlex.quote(inner)} "
         f"> {d}/output.log 2>&1 < /dev/null &\n"
-        f"echo $! > {d}/pid\n"
+        # The wrapper records its pid itself; waiting for that record here makes the job findable the moment this
+        # returns. One that died before it could (its shell missing) is recorded by the pid it had, so that attach
+        # shows what it said.
+        f"w=$!; i=0; while [ ! -s {d}/pid ] && kill -0 $w 2>/dev/null && [ $i -lt 100 ]; do sleep 0.05; i=$((i+1)); done\n"
+        f"[ -s {d}/pid ] || {{ echo $w > {d}/pid.launcher && mv -f {d}/pid.launcher {d}/pid; }}\n"
     )
     result = conn.run(script)
     if not result.ok:

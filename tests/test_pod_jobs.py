@@ -16,6 +16,7 @@ import sys
 import textwrap
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -567,3 +568,48 @@ def test_a_dropped_link_while_following_under_json_names_the_job_that_runs_on(wo
         if proc.poll() is None:
             proc.kill()
         cli(world, "stop", world.pod.spec, *args(world), jid, "--grace", "1")
+
+
+@contextmanager
+def launcher_trap(world, action: str):
+    """Run `action` (shell) before each command of the launcher that starts a job on the pod. The pod's BASH_ENV
+    (world's bashrc, read by every bash started there but the job's wrapper, which carries PODKIT_JOB_ID) sets it as
+    a DEBUG trap, which `set -T` hands on to subshells: it reaches the launcher whether that runs in the shared
+    shell's subshell or as a bash of its own. `$__b` is `$!` before any, so `[ "$!" != "$__b" ]` holds once the
+    launcher has started the wrapper in the background; `$BASH_COMMAND` is the command about to run."""
+    rc = world.base / "bashrc"
+    before = rc.read_text()
+    rc.write_text(before + f"if [ -z \"${{PODKIT_JOB_ID:-}}\" ]; then __b=$!; set -T; trap {shlex.quote(action)} DEBUG; fi\n")
+    try:
+        yield
+    finally:
+        rc.write_text(before)
+
+
+def _sleeps(marker: str) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", f"^sleep {re.escape(marker)}$"], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def _marker() -> str:
+    """A sleep's argument that names this test's processes, and nobody else's."""
+    return f"{600 + uuid.uuid4().int % 300}.{uuid.uuid4().int % 10**6:06d}"
+
+
+def test_a_job_whose_launcher_dies_right_after_starting_it_is_found_and_stopped(world):
+    """Review 2026-11-26: the pid file was written by the launcher after the start; killed in between (a Ctrl-C,
+    a dropped link, the OOM killer), it left a job running that `stop` could not find. The wrapper now records its
+    own pid first."""
+    jid, marker = f"orphan-{uuid.uuid4().hex[:8]}", _marker()
+    try:
+        with launcher_trap(world, '[ "$!" != "$__b" ] && kill -KILL $BASHPID'):  # killed the moment it started it
+            started = cli(world, "run", *args(world), "--id", jid, "-d", world.pod.spec, "--", "sleep", marker)
+        assert started.returncode == 2 and "Traceback" not in started.stderr, started.stderr
+        assert _sleeps(marker), "the job did not start"
+        stopped = cli(world, "stop", world.pod.spec, *args(world), jid, "--grace", "2")
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert wait_for(lambda: not _sleeps(marker), 10), "the job runs on"
+    finally:
+        for pid in with_env(f"PODKIT_JOB_ID={jid}") + _sleeps(marker):
+            os.kill(pid, signal.SIGKILL)
+
