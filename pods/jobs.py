@@ -84,11 +84,14 @@ def start(conn: PodConnection, command: str, job_id: str | None = None, *, env: 
              f'[ -r .podkit/env ] && . .podkit/env\n{exports}'
              '( trap : TERM; eval "$(cat "$jobdir/command")" )\n'
              'rc=$?; echo $rc > "$jobdir/exit_code.tmp" && mv "$jobdir/exit_code.tmp" "$jobdir/exit_code"')
+    taken = f"job {job_id} exists: give another --id, or bin/pod attach HOST {job_id}"
     script = (
-        f"mkdir -p {d} || exit 2\n"
-        f"if [ -e {d}/pid ]; then echo 'job {job_id} exists: give another --id, or bin/pod attach HOST {job_id}' >&2; "
-        f"exit 2; fi\n"
-        f"printf '%s\\n' {shlex.quote(command)} > {d}/command\n"
+        f"mkdir -p {JOBS_DIR} || exit 2\n"
+        # A plain mkdir claims the id: of two starts of one id at once, exactly one makes the directory (a test
+        # for an existing pid file after `mkdir -p` let both through, and both started).
+        f"made=$(mkdir {d} 2>&1) || {{ if [ -e {d} ]; then echo {shlex.quote(taken)} >&2; "
+        f"else printf '%s\\n' \"$made\" >&2; fi; exit 2; }}\n"
+        f"printf '%s\\n' {shlex.quote(command)} > {d}/command || {{ rm -f {d}/command; rmdir {d}; exit 2; }}\n"
         f"date -u +%Y-%m-%dT%H:%M:%S.%NZ > {d}/started\n"
         # The tag before `env`, so that the pid $! names carries it from its first exec (attach waits for that)
         f"PODKIT_JOB_ID={job_id} env -u PODKIT_SESSION setsid nohup bash --noprofile --norc -c {shlex.quote(inner)} "

@@ -613,3 +613,28 @@ def test_a_job_whose_launcher_dies_right_after_starting_it_is_found_and_stopped(
         for pid in with_env(f"PODKIT_JOB_ID={jid}") + _sleeps(marker):
             os.kill(pid, signal.SIGKILL)
 
+
+def test_two_runs_of_one_id_at_once_start_it_once(world):
+    """Review 2026-11-26: `mkdir -p`, then a test for the pid file: two `bin/pod run --id X` at once both passed it
+    (here held together after it, at the start's `date`), and both started. A plain mkdir claims the id."""
+    jid, marker = f"twice-{uuid.uuid4().hex[:8]}", _marker()
+    barrier = world.base / f"barrier-{jid}"
+    barrier.mkdir()
+    wait = (f'case $BASH_COMMAND in "date -u"*) touch {barrier}/$BASHPID; i=0; '
+            f'while [ "$(ls {barrier} | wc -l)" -lt 2 ] && [ $i -lt 60 ]; do sleep 0.05; i=$((i+1)); done;; esac')
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    argv = [str(world.project / "bin" / "pod"), "run", "--known-hosts", str(world.known_hosts), *args(world), "--id", jid,
+            "-d", world.pod.spec, "--", "sleep", marker]
+    try:
+        with launcher_trap(world, wait):
+            procs = [subprocess.Popen(argv, cwd=world.project, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True) for _ in range(2)]
+            outs = [p.communicate(timeout=120) for p in procs]
+        codes = sorted(p.returncode for p in procs)
+        assert codes == [0, 2], outs
+        refused = outs[[p.returncode for p in procs].index(2)][1]
+        assert f"job {jid} exists: give another --id" in refused, refused
+        assert wait_for(lambda: len(_sleeps(marker)) == 1, 10) and len(_sleeps(marker)) == 1, _sleeps(marker)
+    finally:
+        for pid in with_env(f"PODKIT_JOB_ID={jid}") + _sleeps(marker):
+            os.kill(pid, signal.SIGKILL)
