@@ -328,8 +328,6 @@ def run_cmd(host, command, detach, job_id, as_json, nodes, nproc_per_node, pods:
     Several nodes: bin/pod run a,b --nodes -- bin/smoke --config job.toml (every node's output
     prefixed by its name; a node that fails stops the others; the exit code is the failing node's).
     """
-    import shlex
-
     if job_id:
         remote_jobs.valid_id(job_id)
     if nodes:
@@ -342,9 +340,20 @@ def run_cmd(host, command, detach, job_id, as_json, nodes, nproc_per_node, pods:
         changed = changed_since_deploy(conn, pods.opts.project, rdir)
         if changed:
             click.echo(changed_note(changed, host), err=True)
-        jid = remote_jobs.start(conn, shlex.join(command) if len(command) > 1 else command[0], job_id)
+        line = _command_line(command)
+        jid = job_id or remote_jobs.new_id(line)  # known before the start: a start cut short names it
         job = {"job": jid, "pod": spec.name, "host": spec.host, "remote_dir": rdir,
                "log": f"{rdir}/{remote_jobs.JOBS_DIR}/{jid}/output.log", "changed_since_deploy": changed}
+        try:
+            remote_jobs.start(conn, line, jid)
+        except KeyboardInterrupt:
+            _start_interrupted(conn, pods.again(host), job, as_json)
+        except remote_jobs.StartFailed:  # it says whether the job started
+            raise
+        except PodError as exc:  # the link failed while the start was in flight: it may have started
+            raise PodError(f"{exc.problem}; job {jid} may have started on {spec.name}",
+                           f"check with: bin/pod jobs {pods.again(host)}; follow it: bin/pod attach {pods.again(host)} "
+                           f"{jid}; stop it: bin/pod stop {pods.again(host)} {jid}", exc.host, exc.field) from None
         click.echo(f"job {jid} started on {spec.name}; output: {remote_jobs.JOBS_DIR}/{jid}/output.log", err=True)
         if detach:
             click.echo(f"attach with: bin/pod attach {pods.again(host)} {jid}", err=True)
@@ -357,6 +366,38 @@ def run_cmd(host, command, detach, job_id, as_json, nodes, nproc_per_node, pods:
     if as_json:
         click.echo(json.dumps({"ok": code == 0, **job, "detached": False, "exit_code": code}, indent=2))
     sys.exit(EXIT_FAILED if code is None else code)
+
+
+def _start_interrupted(conn: PodConnection, again: str, job: dict, as_json: bool) -> NoReturn:
+    """Ctrl-C while the job was being started: it may well have started, and a re-run would start it a second time.
+    Ask the pod (the link may still allow it) and say which, how to follow or stop it; where the pod cannot be
+    asked, say so. Exit 130."""
+    jid, pod = job["job"], job["pod"]
+    _note(f"\ninterrupted while starting job {jid} on {pod}; asking the pod whether it started (Ctrl-C again to stop "
+          "asking)")
+    try:
+        state = remote_jobs.start_state(conn, jid)
+    except (PodError, KeyboardInterrupt):
+        state = None
+    follow = f"follow it: bin/pod attach {again} {jid}; stop it: bin/pod stop {again} {jid}"
+    if state is None:
+        _note(f"could not ask {pod} whether job {jid} started: it may be running; check with: bin/pod jobs {again}; "
+              f"{follow}")
+    elif state == "absent":
+        _note(f"job {jid} did not start on {pod}; re-run to start it")
+    elif state == "running":
+        _note(f"job {jid} started on {pod} and runs (a re-run would start it again); {follow}")
+    else:
+        _note(f"job {jid} on {pod}: {remote_jobs.said(state)}; its output: bin/pod attach {again} {jid}")
+    if as_json:
+        code = state.split(" ")[1] if state and state.startswith("exited ") else None
+        try:
+            click.echo(json.dumps({"ok": False, **job, "detached": True, "interrupted": True,
+                                   "started": None if state is None else state != "absent",
+                                   "exit_code": int(code) if code and code.lstrip("-").isdigit() else None}, indent=2))
+        except OSError:
+            pass
+    sys.exit(130)
 
 
 def _run_nodes(host: str, command: tuple[str, ...], detach: bool, run_id: str | None, nproc: int | None,

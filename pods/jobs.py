@@ -56,6 +56,14 @@ def valid_id(job_id: str) -> str:
     return job_id
 
 
+class StartFailed(PodError):
+    """The launcher on the pod failed; the message says whether the job started all the same."""
+
+
+class StartRefused(StartFailed):
+    """The pod refused to start the job (its id is taken, its directory cannot be made): nothing started."""
+
+
 def start(conn: PodConnection, command: str, job_id: str | None = None, *, env: dict[str, str] | None = None,
           env_defaults: dict[str, str] | None = None) -> str:
     """Start `command` detached; `env` is exported after the env file (it wins), `env_defaults`
@@ -85,7 +93,7 @@ def start(conn: PodConnection, command: str, job_id: str | None = None, *, env: 
              '( trap : TERM; eval "$(cat "$jobdir/command")" )\n'
              'rc=$?; echo $rc > "$jobdir/exit_code.tmp" && mv "$jobdir/exit_code.tmp" "$jobdir/exit_code"')
     taken = f"job {job_id} exists: give another --id, or bin/pod attach HOST {job_id}"
-    script = (
+    launcher = (
         f"mkdir -p {JOBS_DIR} || exit 2\n"
         # A plain mkdir claims the id: of two starts of one id at once, exactly one makes the directory (a test
         # for an existing pid file after `mkdir -p` let both through, and both started).
@@ -102,10 +110,57 @@ def start(conn: PodConnection, command: str, job_id: str | None = None, *, env: 
         f"w=$!; i=0; while [ ! -s {d}/pid ] && kill -0 $w 2>/dev/null && [ $i -lt 100 ]; do sleep 0.05; i=$((i+1)); done\n"
         f"[ -s {d}/pid ] || {{ echo $w > {d}/pid.launcher && mv -f {d}/pid.launcher {d}/pid; }}\n"
     )
-    result = conn.run(script)
-    if not result.ok:
-        raise PodError(f"could not start the job: {(result.stderr or result.stdout).strip()[:200]}")
+    # The launcher is a bash of its own (exec'd), so its environment carries the connection's PODKIT_SESSION tag: a
+    # Ctrl-C of this client (stop_remote) ends it, and a child of it not yet the wrapper, before the client asks the
+    # pod whether the job started. Run in the shared shell's subshell (a fork: its /proc environ holds no tag), it
+    # ran on after a Ctrl-C, and could start the job after the pod had been found without it.
+    result = conn.run(f"exec bash --noprofile --norc -c {shlex.quote(launcher)}")
+    said_last = ((result.stderr or result.stdout).strip().splitlines() or [""])[-1][:200]  # after what rc files said
+    if result.exit_code == 2:
+        raise StartRefused(f"could not start the job: {said_last}")
+    if not result.ok:  # the launcher itself failed (killed?), perhaps after the wrapper started: say which
+        why = (f"its launcher was killed by signal {result.exit_code - 128}" if result.exit_code > 128 else
+               said_last or f"its launcher exited {result.exit_code}")
+        state = start_state(conn, job_id)
+        fix = "re-run" if state == "absent" else f"check with: bin/pod jobs HOST; stop it with: bin/pod stop HOST {job_id}"
+        raise StartFailed(f"could not start job {job_id} ({why}); {said(state)}", fix)
     return job_id
+
+
+_STATE_WORDS = {
+    "absent": "it did not start",
+    "running": "it started and runs",
+    "exited": "it started and has already {state}",
+    "lost": "it started, but no longer runs and left no exit code",
+}
+
+
+def said(state: str) -> str:
+    """A start_state in words: "it did not start", "it started and runs", ..."""
+    return _STATE_WORDS[state.split(" ")[0]].format(state=state)
+
+
+def start_state(conn: PodConnection, job_id: str) -> str:
+    """After a start that was cut short (Ctrl-C, its launcher killed): did the job start? "running", "exited CODE",
+    "lost" (it started and ended without a code), or "absent" (it did not start). A directory the start left
+    with nothing started in it (no pid, no output, no process of the job) is removed, so the id can be used again.
+    Raises PodError when the pod cannot be asked."""
+    d = f"{JOBS_DIR}/{valid_id(job_id)}"
+    script = (
+        f"[ -d {d} ] || {{ echo absent; exit 0; }}\n"
+        f"[ -r {d}/exit_code ] && {{ echo \"exited $(cat {d}/exit_code)\"; exit 0; }}\n"
+        f"{_ours(job_id)}pid=$(cat {d}/pid 2>/dev/null)\n"
+        # its wrapper (by the pid it recorded), or any process of the job: one that has not recorded its pid yet
+        f"if ours \"$pid\" || grep -qzxF PODKIT_JOB_ID={job_id} /proc/[0-9]*/environ 2>/dev/null; then echo running; exit 0; fi\n"
+        f"if [ ! -e {d}/pid ] && [ ! -s {d}/output.log ]; then rm -f {d}/command {d}/started {d}/output.log\n"
+        f"  rmdir {d} 2>/dev/null && {{ echo absent; exit 0; }}; fi\n"
+        "echo lost\n"
+    )
+    result = conn.run(script, timeout=60)
+    state = result.stdout.strip().splitlines()[-1:] or [""]
+    if not result.ok or state[0].split(" ")[0] not in _STATE_WORDS:
+        raise PodError(f"could not tell whether job {job_id} started: {(result.stderr or result.stdout).strip()[:200]}")
+    return state[0]
 
 
 def _name(key: str) -> str:

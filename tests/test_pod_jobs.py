@@ -609,6 +609,8 @@ def test_a_job_whose_launcher_dies_right_after_starting_it_is_found_and_stopped(
         stopped = cli(world, "stop", world.pod.spec, *args(world), jid, "--grace", "2")
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
         assert wait_for(lambda: not _sleeps(marker), 10), "the job runs on"
+        # and the failed start said so, rather than that the job could not start
+        assert f"could not start job {jid} (its launcher was killed by signal 9); it started and runs" in started.stderr
     finally:
         for pid in with_env(f"PODKIT_JOB_ID={jid}") + _sleeps(marker):
             os.kill(pid, signal.SIGKILL)
@@ -637,4 +639,55 @@ def test_two_runs_of_one_id_at_once_start_it_once(world):
         assert wait_for(lambda: len(_sleeps(marker)) == 1, 10) and len(_sleeps(marker)) == 1, _sleeps(marker)
     finally:
         for pid in with_env(f"PODKIT_JOB_ID={jid}") + _sleeps(marker):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("when", ["after-start", "before-start", "link-dropped"])
+def test_a_start_cut_short_says_whether_the_job_started(world, when):
+    """Review 2026-11-26: Ctrl-C while a job was starting said 're-run to continue', but the job had probably started,
+    and a re-run started it a second time. Now the pod is asked: started and running (how to follow or stop it), or
+    not started (its id free again); a dropped link says it may have started, and how to check."""
+    jid, marker, hold = f"cut-{when}-{uuid.uuid4().hex[:6]}", _marker(), _marker()
+    action = (f'case $BASH_COMMAND in "env -u PODKIT_SESSION"*) sleep {hold};; esac' if when == "before-start" else
+              f'[ "$!" != "$__b" ] && {{ __b=$!; sleep {hold}; }}')  # the launcher held just before / after the start
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    argv = [str(world.project / "bin" / "pod"), "run", "--known-hosts", str(world.known_hosts), *args(world), "--id", jid,
+            "--json", world.pod.spec, "--", "sleep", marker]
+    try:
+        with launcher_trap(world, action):
+            proc = subprocess.Popen(argv, cwd=world.project, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True, start_new_session=True)
+            try:
+                assert wait_for(lambda: _sleeps(hold), 60), "the start never got there"
+                if when == "link-dropped":
+                    world.pod.drop_connections()
+                else:
+                    os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C
+                out, err = proc.communicate(timeout=90)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+        assert "re-run to continue" not in err and "Traceback" not in err, err
+        d = Path(world.pod.remote_dir) / "logs" / "jobs" / jid
+        again = f"--remote-dir {world.pod.remote_dir}"
+        if when == "link-dropped":
+            line = one_line_error(subprocess.CompletedProcess(argv, proc.returncode, out, err), notes_before=True)
+            assert f"job {jid} may have started" in line and f"bin/pod jobs {world.pod.spec}" in line, line
+            assert f"bin/pod stop {world.pod.spec}" in line and again in line and line.endswith(f"{jid})"), line
+        elif when == "after-start":
+            assert proc.returncode == 130, err
+            assert f"job {jid} started on 127.0.0.1-{world.pod.port} and runs" in err, err
+            assert f"bin/pod attach {world.pod.spec}" in err and f"bin/pod stop {world.pod.spec}" in err and again in err
+            data = _strict(out)
+            assert (data["job"], data["interrupted"], data["started"], data["exit_code"]) == (jid, True, True, None)
+            assert _sleeps(marker), "the job was stopped"
+        else:
+            assert proc.returncode == 130, err
+            assert f"job {jid} did not start" in err and "re-run to start it" in err, err
+            assert _strict(out)["started"] is False and not _sleeps(marker)
+            assert not d.exists(), "the id stays taken by what the start left"
+            rerun = cli(world, "run", *args(world), "--id", jid, world.pod.spec, "--", "true")
+            assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    finally:
+        for pid in with_env(f"PODKIT_JOB_ID={jid}") + _sleeps(marker) + _sleeps(hold):
             os.kill(pid, signal.SIGKILL)
