@@ -344,6 +344,7 @@ def run_cmd(host, command, detach, job_id, as_json, nodes, nproc_per_node, pods:
         jid = job_id or remote_jobs.new_id(line)  # known before the start: a start cut short names it
         job = {"job": jid, "pod": spec.name, "host": spec.host, "remote_dir": rdir,
                "log": f"{rdir}/{remote_jobs.JOBS_DIR}/{jid}/output.log", "changed_since_deploy": changed}
+        _note_running(conn, spec, pods.again(host))
         try:
             remote_jobs.start(conn, line, jid)
         except KeyboardInterrupt:
@@ -366,6 +367,19 @@ def run_cmd(host, command, detach, job_id, as_json, nodes, nproc_per_node, pods:
     if as_json:
         click.echo(json.dumps({"ok": code == 0, **job, "detached": False, "exit_code": code}, indent=2))
     sys.exit(EXIT_FAILED if code is None else code)
+
+
+def _note_running(conn: PodConnection, spec: HostSpec, again: str) -> None:
+    """One line on stderr naming the detached jobs already running on the pod: a second job beside them shares its
+    GPUs (and their memory). A note, never a refusal: running two at once may be what the user wants."""
+    running = sorted((j for j in remote_jobs.list_jobs(conn) if j.state == "running"), key=lambda j: j.started)
+    if not running:
+        return
+    named = ", ".join(f"{j.id} ({j.command[:60]})" for j in running[:3])
+    more = f" and {len(running) - 3} more" if len(running) > 3 else ""
+    one = len(running) == 1
+    click.echo(f"note: {spec.name} already runs {'job' if one else f'{len(running)} jobs:'} {named}{more}; this one starts "
+               f"beside {'it' if one else 'them'}, on the same GPUs (list them: bin/pod jobs {again})", err=True)
 
 
 def _start_interrupted(conn: PodConnection, again: str, job: dict, as_json: bool) -> NoReturn:

@@ -691,3 +691,20 @@ def test_a_start_cut_short_says_whether_the_job_started(world, when):
     finally:
         for pid in with_env(f"PODKIT_JOB_ID={jid}") + _sleeps(marker) + _sleeps(hold):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_run_names_the_jobs_already_running_on_the_pod(world):
+    """Review 2026-11-26: a second job started beside a running one without a word (they share the GPUs)."""
+    jid, marker = f"busy-{uuid.uuid4().hex[:8]}", _marker()
+    assert cli(world, "run", *args(world), "--id", jid, "-d", world.pod.spec, "--", "sleep", marker).returncode == 0
+    try:
+        beside = cli(world, "run", *args(world), world.pod.spec, "--", "true")
+        assert beside.returncode == 0, beside.stdout + beside.stderr
+        notes = [line for line in beside.stderr.splitlines() if "already runs" in line]
+        assert len(notes) == 1 and f"{jid} (sleep {marker})" in notes[0], beside.stderr
+        assert cli(world, "stop", world.pod.spec, *args(world), jid, "--grace", "2").returncode == 0
+        after = cli(world, "run", *args(world), world.pod.spec, "--", "true")
+        assert after.returncode == 0 and jid not in after.stderr, after.stderr
+    finally:
+        for pid in with_env(f"PODKIT_JOB_ID={jid}"):
+            os.kill(pid, signal.SIGKILL)
