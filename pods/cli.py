@@ -736,18 +736,22 @@ def up_cmd(gpu, count, image, volume_gb, disk_gb, name, key, deadline, poll, inv
     if image is not None and not image.strip():
         raise PodError("--image is empty", "give an image reference, or leave --image out for RunPod's PyTorch image")
     client = _client()
-    gpu_type = provision.resolve_gpu(gpu, client.gpu_types())
-    name = name or _default_name(gpu_type, inv)
-    provision.check_new_name(name, inv)
-    request = PodRequest(name=name, gpu=gpu_type.id, count=count, volume_gb=volume_gb, disk_gb=disk_gb,
-                         **({"image": image} if image else {}))
     say = lambda line: click.echo(line, err=True)  # noqa: E731
-    with _stops_like_ctrl_c():  # a pod whose `up` is stopped is terminated, whatever stopped it
-        pod = provision.up(client, request, wait, say)
-        name = provision.record(pod, name, inv, client, say, key=str(Path(key).resolve()) if key else None,
-                                remote_dir=remote_dir)
-        # ... and one stopped during its first contact is said to be billing (or, asked for a guard, stopped)
-        guard = _first_contact(name, inv, pod.id, plan, known_hosts, client, say) if accept_new else None
+    made = provision.Made()
+    try:
+        with _stops_like_ctrl_c():  # a pod whose `up` is stopped is terminated, whatever stopped it
+            gpu_type = provision.resolve_gpu(gpu, client.gpu_types())
+            name = name or _default_name(gpu_type, inv)
+            provision.check_new_name(name, inv)
+            request = PodRequest(name=name, gpu=gpu_type.id, count=count, volume_gb=volume_gb, disk_gb=disk_gb,
+                                 **({"image": image} if image else {}))
+            pod = provision.up(client, request, wait, say, made)
+            name = provision.record(pod, name, inv, client, say, key=str(Path(key).resolve()) if key else None,
+                                    remote_dir=remote_dir, made=made)
+            # ... and one stopped during its first contact is said to be billing (or, asked for a guard, stopped)
+            guard = _first_contact(name, inv, pod.id, plan, known_hosts, client, say, made) if accept_new else None
+    except KeyboardInterrupt:
+        _up_interrupted(made, inv, as_json)
     if as_json:
         click.echo(json.dumps({**pod.to_json(), "inventory_name": name, "inventory": str(inv), "guard": guard}))
     else:
@@ -758,6 +762,32 @@ def up_cmd(gpu, count, image, volume_gb, disk_gb, name, key, deadline, poll, inv
 
             click.echo(guard_line(guard))
         click.echo(f"next: make deploy HOST={name}{'' if accept_new else ' ACCEPT_NEW=1'}   (stop billing: bin/pod down {name})")
+
+
+def _up_interrupted(made, inv: Path, as_json: bool) -> NoReturn:
+    """`up` stopped part way (Ctrl-C, SIGTERM, SIGHUP): what it leaves, said on stderr unless said already and, under
+    --json, as the one object on stdout that the other commands print when interrupted; exit 130."""
+    from podkit.pods import provision
+
+    say = provision.quiet_on_hangup(lambda line: click.echo(line, err=True))
+    if made.said:
+        pass
+    elif made.billing and made.inventory_name:  # recorded, and stopped before (or without) a first contact
+        say(f"\npod up: interrupted; {made.inventory_name} ({made.pod_id}) is running and billing, recorded in {inv}; "
+            f"stop it: bin/pod down {made.inventory_name}")
+    elif made.billing is False:
+        say("\ninterrupted (anything finished is kept; re-run to continue)")
+    else:  # the lines above say what may bill, and where to stop it: no re-run, which makes another pod
+        say("\npod up: interrupted")
+    if as_json:
+        try:
+            click.echo(json.dumps({"ok": False, "interrupted": True, "exit_code": 130, "id": made.pod_id,
+                                   "status": made.status, "billing": made.billing,
+                                   "inventory_name": made.inventory_name,
+                                   "inventory": str(inv) if made.inventory_name else None}))
+        except OSError:  # the terminal hung up (SIGHUP)
+            pass
+    sys.exit(130)
 
 
 @contextmanager
@@ -779,7 +809,7 @@ def _stops_like_ctrl_c():
             signal.signal(sig, handler)
 
 
-def _first_contact(name, inv: Path, pod_id: str, plan, known_hosts, client, say) -> dict | None:
+def _first_contact(name, inv: Path, pod_id: str, plan, known_hosts, client, say, made) -> dict | None:
     """SSH to the new pod (recording and pinning its host key) and arm the guard. A guard that cannot
     be armed stops the pod (volume kept): it was asked not to bill unguarded."""
     import time
@@ -814,13 +844,15 @@ def _first_contact(name, inv: Path, pod_id: str, plan, known_hosts, client, say)
         else:
             try:
                 client.stop(pod_id)
+                made.status, made.billing = "EXITED", False
                 say(f"\npod up: interrupted before its cost guard was armed; stopped {name} ({pod_id}) so it does not "
                     f"bill unguarded (its volume is kept); resume it in the RunPod console, then: bin/pod guard {name} ...")
             except PodError as stop_exc:
                 say(f"\npod up: interrupted before its cost guard was armed, and stopping {name} ({pod_id}) failed "
                     f"({stop_exc}): it is running and billing without a guard; stop it: bin/pod down {name}, or at "
                     "runpod.io/console/pods")
-        raise SystemExit(130) from None  # not `re-run to continue`: a second `up` makes a second pod
+        made.said = True  # not `re-run to continue`: a second `up` makes a second pod
+        raise
     except PodError as exc:
         if plan is None:  # no guard asked for: the pod stays up, recorded; the error says it bills
             raise PodError(f"{name} ({pod_id}) is up and billing, recorded in {inv}, but the first contact failed: "

@@ -37,6 +37,27 @@ class Wait:
             raise PodError("--deadline and --poll must be positive seconds")
 
 
+@dataclass
+class Made:
+    """What an `up` has made so far, kept up to date as it goes: what it says, in `up --json`'s object, when it is
+    stopped part way (Ctrl-C, SIGTERM, a closed terminal)."""
+    pod_id: str | None = None
+    status: str | None = None
+    """RunPod's desiredStatus as `up` left the pod (RUNNING, EXITED, TERMINATED); None: no pod, or not known."""
+    billing: bool | None = False
+    """The pod runs, billing by the hour; None: that cannot be told (a create cut short, its pod not found yet)."""
+    inventory_name: str | None = None
+    said: bool = False
+    """What it leaves was said on stderr already."""
+
+    def created(self, pod_id: str) -> None:
+        self.pod_id, self.status, self.billing = pod_id, "RUNNING", True
+
+    def terminated(self, gone: bool) -> None:
+        """After _terminate_quietly: gone, or still there (and billing)."""
+        self.status, self.billing = ("TERMINATED", False) if gone else (self.status, True)
+
+
 def resolve_gpu(gpu: str, offered: list[GpuType]) -> GpuType:
     """The offered type named by id or display name (case-insensitive); else one line naming the closest."""
     for g in offered:
@@ -53,13 +74,16 @@ def resolve_gpu(gpu: str, offered: list[GpuType]) -> GpuType:
 CREATE_SETTLE_S = 20.0
 
 
-def _create(client: RunPodClient, request: PodRequest, say: Callable[[str], None]) -> str:
+def _create(client: RunPodClient, request: PodRequest, say: Callable[[str], None], made: Made | None = None) -> str:
     """client.create, but a create cut short after the request left (Ctrl-C, no reply in time) does not leave a
     pod billing unrecorded: the pods of that name RunPod lists afterwards that were not there before are this
     request's, and are terminated."""
+    made = made if made is not None else Made()
     before = {p.id for p in client.pods() if p.name == request.name}
     try:
-        return client.create(request)
+        pod_id = client.create(request)
+        made.created(pod_id)
+        return pod_id
     except (KeyboardInterrupt, PodError) as exc:
         if isinstance(exc, PodError) and not _maybe_made(exc):
             raise  # RunPod answered: it refused, and made nothing
@@ -67,8 +91,10 @@ def _create(client: RunPodClient, request: PodRequest, say: Callable[[str], None
         say(f"pod up: the create was cut short; checking whether RunPod made pod '{request.name}' anyway "
             f"(up to {CREATE_SETTLE_S:.0f}s; Ctrl-C again to stop checking)")
         found = _settle(client, request.name, before)
+        made.billing = None  # unless the one pod it made is found, and terminated
         if found is not None and len(found) == 1:  # this request makes one pod
-            _terminate_quietly(client, found[0], say)
+            made.created(found[0])
+            made.terminated(_terminate_quietly(client, found[0], say))
         elif found:  # more than one new pod of that name: another `up` of the same name runs too
             say(f"pod up: RunPod lists {len(found)} new pods named '{request.name}' ({', '.join(found)}): another "
                 "bin/pod up of that name may own one; terminate the one it did not record at runpod.io/console/pods")
@@ -108,9 +134,12 @@ def _settle(client: RunPodClient, name: str, before: set[str]) -> list[str] | No
         return None
 
 
-def up(client: RunPodClient, request: PodRequest, wait: Wait, say: Callable[[str], None]) -> Pod:
-    """Create the pod and wait until RunPod reports it RUNNING with a public port for sshd."""
-    pod_id = _create(client, request, say)
+def up(client: RunPodClient, request: PodRequest, wait: Wait, say: Callable[[str], None],
+       made: Made | None = None) -> Pod:
+    """Create the pod and wait until RunPod reports it RUNNING with a public port for sshd. `made` follows what
+    there is (the pod, terminated or not), for a caller stopped part way."""
+    made = made if made is not None else Made()
+    pod_id = _create(client, request, say, made)
     say(f"pod up: created {pod_id} ({request.count}x {request.gpu}); waiting up to {wait.deadline_s:.0f}s for SSH")
     start = time.monotonic()
     try:
@@ -129,9 +158,10 @@ def up(client: RunPodClient, request: PodRequest, wait: Wait, say: Callable[[str
             say(f"pod up: waiting ({state}), {elapsed:.0f}s")
             time.sleep(min(wait.poll_s, max(0.0, wait.deadline_s - elapsed)))
     except BaseException:  # Ctrl-C mid-wait: do not leave it billing
-        _terminate_quietly(client, pod_id, say)
+        made.terminated(_terminate_quietly(client, pod_id, say))
         raise
     gone = _terminate_quietly(client, pod_id, say)
+    made.terminated(gone)
     raise PodError(f"pod {pod_id} was not ready within {wait.deadline_s:.0f}s; "
                    + ("terminated it (nothing left billing)" if gone else "terminating it FAILED: it may still bill"),
                    "try again, another GPU type, or a longer --deadline" if gone else "terminate it at runpod.io/console/pods")
@@ -157,11 +187,12 @@ def check_new_name(name: str, inventory: Path) -> None:
 
 
 def record(pod: Pod, name: str, inventory: Path, client: RunPodClient, say: Callable[[str], None],
-           key: str | None = None, remote_dir: str | None = None) -> str:
+           key: str | None = None, remote_dir: str | None = None, made: Made | None = None) -> str:
     """Append [pods.NAME] with the SSH line RunPod mapped, the pod id and provider (so `down` finds it).
     Appended, never rewritten: the rest of the file is the user's. Returns the name recorded: NAME, or NAME-2,
     NAME-3... when another `bin/pod up` recorded NAME while this one waited (its pod bills too: both are kept,
     each findable)."""
+    made = made if made is not None else Made()
     written = False
     try:
         with inventory.open("a") as f:
@@ -175,14 +206,15 @@ def record(pod: Pod, name: str, inventory: Path, client: RunPodClient, say: Call
             final = next(n for n in (name, *(f"{name}-{i}" for i in range(2, 1000))) if n not in taken)
             f.write(_block(pod, final, key, remote_dir))
             written = True
+            made.inventory_name = final
     except OSError as exc:  # an unrecorded pod is one `down` cannot find: do not leave it billing
         if written:
             raise
-        _terminate_quietly(client, pod.id, quiet_on_hangup(say))
+        made.terminated(_terminate_quietly(client, pod.id, quiet_on_hangup(say)))
         raise PodError(f"cannot record the pod in {inventory} ({exc.strerror}); terminated it", "fix the path or --inventory") from None
     except BaseException:  # stopped while waiting for the lock: it would bill unrecorded
         if not written:
-            _terminate_quietly(client, pod.id, quiet_on_hangup(say))
+            made.terminated(_terminate_quietly(client, pod.id, quiet_on_hangup(say)))
         raise
     if final != name:
         say(f"pod up: '{name}' was recorded by another bin/pod up meanwhile; this pod is '{final}'")

@@ -409,3 +409,60 @@ def test_a_first_contact_that_fails_says_the_new_pod_bills(tmp_path, fake, monke
     line = [x for x in result.output.splitlines() if x.startswith("error: ")]
     assert len(line) == 1 and "fc (fake0001xyz) is up and billing" in line[0] and "connection refused" in line[0]
     assert "bin/pod down fc" in line[0] and fake.pods["fake0001xyz"]["desiredStatus"] == "RUNNING"
+
+
+@pytest.mark.parametrize("when, sig", [("waiting", "SIGINT"), ("waiting", "SIGTERM"), ("create", "SIGINT"),
+                                       ("first-contact", "SIGINT"), ("first-contact-guarded", "SIGTERM")])
+def test_an_interrupted_up_json_prints_what_it_left(tmp_path, fake, when, sig):
+    """Review 2026-11-26: `up --json` stopped part way (Ctrl-C, SIGTERM) printed nothing on stdout, where deploy, run and
+    fetch-logs print their object: a script had no pod id, nor word of whether it bills. Exit 130 as before."""
+    import signal
+    import time
+
+    from sshd_harness import free_port
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env |= {"RUNPOD_API_BASE_URL": fake.url, "RUNPOD_API_KEY": KEY}
+    argv = [str(ROOT / "bin" / "pod"), "up", "--gpu", "RTX 4090", "--name", "cut", "--json", *FAST]
+    if when == "waiting":
+        fake.never_ready = True
+        ready = lambda err: len(fake.ops("pod")) >= 2  # noqa: E731
+    elif when == "create":
+        fake.create_reply_delay = 10  # RunPod makes the pod; its reply is still on the way
+        ready = lambda err: len(fake.pods) == 1  # noqa: E731
+    else:
+        fake.ssh_port = free_port()  # RunPod mapped the port; the container's sshd is not listening yet
+        argv += ["--accept-new", "--known-hosts", str(tmp_path / "known_hosts")]
+        argv += ["--idle-stop", "30"] if when == "first-contact-guarded" else []
+        ready = lambda err: "does not answer yet" in err  # noqa: E731
+    proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    err = ""
+    try:
+        if when.startswith("first-contact"):
+            while not ready(err) and proc.poll() is None:
+                err += proc.stderr.readline()
+        else:
+            deadline = time.monotonic() + 30
+            while not ready(err) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        proc.send_signal(getattr(signal, sig))
+        out, rest = proc.communicate(timeout=90)
+        err += rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130 and "Traceback" not in err and KEY not in out + err, err
+    data = json.loads(out)
+    made = "fake0001xyz"
+    expect = {"ok": False, "interrupted": True, "exit_code": 130, "id": made}
+    if when in ("waiting", "create"):
+        expect |= {"status": "TERMINATED", "billing": False, "inventory_name": None, "inventory": None}
+        assert made not in fake.pods, err
+    elif when == "first-contact":
+        expect |= {"status": "RUNNING", "billing": True, "inventory_name": "cut", "inventory": "pods.toml"}
+        assert fake.pods[made]["desiredStatus"] == "RUNNING"
+    else:
+        expect |= {"status": "EXITED", "billing": False, "inventory_name": "cut", "inventory": "pods.toml"}
+        assert fake.pods[made]["desiredStatus"] == "EXITED"
+    assert data == expect, (data, err)
