@@ -648,7 +648,7 @@ def test_a_start_cut_short_says_whether_the_job_started(world, when):
     and a re-run started it a second time. Now the pod is asked: started and running (how to follow or stop it), or
     not started (its id free again); a dropped link says it may have started, and how to check."""
     jid, marker, hold = f"cut-{when}-{uuid.uuid4().hex[:6]}", _marker(), _marker()
-    action = (f'case $BASH_COMMAND in "env -u PODKIT_SESSION"*) sleep {hold};; esac' if when == "before-start" else
+    action = (f'case $BASH_COMMAND in "PODKIT_JOB_ID="*" env -u PODKIT_SESSION"*) sleep {hold};; esac' if when == "before-start" else
               f'[ "$!" != "$__b" ] && {{ __b=$!; sleep {hold}; }}')  # the launcher held just before / after the start
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     argv = [str(world.project / "bin" / "pod"), "run", "--known-hosts", str(world.known_hosts), *args(world), "--id", jid,
