@@ -38,6 +38,18 @@ def pod(cwd: Path, fake: FakeRunPod, *args: str, key: str | None = KEY, timeout:
 FAST = ("--poll", "0.05")
 
 
+def _stop_with(proc: subprocess.Popen, sig: int, err: str) -> tuple[str, str]:
+    """Send `sig` to a running bin/pod, collect its stdout and the rest of its stderr; never leave it running."""
+    try:
+        proc.send_signal(sig)
+        out, rest = proc.communicate(timeout=90)
+        return out, err + rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def test_gpus_lists_memory_and_price_cheapest_first(tmp_path, fake):
     fake.out_of_stock.add("NVIDIA H200")
     out = pod(tmp_path, fake, "gpus")
@@ -368,16 +380,9 @@ def test_an_up_stopped_during_its_first_contact_says_the_pod_bills_or_stops_it(t
                              "--known-hosts", str(tmp_path / "known_hosts"), *guard, *FAST], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     err = ""
-    try:
-        while "does not answer yet" not in err and proc.poll() is None:
-            err += proc.stderr.readline()
-        proc.send_signal(signal.SIGINT)
-        out, rest = proc.communicate(timeout=60)
-        err += rest
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    while "does not answer yet" not in err and proc.poll() is None:
+        err += proc.stderr.readline()
+    out, err = _stop_with(proc, signal.SIGINT, err)
     assert proc.returncode == 130 and "Traceback" not in err and "re-run" not in err, err
     assert "pod_id = \"fake0001xyz\"" in (tmp_path / "pods.toml").read_text()  # recorded: down finds it
     if guard:
@@ -437,21 +442,14 @@ def test_an_interrupted_up_json_prints_what_it_left(tmp_path, fake, when, sig):
         ready = lambda err: "does not answer yet" in err  # noqa: E731
     proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     err = ""
-    try:
-        if when.startswith("first-contact"):
-            while not ready(err) and proc.poll() is None:
-                err += proc.stderr.readline()
-        else:
-            deadline = time.monotonic() + 30
-            while not ready(err) and time.monotonic() < deadline:
-                time.sleep(0.05)
-        proc.send_signal(getattr(signal, sig))
-        out, rest = proc.communicate(timeout=90)
-        err += rest
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    if when.startswith("first-contact"):
+        while not ready(err) and proc.poll() is None:
+            err += proc.stderr.readline()
+    else:
+        deadline = time.monotonic() + 30
+        while not ready(err) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    out, err = _stop_with(proc, getattr(signal, sig), err)
     assert proc.returncode == 130 and "Traceback" not in err and KEY not in out + err, err
     data = json.loads(out)
     made = "fake0001xyz"
