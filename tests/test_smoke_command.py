@@ -587,3 +587,19 @@ def test_a_signal_before_the_command_starts_stops_it_rather_than_waiting_for_its
     s = json.loads((tmp_path / "runs" / "early" / "summary.json").read_text())
     assert proc.returncode == 130 and s["status"] == "interrupted", proc.stderr + json.dumps(s)
     assert float(proc.stdout.split()[-1]) < 20 and "after the command ended" not in json.dumps(s["warnings"])
+
+
+def test_a_run_named_after_its_command_takes_the_script_never_a_secret_argument(monkeypatch):
+    """Review 2026-11-25: without --run-id a run was named after the command's last word, so
+    `-- python train.py --hf_token $HF_TOKEN` put the token into the run directory's name, and from there into
+    every path in smoke.log, the summary and fetch-logs' copy."""
+    from podkit.train.outputs import command_stem, new_run_id
+
+    secret = "hf_podkitTestSecret0123456789"
+    monkeypatch.setenv("HF_TOKEN", secret)
+    assert command_stem([PY, "/work/x/train.py", "--hf_token", secret]) == "train.py"
+    assert command_stem(["torchrun", "--nproc-per-node=2", "finetune.py", "--lr", "1e-4"]) == "finetune.py"
+    assert command_stem(["./launch.sh", secret]) == "launch.sh"
+    assert command_stem([PY, "-c", "print(1)"]) == Path(PY).name  # no script: the program
+    assert secret not in new_run_id(command_stem([secret]))  # a secret as the program itself: redacted
+    assert "-train-" in new_run_id(command_stem([PY, "train.py", secret]))

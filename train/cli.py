@@ -241,7 +241,7 @@ def _smoke_command(command, config, from_files, model_preset, steps, timeout, ou
             job = build_job(config, list(from_files), model_preset).job
         elif config:
             job = load_job(config)
-        from podkit.train.outputs import check_output_root, decide_run_id
+        from podkit.train.outputs import check_output_root, command_stem, decide_run_id
 
         if output_dir is not None and not output_dir.strip():
             raise ConfigError("--output-dir", "is empty", "give a directory, or leave it out for train.output_dir")
@@ -250,7 +250,7 @@ def _smoke_command(command, config, from_files, model_preset, steps, timeout, ou
                                  "--output-dir" if output_dir or job is None else "train.output_dir")
         # As the built-in run: --run-id, else PODKIT_RUN_ID, else a fresh name. Never a shared directory: no
         # torchrun starts bin/smoke -- COMMAND as its worker, and bin/pod run --nodes refuses it (pods/nodes.py).
-        run_id = decide_run_id(root, run_id, Path(command[0]).name if len(command) < 2 else Path(command[-1]).name)
+        run_id = decide_run_id(root, run_id, command_stem(command))
         # The same switch as the built-in run: [smoke] sinks of the job, plus --sink.
         sinks = tuple(dict.fromkeys([*(job.smoke.sinks if job else []), *sink]))
         if sinks:

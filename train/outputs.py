@@ -38,11 +38,20 @@ FILES = {"config": "config.toml", "env": "env.json", "metrics": "metrics.jsonl",
 
 
 def new_run_id(job_source: str) -> str:
-    """time-stem-random, the stem (a job file's, or a command's last word) cut to what check_run_id's own
+    """time-stem-random, the stem (a job file's, or a command's script (command_stem)) cut to what check_run_id's own
     advice allows: `bin/smoke -- python -c "print('hi')"` must not name a directory with quotes in it."""
     stem = Path(job_source).stem if job_source and not job_source.startswith("<") else "job"
     stem = re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-.")[:40].strip("-.") or "job"
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{stem}-{secrets.token_hex(2)}"
+
+
+def command_stem(command) -> str:
+    """What names a `-- COMMAND` run: its script (the first word naming a .py or .sh file), else its program. Never
+    its last word, which may be any argument (`--hf_token hf_...`): a secret in a directory name reaches every
+    path in the log, the summary and fetch-logs' copy."""
+    words = [Path(w).name for w in command]
+    stem = next((w for w in words[1:] if w.endswith((".py", ".sh"))), words[0])
+    return SecretFilter().text(stem)
 
 
 def check_new_run_dir(root: Path, run_id: str, field: str = "--run-id") -> None:
@@ -56,7 +65,7 @@ def check_new_run_dir(root: Path, run_id: str, field: str = "--run-id") -> None:
 def decide_run_id(root: Path, given: str | None, stem: str, shared: bool = False) -> str:
     """The run directory's name, for the built-in run and `-- COMMAND` alike: --run-id (`given`), else
     PODKIT_RUN_ID from the environment (bin/pod run --nodes sets it on every node), else a fresh time-stamped
-    name from `stem` (a job file's, or a command's last word). A name given either way must be a plain one and
+    name from `stem` (a job file's, or a command's script, command_stem). A name given either way must be a plain one and
     name a new directory: a second run there would mix its files into the first's, and a PODKIT_RUN_ID left
     exported names an earlier run. Unless `shared`: torchrun's ranks all open the directory their launcher
     checked, and the nodes of one multi-node run may share an output directory another node made already."""
