@@ -353,6 +353,21 @@ def test_a_thread_the_script_stops_after_its_loop_does_not_hang_it_past_the_last
     assert "keep pid" in (tmp_path / "runs" / "r" / "smoke.log").read_text()
 
 
+
+def test_a_stuck_exit_after_an_error_in_the_scripts_cleanup_is_not_a_pass(tmp_path):
+    """Review 2026-11-25: the stuck-exit watcher ended the process with 0 whatever had happened, so a script whose
+    cleanup raised after the last step (its loader thread still running) read "pass"; Python would have exited 1."""
+    body = PREFETCHING.replace("for step in range(1000):", "try:\n  for step in range(1000):").replace(
+        "    loss = model", "      loss = model").replace("    opt.zero_grad()", "      opt.zero_grad()").replace(
+        "stop.set(); loader.join()", "finally:\n  raise RuntimeError('cleanup failed')")
+    name = script(tmp_path, "cleanup_fails.py", body)
+    try:
+        proc, s = smoke_cmd(tmp_path, "--steps", "5", "--", PY, str(tmp_path / name), timeout=120)
+    finally:
+        subprocess.run(["pkill", "-KILL", "-f", str(tmp_path / name)])  # never left running, whatever failed
+    assert proc.returncode != 0 and s["status"] != "pass" and s["exit_code"] == 1, (s, proc.stderr[-3000:])
+    assert any("cleanup failed" in r for r in s["reasons"]), s["reasons"]
+
 STUBBORN = """\
 import signal, time
 signal.signal(signal.SIGTERM, signal.SIG_IGN)

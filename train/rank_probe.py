@@ -185,7 +185,9 @@ class RankProbe:
                 try:
                     self._at_exit()
                 finally:
-                    os._exit(0)
+                    # 0 as the step's SystemExit(0) would have; an error the script raised after it (in a finally,
+                    # its excepthook set the status) is 1, as Python would have exited
+                    os._exit(0 if self.status == "steps" else 1)
 
     # -- records -----------------------------------------------------------------------------------
     def _write(self) -> None:
