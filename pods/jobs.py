@@ -198,9 +198,10 @@ def attach(conn: PodConnection, job_id: str, out: Callable[[str], None]) -> int 
     require(conn, job_id)  # on its own: the stream below exits with the job's code, which may be any number
     script = (
         f"{_ours(job_id)}pid=$(cat {d}/pid)\n"
-        # Just after the start, $! names the launcher (env -> setsid -> nohup -> bash) before its exec of the
-        # tagged environment: wait those milliseconds (5 s at most, for a pid the pod reused after a restart),
-        # or attach would print an output.log the job has not written yet and miss the rest.
+        # A pid file that names a live process not (yet) tagged: a job started by an older podkit, whose pid file
+        # held $!, the launcher before its exec of the tagged environment, or one the pod reused after a restart.
+        # Wait for the tag (5 s at most), or attach would print an output.log the job has not written yet and
+        # miss the rest. (The wrapper now records its own, tagged pid.)
         f"n=0; while [ $n -lt 100 ] && ! [ -r {d}/exit_code ] && kill -0 \"$pid\" 2>/dev/null && ! ours $pid; "
         f"do sleep 0.05; n=$((n + 1)); done\n"
         f"if ours $pid; then tail -n +1 -F --pid=$pid {d}/output.log 2>/dev/null; else cat {d}/output.log; fi\n"
