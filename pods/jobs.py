@@ -149,9 +149,9 @@ def start_state(conn: PodConnection, job_id: str) -> str:
     script = (
         f"[ -d {d} ] || {{ echo absent; exit 0; }}\n"
         f"[ -r {d}/exit_code ] && {{ echo \"exited $(cat {d}/exit_code)\"; exit 0; }}\n"
-        f"{_ours(job_id)}pid=$(cat {d}/pid 2>/dev/null)\n"
+        f"{_OURS}pid=$(cat {d}/pid 2>/dev/null)\n"
         # its wrapper (by the pid it recorded), or any process of the job: one that has not recorded its pid yet
-        f"if ours \"$pid\" || grep -qzxF PODKIT_JOB_ID={job_id} /proc/[0-9]*/environ 2>/dev/null; then echo running; exit 0; fi\n"
+        f"if ours \"$pid\" {job_id} || grep -qzxF PODKIT_JOB_ID={job_id} /proc/[0-9]*/environ 2>/dev/null; then echo running; exit 0; fi\n"
         f"if [ ! -e {d}/pid ] && [ ! -s {d}/output.log ]; then rm -f {d}/command {d}/started {d}/output.log\n"
         f"  rmdir {d} 2>/dev/null && {{ echo absent; exit 0; }}; fi\n"
         "echo lost\n"
@@ -179,12 +179,11 @@ def require(conn: PodConnection, job_id: str) -> None:
         raise NoSuchJob(f"no job '{job_id}' on this pod", "list them with: bin/pod jobs HOST")
 
 
-def _ours(job_id: str) -> str:
-    """Shell defining `ours PID`: PID is alive and is this job's wrapper. A pid file outlives its process: after
-    the pod restarts, the pid it names may be any other process (the next job's worker, the user's notebook),
-    which `kill -0` alone took for the job (listed running, attach waiting on it forever, stop killing it)."""
-    return (f"ours() {{ [ -n \"$1\" ] && kill -0 \"$1\" 2>/dev/null && "
-            f"grep -qzxF PODKIT_JOB_ID={valid_id(job_id)} /proc/$1/environ 2>/dev/null; }}\n")
+# Shell defining `ours PID ID`: PID is alive and is job ID's wrapper. A pid file outlives its process: after the pod
+# restarts, the pid it names may be any other process (the next job's worker, the user's notebook), which `kill -0`
+# alone took for the job (listed running, attach waiting on it forever, stop killing it).
+_OURS = ('ours() { [ -n "$1" ] && kill -0 "$1" 2>/dev/null && '
+         'grep -qzxF "PODKIT_JOB_ID=$2" /proc/$1/environ 2>/dev/null; }\n')
 
 
 LOST = 4
@@ -197,14 +196,14 @@ def attach(conn: PodConnection, job_id: str, out: Callable[[str], None]) -> int 
     d = f"{JOBS_DIR}/{valid_id(job_id)}"
     require(conn, job_id)  # on its own: the stream below exits with the job's code, which may be any number
     script = (
-        f"{_ours(job_id)}pid=$(cat {d}/pid)\n"
+        f"{_OURS}pid=$(cat {d}/pid)\n"
         # A pid file that names a live process not (yet) tagged: a job started by an older podkit, whose pid file
         # held $!, the launcher before its exec of the tagged environment, or one the pod reused after a restart.
         # Wait for the tag (5 s at most), or attach would print an output.log the job has not written yet and
         # miss the rest. (The wrapper now records its own, tagged pid.)
-        f"n=0; while [ $n -lt 100 ] && ! [ -r {d}/exit_code ] && kill -0 \"$pid\" 2>/dev/null && ! ours $pid; "
+        f"n=0; while [ $n -lt 100 ] && ! [ -r {d}/exit_code ] && kill -0 \"$pid\" 2>/dev/null && ! ours $pid {job_id}; "
         f"do sleep 0.05; n=$((n + 1)); done\n"
-        f"if ours $pid; then tail -n +1 -F --pid=$pid {d}/output.log 2>/dev/null; else cat {d}/output.log; fi\n"
+        f"if ours $pid {job_id}; then tail -n +1 -F --pid=$pid {d}/output.log 2>/dev/null; else cat {d}/output.log; fi\n"
         f"for i in 1 2 3 4 5 6 7 8 9 10; do [ -r {d}/exit_code ] && break; sleep 0.2; done\n"
         f"[ -r {d}/exit_code ] && exit $(cat {d}/exit_code)\n"
         f"echo 'podkit: job {job_id} ended without an exit code (killed or the pod restarted)' >&2; exit {LOST}\n"
@@ -227,11 +226,11 @@ def stop(conn: PodConnection, job_id: str, grace: float = 30.0) -> str:
         f"  left=$( ({stop_script(f'PODKIT_JOB_ID={job_id}', grace)}) )\n"
         f"  if [ \"$left\" = 'stopped 0' ]; then echo \"already exited $code\"; "
         f"else echo \"already exited $code; of what it left running: $left\"; fi; exit 0; fi\n"
-        f"{_ours(job_id)}wrapper=$(cat {d}/pid); ours \"$wrapper\" || wrapper=; touch {d}/stopped\n"
+        f"{_OURS}wrapper=$(cat {d}/pid); ours \"$wrapper\" {job_id} || wrapper=; touch {d}/stopped\n"
         f"({stop_script(f'PODKIT_JOB_ID={job_id}', grace, spare_var='wrapper')})"
     )
     result = conn.run(script + f"\nfor i in 1 2 3 4 5 6 7 8 9 10; do [ -r {d}/exit_code ] && break; sleep 0.2; done\n"
-                      f"ours \"$wrapper\" && kill -KILL $wrapper 2>/dev/null; true\n", timeout=grace + 60)
+                      f"ours \"$wrapper\" {job_id} && kill -KILL $wrapper 2>/dev/null; true\n", timeout=grace + 60)
     if result.exit_code == 3:
         raise PodError(f"no job '{job_id}' on this pod", "list them with: bin/pod jobs HOST")
     return (result.stdout.strip().splitlines() or ["stopped"])[0]
@@ -248,11 +247,11 @@ def newest(conn: PodConnection, running: bool = False) -> Job | None:
 
 def list_jobs(conn: PodConnection) -> list[Job]:
     script = (
-        f"[ -d {JOBS_DIR} ] || exit 0\n"
+        f"[ -d {JOBS_DIR} ] || exit 0\n{_OURS}"
         # every live process's job tag, once: what a job that no longer runs left running
         "tags=$(grep -zh '^PODKIT_JOB_ID=' /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n')\n"
         f"for d in {JOBS_DIR}/*/; do id=$(basename $d); pid=$(cat $d/pid 2>/dev/null)\n"
-        f"  if [ -r $d/exit_code ] && [ -e $d/stopped ]; then st=\"stopped $(cat $d/exit_code)\"; elif [ -r $d/exit_code ]; then st=\"exited $(cat $d/exit_code)\"; elif [ -n \"$pid\" ] && kill -0 $pid 2>/dev/null && grep -qzxF \"PODKIT_JOB_ID=$id\" /proc/$pid/environ 2>/dev/null; then st=running; else st=lost; fi\n"
+        f"  if [ -r $d/exit_code ] && [ -e $d/stopped ]; then st=\"stopped $(cat $d/exit_code)\"; elif [ -r $d/exit_code ]; then st=\"exited $(cat $d/exit_code)\"; elif ours \"$pid\" \"$id\"; then st=running; else st=lost; fi\n"
         f"  n=0; [ \"$st\" = running ] || n=$(printf '%s\\n' \"$tags\" | grep -cxF \"PODKIT_JOB_ID=$id\")\n"
         f"  printf '%s\\t%s\\t%s\\t%s\\t%s\\n' \"$id\" \"$st\" \"$n\" \"$(cat $d/started 2>/dev/null)\" \"$(head -c 200 $d/command | head -n 1)\"; done\n"
     )
