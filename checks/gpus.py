@@ -75,16 +75,28 @@ CATALOG: dict[str, GpuSpec] = {
         GpuSpec("A40", 46068, (8, 6), 149.7, 149.7, 696),
         # RTX A4000: datasheet tensor 153.4 sparse, 448 GB/s; 16376 MiB (geerlingguy/raspberry-pi-pcie-devices#791).
         GpuSpec("A4000", 16376, (8, 6), 76.7, 76.7, 448),
+        # RTX A4500: 56 SMs (224 tensor cores) x 1650 MHz boost gives 94.6 dense (the datasheet's 189.2 is sparse),
+        # 640 GB/s (320-bit GDDR6 at 16 Gbps); 20470 MiB, ECC off (an nvidia-smi line "NVIDIA RTX A4500,
+        # 550.127.05, 20470 MiB" in a published diagnostic report).
+        GpuSpec("A4500", 20470, (8, 6), 94.6, 94.6, 640),
         # RTX 6000 Ada: datasheet tensor 1457.0 (FP8, sparse; 142 SMs x 2505 MHz), 960 GB/s; 49140 MiB, ECC off
         # (thamada/nvidia-smi gls/RTX6000Ada_x8_smi.py; also ai-dynamo/dynamo deploy/dynamo_check.py's example).
         GpuSpec("RTX6000-Ada", 49140, (8, 9), 364.2, 364.2, 960),
         # RTX 4000 Ada: 48 SMs x 2175 MHz gives 106.9 dense (427.6 FP8 sparse; one transcription of the
         # datasheet reads 327.6), 360 GB/s; 20475 MiB, ECC off (thamada/nvidia-smi gls/RTX4000Ada_smi.py).
         GpuSpec("RTX4000-Ada", 20475, (8, 9), 106.9, 106.9, 360),
+        # RTX 5000 Ada: 100 SMs (12,800 CUDA cores) x 2550 MHz gives 261.1 dense (the datasheet's 1,044.4 is FP8
+        # sparse), 576 GB/s (256-bit GDDR6 at 18 Gbps); 32760 MiB, ECC off (nvidia-smi "NVIDIA RTX 5000 Ada
+        # Generation, 560.28.03, 32760 MiB" in published cluster logs).
+        GpuSpec("RTX5000-Ada", 32760, (8, 9), 261.1, 261.1, 576),
         # RTX 2000 Ada: datasheet tensor 191.9 (FP8, sparse; 22 SMs x 2130 MHz), 224 GB/s; 16380 MiB, ECC off
         # (thamada/nvidia-smi package/RTX200Ada_smi.py).
         GpuSpec("RTX2000-Ada", 16380, (8, 9), 48.0, 48.0, 224),
         GpuSpec("L40S", 46068, (8, 9), 362, 362, 864),
+        # L40 (the L40S's AD102 board, 2490 MHz boost): NVIDIA's L40 datasheet gives BF16/FP16 tensor 181.05 dense
+        # (362.1 sparse), half the L40S's 362.05, and 864 GB/s; memory.total 46068 MiB with its default ECC on
+        # (nvidia-smi "NVIDIA L40, 595.91.07, 8.9, 46068 MiB"; 49140 MiB on a host that turned ECC off).
+        GpuSpec("L40", 46068, (8, 9), 181.05, 181.05, 864),
         GpuSpec("A100-40GB", 40960, (8, 0), 312, 312, 1555),
         GpuSpec("A100-80GB", 81920, (8, 0), 312, 312, 2039),
         GpuSpec("H100-PCIe", 81559, (9, 0), 756, 756, 2000),
@@ -117,14 +129,17 @@ _RULES: list[tuple[tuple[str, ...], str]] = [
     (("a10",), "a10"),
     (("a6000",), "a6000"),
     (("a5000",), "a5000"),
+    (("a4500",), "a4500"),
     (("a4000",), "a4000"),
     (("a40",), "a40"),
     # The RTX Ada workstation cards are 'RTX <n>000 Ada (Generation)'; a model number is a whole word, so
     # 'RTX A6000' is not '6000', and without 'ada' 'Quadro RTX 6000' (Turing, 24 GB) or 'RTX PRO 6000' match nothing.
     (("6000", "ada"), "rtx6000-ada"),
+    (("5000", "ada"), "rtx5000-ada"),
     (("4000", "ada"), "rtx4000-ada"),
     (("2000", "ada"), "rtx2000-ada"),
     (("l40s",), "l40s"),
+    (("l40",), "l40"),  # a whole word: 'l40s' is not 'l40'
     (("l4",), "l4"),
     (("t4",), "t4"),
     (("v100s",), "v100-32gb"),  # 'Tesla V100S-PCIE-32GB': the 32 GB V100 at a higher clock

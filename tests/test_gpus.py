@@ -122,6 +122,9 @@ RUNPOD_CARDS = [
     ("RTX6000-Ada", "NVIDIA RTX 6000 Ada Generation", "RTX 6000 Ada", ["RTX6000 Ada", "RTX 6000 Ada 48GB", "rtx6000-ada"], 89),
     ("RTX4000-Ada", "NVIDIA RTX 4000 Ada Generation", "RTX 4000 Ada", ["RTX4000 Ada", "RTX 4000 Ada 20GB"], 89),
     ("RTX2000-Ada", "NVIDIA RTX 2000 Ada Generation", "RTX 2000 Ada", ["RTX 2000 Ada 16GB"], 89),
+    ("A4500", "NVIDIA RTX A4500", "RTX A4500", ["A4500", "rtx a4500", "RTX A4500 20GB"], 86),
+    ("RTX5000-Ada", "NVIDIA RTX 5000 Ada Generation", "RTX 5000 Ada", ["RTX5000 Ada", "RTX 5000 Ada 32GB"], 89),
+    ("L40", "NVIDIA L40", "L40", ["l40", "L40 48GB"], 89),
 ]
 
 
@@ -141,7 +144,8 @@ def test_runpod_cards_resolve_from_every_name(card, runpod_id, display, typed, s
     ("NVIDIA RTX 6000 Ada Generation", "RTX6000-Ada"),
     ("NVIDIA RTX A4000", "A4000"), ("NVIDIA RTX 4000 Ada Generation", "RTX4000-Ada"),
     ("NVIDIA A40", "A40"), ("NVIDIA A10", "A10"), ("NVIDIA A100 80GB PCIe", "A100-80GB"),
-    ("NVIDIA L40S", "L40S"), ("NVIDIA L4", "L4"),
+    ("NVIDIA L40S", "L40S"), ("NVIDIA L40", "L40"), ("NVIDIA L4", "L4"),
+    ("NVIDIA RTX A4500", "A4500"), ("NVIDIA RTX A5000", "A5000"), ("NVIDIA RTX 5000 Ada Generation", "RTX5000-Ada"),
     ("RTX4090 24GB", "RTX4090"),  # 'RTX' run on to the number still names the card
 ])
 def test_near_miss_names_are_each_their_own_card(name, card):
@@ -150,6 +154,8 @@ def test_near_miss_names_are_each_their_own_card(name, card):
 
 @pytest.mark.parametrize("name, problem", [
     ("Quadro RTX 6000", "unknown GPU"),  # Turing, 24 GB: not the 48 GB RTX 6000 Ada
+    ("Quadro RTX 5000", "unknown GPU"),  # Turing, 16 GB: not the 32 GB RTX 5000 Ada
+    ("NVIDIA RTX A4500 Laptop GPU", "laptop part"),  # 16 GB GA104, not the 20 GB desktop card
     ("RTX 6000", "unknown GPU"),  # Quadro RTX 6000, RTX 6000 Ada or RTX PRO 6000: no card picked for the user
     ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "unknown GPU"),
     ("NVIDIA RTX A2000", "unknown GPU"),  # 6 GB Ampere, not the RTX 2000 Ada
