@@ -28,6 +28,7 @@ from podkit.pods import jobs as remote_jobs
 from podkit.pods.connection import PodConnection
 from podkit.pods.deploy import Outcome, PodOptions, Printer, connect, deploy, locate
 from podkit.pods.errors import OutputClosed, PodError
+from podkit.pods.fetch import PartlyFetched
 from podkit.pods.fetch import check_target as check_fetch_target
 from podkit.pods.fetch import fetch as fetch_logs
 from podkit.pods.hosts import HostSpec, load_inventory, select_hosts
@@ -254,15 +255,22 @@ def _fetch_each(specs, opts, dest: Path, printer, results: list[dict]) -> int:
                     stats = fetch_logs(conn, rdir, target, rsync_on_pod="rsync" in fp.tools, progress=progress,
                                        bwlimit=opts.bwlimit)
                 say(f"fetch-logs: {stats} -> {target}/")
-                results.append({"pod": spec.name, "ok": True, "dest": str(target), "files": stats.files,
-                                "bytes": stats.bytes, "seconds": round(stats.seconds, 2), "kept": stats.kept})
+                results.append({"pod": spec.name, "ok": True, **_fetched(target, stats)})
         except PodError as exc:
             # errors on stderr (they were on stdout, mixed into the progress a script reads)
             message = str(exc.on(spec.name) if not exc.host else exc)
             click.echo(f"[{spec.name}] error: {message}" if len(specs) > 1 else f"error: {message}", err=True)
-            results.append({"pod": spec.name, "ok": False, "error": message})
+            # a top that failed after the other came back: what came back, so a script knows runs/ is here
+            came = _fetched(dest / spec.name, exc.stats) if isinstance(exc, PartlyFetched) else {}
+            results.append({"pod": spec.name, "ok": False, **came, "error": message})
             worst = 2
     return worst
+
+
+def _fetched(target: Path, stats) -> dict:
+    """--json's figures for what a fetch brought into `target` (a TransferStats)."""
+    return {"dest": str(target), "files": stats.files, "bytes": stats.bytes, "seconds": round(stats.seconds, 2),
+            "kept": stats.kept}
 
 
 def _check_dest(dest: Path) -> None:

@@ -16,7 +16,7 @@ On the pod, runs/ or logs/ may be a symlink to a directory (on RunPod, runs/ is 
 /workspace volume): it is followed, and what is under it comes back as under a directory. A symlink
 below runs/ or logs/ comes back as a link, never followed (one may point at .podkit/env). A runs/ or
 logs/ missing on the pod is nothing to fetch; one that is a symlink to nothing, or a file, is an error
-once the other has come back.
+once the other has come back (PartlyFetched: the error and what did come back, which --json reports both).
 """
 
 from __future__ import annotations
@@ -84,6 +84,15 @@ def fetch(conn: PodConnection, remote_dir: str, local: Path, *, rsync_on_pod: bo
         return _fetch(conn, remote_dir, local, rsync_on_pod, progress, bwlimit)
 
 
+class PartlyFetched(PodError):
+    """A fetch that failed on one top once the others had come back: its error, and `stats` of what did come
+    back, so --json can say both (a script that reads only "error" cannot tell that runs/ is safe here)."""
+
+    def __init__(self, error: PodError, stats: TransferStats):
+        super().__init__(error.problem, error.fix, error.host, error.field)
+        self.stats = stats
+
+
 def _fetch(conn: PodConnection, remote_dir: str, local: Path, rsync_on_pod: bool,
            progress: Callable[[str], None] | None, bwlimit: int | None) -> TransferStats:
     record, before = _read_record(local), _local_entries(local)
@@ -95,23 +104,7 @@ def _fetch(conn: PodConnection, remote_dir: str, local: Path, rsync_on_pod: bool
     # be entered), each is tried and rsync says what is wrong
     tops = [top for top in TOPS if found is None or found[top][0] == "dir"]
     try:
-        if not rsync_on_pod:
-            stats = fetch_sftp(conn, remote_dir, local, kept, written, tops=tops)
-        else:
-            stats, failed = TransferStats(), []
-            for top in tops:
-                try:
-                    one = _fetch_top(conn, remote_dir, local, top, kept, written, progress, bwlimit)
-                except PodError as exc:
-                    if not conn.alive:
-                        raise
-                    # the link is up (a name that is a file on one side and a directory on the other, say): the
-                    # other top still comes back, as it did when one rsync carried both
-                    failed.append(exc)
-                    continue
-                stats.files, stats.bytes = stats.files + one.files, stats.bytes + one.bytes
-            if failed:
-                raise failed[0]
+        stats, failed = _transfer(conn, remote_dir, local, tops, rsync_on_pod, kept, written, progress, bwlimit)
     except BaseException:
         # also after a cut transfer: what did arrive is podkit's, and the next run must know it; a record that
         # cannot be written even then leaves the error that stopped the fetch to be reported
@@ -127,10 +120,32 @@ def _fetch(conn: PodConnection, remote_dir: str, local: Path, rsync_on_pod: bool
                        "free space there and re-run; until then the next fetch keeps what came back as yours") from None
     stats.seconds = time.monotonic() - start
     stats.kept = sorted(rel + "/" if before[rel] == DIR else rel for rel in kept)
-    for top in TOPS:
-        if found is not None and found[top][0] in ("dangling", "file"):
-            raise _not_a_directory(remote_dir, top, *found[top], tops)
+    failed += [_not_a_directory(remote_dir, top, *found[top], tops) for top in TOPS
+               if found is not None and found[top][0] in ("dangling", "file")]
+    if failed:
+        raise PartlyFetched(failed[0], stats)
     return stats
+
+
+def _transfer(conn: PodConnection, remote_dir: str, local: Path, tops: list[str], rsync_on_pod: bool,
+              kept: set[str], written: set[str], progress: Callable[[str], None] | None,
+              bwlimit: int | None) -> tuple[TransferStats, list[PodError]]:
+    """Bring `tops` back: what came, and the error of each top that failed while the link stayed up."""
+    if not rsync_on_pod:
+        return fetch_sftp(conn, remote_dir, local, kept, written, tops=tops), []
+    stats, failed = TransferStats(), []
+    for top in tops:
+        try:
+            one = _fetch_top(conn, remote_dir, local, top, kept, written, progress, bwlimit)
+        except PodError as exc:
+            if not conn.alive:
+                raise
+            # the link is up (a name that is a file on one side and a directory on the other, say): the
+            # other top still comes back, as it did when one rsync carried both
+            failed.append(exc)
+            continue
+        stats.files, stats.bytes = stats.files + one.files, stats.bytes + one.bytes
+    return stats, failed
 
 
 def _fetch_top(conn: PodConnection, remote_dir: str, local: Path, top: str, kept: set[str], written: set[str],

@@ -506,9 +506,32 @@ def _pod_with_linked_runs(world, name: str) -> tuple[Path, Path]:
     return remote, volume
 
 
-def _fetch_args(world, remote: Path, dest: Path) -> list[str]:
-    return ["--key", str(world.pod.client_key), "--remote-dir", str(remote), "--python", sys.executable,
+def _fetch_args(world, remote: Path, dest: Path, pod: LoopbackPod | None = None) -> list[str]:
+    return ["--key", str((pod or world.pod).client_key), "--remote-dir", str(remote), "--python", sys.executable,
             "--dest", str(dest)]
+
+
+@pytest.fixture(scope="module")
+def no_rsync_pod(world):
+    """A second loopback pod whose PATH holds every command but rsync (links in a directory of its own, set by
+    BASH_ENV, which every non-interactive bash there reads): fetch-logs goes over SFTP to it, as to an image
+    without rsync. Trusted in world's known_hosts."""
+    base = world.base / "no-rsync"
+    tools = base / "bin"
+    tools.mkdir(parents=True)
+    for directory in ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"):
+        for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
+            if name != "rsync" and not (tools / name).exists():
+                (tools / name).symlink_to(Path(directory) / name)
+    rc = base / "rc"
+    rc.write_text(f"PATH={tools}; export PATH\n")
+    pod = LoopbackPod(base, "pod", extra_config=f"SetEnv BASH_ENV={rc}\n").start()
+    with open(world.known_hosts, "a") as known:
+        known.write(pod.known_hosts_line())
+    with PodConnection(resolve(parse_host(pod.spec, key=str(pod.client_key))), known_hosts=world.known_hosts) as conn:
+        assert not conn.run("command -v rsync").ok, "rsync still reachable on the SFTP pod"
+    yield pod
+    pod.stop()
 
 
 def _followed(local: Path, remote: Path) -> None:
@@ -589,6 +612,30 @@ def test_fetch_of_a_pod_runs_that_is_a_symlink_to_nothing_or_a_file_is_one_line(
     missing = cli(world, "fetch-logs", world.pod.spec, *args)
     assert missing.returncode == 0 and "0 files changed" in missing.stdout, missing.stdout + missing.stderr
     assert not (local / "runs").exists()
+
+
+@pytest.mark.parametrize("transport", ["rsync", "sftp"])
+def test_fetch_json_says_what_came_back_when_the_other_top_is_not_a_directory(world, no_rsync_pod, transport):
+    """logs/ on the pod a symlink to nothing, runs/ fine: runs/ comes back, then the one error line and exit 2;
+    --json's object held only the error, so a script could not tell that runs/ was here. Now it carries what came
+    back (files, bytes, kept, dest) beside the error, over rsync and over SFTP."""
+    pod = world.pod if transport == "rsync" else no_rsync_pod
+    remote, volume = _pod_with_linked_runs(world, f"half-{transport}")
+    shutil.rmtree(remote / "logs")
+    (remote / "logs").symlink_to(world.base / "volume" / "never-mounted")
+    dest = world.base / f"half-{transport}-logs"
+    local = dest / f"127.0.0.1-{pod.port}"
+    out = cli(world, "fetch-logs", pod.spec, *_fetch_args(world, remote, dest, pod), "--json")
+    line = one_line_error(out, notes_before=True)  # under --json, stderr carries the progress lines too
+    assert f"{remote}/logs on the pod is a symlink to" in line and "(runs/ did)" in line, line
+    report = _strict(out.stdout)
+    assert report["ok"] is False and len(report["pods"]) == 1, report
+    one = report["pods"][0]
+    assert one["ok"] is False and one["error"] == line[len("error: "):], one
+    # rsync counts regular files only, SFTP the links too (summary.json, notes.log; env, latest)
+    assert one["files"] == (2 if transport == "rsync" else 4) and one["bytes"] > 0, one
+    assert one["dest"] == str(local) and one["kept"] == [] and one["seconds"] >= 0, one
+    assert (local / "runs" / "r1" / "summary.json").read_text() == '{"status": "pass"}\n'
 
 
 def test_fetch_rerun_keeps_a_users_file_inside_a_runs_linked_on_the_pod(world):
