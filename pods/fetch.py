@@ -165,30 +165,44 @@ def _fetch_top(conn: PodConnection, remote_dir: str, local: Path, top: str, kept
                          disk_full=lambda: shutil.disk_usage(local).free < 2**20)
 
 
-# For each top: its kind (dir, none, dangling, file) and, for a symlink, where it points. Run in the project
-# directory; exit 3 when that cannot be entered.
-_TOPS_SCRIPT = """cd -- {d} 2>/dev/null || exit 3
-for top in {tops}; do
-  if [ -d "$top" ]; then kind=dir
-  elif [ -L "$top" ] && ! [ -e "$top" ]; then kind=dangling
-  elif [ -e "$top" ] || [ -L "$top" ]; then kind=file
-  else kind=none; fi
-  printf '%s %s %s\\n' "$top" "$kind" "$(readlink -- "$top" 2>/dev/null | head -n 1)"
-done"""
+# The project directory's kind (line "."), then, run in it, each top's: dir, none, dangling or file, and for a
+# symlink where it points. Exit 3 when a directory that is there cannot be entered.
+_TOPS_SCRIPT = """kind() {{
+  if [ -d "$1" ]; then echo dir
+  elif [ -L "$1" ] && ! [ -e "$1" ]; then echo dangling
+  elif [ -e "$1" ] || [ -L "$1" ]; then echo file
+  else echo none; fi
+}}
+report() {{ printf '%s %s %s\\n' "$1" "$(kind "$2")" "$(readlink -- "$2" 2>/dev/null | head -n 1)"; }}
+report . {d}
+cd -- {d} 2>/dev/null || exit 3
+for top in {tops}; do report "$top" "$top"; done"""
 
 
 def _tops_on_pod(conn: PodConnection, remote_dir: str) -> dict[str, tuple[str, str]] | None:
     """What runs/ and logs/ are on the pod, each (kind, where its symlink points or ""): "dir" (a directory, or a
     symlink to one), "none", "dangling" (a symlink to nothing), "file" (anything else); None when the project
-    directory cannot be entered or the answer cannot be read."""
+    directory cannot be entered or the answer cannot be read. PodError when the project directory is not there:
+    rsync said so only in its own words, and SFTP not at all (a fetch of nothing that exited 0)."""
     result = conn.run(_TOPS_SCRIPT.format(d=shlex.quote(remote_dir), tops=" ".join(TOPS)), prelude=False)
     found = {}
     for line in result.stdout.splitlines():
         top, _, rest = line.partition(" ")
         kind, _, target = rest.partition(" ")
-        if top in TOPS and kind in ("dir", "none", "dangling", "file"):
+        if top in (".", *TOPS) and kind in ("dir", "none", "dangling", "file"):
             found[top] = (kind, target)
+    if found.get(".", ("dir",))[0] != "dir":
+        raise _no_project_directory(remote_dir, *found["."])
+    found.pop(".", None)
     return found if result.ok and set(found) == set(TOPS) else None
+
+
+def _no_project_directory(remote_dir: str, kind: str, target: str) -> PodError:
+    """The one line for a project directory that is missing on the pod (or a symlink to nothing, or a file)."""
+    what = {"none": "does not exist", "dangling": f"is a symlink to {target}, which does not exist",
+            "file": f"is a symlink to {target}, which is not a directory" if target else "is a file, not a directory"}
+    return PodError(f"fetch: the project directory {remote_dir} on the pod {what[kind]}, so there is nothing to fetch",
+                    "give the directory bin/pod deploy used there as --remote-dir, or deploy first")
 
 
 def _not_a_directory(remote_dir: str, top: str, kind: str, target: str, fetched: list[str]) -> PodError:

@@ -83,11 +83,26 @@ def test_a_passphrase_key_is_used_through_ssh_agent_and_without_it_says_so(pods,
         agent.wait(timeout=10)
 
 
-def test_rsyncs_own_error_is_reported_as_rsyncs_not_as_a_dropped_link(pods):
+def test_rsyncs_own_error_is_reported_as_rsyncs_not_as_a_dropped_link(pods, tmp_path):
+    """rsync failing by itself while the link is up (here: a read-only runs/ to fetch into) is its own line, not
+    "connection dropped". (A project directory missing on the pod, the case this used, is now podkit's own line
+    before rsync runs: tests/test_pods.py.)"""
     base, _, target, project, known, _ = pods
-    missing = str(base / "pod-side" / "never-made")
-    out = pod_cli(project, "fetch-logs", target.spec, "--key", str(target.client_key), "--remote-dir", missing,
-                  "--python", sys.executable, "--dest", str(base / "fetched"), known_hosts=known)
+    remote = tmp_path / "pod-side"
+    (remote / "runs" / "r1").mkdir(parents=True)
+    (remote / "runs" / "r1" / "summary.json").write_text("{}\n")
+    dest = tmp_path / "fetched"
+    readonly = dest / f"127.0.0.1-{target.port}" / "runs"
+    readonly.mkdir(parents=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(readonly)], capture_output=True,
+                             text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a read-only tmpfs (needs root and CAP_SYS_ADMIN): {mounted.stderr.strip()}")
+    try:
+        out = pod_cli(project, "fetch-logs", target.spec, "--key", str(target.client_key), "--remote-dir", str(remote),
+                      "--python", sys.executable, "--dest", str(dest), known_hosts=known)
+    finally:
+        subprocess.run(["umount", str(readonly)], check=False)
     lines = [line for line in (out.stdout + out.stderr).splitlines() if "error" in line]
     assert out.returncode == 2 and len(lines) == 1, out.stdout + out.stderr
-    assert "No such file or directory" in lines[0] and "dropped" not in lines[0], lines[0]
+    assert "Read-only file system" in lines[0] and "rsync: " in lines[0] and "dropped" not in lines[0], lines[0]

@@ -638,6 +638,31 @@ def test_fetch_json_says_what_came_back_when_the_other_top_is_not_a_directory(wo
     assert (local / "runs" / "r1" / "summary.json").read_text() == '{"status": "pass"}\n'
 
 
+@pytest.mark.parametrize("transport", ["rsync", "sftp"])
+def test_fetch_from_a_project_directory_the_pod_lacks_is_one_line_on_both_transports(world, no_rsync_pod, transport):
+    """--remote-dir naming nothing on the pod (never deployed there, a typo), a symlink to nothing or a file: over
+    SFTP the fetch brought nothing and exited 0; over rsync it was rsync's own line about runs/. Both now say which
+    directory and what to do, exit 2; --json's pod object has the same error."""
+    pod = world.pod if transport == "rsync" else no_rsync_pod
+    side = world.base / "pod-side" / f"no-project-{transport}"
+    side.mkdir(parents=True)
+    (side / "a-file").write_text("not a project\n")
+    (side / "a-link").symlink_to(side / "gone")
+    dest = world.base / f"no-project-{transport}-logs"
+    for name, what in (("never-deployed", "does not exist"), ("a-link", f"is a symlink to {side / 'gone'}, which "
+                                                                        "does not exist"),
+                       ("a-file", "is a file, not a directory")):
+        args = _fetch_args(world, side / name, dest, pod)
+        line = one_line_error(cli(world, "fetch-logs", pod.spec, *args))
+        assert f"the project directory {side / name} on the pod {what}" in line and "--remote-dir" in line, line
+        out = cli(world, "fetch-logs", pod.spec, *args, "--json")
+        assert one_line_error(out) == line
+        report = _strict(out.stdout)
+        assert report["ok"] is False and report["pods"] == [{"pod": f"127.0.0.1-{pod.port}", "ok": False,
+                                                             "error": line[len("error: "):]}], report
+    assert not list((dest / f"127.0.0.1-{pod.port}").rglob("runs")), "nothing to fetch, nothing made"
+
+
 def test_fetch_rerun_keeps_a_users_file_inside_a_runs_linked_on_the_pod(world):
     """The user's edit of a fetched file under a runs/ that is a symlink on the pod (and one under logs/) is kept
     when the pod's copy is newer; podkit's own copies next to it update. Each top is its own transfer, so the rule
