@@ -29,15 +29,15 @@ import shutil
 import stat
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Callable
 
 from podkit.pods.connection import PodConnection
 from podkit.pods.errors import PodError
+from podkit.pods.progress import Transfer
 from podkit.pods.rsync import PARTIAL_DIR, TransferStats, remote_target, run_rsync
 
-TOPS = ("runs", "logs")  # fetched in this order: runs/ holds the big files, so the progress shown is mostly its
+TOPS = ("runs", "logs")  # fetched in this order (runs/ holds the big files), each a part of the progress shown
 RECORD = ".podkit-fetched.json"
 LOCK = ".podkit-fetch.lock"
 PART = ".podkit-part"  # fetch_sftp's file in flight
@@ -77,7 +77,7 @@ def _one_fetch(local: Path):
 
 
 def fetch(conn: PodConnection, remote_dir: str, local: Path, *, rsync_on_pod: bool = True,
-          progress: Callable[[str], None] | None = None, bwlimit: int | None = None) -> TransferStats:
+          progress: Transfer | None = None, bwlimit: int | None = None) -> TransferStats:
     check_target(local)
     local.mkdir(parents=True, exist_ok=True)
     with _one_fetch(local):
@@ -94,7 +94,7 @@ class PartlyFetched(PodError):
 
 
 def _fetch(conn: PodConnection, remote_dir: str, local: Path, rsync_on_pod: bool,
-           progress: Callable[[str], None] | None, bwlimit: int | None) -> TransferStats:
+           progress: Transfer | None, bwlimit: int | None) -> TransferStats:
     record, before = _read_record(local), _local_entries(local)
     kept = {rel for rel, now in before.items() if record.get(rel) != now}
     written: set[str] = set()  # filled as the transfer goes, so a cut one still says what arrived
@@ -128,7 +128,7 @@ def _fetch(conn: PodConnection, remote_dir: str, local: Path, rsync_on_pod: bool
 
 
 def _transfer(conn: PodConnection, remote_dir: str, local: Path, tops: list[str], rsync_on_pod: bool,
-              kept: set[str], written: set[str], progress: Callable[[str], None] | None,
+              kept: set[str], written: set[str], progress: Transfer | None,
               bwlimit: int | None) -> tuple[TransferStats, list[PodError]]:
     """Bring `tops` back: what came, and the error of each top that failed while the link stayed up."""
     if not rsync_on_pod:
@@ -149,7 +149,7 @@ def _transfer(conn: PodConnection, remote_dir: str, local: Path, tops: list[str]
 
 
 def _fetch_top(conn: PodConnection, remote_dir: str, local: Path, top: str, kept: set[str], written: set[str],
-               progress: Callable[[str], None] | None, bwlimit: int | None) -> TransferStats:
+               progress: Transfer | None, bwlimit: int | None) -> TransferStats:
     """One rsync of the pod's `top` (runs or logs) into local/top. The source's trailing slash makes rsync enter
     it, so a top that is a symlink to a directory is followed; -l keeps every link below it a link."""
     prefix = top + "/"
@@ -161,8 +161,10 @@ def _fetch_top(conn: PodConnection, remote_dir: str, local: Path, top: str, kept
         # --from0: the rules file is NUL-separated, so a name may hold a newline.
         args = ["-rlptz", "--update", "--from0", f"--exclude-from={rules.name}",
                 remote_target(conn, f"{remote_dir.rstrip('/')}/{top}/"), f"{local / top}/"]
-        return run_rsync(conn, args, what="fetch", progress=progress, bwlimit=bwlimit, written=written, under=top,
-                         disk_full=lambda: shutil.disk_usage(local).free < 2**20)
+        # each top's rsync counts its progress from 0: shown as the fetch's part named after the top
+        with progress.part(prefix) if progress is not None else nullcontext():
+            return run_rsync(conn, args, what="fetch", progress=progress, bwlimit=bwlimit, written=written,
+                             under=top, disk_full=lambda: shutil.disk_usage(local).free < 2**20)
 
 
 # The project directory's kind (line "."), then, run in it, each top's: dir, none, dangling or file, and for a

@@ -4,7 +4,8 @@ is a terminal, else a plain line per tenth through the command's own `say` (stdo
 
 Two sources feed it: rsync's `--info=progress2` lines (bytes so far, percent, rate; the total
 grows while rsync's incremental recursion still scans) and envsetup's step lines
-(`  [2/6] bitsandbytes: pip`, see envsetup/cli.py).
+(`  [2/6] bitsandbytes: pip`, see envsetup/cli.py). A transfer of several rsyncs (fetch-logs: runs/, then
+logs/) shows each as a named part of the one bar, a row each on a terminal.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ class Bar:
         self._progress = None
         self._task = None
         self._tenth = -1
+        self._moved = False  # the current row has had an update (a part then starts a row of its own)
+        self.part_name = ""
         self.done = 0.0
 
     def __enter__(self) -> "Bar":
@@ -55,8 +58,21 @@ class Bar:
             self._task = self._progress.add_task(self.label, total=self.total, detail="")
         return self
 
+    def part(self, name: str) -> None:
+        """Go on with the next part of the same work (fetch's logs/ after its runs/), which counts from 0 again.
+        On a terminal each part gets a row of its own, named, and the finished part's row stays as it ended, so
+        the new part's 0% does not read as the work starting over. In plain lines the name follows the percent,
+        and the tenths go on from where the last part stopped: a script's log gets no second run of lines."""
+        self.part_name, self.done = name, 0.0
+        if self._progress is not None:
+            if self._moved:
+                self._task = self._progress.add_task(f"{self.label} {name}", total=self.total, detail="")
+            else:  # the row nothing has moved yet (the bar's first) takes the part's name
+                self._progress.update(self._task, description=f"{self.label} {name}")
+        self._moved = False
+
     def update(self, done: float, detail: str = "", description: str | None = None) -> None:
-        self.done = done
+        self.done, self._moved = done, True
         if self._progress is not None:
             self._progress.update(self._task, completed=done, detail=detail,
                                   **({"description": f"{self.label}: {description}"} if description else {}))
@@ -64,7 +80,7 @@ class Bar:
         tenth = int(10 * done / self.total) if self.total else 10
         if tenth > self._tenth:
             self._tenth = tenth
-            what = f" {description}" if description else ""
+            what = "".join(f" {w}" for w in (self.part_name, description) if w)
             line = f"{self.label}: {100 * done / self.total:3.0f}%{what}{' ' + detail if detail else ''}"
             if self.plain is not None:
                 self.plain(line)
@@ -77,22 +93,41 @@ class Bar:
             self._progress.stop()
 
 
+class Transfer:
+    """run_rsync's `progress` callback over one Bar: each --info=progress2 line moves it. `part` names the
+    rsync that starts next when one transfer takes several (fetch: one per top), each counting from 0."""
+
+    def __init__(self, bar: Bar):
+        self.bar = bar
+        self.detail = ""
+
+    def __call__(self, text: str) -> None:
+        m = _RSYNC.match(text)
+        if m:
+            self.detail = _size(int(m.group(1).replace(",", ""))) + (f" {m.group(3)}" if m.group(3) else "")
+            self.bar.update(float(m.group(2)), self.detail)
+
+    @contextmanager
+    def part(self, name: str) -> Iterator[None]:
+        """The lines inside are the part `name`'s; one that ends without an error is shown full."""
+        self.bar.part(name)
+        self.detail = ""
+        yield
+        self.finish()
+
+    def finish(self) -> None:
+        if self.detail:  # rsync succeeded: everything is across, whatever its last line's rounding said
+            self.bar.update(self.bar.total, self.detail)
+
+
 @contextmanager
 def transfer(label: str, *, plain: Callable[[str], None] | None = None, stream: TextIO | None = None,
-             tty: bool | None = None) -> Iterator[Callable[[str], None]]:
-    """A callback for run_rsync's `progress`: each --info=progress2 line moves one bar."""
+             tty: bool | None = None) -> Iterator[Transfer]:
+    """A callback for run_rsync's `progress` (a Transfer): each --info=progress2 line moves one bar."""
     with Bar(label, 100.0, stream=stream, tty=tty, plain=plain) as bar:
-        detail = [""]
-
-        def show(text: str) -> None:
-            m = _RSYNC.match(text)
-            if m:
-                detail[0] = _size(int(m.group(1).replace(",", ""))) + (f" {m.group(3)}" if m.group(3) else "")
-                bar.update(float(m.group(2)), detail[0])
-
+        show = Transfer(bar)
         yield show
-        if detail[0]:  # rsync succeeded: everything is across, whatever its last line's rounding said
-            bar.update(100.0, detail[0])
+        show.finish()
 
 
 class Steps:

@@ -780,15 +780,24 @@ def test_progress_is_a_rich_bar_on_a_terminal_and_plain_lines_in_a_pipe(world):
     assert _strict(piped.stdout)["pods"][0]["files"] >= 1
     plain = [line for line in piped.stderr.splitlines() if re.match(rf"fetch 127.0.0.1-{pod.port}: +\d+%", line)]
     assert 2 <= len(plain) <= 11 and " 100%" in plain[-1], piped.stderr
+    assert all(" runs/ " in line for line in plain), plain  # logs/'s rsync, counting from 0 again, adds no lines
     assert "\r" not in piped.stderr and "\x1b[" not in piped.stderr
 
+    # one rsync per top, each from 0%: on a terminal each is a row of the one fetch, named, never a bar restarting
     (run / "blob.bin").write_bytes(os.urandom(4 * 2**20))
+    (remote / "logs").mkdir(exist_ok=True)
+    (remote / "logs" / "progress.log").write_text("a job's output\n" * 1000)
     argv = [str(world.project / "bin" / "pod"), "fetch-logs", "--known-hosts", str(world.known_hosts),
             "--bwlimit", "2000", "--json", pod.spec, *pod_args(pod)]
     code, out, tty = _with_tty_stderr(argv, world.project)
     assert code == 0, tty
     assert _strict(out)["pods"][0]["ok"] is True
     assert "━" in tty and "100%" in tty and f"fetch 127.0.0.1-{pod.port}" in tty, tty
+    drawn = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", tty)
+    for top in ("runs/", "logs/"):
+        rows = re.findall(rf"fetch 127\.0\.0\.1-{pod.port} {top} .*?(\d+)%", drawn)
+        assert rows and rows[-1] == "100", (top, rows, drawn)
+    (remote / "logs" / "progress.log").unlink()
 
     # deploy on a terminal: the sync bar and the pod's install bar (envsetup's [k/n] step lines)
     (world.project / "notes-progress.txt").write_text(os.urandom(2**20).hex())

@@ -59,3 +59,53 @@ def test_envsetup_step_lines_become_the_install_bar():
         off(line)
     off.close(finished=True)
     assert plain == ["install:   0% venv", "install:  50% verify", "install: 100% done"]
+
+
+def _rows(drawn: str) -> dict[str, list[int]]:
+    """Each named row's percents, in the order rich drew them."""
+    rows: dict[str, list[int]] = {}
+    for line in re.split(r"[\r\n]", re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", drawn)):
+        m = re.search(r"fetch (\S+/) .*?(\d+)%", line)
+        if m:
+            rows.setdefault(m.group(1), []).append(int(m.group(2)))
+    return rows
+
+
+def test_a_fetch_in_parts_is_a_row_per_part_and_never_starts_over():
+    """fetch-logs runs one rsync per top, each counting from 0: the one bar went back to 0% for logs/ after runs/
+    reached 100%, which read as a second fetch. Each part is now a row named after it; runs/'s stays full."""
+    term = Terminal()
+    with bars.transfer("fetch", stream=term) as show:
+        with show.part("runs/"):
+            for pct in (0, 40, 99):
+                show(rsync_line(pct * 40_000, pct))
+        with show.part("logs/"):
+            show(rsync_line(0, 0))
+            show(rsync_line(3_000, 60))
+    rows = _rows(term.getvalue())
+    assert set(rows) == {"runs/", "logs/"}, rows
+    for name, percents in rows.items():
+        assert percents == sorted(percents) and percents[-1] == 100, (name, percents)  # never back, full at the end
+
+
+def test_a_part_that_fails_is_left_where_it_stopped_and_plain_lines_stay_one_per_tenth():
+    term = Terminal()
+    try:
+        with bars.transfer("fetch", stream=term) as show:
+            with show.part("runs/"):
+                show(rsync_line(100, 30))
+                raise RuntimeError("rsync failed")
+    except RuntimeError:
+        pass
+    assert _rows(term.getvalue())["runs/"][-1] == 30
+    # a script's log: the part names its lines, and logs/ counting from 0 again adds none
+    lines: list[str] = []
+    with bars.transfer("fetch", plain=lines.append, tty=False) as show:
+        with show.part("runs/"):
+            for pct in (0, 50, 100):
+                show(rsync_line(pct * 10_000, pct))
+        with show.part("logs/"):
+            for pct in (0, 50, 100):
+                show(rsync_line(pct * 10, pct))
+    assert [re.match(r"fetch: +\d+% \S+", line).group() for line in lines] == \
+        ["fetch:   0% runs/", "fetch:  50% runs/", "fetch: 100% runs/"], lines
