@@ -174,7 +174,8 @@ class PodConnection:
         self._watchdog: _Watchdog | None = None
         self._hops: list[fabric.Connection] = []  # ProxyJump connections, closed with this one
         # Every process this invocation starts on the pod carries PODKIT_SESSION=<tag> in its
-        # environment, so an interrupted step can be found and stopped there (`stop_remote`).
+        # environment, so an interrupted step can be found and stopped there (`stop_remote`): the
+        # shells that run the commands are exec'd with it (pods/shell.py), their forks included.
         self.tag = secrets.token_hex(8)
         self.cancelled = False  # set from another thread by cancel(): every later command raises
 
@@ -390,9 +391,11 @@ class PodConnection:
 
     def stop_remote(self, grace: float = 10.0) -> None:
         """Stop every process this connection started on the pod (Ctrl-C on the laptop): SIGTERM,
-        then SIGKILL after `grace` s. Best effort within the deadline: a dead link stops nothing."""
+        then SIGKILL after `grace` s. Best effort within the deadline: a dead link stops nothing.
+        The shells that ran them are stopped too (they carry the tag): a later command starts a new one."""
         from podkit.pods.remote_stop import stop_script
 
+        self._shell = self._spare = None
         try:
             chan = self.connection.transport.open_session(timeout=self.timeout)
             chan.exec_command(stop_script(f"PODKIT_SESSION={self.tag}", grace))
@@ -450,6 +453,8 @@ class PodConnection:
         except PodError:
             raise
         except Exception as exc:  # noqa: BLE001 - ShellClosed, paramiko and socket errors alike
+            if self.cancelled:  # cancel() stopped the shell under the command: Ctrl-C, not a dropped link
+                raise KeyboardInterrupt from None
             raise self._dropped(exc) from None
 
     @property

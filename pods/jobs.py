@@ -110,10 +110,10 @@ def start(conn: PodConnection, command: str, job_id: str | None = None, *, env: 
         f"w=$!; i=0; while [ ! -s {d}/pid ] && kill -0 $w 2>/dev/null && [ $i -lt 100 ]; do sleep 0.05; i=$((i+1)); done\n"
         f"[ -s {d}/pid ] || {{ echo $w > {d}/pid.launcher && mv -f {d}/pid.launcher {d}/pid; }}\n"
     )
-    # The launcher is a bash of its own (exec'd), so its environment carries the connection's PODKIT_SESSION tag: a
-    # Ctrl-C of this client (stop_remote) ends it, and a child of it not yet the wrapper, before the client asks the
-    # pod whether the job started. Run in the shared shell's subshell (a fork: its /proc environ holds no tag), it
-    # ran on after a Ctrl-C, and could start the job after the pod had been found without it.
+    # The launcher's environment carries the connection's PODKIT_SESSION tag: a Ctrl-C of this client (stop_remote)
+    # ends it, and a child of it not yet the wrapper, before the client asks the pod whether the job started;
+    # running on, it could start the job after the pod had been found without it. The shared shell is exec'd with
+    # the tag (pods/shell.py), so its subshell has it too; this bash of its own (exec'd) has it whatever shell runs it.
     result = conn.run(f"exec bash --noprofile --norc -c {shlex.quote(launcher)}")
     said_last = ((result.stderr or result.stdout).strip().splitlines() or [""])[-1][:200]  # after what rc files said
     if result.exit_code == 2:

@@ -135,13 +135,17 @@ class RemoteShell:
         self.login_timeout = LOGIN_TIMEOUT_FACTOR * timeout
         self.marker = "\x1epodkit-" + secrets.token_hex(8)
         self.chan = transport.open_session(timeout=timeout)
-        self.chan.exec_command("exec bash --noprofile --norc -s")
+        # The tag is in the environment bash is exec'd with, not exported by it: a process's
+        # /proc/PID/environ (what PodConnection.stop_remote reads) is the one it was exec'd with, so
+        # only then do the shell's own forks (each command's subshell, a loop in it, a pipeline's
+        # stages) carry the tag too, and a Ctrl-C ends them with the shell.
+        tagged = f"env PODKIT_SESSION={tag} " if tag else ""
+        self.chan.exec_command(f"exec {tagged}bash --noprofile --norc -s")
         self.dead = False
         self._hello_pending = True
         # The greeting's marker separates whatever the login shell's rc files printed from the
         # first command's output.
-        tagged = f"export PODKIT_SESSION={tag}\n" if tag else ""  # see PodConnection.stop_remote
-        self._send(f"{tagged}__podkit_done() {{ printf '\\n{self.marker} %d\\n' \"$1\"; "
+        self._send(f"__podkit_done() {{ printf '\\n{self.marker} %d\\n' \"$1\"; "
                    f"printf '\\n{self.marker} %d\\n' \"$1\" >&2; }}\n__podkit_done 0\n")
 
     # -- use

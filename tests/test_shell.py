@@ -6,10 +6,14 @@ and stderr the way a `conda init` in ~/.bashrc can, and none of it may reach a c
 
 import base64
 import os
+import signal
 import subprocess
 import sys
 import threading
+import textwrap
 import time
+import uuid
+from pathlib import Path
 
 import pytest
 
@@ -19,7 +23,7 @@ from podkit.pods.hosts import parse_host, resolve
 from podkit.pods.rsh import CLIENT, RshServer
 from podkit.pods.rsync import run_rsync
 from podkit.pods.shell import _Stream
-from sshd_harness import LoopbackPod, sshd_available
+from sshd_harness import LoopbackPod, sshd_available, wait_for
 
 pytestmark = pytest.mark.skipif(sshd_available() is not None, reason=str(sshd_available()))
 
@@ -235,3 +239,80 @@ def test_a_login_rc_that_hangs_is_one_clear_error(tmp_path):
         assert time.monotonic() - start < 30
     finally:
         pod.stop()
+
+
+def _ppid(pid: int) -> int | None:
+    """The parent of `pid`, as /proc says (after the last ") ": a comm may hold spaces); None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state, ppid = f.read().rsplit(") ", 1)[1].split()[:2]
+    except (OSError, IndexError):
+        return None
+    return None if state == "Z" else int(ppid)  # a zombie runs nothing
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "cancel"])
+def test_ctrl_c_stops_a_shell_loop_and_the_shared_shell_on_the_pod(pod, how):
+    """A loop run by the shared shell itself (a fork of it, exec'ing only its `sleep`s) ends on a Ctrl-C of the
+    client, in the main thread (conn.run's own stop) or from another thread (cancel(), as deploy does); the
+    connection still runs commands after the plain Ctrl-C."""
+    p, known = pod
+    digits = str(uuid.uuid4().int)[:9]
+    nap = f"0.2{digits}"  # the loop's sleeps are found by this argument; split below, so the client's argv lacks it
+    script = textwrap.dedent(f"""
+        import sys, threading
+        from podkit.pods.connection import PodConnection
+        from podkit.pods.hosts import parse_host, resolve
+        conn = PodConnection(resolve(parse_host({p.spec!r}, key={str(p.client_key)!r})), known_hosts={str(known)!r})
+        loop = "while :; do sleep 0.2" + {digits!r} + "; done"
+        if {how!r} == "ctrl-c":
+            try:
+                conn.run(loop)
+            except KeyboardInterrupt:
+                print("interrupted", conn.run("echo usable").stdout.strip(), flush=True)
+                sys.exit(130)
+        caught = []
+        def work():
+            try:
+                conn.run(loop)
+            except BaseException as exc:
+                caught.append(type(exc).__name__)
+        worker = threading.Thread(target=work, daemon=True)
+        worker.start()
+        try:
+            while worker.is_alive():
+                worker.join(0.2)
+        except KeyboardInterrupt:
+            conn.cancel()
+            worker.join(30)
+            print("interrupted", caught, flush=True)
+            sys.exit(130)
+    """)
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    client = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env)
+
+    def sleeps() -> list[int]:
+        found = subprocess.run(["pgrep", "-f", f"^sleep {nap}$"], capture_output=True, text=True).stdout
+        return [int(pid) for pid in found.split()]
+
+    loop = shell = None
+    try:
+        assert wait_for(sleeps, 30), client.stderr.read() if client.poll() is not None else "the loop never ran"
+        loop = _ppid(sleeps()[0])  # the shell's fork that runs the loop: found while it runs, so it can be missed
+        shell = _ppid(loop)
+        assert loop and shell and _ppid(shell), "the loop and its shared shell are running"
+        client.send_signal(signal.SIGINT)
+        out, err = client.communicate(timeout=60)
+        assert client.returncode == 130, out + err
+        assert out.split() == (["interrupted", "usable"] if how == "ctrl-c" else ["interrupted", "['KeyboardInterrupt']"]), out + err
+        assert wait_for(lambda: _ppid(loop) is None, 5), "the loop still runs on the pod after Ctrl-C"
+        assert wait_for(lambda: _ppid(shell) is None, 5), "the shared shell still runs on the pod after Ctrl-C"
+        time.sleep(0.5)  # more than a turn of the loop: a sleep started after the stop would show
+        assert not sleeps(), "the loop's sleeps still run on the pod"
+    finally:
+        if client.poll() is None:
+            client.kill()
+        for pid in [*sleeps(), loop, shell]:  # this test's own, by pid, when the stop failed
+            if pid and _ppid(pid) is not None:
+                os.kill(pid, signal.SIGKILL)
