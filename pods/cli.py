@@ -630,7 +630,9 @@ def stop_cmd(host, job_id, grace, as_json, pods: PodArgs):
         try:
             what = remote_jobs.stop(conn, job_id, grace)
         except KeyboardInterrupt:
-            click.echo(f"\nstopped waiting; the pod may still finish the stop: check with bin/pod jobs "
+            # the stop's own wait on the pod ends with this Ctrl-C (PodConnection.stop_remote): what was not yet
+            # SIGKILLed runs on
+            click.echo(f"\ninterrupted: job {job_id} may still run (the stop did not finish); check with bin/pod jobs "
                        f"{pods.again(host)}, or re-run bin/pod stop {pods.again(host)} {job_id}", err=True)
             sys.exit(130)
     stopped = re.search(r"(^|: )left \d", what) is None  # pids still alive after SIGKILL

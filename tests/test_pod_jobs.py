@@ -230,6 +230,33 @@ def test_ctrl_c_on_the_laptop_stops_the_remote_step(world):
     assert wait_for(lambda: not remote_step(), 5), "the remote step is still running after Ctrl-C"
 
 
+def test_ctrl_c_of_a_stop_leaves_no_stop_running_on_the_pod(world):
+    """`bin/pod stop` waits out the grace on the pod, in a loop of the shared shell. A Ctrl-C of it ends that loop
+    there too: the job, which ignores SIGTERM, is not SIGKILLed later by a stop nobody sees, and is said to run."""
+    jid = f"stubborn-{uuid.uuid4().hex[:6]}"
+    started = cli(world, "run", *args(world), "--id", jid, "--detach", world.pod.spec, "--",
+                  "bash", "-c", "trap '' TERM; while :; do sleep 0.1; done")
+    assert started.returncode == 0, started.stderr
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.Popen([str(world.project / "bin" / "pod"), "stop", "--known-hosts", str(world.known_hosts),
+                             world.pod.spec, *args(world), jid, "--grace", "4"], cwd=world.project, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert f"stopping job {jid}" in proc.stderr.readline()
+        time.sleep(1.5)  # the SIGTERM is sent; the grace runs
+        os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130, out + err
+        assert f"job {jid} may still run" in err and f"bin/pod stop {world.pod.spec}" in err, err
+        time.sleep(5)  # past the grace: a stop left running would SIGKILL the job now
+        assert with_env(f"PODKIT_JOB_ID={jid}"), "the stop ran on after its Ctrl-C and killed the job"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        cli(world, "stop", world.pod.spec, *args(world), jid, "--grace", "1")
+    assert not with_env(f"PODKIT_JOB_ID={jid}")
+
+
 def test_a_frozen_sshd_session_gives_one_line_within_the_deadline(world):
     """TCP stays up (the kernel still ACKs) but the pod's sshd session answers nothing: SIGSTOP."""
     run = Path(world.pod.remote_dir) / "runs" / "frozen"
