@@ -337,13 +337,14 @@ def run_cmd(host, command, detach, job_id, as_json, nodes, nproc_per_node, pods:
     prefixed by its name; a node that fails stops the others; the exit code is the failing node's).
     """
     if job_id:
-        remote_jobs.valid_id(job_id)
+        remote_jobs.valid_id(job_id, pods.again(host))
     if nodes:
         sys.exit(_run_nodes(host, command, detach, job_id, nproc_per_node, as_json, pods))
     if nproc_per_node is not None:
         raise PodError("--nproc-per-node goes with --nodes", "add --nodes, or leave it out")
     if len(specs := pods.specs(host)) > 1:
         raise PodError(f"'{host}' names {len(specs)} pods", "give one, or add --nodes to run one torchrun world across them")
+    again = pods.again(host)
     with pods.one(host, deployed=True, err=as_json) as (conn, spec, _, _, rdir):
         changed = changed_since_deploy(conn, pods.opts.project, rdir)
         if changed:
@@ -352,24 +353,24 @@ def run_cmd(host, command, detach, job_id, as_json, nodes, nproc_per_node, pods:
         jid = job_id or remote_jobs.new_id(line)  # known before the start: a start cut short names it
         job = {"job": jid, "pod": spec.name, "host": spec.host, "remote_dir": rdir,
                "log": f"{rdir}/{remote_jobs.JOBS_DIR}/{jid}/output.log", "changed_since_deploy": changed}
-        _note_running(conn, spec, pods.again(host))
+        _note_running(conn, spec, again)
         try:
-            remote_jobs.start(conn, line, jid)
+            remote_jobs.start(conn, line, jid, again=again)
         except KeyboardInterrupt:
-            _start_interrupted(conn, pods.again(host), job, as_json)
+            _start_interrupted(conn, again, job, as_json)
         except remote_jobs.StartFailed:  # it says whether the job started
             raise
         except PodError as exc:  # the link failed while the start was in flight: it may have started
             raise PodError(f"{exc.problem}; job {jid} may have started on {spec.name}",
-                           f"check with: bin/pod jobs {pods.again(host)}; follow it: bin/pod attach {pods.again(host)} "
-                           f"{jid}; stop it: bin/pod stop {pods.again(host)} {jid}", exc.host, exc.field) from None
+                           f"check with: bin/pod jobs {again}; follow it: bin/pod attach {again} {jid}; stop it: "
+                           f"bin/pod stop {again} {jid}", exc.host, exc.field) from None
         click.echo(f"job {jid} started on {spec.name}; output: {remote_jobs.JOBS_DIR}/{jid}/output.log", err=True)
         if detach:
-            click.echo(f"attach with: bin/pod attach {pods.again(host)} {jid}", err=True)
+            click.echo(f"attach with: bin/pod attach {again} {jid}", err=True)
             if as_json:
                 click.echo(json.dumps({"ok": True, **job, "detached": True, "exit_code": None}, indent=2))
             return
-        code = _follow(conn, pods.again(host), jid, as_json, job)
+        code = _follow(conn, again, jid, as_json, job)
     click.echo(f"job {jid} exited {code}" if code is not None else f"job {jid} is lost: it left no exit code",
                err=True)
     if as_json:
@@ -517,7 +518,7 @@ def _follow(conn: PodConnection, again: str, job_id: str, as_json: bool, job: di
     (None for a job lost without one). `again`: PodArgs.again, for the hints.
     A dropped link, Ctrl-C or a closed stdout ends the following only: the job runs on."""
     try:
-        return remote_jobs.attach(conn, job_id, lambda line: click.echo(line, err=as_json))
+        return remote_jobs.attach(conn, job_id, lambda line: click.echo(line, err=as_json), again=again)
     except remote_jobs.NoSuchJob:
         raise
     except PodError as exc:
@@ -597,13 +598,14 @@ def _command_line(command: tuple[str, ...]) -> str:
 @guarded
 def attach_cmd(host, job_id, as_json, pods: PodArgs):
     """Stream a detached job's output (from the start) until it ends; exit with its code. Default: the newest job."""
+    again = pods.again(host)
     if job_id:
-        remote_jobs.valid_id(job_id)  # before connecting: an id never reaches a shell unchecked
+        remote_jobs.valid_id(job_id, again)  # before connecting: an id never reaches a shell unchecked
     with pods.one(host, err=as_json) as (conn, spec, _, _, rdir):
-        job_id = job_id or _newest(conn, spec)
+        job_id = job_id or _newest(conn, spec, again)
         job = {"job": job_id, "pod": spec.name, "host": spec.host,
                "log": f"{rdir}/{remote_jobs.JOBS_DIR}/{job_id}/output.log"}
-        code = _follow(conn, pods.again(host), job_id, as_json, job)
+        code = _follow(conn, again, job_id, as_json, job)
     if as_json:
         click.echo(json.dumps({"ok": code == 0, **job, "exit_code": code}, indent=2))
     sys.exit(EXIT_FAILED if code is None else code)  # a lost job: no code of its own to pass on
@@ -620,20 +622,21 @@ def attach_cmd(host, job_id, as_json, pods: PodArgs):
 def stop_cmd(host, job_id, grace, as_json, pods: PodArgs):
     """Stop a detached job and every process it started (workers included). Default: the newest running job
     (the newest job when none runs)."""
+    again = pods.again(host)
     if job_id:
-        remote_jobs.valid_id(job_id)
+        remote_jobs.valid_id(job_id, again)
     with pods.one(host, err=as_json) as (conn, spec, *_):
-        job_id = job_id or _newest(conn, spec, running=True)
-        remote_jobs.require(conn, job_id)  # before saying it stops one
+        job_id = job_id or _newest(conn, spec, again, running=True)
+        remote_jobs.require(conn, job_id, again=again)  # before saying it stops one
         click.echo(f"stopping job {job_id} on {spec.name}: SIGTERM to its processes, SIGKILL to what is left after "
                    f"{grace:g} s", err=True)
         try:
-            what = remote_jobs.stop(conn, job_id, grace)
+            what = remote_jobs.stop(conn, job_id, grace, again=again)
         except KeyboardInterrupt:
             # the stop's own wait on the pod ends with this Ctrl-C (PodConnection.stop_remote): what was not yet
             # SIGKILLed runs on
             click.echo(f"\ninterrupted: job {job_id} may still run (the stop did not finish); check with bin/pod jobs "
-                       f"{pods.again(host)}, or re-run bin/pod stop {pods.again(host)} {job_id}", err=True)
+                       f"{again}, or re-run bin/pod stop {again} {job_id}", err=True)
             sys.exit(130)
     stopped = re.search(r"(^|: )left \d", what) is None  # pids still alive after SIGKILL
     if as_json:
@@ -643,12 +646,12 @@ def stop_cmd(host, job_id, grace, as_json, pods: PodArgs):
     sys.exit(0 if stopped else 1)
 
 
-def _newest(conn: PodConnection, spec: HostSpec, running: bool = False) -> str:
+def _newest(conn: PodConnection, spec: HostSpec, again: str, running: bool = False) -> str:
     """The newest job's id; with `running`, the newest of those still running, if any: `bin/pod stop HOST` after a
     quick `bin/pod run HOST -- nvidia-smi` beside a training job stops the training, not the finished check."""
     job = remote_jobs.newest(conn, running=running)
     if job is None:
-        raise PodError(f"no jobs on {spec.name}", "start one with: bin/pod run HOST -- COMMAND")
+        raise PodError(f"no jobs on {spec.name}", f"start one with: bin/pod run {again} -- COMMAND")
     return job.id
 
 

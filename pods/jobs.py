@@ -46,29 +46,46 @@ def new_id(command: str) -> str:
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + f"-{word}-{secrets.token_hex(4)}"
 
 
-def valid_id(job_id: str) -> str:
-    """A job id is a directory name in every remote script: nothing else gets that far."""
+# `again` below: the pod as the user reaches it, HOST and the reach options given (cli.PodArgs.again), which every
+# hint's next command starts with: without --remote-dir or --key it would look in another directory, or not log in.
+
+
+def valid_id(job_id: str, again: str = "HOST") -> str:
+    """A job id is a directory name in every remote script: nothing else gets that far. (The CLI checks the id it
+    was given with its `again`; the checks inside this module see ids already checked.)"""
     if job_id in (".", ".."):
-        raise PodError(f"job id '{job_id}' names a directory, not a job", "list the jobs with: bin/pod jobs HOST")
+        raise PodError(f"job id '{job_id}' names a directory, not a job", f"list the jobs with: bin/pod jobs {again}")
     if not _ID.fullmatch(job_id or ""):
         raise PodError(f"job id '{job_id}' may use only letters, digits, '.', '_' and '-'",
-                       "list the jobs with: bin/pod jobs HOST")
+                       f"list the jobs with: bin/pod jobs {again}")
     return job_id
 
 
 class StartFailed(PodError):
-    """The launcher on the pod failed; the message says whether the job started all the same."""
+    """The launcher on the pod failed; the message says whether the job started all the same, `state` says it as
+    start_state does ("absent": it did not start)."""
+
+    def __init__(self, problem: str, fix: str = "", *, state: str):
+        super().__init__(problem, fix)
+        self.state = state
 
 
 class StartRefused(StartFailed):
     """The pod refused to start the job (its id is taken, its directory cannot be made): nothing started."""
 
+    def __init__(self, problem: str, fix: str = ""):
+        super().__init__(problem, fix, state="absent")
 
-def start(conn: PodConnection, command: str, job_id: str | None = None, *, env: dict[str, str] | None = None,
-          env_defaults: dict[str, str] | None = None) -> str:
+
+TAKEN = 3
+"""The launcher's exit when the job's id is taken (2: it could not make the job's directory)."""
+
+
+def start(conn: PodConnection, command: str, job_id: str | None = None, *, again: str,
+          env: dict[str, str] | None = None, env_defaults: dict[str, str] | None = None) -> str:
     """Start `command` detached; `env` is exported after the env file (it wins), `env_defaults`
     only where neither the env file nor the pod set that name (the user's choice wins)."""
-    job_id = valid_id(job_id or new_id(command))
+    job_id = valid_id(job_id or new_id(command), again)
     d = f"{JOBS_DIR}/{job_id}"
     exports = "".join(f"export {_name(k)}={shlex.quote(v)}\n" for k, v in (env or {}).items())
     exports += "".join(f"[ -n \"${{{_name(k)}:-}}\" ] || export {k}={shlex.quote(v)}\n" for k, v in (env_defaults or {}).items())
@@ -92,13 +109,12 @@ def start(conn: PodConnection, command: str, job_id: str | None = None, *, env: 
              f'[ -r .podkit/env ] && . .podkit/env\n{exports}'
              '( trap : TERM; eval "$(cat "$jobdir/command")" )\n'
              'rc=$?; echo $rc > "$jobdir/exit_code.tmp" && mv "$jobdir/exit_code.tmp" "$jobdir/exit_code"')
-    taken = f"job {job_id} exists: give another --id, or bin/pod attach HOST {job_id}"
     launcher = (
         f"mkdir -p {JOBS_DIR} || exit 2\n"
         # A plain mkdir claims the id: of two starts of one id at once, exactly one makes the directory (a test
-        # for an existing pid file after `mkdir -p` let both through, and both started).
-        f"made=$(mkdir {d} 2>&1) || {{ if [ -e {d} ]; then echo {shlex.quote(taken)} >&2; "
-        f"else printf '%s\\n' \"$made\" >&2; fi; exit 2; }}\n"
+        # for an existing pid file after `mkdir -p` let both through, and both started). A taken id is told by its
+        # exit code: its message and hint are made below, with the `again` the pod's shell has no use for.
+        f"made=$(mkdir {d} 2>&1) || {{ [ -e {d} ] && exit {TAKEN}; printf '%s\\n' \"$made\" >&2; exit 2; }}\n"
         f"printf '%s\\n' {shlex.quote(command)} > {d}/command || {{ rm -f {d}/command; rmdir {d}; exit 2; }}\n"
         f"date -u +%Y-%m-%dT%H:%M:%S.%NZ > {d}/started\n"
         # The tag before `env`, so that the pid $! names carries it from its first exec (attach waits for that)
@@ -116,14 +132,17 @@ def start(conn: PodConnection, command: str, job_id: str | None = None, *, env: 
     # the tag (pods/shell.py), so its subshell has it too; this bash of its own (exec'd) has it whatever shell runs it.
     result = conn.run(f"exec bash --noprofile --norc -c {shlex.quote(launcher)}")
     said_last = ((result.stderr or result.stdout).strip().splitlines() or [""])[-1][:200]  # after what rc files said
+    if result.exit_code == TAKEN:
+        raise StartRefused(f"could not start the job: job {job_id} exists",
+                           f"give another --id, or follow it: bin/pod attach {again} {job_id}")
     if result.exit_code == 2:
         raise StartRefused(f"could not start the job: {said_last}")
     if not result.ok:  # the launcher itself failed (killed?), perhaps after the wrapper started: say which
         why = (f"its launcher was killed by signal {result.exit_code - 128}" if result.exit_code > 128 else
                said_last or f"its launcher exited {result.exit_code}")
         state = start_state(conn, job_id)
-        fix = "re-run" if state == "absent" else f"check with: bin/pod jobs HOST; stop it with: bin/pod stop HOST {job_id}"
-        raise StartFailed(f"could not start job {job_id} ({why}); {said(state)}", fix)
+        fix = "re-run" if state == "absent" else f"check with: bin/pod jobs {again}; stop it with: bin/pod stop {again} {job_id}"
+        raise StartFailed(f"could not start job {job_id} ({why}); {said(state)}", fix, state=state)
     return job_id
 
 
@@ -173,10 +192,10 @@ class NoSuchJob(PodError):
     """The pod has no job of that id."""
 
 
-def require(conn: PodConnection, job_id: str) -> None:
+def require(conn: PodConnection, job_id: str, *, again: str) -> None:
     """Raise NoSuchJob unless the pod has a job of that id."""
-    if conn.run(f"[ -r {JOBS_DIR}/{valid_id(job_id)}/pid ]").exit_code != 0:
-        raise NoSuchJob(f"no job '{job_id}' on this pod", "list them with: bin/pod jobs HOST")
+    if conn.run(f"[ -r {JOBS_DIR}/{valid_id(job_id, again)}/pid ]").exit_code != 0:
+        raise NoSuchJob(f"no job '{job_id}' on this pod", f"list them with: bin/pod jobs {again}")
 
 
 # Shell defining `ours PID ID`: PID is alive and is job ID's wrapper. A pid file outlives its process: after the pod
@@ -190,11 +209,11 @@ LOST = 4
 """attach's remote exit when the job left no exit code; a job's own 4 is told apart by its exit_code file."""
 
 
-def attach(conn: PodConnection, job_id: str, out: Callable[[str], None]) -> int | None:
+def attach(conn: PodConnection, job_id: str, out: Callable[[str], None], *, again: str) -> int | None:
     """Stream the job's output until it ends; return its exit code, None when it ended without one (killed
     with its wrapper, or the pod restarted: `jobs` lists it as lost)."""
-    d = f"{JOBS_DIR}/{valid_id(job_id)}"
-    require(conn, job_id)  # on its own: the stream below exits with the job's code, which may be any number
+    d = f"{JOBS_DIR}/{valid_id(job_id, again)}"
+    require(conn, job_id, again=again)  # on its own: the stream below exits with the job's code, which may be any number
     script = (
         f"{_OURS}pid=$(cat {d}/pid)\n"
         # A pid file that names a live process not (yet) tagged: a job started by an older podkit, whose pid file
@@ -214,10 +233,10 @@ def attach(conn: PodConnection, job_id: str, out: Callable[[str], None]) -> int 
     return code
 
 
-def stop(conn: PodConnection, job_id: str, grace: float = 30.0) -> str:
+def stop(conn: PodConnection, job_id: str, grace: float = 30.0, *, again: str) -> str:
     """Stop the job's whole process tree (SIGTERM, SIGKILL after `grace` s); its wrapper shell is
     spared so it still records the exit code. Returns what happened, in words."""
-    d = f"{JOBS_DIR}/{valid_id(job_id)}"
+    d = f"{JOBS_DIR}/{valid_id(job_id, again)}"
     script = (
         f"[ -r {d}/pid ] || {{ echo 'podkit: no job {job_id} on this pod' >&2; exit 3; }}\n"
         # An exited job may have left processes running (started in the background, workers of a killed
@@ -232,7 +251,7 @@ def stop(conn: PodConnection, job_id: str, grace: float = 30.0) -> str:
     result = conn.run(script + f"\nfor i in 1 2 3 4 5 6 7 8 9 10; do [ -r {d}/exit_code ] && break; sleep 0.2; done\n"
                       f"ours \"$wrapper\" {job_id} && kill -KILL $wrapper 2>/dev/null; true\n", timeout=grace + 60)
     if result.exit_code == 3:
-        raise PodError(f"no job '{job_id}' on this pod", "list them with: bin/pod jobs HOST")
+        raise NoSuchJob(f"no job '{job_id}' on this pod", f"list them with: bin/pod jobs {again}")
     return (result.stdout.strip().splitlines() or ["stopped"])[0]
 
 

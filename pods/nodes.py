@@ -398,18 +398,18 @@ def start(members: list[Member], rdzv: Rendezvous, command: tuple[str, ...], say
     for m in members:
         job_id = f"{rdzv.run_id}-n{m.node.index}"
         try:
-            m.job_id = jobs.start(m.conn, launch_command(command, m.python), job_id, env=rdzv.env(m.node),
-                                  env_defaults=rdzv.env_defaults(m.node))
+            m.job_id = jobs.start(m.conn, launch_command(command, m.python), job_id, again=again(m.spec.name),
+                                  env=rdzv.env(m.node), env_defaults=rdzv.env_defaults(m.node))
         except PodError as exc:
             for s in started:
-                jobs.stop(s.conn, s.job_id, grace=10)
+                jobs.stop(s.conn, s.job_id, grace=10, again=again(s.spec.name))
             raise (exc.on(m.spec.name) if not exc.host else exc) from None
         except KeyboardInterrupt:
             # Ctrl-C while starting: a world of some nodes never forms, and re-running would start a second one
             # beside it. Stop what started; the start in flight may still run once its link delivers it.
             for s in started:
                 try:
-                    say(f"interrupted while starting: job {s.job_id} on {s.spec.name} {jobs.stop(s.conn, s.job_id, 10)}")
+                    say(f"interrupted while starting: job {s.job_id} on {s.spec.name} {jobs.stop(s.conn, s.job_id, 10, again=again(s.spec.name))}")
                 except (PodError, KeyboardInterrupt) as exc:
                     say(f"interrupted while starting: could not stop job {s.job_id} on {s.spec.name} ({exc}); "
                         f"stop it with: bin/pod stop {again(s.spec.name)} {s.job_id}")
@@ -430,7 +430,7 @@ def follow(members: list[Member], opts: PodOptions, printer: Callable[[str], Cal
 
     def watch(m: Member) -> None:
         try:
-            ended.put((m, jobs.attach(m.conn, m.job_id, printer(m.spec.name)), None))
+            ended.put((m, jobs.attach(m.conn, m.job_id, printer(m.spec.name), again=again(m.spec.name)), None))
         except PodError as exc:
             ended.put((m, None, exc))
         except BaseException as exc:  # noqa: BLE001 - reported by the main thread
@@ -465,7 +465,8 @@ def _stop_others(members: list[Member], failed: Member, opts: PodOptions, say: C
         try:
             with connect(m.spec, opts, lambda _line: None) as conn:
                 locate(conn, m.spec, opts.project)
-                say(f"node {m.node.index} ({m.spec.name}): job {m.job_id} {jobs.stop(conn, m.job_id, grace)}")
+                say(f"node {m.node.index} ({m.spec.name}): job {m.job_id} "
+                    f"{jobs.stop(conn, m.job_id, grace, again=again(m.spec.name))}")
         except PodError as exc:
             say(f"node {m.node.index} ({m.spec.name}): could not stop job {m.job_id}: {exc} "
                 f"(stop it with: bin/pod stop {again(m.spec.name)} {m.job_id})")

@@ -662,11 +662,28 @@ def test_two_runs_of_one_id_at_once_start_it_once(world):
         codes = sorted(p.returncode for p in procs)
         assert codes == [0, 2], outs
         refused = outs[[p.returncode for p in procs].index(2)][1]
-        assert f"job {jid} exists: give another --id" in refused, refused
+        assert f"job {jid} exists (give another --id" in refused, refused
         assert wait_for(lambda: len(_sleeps(marker)) == 1, 10) and len(_sleeps(marker)) == 1, _sleeps(marker)
     finally:
         for pid in with_env(f"PODKIT_JOB_ID={jid}") + _sleeps(marker):
             os.kill(pid, signal.SIGKILL)
+
+
+def _again(world) -> str:
+    """The pod as a hint's next command must name it: HOST and the reach options these tests give (the CLI's
+    PodArgs.again), without which that command would look in another directory, or not log in."""
+    return shlex.join([world.pod.spec, "--key", str(world.pod.client_key), "--remote-dir", world.pod.remote_dir,
+                       "--python", sys.executable, "--known-hosts", str(world.known_hosts)])
+
+
+def test_attach_and_stop_hints_name_the_pod_as_reached(world):
+    """Review 2026-11-27: a job id that does not exist, or is no id, was answered with `bin/pod jobs HOST`."""
+    again = _again(world)
+    for command, said in ((["stop", world.pod.spec, *args(world), "no-such-job"], "no job 'no-such-job' on this pod"),
+                          (["attach", world.pod.spec, *args(world), "no-such-job"], "no job 'no-such-job' on this pod"),
+                          (["attach", world.pod.spec, *args(world), ".."], "job id '..' names a directory, not a job")):
+        line = one_line_error(cli(world, *command))
+        assert line == f"error: {said} (list {'the jobs' if '..' in command else 'them'} with: bin/pod jobs {again})"
 
 
 @pytest.mark.parametrize("when", ["after-start", "before-start", "link-dropped"])
