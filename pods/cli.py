@@ -128,6 +128,11 @@ def _bad_input_json(problem: str, fix: str = "", host: str = "", field: str = ""
     click.echo(json.dumps(data, indent=2))
 
 
+def _error_json(exc: PodError) -> dict:
+    """The bad-input object's "error", for a job's object that carries one (a start that failed, a follow cut)."""
+    return {**ConfigError(exc.field, exc.problem, exc.fix).to_json()["error"], "host": exc.host}
+
+
 def guarded(fn):
     """One line and exit 2 for PodError; 130 for Ctrl-C; never a traceback for expected faults."""
     @functools.wraps(fn)
@@ -358,12 +363,13 @@ def run_cmd(host, command, detach, job_id, as_json, nodes, nproc_per_node, pods:
             remote_jobs.start(conn, line, jid, again=again)
         except KeyboardInterrupt:
             _start_interrupted(conn, again, job, as_json)
-        except remote_jobs.StartFailed:  # it says whether the job started
-            raise
+        except remote_jobs.StartFailed as exc:  # it says whether the job started
+            _start_failed(job, exc.state, exc, as_json)
         except PodError as exc:  # the link failed while the start was in flight: it may have started
-            raise PodError(f"{exc.problem}; job {jid} may have started on {spec.name}",
-                           f"check with: bin/pod jobs {again}; follow it: bin/pod attach {again} {jid}; stop it: "
-                           f"bin/pod stop {again} {jid}", exc.host, exc.field) from None
+            _start_failed(job, None, PodError(
+                f"{exc.problem}; job {jid} may have started on {spec.name}", f"check with: bin/pod jobs {again}; "
+                f"follow it: bin/pod attach {again} {jid}; stop it: bin/pod stop {again} {jid}", exc.host, exc.field),
+                as_json)
         click.echo(f"job {jid} started on {spec.name}; output: {remote_jobs.JOBS_DIR}/{jid}/output.log", err=True)
         if detach:
             click.echo(f"attach with: bin/pod attach {again} {jid}", err=True)
@@ -413,14 +419,32 @@ def _start_interrupted(conn: PodConnection, again: str, job: dict, as_json: bool
     else:
         _note(f"job {jid} on {pod}: {remote_jobs.said(state)}; its output: bin/pod attach {again} {jid}")
     if as_json:
-        code = state.split(" ")[1] if state and state.startswith("exited ") else None
         try:
-            click.echo(json.dumps({"ok": False, **job, "detached": True, "interrupted": True,
-                                   "started": None if state is None else state != "absent",
-                                   "exit_code": int(code) if code and code.lstrip("-").isdigit() else None}, indent=2))
+            click.echo(json.dumps(_start_json(job, state, interrupted=True), indent=2))
         except OSError:
             pass
     sys.exit(130)
+
+
+def _start_failed(job: dict, state: str | None, fault: PodError, as_json: bool) -> NoReturn:
+    """A start that failed (its launcher, the pod's refusal, the link): `fault` as `guarded` gives any PodError, one
+    line and exit 2; under --json the run's job object before it, saying whether the job started (`state`:
+    jobs.start_state's, None: not known), so that a script has the id to follow or stop (`guarded`'s bad-input
+    object named it only in prose, and not whether it runs)."""
+    if not as_json:
+        raise fault from None
+    click.echo(json.dumps(_start_json(job, state, error=_error_json(fault)), indent=2))
+    click.echo(f"error: {fault}", err=True)
+    sys.exit(2)
+
+
+def _start_json(job: dict, state: str | None, **extra) -> dict:
+    """The run's job object for a start cut short or failed: "started" (None: not known), "start_state" as
+    jobs.start_state words it (running, exited, lost; absent: this start started nothing, whatever runs under a taken
+    id; None: not known), and the job's exit code if it has one."""
+    word, _, code = (state or "").partition(" ")
+    return {"ok": False, **job, "detached": True, "started": None if state is None else state != "absent",
+            "start_state": word or None, "exit_code": int(code) if code.lstrip("-").isdigit() else None, **extra}
 
 
 def _run_nodes(host: str, command: tuple[str, ...], detach: bool, run_id: str | None, nproc: int | None,
@@ -528,8 +552,7 @@ def _follow(conn: PodConnection, again: str, job_id: str, as_json: bool, job: di
             raise fault from None
         # --json: the job's object, as on a Ctrl-C, so a script has the id to re-attach to (the bad-input object
         # alone named it only in prose)
-        error = ConfigError("", fault.problem, fault.fix).to_json()["error"]
-        click.echo(json.dumps({"ok": False, **job, "detached": True, "exit_code": None, "error": {**error, "host": ""}},
+        click.echo(json.dumps({"ok": False, **job, "detached": True, "exit_code": None, "error": _error_json(fault)},
                               indent=2))
         click.echo(f"error: {fault}", err=True)
         sys.exit(2)

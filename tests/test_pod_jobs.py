@@ -676,6 +676,45 @@ def _again(world) -> str:
                        "--python", sys.executable, "--known-hosts", str(world.known_hosts)])
 
 
+@pytest.mark.parametrize("how", ["launcher-killed", "id-taken"])
+def test_a_failed_start_names_the_pod_as_reached_and_json_says_whether_it_started(world, how):
+    """Review 2026-11-27: a failed start's hints read `bin/pod stop HOST <id>`, the word HOST, not the pod with the
+    --remote-dir (or --key) without which that stop looks for the job elsewhere; and `run --json` printed the
+    bad-input object, with neither the job's id nor whether it runs although its launcher failed."""
+    jid, marker = f"failed-{how}-{uuid.uuid4().hex[:6]}", _marker()
+    again = _again(world)
+    run = ["run", *args(world), "--id", jid, "--json", world.pod.spec, "--", "sleep", marker]
+    try:
+        if how == "id-taken":
+            assert cli(world, *run[:3], "-d", *run[3:]).returncode == 0
+            failed = cli(world, *run)
+        else:
+            started = f"i=0; while [ ! -s logs/jobs/{jid}/pid ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done"
+            with launcher_trap(world, f'[ "$!" != "$__b" ] && {{ {started}; kill -KILL $BASHPID; }}'):  # once it runs
+                failed = cli(world, *run)
+        line = one_line_error(failed, notes_before=True)  # exit 2, as before: the object comes with the one line
+        data = _strict(failed.stdout)
+        assert "HOST" not in line and "HOST" not in data["error"]["fix"], line
+        assert data["error"]["fix"] in line and data["error"]["problem"] in line
+        assert {k: data[k] for k in ("ok", "job", "pod", "remote_dir", "log", "detached")} == {
+            "ok": False, "job": jid, "pod": f"127.0.0.1-{world.pod.port}", "remote_dir": world.pod.remote_dir,
+            "log": f"{world.pod.remote_dir}/logs/jobs/{jid}/output.log", "detached": True}, data
+        if how == "id-taken":
+            assert line.endswith(f"job {jid} exists (give another --id, or follow it: bin/pod attach {again} {jid})")
+            assert (data["started"], data["start_state"], data["exit_code"]) == (False, "absent", None), data
+        else:
+            assert f"(its launcher was killed by signal 9); it started and runs" in line, line
+            assert line.endswith(f"(check with: bin/pod jobs {again}; stop it with: bin/pod stop {again} {jid})"), line
+            assert (data["started"], data["start_state"], data["exit_code"]) == (True, "running", None), data
+        assert len(_sleeps(marker)) == 1, "the job that runs is the one the hint names"
+        told = shlex.split(line.rsplit("bin/pod ", 1)[1].rstrip(")"))  # the hint's command reaches the job
+        stopped = cli(world, "stop", *told[1:], "--grace", "2")
+        assert stopped.returncode == 0 and wait_for(lambda: not _sleeps(marker), 10), stopped.stdout + stopped.stderr
+    finally:
+        for pid in with_env(f"PODKIT_JOB_ID={jid}") + _sleeps(marker):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_attach_and_stop_hints_name_the_pod_as_reached(world):
     """Review 2026-11-27: a job id that does not exist, or is no id, was answered with `bin/pod jobs HOST`."""
     again = _again(world)
