@@ -465,7 +465,7 @@ def _run_nodes(host: str, command: tuple[str, ...], detach: bool, run_id: str | 
     try:
         rdzv = nodes.plan(members, run_id, nproc)
         say(f"run {run_id}: {len(members)} nodes, rendezvous c10d at {rdzv.endpoint} ({specs[0].name})")
-        nodes.start(members, rdzv, command, say, pods.again)
+        nodes.start(members, rdzv, command, say, pods.again, pods.opts)
         if detach:
             for m in members:
                 say(f"attach with: bin/pod attach {pods.again(m.spec.name)} {m.job_id}")

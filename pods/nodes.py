@@ -38,6 +38,7 @@ from podkit.pods.deploy import PYTHON_FIX, PodOptions, connect, locate
 from podkit.pods.errors import PodError
 from podkit.pods.hosts import HostSpec
 from podkit.pods.ownership import deployed as is_deployed
+from podkit.pods.remote_stop import stop_script
 from podkit.pods.sync import changed_note, changed_since_deploy
 
 # On the first node: its IPv4 addresses by interface and the one the SSH client reached
@@ -389,11 +390,15 @@ def _gpus(conn: PodConnection) -> int:
     return int(count) if count.isdigit() and int(count) > 0 else 1
 
 
+STOP_GRACE = 10.0
+"""Seconds a job of a world that never formed gets between SIGTERM and SIGKILL: it has trained nothing to save."""
+
+
 def start(members: list[Member], rdzv: Rendezvous, command: tuple[str, ...], say: Callable[[str], None],
-          again: Callable[[str], str] = str) -> None:
+          again: Callable[[str], str], opts: PodOptions) -> None:
     """Start COMMAND on every node (launch_command, under each node's interpreter), the rendezvous host first;
-    one that cannot start stops the rest. `again`: a pod's name with the reach options given (PodArgs.again),
-    for the hints."""
+    one that cannot start stops the rest, and its own job where that started all the same. `again`: a pod's name
+    with the reach options given (PodArgs.again), for the hints; `opts`: how to reach a node again."""
     started: list[Member] = []
     for m in members:
         job_id = f"{rdzv.run_id}-n{m.node.index}"
@@ -401,18 +406,22 @@ def start(members: list[Member], rdzv: Rendezvous, command: tuple[str, ...], say
             m.job_id = jobs.start(m.conn, launch_command(command, m.python), job_id, again=again(m.spec.name),
                                   env=rdzv.env(m.node), env_defaults=rdzv.env_defaults(m.node))
         except PodError as exc:
+            why = f"node {m.node.index} ({m.spec.name}) could not start"
             for s in started:
-                jobs.stop(s.conn, s.job_id, grace=10, again=again(s.spec.name))
+                _stop_job(s.conn, s, s.job_id, say, again, why)
+            if isinstance(exc, jobs.StartRefused):
+                pass  # nothing started
+            elif isinstance(exc, jobs.StartFailed):  # its launcher failed, perhaps after starting the job
+                if exc.state != "absent":
+                    _stop_job(m.conn, m, job_id, say, again, f"{why} (its launcher failed after starting the job)")
+            else:
+                _stop_cut_start(m, job_id, opts, say, again, f"{why} (its link failed during the start)")
             raise (exc.on(m.spec.name) if not exc.host else exc) from None
         except KeyboardInterrupt:
             # Ctrl-C while starting: a world of some nodes never forms, and re-running would start a second one
             # beside it. Stop what started; the start in flight may still run once its link delivers it.
             for s in started:
-                try:
-                    say(f"interrupted while starting: job {s.job_id} on {s.spec.name} {jobs.stop(s.conn, s.job_id, 10, again=again(s.spec.name))}")
-                except (PodError, KeyboardInterrupt) as exc:
-                    say(f"interrupted while starting: could not stop job {s.job_id} on {s.spec.name} ({exc}); "
-                        f"stop it with: bin/pod stop {again(s.spec.name)} {s.job_id}")
+                _stop_job(s.conn, s, s.job_id, say, again, "interrupted while starting")
             say(f"interrupted while starting: job {job_id} may still start on {m.spec.name} (its start was in "
                 f"flight): check with bin/pod jobs {again(m.spec.name)}, stop it with: bin/pod stop "
                 f"{again(m.spec.name)} {job_id}")
@@ -420,6 +429,38 @@ def start(members: list[Member], rdzv: Rendezvous, command: tuple[str, ...], say
         started.append(m)
         say(f"job {m.job_id} started on {m.spec.name} (node {m.node.index} of {rdzv.nodes}, {m.node.nproc} "
             f"process(es), via {m.node.address}{' ' + m.node.interface if m.node.interface else ''})")
+
+
+def _stop_job(conn: PodConnection, m: Member, job_id: str, say: Callable[[str], None], again: Callable[[str], str],
+              why: str) -> None:
+    """Stop a job of a world that never formed and say so (`why`: what ended it); where that fails, say how the
+    user can. A Ctrl-C ends this stop only: the next node's is still tried."""
+    try:
+        say(f"{why}: job {job_id} on {m.spec.name} {jobs.stop(conn, job_id, STOP_GRACE, again=again(m.spec.name))}")
+    except (PodError, KeyboardInterrupt) as exc:
+        say(f"{why}: could not stop job {job_id} on {m.spec.name} ({exc or 'interrupted'}); stop it with: "
+            f"bin/pod stop {again(m.spec.name)} {job_id}")
+
+
+def _stop_cut_start(m: Member, job_id: str, opts: PodOptions, say: Callable[[str], None],
+                    again: Callable[[str], str], why: str) -> None:
+    """The node's link failed while its job was starting: it may have started, or still start once the launcher
+    goes on. Over a fresh connection, end that launcher first (it carries the lost connection's PODKIT_SESSION
+    tag, as everything that connection started: pods/connection.py), so that nothing starts after the look;
+    then stop the job if it started. Where the node cannot be reached, say how the user can check and stop it."""
+    hint = f"check with bin/pod jobs {again(m.spec.name)}, stop it with: bin/pod stop {again(m.spec.name)} {job_id}"
+    try:
+        with connect(m.spec, opts, lambda _line: None) as conn:
+            locate(conn, m.spec, opts.project)
+            conn.run(stop_script(f"PODKIT_SESSION={m.conn.tag}", STOP_GRACE), timeout=STOP_GRACE + 60)
+            state = jobs.start_state(conn, job_id)
+            if state == "absent":
+                say(f"{why}: job {job_id} did not start on {m.spec.name}")
+                return
+            _stop_job(conn, m, job_id, say, again, why)
+    except (PodError, KeyboardInterrupt) as exc:
+        say(f"{why}: job {job_id} may have started on {m.spec.name}, which could not be asked ({exc or 'interrupted'})"
+            f": {hint}")
 
 
 def follow(members: list[Member], opts: PodOptions, printer: Callable[[str], Callable[[str], None]],

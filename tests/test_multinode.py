@@ -8,6 +8,7 @@ node left running is found by its network namespace (`ip netns pids`) and by the
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -245,6 +246,69 @@ def test_a_node_whose_job_is_lost_fails_the_run_and_ctrl_c_under_json_still_prin
     assert [n["job"] for n in out["nodes"]] == ["ctrlc1-n0", "ctrlc1-n1"]
     for i in range(2):
         assert wait_for(lambda: not only_sshd_left(net, i), 30), only_sshd_left(net, i)
+
+
+def sleeps(marker: str) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", f"^sleep {re.escape(marker)}$"], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def launchers(run_id: str) -> list[int]:
+    """The launcher of node 1's job (bash -c with the launcher's script: what the trap holds), or its fork."""
+    out = subprocess.run(["pgrep", "-f", f"PODKIT_JOB_ID={run_id}-n1 env"], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sshd_available() is not None, reason=str(sshd_available()))
+@pytest.mark.parametrize("how", ["launcher-killed", "link-dropped"])
+def test_a_node_whose_start_fails_after_starting_its_job_is_left_with_nothing_running(cluster, how):
+    """Review 2026-11-27: node 1's launcher failed after it had started the job (killed; or its link dropped while
+    the launcher was held there): node 0's job was stopped, node 1's ran on, a rank of a world that would never
+    form. Both are stopped now, node 1's over a fresh connection when its link is gone."""
+    net, pods, project, known_hosts = cluster
+    run_id, hold = f"half-{how}", f"{600 + os.getpid() % 300}.{time.time_ns() % 10**6:06d}"
+    # Node 1's env file, read before every command of a session, hands its launcher's bash (as BASH_ENV) a DEBUG
+    # trap for this run's start alone: `action` once the launcher has started the job (`$!` set) and the job's
+    # wrapper has recorded its pid (it runs).
+    started = f"i=0; while [ ! -s logs/jobs/{run_id}-n1/pid ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done"
+    action = f"{started}; " + ("kill -KILL $BASHPID" if how == "launcher-killed" else f"sleep {hold}")
+    guard = f'[ "$!" != "$__b" ] && {{ __b=$!; {action}; }}'
+    trap = pods[1].base / f"trap-{how}"
+    trap.write_text(f'case $BASH_EXECUTION_STRING in *"PODKIT_JOB_ID={run_id}-n1 env"*) __b=$!; set -T; '
+                    f'trap {shlex.quote(guard)} DEBUG;; esac\n')
+    env_file = Path(pods[1].remote_dir) / ".podkit" / "env"
+    before = env_file.read_text()
+    env_file.write_text(before + f"export BASH_ENV={trap}\n")
+    argv = [str(project / "bin" / "pod"), "run", "--known-hosts", str(known_hosts), "node0,node1", "--nodes", "--id",
+            run_id, "--", "python", "-c", "import time; time.sleep(600)"]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    try:
+        proc = subprocess.Popen(argv, cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        try:
+            if how == "link-dropped":
+                assert wait_for(lambda: sleeps(hold), 120), "node 1's start never got there"
+                assert tagged(f"PODKIT_JOB_ID={run_id}-n1"), "node 1's job did not start"
+                pods[1].drop_connections()
+            out, err = proc.communicate(timeout=180)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            env_file.write_text(before)
+        assert proc.returncode == 2 and "Traceback" not in err, err
+        for i in range(2):
+            assert not tagged(f"PODKIT_JOB_ID={run_id}-n{i}"), (f"node {i}'s job runs on", err)
+        assert not launchers(run_id), ("node 1's launcher runs on", err)
+        for i in range(2):
+            assert wait_for(lambda: not only_sshd_left(net, i), 30), only_sshd_left(net, i)
+        # and the user is told: every job stopped, and why
+        assert err.strip().splitlines()[-1].startswith("error: node1: "), err
+        assert f"node 1 (node1) could not start: job {run_id}-n0 on node0 stopped" in err, err
+        why = "its launcher failed after starting the job" if how == "launcher-killed" else "its link failed during the start"
+        assert f"node 1 (node1) could not start ({why}): job {run_id}-n1 on node1 stopped" in err, err
+    finally:
+        for pid in tagged(f"PODKIT_JOB_ID={run_id}-n0") + tagged(f"PODKIT_JOB_ID={run_id}-n1") + launchers(run_id):
+            os.kill(pid, 9)
 
 
 @pytest.mark.slow
