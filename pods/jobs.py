@@ -105,7 +105,9 @@ def start(conn: PodConnection, command: str, job_id: str | None = None, *, again
     # `stop` signals the job's whole tree, this subshell too: its TERM trap (a command, not an ignore, so the
     # command's processes still get the default) lets it wait for the command and pass on the command's own exit
     # code (bin/smoke's 130), not bash's 143.
-    inner = (f'jobdir="$PWD/{d}"\necho $$ > "$jobdir/pid.wrapper" && mv -f "$jobdir/pid.wrapper" "$jobdir/pid"\n'
+    # A wrapper that cannot record its pid (a full disk) does not run the command: `stop` could not find that job.
+    inner = (f'jobdir="$PWD/{d}"\n{{ echo $$ > "$jobdir/pid.wrapper" && mv -f "$jobdir/pid.wrapper" "$jobdir/pid"; }} '
+             '|| { echo "podkit: cannot record the job\'s pid in $jobdir: not starting it" >&2; exit 1; }\n'
              f'[ -r .podkit/env ] && . .podkit/env\n{exports}'
              '( trap : TERM; eval "$(cat "$jobdir/command")" )\n'
              'rc=$?; echo $rc > "$jobdir/exit_code.tmp" && mv "$jobdir/exit_code.tmp" "$jobdir/exit_code"')
@@ -130,7 +132,10 @@ def start(conn: PodConnection, command: str, job_id: str | None = None, *, again
     # ends it, and a child of it not yet the wrapper, before the client asks the pod whether the job started;
     # running on, it could start the job after the pod had been found without it. The shared shell is exec'd with
     # the tag (pods/shell.py), so its subshell has it too; this bash of its own (exec'd) has it whatever shell runs it.
-    result = conn.run(f"exec bash --noprofile --norc -c {shlex.quote(launcher)}")
+    # It is exec'd with the job's tag as well, which its fork for the wrapper inherits: a launcher killed between
+    # that fork and the fork's exec of `env` (the OOM killer) leaves a process start_state finds by the tag, so it
+    # says "running" rather than removing the directory of a job about to start.
+    result = conn.run(f"exec env PODKIT_JOB_ID={job_id} bash --noprofile --norc -c {shlex.quote(launcher)}")
     said_last = ((result.stderr or result.stdout).strip().splitlines() or [""])[-1][:200]  # after what rc files said
     if result.exit_code == TAKEN:
         raise StartRefused(f"could not start the job: job {job_id} exists",

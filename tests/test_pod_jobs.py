@@ -603,10 +603,12 @@ def launcher_trap(world, action: str):
     (world's bashrc, read by every bash started there but the job's wrapper, which carries PODKIT_JOB_ID) sets it as
     a DEBUG trap, which `set -T` hands on to subshells: it reaches the launcher whether that runs in the shared
     shell's subshell or as a bash of its own. `$__b` is `$!` before any, so `[ "$!" != "$__b" ]` holds once the
-    launcher has started the wrapper in the background; `$BASH_COMMAND` is the command about to run."""
+    launcher has started the wrapper in the background; `$BASH_COMMAND` is the command about to run. The launcher
+    carries the job's tag too, but also the session's, which the wrapper drops."""
     rc = world.base / "bashrc"
     before = rc.read_text()
-    rc.write_text(before + f"if [ -z \"${{PODKIT_JOB_ID:-}}\" ]; then __b=$!; set -T; trap {shlex.quote(action)} DEBUG; fi\n")
+    rc.write_text(before + f"if [ -z \"${{PODKIT_JOB_ID:-}}\" ] || [ -n \"${{PODKIT_SESSION:-}}\" ]; then __b=$!; set -T; "
+                  f"trap {shlex.quote(action)} DEBUG; fi\n")
     try:
         yield
     finally:
@@ -639,6 +641,50 @@ def test_a_job_whose_launcher_dies_right_after_starting_it_is_found_and_stopped(
         # and the failed start said so, rather than that the job could not start
         assert f"could not start job {jid} (its launcher was killed by signal 9); it started and runs" in started.stderr
     finally:
+        for pid in with_env(f"PODKIT_JOB_ID={jid}") + _sleeps(marker):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("after", ["asked", "unrecordable"])
+def test_a_launcher_killed_before_its_fork_runs_the_wrapper_leaves_no_job_that_stop_cannot_find(world, after):
+    """Review 2026-11-25: killed between forking the wrapper and that fork's exec of `env` (the OOM killer, a busy
+    pod), the launcher left a process without the job's tag: start_state found nothing, said the job had not started
+    and removed its directory from under the fork (which then ran an empty command): whether a start cut short ran
+    was up to the scheduler (test_a_job_whose_launcher_dies_right_after_starting_it... failed so on a loaded machine).
+    The launcher is exec'd with the tag now, which the fork inherits ("asked": the start says it runs, and stop
+    stops it). And a wrapper that cannot record its pid (a full disk; here a directory in the way: "unrecordable")
+    does not run the command, which no `stop` could find.
+    The fork is held before its exec by an `env` function (a builtin read on a FIFO: no process of its own, so only
+    the fork's own environ can carry the tag), defined in the pod's BASH_ENV for this start's launcher alone."""
+    jid, marker = f"fork-{uuid.uuid4().hex[:8]}", _marker()
+    fifo, go = world.base / f"hold-{jid}", world.base / f"go-{jid}"
+    os.mkfifo(fifo)
+    hold = (f'case $BASH_EXECUTION_STRING in *"PODKIT_JOB_ID={jid} env"*) '
+            f'env() {{ if [ "$1" = -u ]; then while [ ! -e {go} ]; do read -t 0.1 <> {fifo}; done; fi; command env "$@"; }};; esac\n')
+    rc = world.base / "bashrc"
+    before = rc.read_text()
+    rc.write_text(before + hold)
+    try:
+        with launcher_trap(world, '[ "$!" != "$__b" ] && kill -KILL $BASHPID'):  # killed the moment it forked
+            started = cli(world, "run", *args(world), "--id", jid, "-d", world.pod.spec, "--", "sleep", marker)
+        rc.write_text(before)
+        assert started.returncode == 2 and "Traceback" not in started.stderr, started.stderr
+        assert f"could not start job {jid} (its launcher was killed by signal 9); it started and runs" in started.stderr
+        jobdir = Path(world.pod.remote_dir) / "logs" / "jobs" / jid
+        if after == "unrecordable":
+            (jobdir / "pid.wrapper").mkdir()
+        go.touch()  # the fork goes on: env, setsid, the wrapper
+        if after == "unrecordable":
+            assert wait_for(lambda: "not starting it" in (jobdir / "output.log").read_text(), 10)
+            assert not _sleeps(marker), "a job started that no pid file names"
+            return
+        assert wait_for(lambda: _sleeps(marker), 10), "the job did not start"
+        stopped = cli(world, "stop", world.pod.spec, *args(world), jid, "--grace", "2")
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert wait_for(lambda: not _sleeps(marker), 10), "the job runs on"
+    finally:
+        rc.write_text(before)
+        go.touch()
         for pid in with_env(f"PODKIT_JOB_ID={jid}") + _sleeps(marker):
             os.kill(pid, signal.SIGKILL)
 
