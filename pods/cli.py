@@ -117,7 +117,7 @@ class PodArgs:
             located = locate(conn, specs[0], self.opts.project)
             if deployed and not is_deployed(conn, located[2]):
                 raise PodError(f"{located[2]} on {specs[0].name} was never deployed",
-                               f"run: bin/pod deploy {host} (with the same --remote-dir), then re-run")
+                               f"run: bin/pod deploy {self.again(host)}, then re-run")
             yield (conn, specs[0], *located)
 
 
@@ -353,7 +353,7 @@ def run_cmd(host, command, detach, job_id, as_json, nodes, nproc_per_node, pods:
     with pods.one(host, deployed=True, err=as_json) as (conn, spec, _, _, rdir):
         changed = changed_since_deploy(conn, pods.opts.project, rdir)
         if changed:
-            click.echo(changed_note(changed, host), err=True)
+            click.echo(changed_note(changed, pods.again(host)), err=True)
         line = _command_line(command)
         jid = job_id or remote_jobs.new_id(line)  # known before the start: a start cut short names it
         job = {"job": jid, "pod": spec.name, "host": spec.host, "remote_dir": rdir,
@@ -460,7 +460,7 @@ def _run_nodes(host: str, command: tuple[str, ...], detach: bool, run_id: str | 
     run_id = run_id or remote_jobs.new_id(_command_line(command))
     printer = Printer(prefix=True, err=as_json)  # with --json, stdout carries only the object
     say = lambda text: click.echo(f"pod run: {text}", err=True)  # noqa: E731
-    members = nodes.connect_all(specs, pods.opts, printer.for_pod)
+    members = nodes.connect_all(specs, pods.opts, printer.for_pod, pods.again)
     code = None
     try:
         rdzv = nodes.plan(members, run_id, nproc)
@@ -487,13 +487,13 @@ def _run_nodes(host: str, command: tuple[str, ...], detach: bool, run_id: str | 
     if detach:
         return 0
     if error:
-        fault = PodError(error, "the other nodes were stopped; fetch what ran with: bin/pod fetch-logs " + host)
+        fault = PodError(error, f"the other nodes were stopped; fetch what ran with: bin/pod fetch-logs {pods.again(host)}")
         if as_json:  # the object above already carries the outcome: one line, and no second object
             click.echo(f"error: {fault}", err=True)
             return 2
         raise fault
     say(f"run {run_id} exited {code}" + (" (the first node to fail)" if code else "")
-        + f"; its logs: bin/pod fetch-logs {host}")
+        + f"; its logs: bin/pod fetch-logs {pods.again(host)}")
     return code
 
 

@@ -316,8 +316,10 @@ def _python(m: Member, script: str, *args: str) -> dict:
     return json.loads(lines[-1])
 
 
-def connect_all(specs: list[HostSpec], opts: PodOptions, say: Callable[[str], Callable[[str], None]]) -> list[Member]:
-    """Connect to every node at once; any that cannot be reached or was never deployed is one error."""
+def connect_all(specs: list[HostSpec], opts: PodOptions, say: Callable[[str], Callable[[str], None]],
+                again: Callable[[str], str] = str) -> list[Member]:
+    """Connect to every node at once; any that cannot be reached or was never deployed is one error. `again`: a
+    pod's name with the reach options given (PodArgs.again), for the hints."""
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         raise PodError(f"a host is named twice in {','.join(names)}", "name each node once")
@@ -327,11 +329,11 @@ def connect_all(specs: list[HostSpec], opts: PodOptions, say: Callable[[str], Ca
         try:
             fp, _, rdir = locate(conn, spec, opts.project)
             if not is_deployed(conn, rdir):
-                raise PodError(f"{rdir} on {spec.name} was never deployed", f"run: bin/pod deploy {spec.name}, then re-run")
+                raise PodError(f"{rdir} on {spec.name} was never deployed", f"run: bin/pod deploy {again(spec.name)}, then re-run")
             python = interpreter(conn, fp, rdir, spec.python)
             changed = changed_since_deploy(conn, opts.project, rdir)
             if changed:
-                say(spec.name)(changed_note(changed, spec.name))
+                say(spec.name)(changed_note(changed, again(spec.name)))
         except BaseException:
             conn.close()
             raise

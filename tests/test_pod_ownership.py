@@ -5,6 +5,7 @@ files are chosen as git chooses them, the same over rsync and SFTP; `run` refuse
 directory.
 """
 
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -104,6 +105,8 @@ def test_run_in_a_directory_that_was_never_deployed_is_refused(world):
     never = world.base / "pod-side" / "never-deployed"
     line = one_line_error(cli(world, "run", *args_for(world, str(never)), world.pod.spec, "--", "true"))
     assert "never deployed" in line and "deploy" in line
+    # the hint deploys where this run looked: its --remote-dir, not the profile's default
+    assert f"bin/pod deploy {shlex.join([world.pod.spec, *args_for(world, str(never))])}" in line, line
     assert not never.exists()
 
 

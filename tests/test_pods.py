@@ -7,6 +7,7 @@ Tests in this module share one pod and run in order: first deploy, then re-deplo
 
 import hashlib
 import json
+import shlex
 import os
 import signal
 import socket
@@ -706,7 +707,8 @@ def test_run_says_which_local_files_changed_since_the_last_deploy(world):
         assert stale.returncode == 0, stale.stderr
         assert json.loads(stale.stdout)["changed_since_deploy"] == ["my_new_script.py"]
         assert "1 file(s) of this project changed here since the last deploy (my_new_script.py)" in stale.stderr
-        assert f"bin/pod deploy {pod.spec} first" in stale.stderr
+        # the hint reaches the pod as this run did: its --remote-dir and --key (PodArgs.again)
+        assert f"bin/pod deploy {shlex.join([pod.spec, *pod_args(pod)])} " in stale.stderr, stale.stderr
     finally:
         added.unlink()
     # gone again: nothing differs from what was sent
