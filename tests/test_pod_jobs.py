@@ -581,11 +581,17 @@ def test_a_dropped_link_while_following_under_json_names_the_job_that_runs_on(wo
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.Popen([str(world.project / "bin" / "pod"), *follow], cwd=world.project, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # The job's output streams to stderr under --json: the link is dropped once this follower shows a tick, not after
+    # a fixed wait (a loaded machine was still connecting attach then, and the drop was a failed login).
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: [lines.append(line) for line in proc.stderr], daemon=True)
+    reader.start()
     try:
-        assert wait_for(lambda: with_env(f"PODKIT_JOB_ID={jid}"), timeout=60)
-        time.sleep(1.5)  # following: the output streams
+        assert wait_for(lambda: any(line.startswith("tick ") for line in lines), timeout=60), lines
         world.pod.drop_connections()
-        out, err = proc.communicate(timeout=60)
+        proc.wait(timeout=60)
+        reader.join(timeout=10)
+        out, err = proc.stdout.read(), "".join(lines)
         assert proc.returncode == 2 and "Traceback" not in err, err
         data = _strict(out)
         assert (data["ok"], data["job"], data["exit_code"]) == (False, jid, None), data
