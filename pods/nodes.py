@@ -418,6 +418,10 @@ def start(members: list[Member], rdzv: Rendezvous, command: tuple[str, ...], say
                     _stop_job(m.conn, m, job_id, say, again, f"{why} (its launcher failed after starting the job)")
             else:
                 _stop_cut_start(m, job_id, opts, say, again, f"{why} (its link failed during the start)")
+                # the connection's own fix ("re-run; it continues where it stopped") is a deploy's: a run does not
+                # continue, it starts a new world
+                exc = PodError(exc.problem, "re-run to start the run again: the lines above say which node's job "
+                               "was stopped, and how to stop one that could not be", exc.host, exc.field)
             raise (exc.on(m.spec.name) if not exc.host else exc) from None
         except KeyboardInterrupt:
             # Ctrl-C while starting: a world of some nodes never forms, and re-running would start a second one

@@ -306,6 +306,8 @@ def test_a_node_whose_start_fails_after_starting_its_job_is_left_with_nothing_ru
         assert f"node 1 (node1) could not start: job {run_id}-n0 on node0 stopped" in err, err
         why = "its launcher failed after starting the job" if how == "launcher-killed" else "its link failed during the start"
         assert f"node 1 (node1) could not start ({why}): job {run_id}-n1 on node1 stopped" in err, err
+        # a run does not continue where it stopped, as a deploy does: re-running starts a new world
+        assert "continues where it stopped" not in err.strip().splitlines()[-1], err
     finally:
         for pid in tagged(f"PODKIT_JOB_ID={run_id}-n0") + tagged(f"PODKIT_JOB_ID={run_id}-n1") + launchers(run_id):
             os.kill(pid, 9)
