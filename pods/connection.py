@@ -39,6 +39,7 @@ logging.getLogger("paramiko").propagate = False
 CONNECT_TIMEOUT = 10.0
 KEEPALIVE_S = 5  # keepalives keep data in flight on a quiet link, so a dead one is noticed
 DEAD_LINK_FACTOR = 3  # unacknowledged for 3x the connect timeout (30 s by default) = the link is dead
+TIMEOUT_STOP_GRACE = 5.0  # s between SIGTERM and SIGKILL for a command past its timeout: a hung one rarely heeds TERM
 
 
 def default_known_hosts() -> Path:
@@ -371,10 +372,17 @@ class PodConnection:
             out = _local(out)
         with self._lock, self._faults(timeout):
             try:
-                result = self._shell_for_commands().run(script, stdin=stdin, out=out, timeout=timeout)
+                shell = self._shell_for_commands()
+                result = shell.run(script, stdin=stdin, out=out, timeout=timeout)
             except KeyboardInterrupt:
                 self._shell = None  # mid-command: that shell is abandoned
                 self.stop_remote()
+                raise
+            except CommandTimeout as exc:
+                # The shell closed its channel, which ends nothing on the pod (no pty, no hangup): the
+                # command's tree, which carries that shell's own tag, is stopped; a later command gets a new shell.
+                self._shell = None
+                exc.stopped = self._stop_tagged(shell.own_tag, TIMEOUT_STOP_GRACE)
                 raise
         if self.cancelled:  # the command ended because cancel() stopped it
             raise KeyboardInterrupt
@@ -393,18 +401,29 @@ class PodConnection:
         """Stop every process this connection started on the pod (Ctrl-C on the laptop): SIGTERM,
         then SIGKILL after `grace` s. Best effort within the deadline: a dead link stops nothing.
         The shells that ran them are stopped too (they carry the tag): a later command starts a new one."""
+        self._shell = self._spare = None
+        self._stop_tagged(f"PODKIT_SESSION={self.tag}", grace)
+
+    def _stop_tagged(self, tag: str, grace: float) -> str:
+        """Stop every process on the pod whose environment holds `tag` (NAME=value), over a channel of its
+        own (the shell that ran them is gone or busy). Returns stop_script's last line ("stopped 2",
+        "left 123"), or "" when the pod was not asked or did not answer within the deadline."""
         from podkit.pods.remote_stop import stop_script
 
-        self._shell = self._spare = None
+        said = b""
         try:
             chan = self.connection.transport.open_session(timeout=self.timeout)
-            chan.exec_command(stop_script(f"PODKIT_SESSION={self.tag}", grace))
+            chan.exec_command(stop_script(tag, grace))
             deadline = time.monotonic() + grace + DEAD_LINK_FACTOR * self.timeout
             while not chan.exit_status_ready() and time.monotonic() < deadline:
                 chan.status_event.wait(0.2)
+            while chan.exit_status_ready() and chan.recv_ready():
+                said += chan.recv(4096)
             chan.close()
-        except Exception:  # noqa: BLE001 - interrupted anyway; nothing more to report
+        except Exception:  # noqa: BLE001 - best effort: the caller reports what it was doing
             pass
+        lines = said.decode(errors="replace").strip().splitlines()
+        return lines[-1] if lines else ""
 
     def exec(self, command: str) -> paramiko.Channel:
         """Run `command` in place of a fresh shell (the pre-started spare when there is one) and
@@ -440,8 +459,8 @@ class PodConnection:
         """The shell's and the transport's failures, each as one PodError."""
         try:
             yield
-        except CommandTimeout:
-            raise PodError(f"remote command ran past {timeout:.0f} s", "re-run; the pod may be overloaded") from None
+        except CommandTimeout as exc:
+            raise self._timed_out(timeout, exc.stopped) from None
         except OutputClosed:
             self._shell = None  # mid-command: that shell is abandoned, as after Ctrl-C
             self.stop_remote()
@@ -456,6 +475,18 @@ class PodConnection:
             if self.cancelled:  # cancel() stopped the shell under the command: Ctrl-C, not a dropped link
                 raise KeyboardInterrupt from None
             raise self._dropped(exc) from None
+
+    @staticmethod
+    def _timed_out(timeout: float | None, stopped: str) -> PodError:
+        """A command past its timeout, with what became of it on the pod (`_stop_tagged`'s line)."""
+        ran_past = f"remote command ran past {timeout:.0f} s"
+        if stopped.startswith(("stopped", "killed")):
+            return PodError(f"{ran_past} and was stopped", "re-run; the pod may be overloaded")
+        if stopped.startswith("left"):
+            return PodError(f"{ran_past}; it could not be stopped on the pod (pids {stopped.split(None, 1)[1]})",
+                            "a process stuck in the kernel (a hung mount or GPU driver) ends only with a reboot of the pod")
+        return PodError(f"{ran_past}; whether it still runs on the pod is unknown (it did not answer the stop)",
+                        "re-run; the pod may be overloaded")
 
     @property
     def alive(self) -> bool:

@@ -98,9 +98,10 @@ def install(conn: PodConnection, remote_dir: str, plan: GuardPlan, pod_id: str, 
         + _CANCEL +
         "cat > \"$d/guard.py.tmp\" && mv \"$d/guard.py.tmp\" \"$d/guard.py\" || exit 3\n"
         f"printf '%s\\n' {shlex.quote(settings)} > \"$d/settings.json\" && rm -f \"$d/state.json\"\n"
-        # setsid: out of the SSH session (its hangup never reaches it); PODKIT_SESSION dropped so the
-        # laptop's Ctrl-C cleanup spares it; PODKIT_GUARD tags it. The key stays in the environment.
-        f"env -u PODKIT_SESSION PODKIT_GUARD={shlex.quote(pod_id)} setsid nohup {py} \"$d/guard.py\" \"$d\" "
+        # setsid: out of the SSH session (its hangup never reaches it); PODKIT_SESSION and PODKIT_SHELL dropped
+        # so the laptop's Ctrl-C cleanup and a later command's timeout spare it (pods/connection.py); PODKIT_GUARD
+        # tags it. The key stays in the environment.
+        f"env -u PODKIT_SESSION -u PODKIT_SHELL PODKIT_GUARD={shlex.quote(pod_id)} setsid nohup {py} \"$d/guard.py\" \"$d\" "
         ">> \"$d/guard.log\" 2>&1 < /dev/null &\n"
         "echo $! > \"$d/pid\"\n"
         # up to 5 s for its first state line: a guard that dies at once is reported now, not at the deadline

@@ -97,7 +97,8 @@ def start(conn: PodConnection, command: str, job_id: str | None = None, *, again
     # (pyenv or conda shims), so the project's venv is first on PATH; then it records the exit
     # code. setsid puts it in its own session, so the SSH session's hangup never reaches it.
     # PODKIT_JOB_ID tags the job's whole process tree for `stop`; PODKIT_SESSION is dropped so
-    # a Ctrl-C of this client (PodConnection.stop_remote) never stops the job.
+    # a Ctrl-C of this client (PodConnection.stop_remote) never stops the job, and PODKIT_SHELL so a
+    # later command of the same shell that runs past its timeout (PodConnection.run) does not either.
     # The command runs in a subshell, which sees every variable the env file set: its `cd`, `exec` or
     # `exit` end or move that subshell only, so the wrapper still records the code, at an absolute path. It is
     # eval'd from the file written below, not pasted into this script: a syntax error or an unterminated
@@ -120,7 +121,7 @@ def start(conn: PodConnection, command: str, job_id: str | None = None, *, again
         f"printf '%s\\n' {shlex.quote(command)} > {d}/command || {{ rm -f {d}/command; rmdir {d}; exit 2; }}\n"
         f"date -u +%Y-%m-%dT%H:%M:%S.%NZ > {d}/started\n"
         # The tag before `env`, so that the pid $! names carries it from its first exec (attach waits for that)
-        f"PODKIT_JOB_ID={job_id} env -u PODKIT_SESSION setsid nohup bash --noprofile --norc -c {shlex.quote(inner)} "
+        f"PODKIT_JOB_ID={job_id} env -u PODKIT_SESSION -u PODKIT_SHELL setsid nohup bash --noprofile --norc -c {shlex.quote(inner)} "
         f"> {d}/output.log 2>&1 < /dev/null &\n"
         # The wrapper records its pid itself; waiting for that record here makes the job findable the moment this
         # returns. One that died before it could (its shell missing) is recorded by the pid it had, so that attach

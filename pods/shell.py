@@ -43,7 +43,9 @@ class ShellClosed(Exception):
 
 
 class CommandTimeout(Exception):
-    pass
+    """The command ran past its timeout; the shell closed its channel, which ends nothing on the pod."""
+
+    stopped = ""  # what became of the command there: PodConnection's stop of its tree says
 
 
 class LoginTimeout(Exception):
@@ -135,12 +137,15 @@ class RemoteShell:
         self.login_timeout = LOGIN_TIMEOUT_FACTOR * timeout
         self.marker = "\x1epodkit-" + secrets.token_hex(8)
         self.chan = transport.open_session(timeout=timeout)
-        # The tag is in the environment bash is exec'd with, not exported by it: a process's
-        # /proc/PID/environ (what PodConnection.stop_remote reads) is the one it was exec'd with, so
+        # The tags are in the environment bash is exec'd with, not exported by it: a process's
+        # /proc/PID/environ (what remote_stop.stop_script reads) is the one it was exec'd with, so
         # only then do the shell's own forks (each command's subshell, a loop in it, a pipeline's
-        # stages) carry the tag too, and a Ctrl-C ends them with the shell.
-        tagged = f"env PODKIT_SESSION={tag} " if tag else ""
-        self.chan.exec_command(f"exec {tagged}bash --noprofile --norc -s")
+        # stages) carry them too. PODKIT_SESSION is the connection's: a Ctrl-C ends everything it
+        # started. PODKIT_SHELL is this shell's own: it runs one command at a time, so after a
+        # timeout it names that command's tree and nothing else the connection runs.
+        self.own_tag = f"PODKIT_SHELL={secrets.token_hex(8)}"
+        session = f"PODKIT_SESSION={tag} " if tag else ""
+        self.chan.exec_command(f"exec env {session}{self.own_tag} bash --noprofile --norc -s")
         self.dead = False
         self._hello_pending = True
         # The greeting's marker separates whatever the login shell's rc files printed from the

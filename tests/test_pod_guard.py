@@ -248,3 +248,23 @@ def test_a_runpodctl_that_hangs_is_a_stop_to_retry_not_the_end_of_the_guard(tmp_
     monkeypatch.setattr(guard, "RUNPODCTL_TIMEOUT_S", 0.5, raising=False)
     with pytest.raises(RuntimeError, match=r"runpodctl stop pod: .*timed out after 0.5 seconds"):
         guard.stop_pod("fake0001xyz")
+
+
+def test_a_later_command_past_its_timeout_leaves_the_guard_its_shell_started_running(world):
+    """A command past its timeout is stopped on the pod by the tag of the shell that ran it (pods/connection.py);
+    the guard that same shell started before is detached, and that stop must not reach it."""
+    from podkit.pods import cost_guard
+    from podkit.pods.connection import PodConnection
+    from podkit.pods.errors import PodError
+    from podkit.pods.hosts import parse_host, resolve
+
+    world.known_hosts.write_text(world.sshd.known_hosts_line())
+    endpoint = resolve(parse_host(world.sshd.spec, key=str(world.sshd.client_key)))
+    with PodConnection(endpoint, known_hosts=world.known_hosts) as conn:
+        plan = cost_guard.plan_from_options(False, 1, None)
+        assert cost_guard.install(conn, world.remote_dir, plan, POD_ID, sys.executable)["alive"]
+        pid = world.guard_pid()
+        with pytest.raises(PodError, match="ran past 1 s and was stopped"):
+            conn.run("sleep 30", timeout=1)
+        assert alive(pid), "the timed-out command's stop ended the guard"
+        assert cost_guard.cancel(conn, world.remote_dir)

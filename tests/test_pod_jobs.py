@@ -843,3 +843,28 @@ def test_run_names_the_jobs_already_running_on_the_pod(world):
     finally:
         for pid in with_env(f"PODKIT_JOB_ID={jid}"):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_later_command_past_its_timeout_leaves_the_job_its_shell_started_running(world):
+    """A command past its timeout is stopped on the pod by the tag of the shell that ran it (pods/connection.py);
+    a job that same shell started before is detached, and that stop must not reach it."""
+    from podkit.pods import jobs
+    from podkit.pods.connection import PodConnection
+    from podkit.pods.errors import PodError
+    from podkit.pods.hosts import parse_host, resolve
+
+    jid = f"outlive-{uuid.uuid4().hex[:8]}"
+    endpoint = resolve(parse_host(world.pod.spec, key=str(world.pod.client_key)))
+    try:
+        with PodConnection(endpoint, known_hosts=world.known_hosts) as conn:
+            conn.prelude = f"cd {shlex.quote(world.pod.remote_dir)}"
+            jobs.start(conn, "sleep 600", jid, again=world.pod.spec)
+            assert wait_for(lambda: len(with_env(f"PODKIT_JOB_ID={jid}")) >= 2, 10), "the job runs"
+            running = set(with_env(f"PODKIT_JOB_ID={jid}"))
+            with pytest.raises(PodError, match="ran past 1 s and was stopped"):
+                conn.run("sleep 30", timeout=1)
+            assert set(with_env(f"PODKIT_JOB_ID={jid}")) == running, "the timed-out command's stop ended the job"
+            assert jobs.start_state(conn, jid) == "running"
+    finally:
+        for pid in with_env(f"PODKIT_JOB_ID={jid}"):
+            os.kill(pid, signal.SIGKILL)

@@ -316,3 +316,63 @@ def test_ctrl_c_stops_a_shell_loop_and_the_shared_shell_on_the_pod(pod, how):
         for pid in [*sleeps(), loop, shell]:  # this test's own, by pid, when the stop failed
             if pid and _ppid(pid) is not None:
                 os.kill(pid, signal.SIGKILL)
+
+
+def _pgrep_sleep(arg: str) -> list[int]:
+    found = subprocess.run(["pgrep", "-f", f"^sleep {arg}$"], capture_output=True, text=True).stdout
+    return [int(pid) for pid in found.split()]
+
+
+def test_a_command_past_its_timeout_is_stopped_on_the_pod_and_nothing_else_of_the_connection(conn):
+    """The timed-out command's whole tree ends on the pod (a loop forks a `sleep` every turn: closing the channel
+    alone leaves it running, unseen); what the connection runs beside it lives on: rsync's channel (a shell exec'd
+    in place, as conn.exec hands it over) and a command another thread has waiting for the shell."""
+    digits = str(uuid.uuid4().int)[:9]
+    nap, beside, waiting = f"0.2{digits}", f"600.{digits}", f"0.5{digits}"  # found by these arguments
+    side = conn.exec(f"sleep {beside}")  # stands for rsync, running while commands do
+    caught, later = [], []
+
+    def timed_out():
+        try:
+            conn.run("while :; do sleep 0.2" + digits + "; done", timeout=2)
+        except PodError as exc:
+            caught.append(str(exc))
+
+    def queued():
+        later.append(conn.run(f"sleep {waiting}; echo ran after").stdout)
+
+    first = threading.Thread(target=timed_out)
+    first.start()
+    loop = None
+    try:
+        assert wait_for(lambda: _pgrep_sleep(nap), 10), "the loop never ran"
+        loop = _ppid(_pgrep_sleep(nap)[0])  # the shell's fork that runs the loop, while it runs
+        assert loop and wait_for(lambda: _pgrep_sleep(beside), 10), "the channel beside it runs"
+        second = threading.Thread(target=queued)
+        second.start()  # waits for the shell the loop holds
+        first.join(60)
+        assert len(caught) == 1 and "\n" not in caught[0] and "ran past 2 s and was stopped" in caught[0], caught
+        assert _ppid(loop) is None, "the timed-out loop still runs on the pod"
+        time.sleep(0.5)  # more than a turn of the loop: a sleep started after the stop would show
+        assert not _pgrep_sleep(nap), "the timed-out loop's sleeps still run on the pod"
+        second.join(60)
+        assert later == ["ran after\n"], "the command waiting beside it ran, on a fresh shell"
+        assert _pgrep_sleep(beside), "the channel beside the timed-out command was stopped with it"
+        assert conn.run("echo usable").stdout == "usable\n"
+    finally:
+        side.close()
+        for pid in [*_pgrep_sleep(nap), *_pgrep_sleep(beside), loop]:  # this test's own, by pid
+            if pid and _ppid(pid) is not None:
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("stopped, says", [
+    ("stopped 3", "remote command ran past 120 s and was stopped (re-run"),
+    ("killed 2", "remote command ran past 120 s and was stopped (re-run"),
+    ("left 4242 4243", "remote command ran past 120 s; it could not be stopped on the pod (pids 4242 4243) (a process stuck"),
+    ("", "remote command ran past 120 s; whether it still runs on the pod is unknown"),
+])
+def test_a_timeout_says_in_one_line_what_became_of_the_command_on_the_pod(stopped, says):
+    """The stop's last line (pods/remote_stop.py) after a timeout, or none when the pod did not answer it."""
+    line = str(PodConnection._timed_out(120, stopped))
+    assert line.startswith(says) and "\n" not in line, line
