@@ -342,7 +342,7 @@ def run_cmd(host, command, detach, job_id, as_json, nodes, nproc_per_node, pods:
     prefixed by its name; a node that fails stops the others; the exit code is the failing node's).
     """
     if job_id:
-        remote_jobs.valid_id(job_id, pods.again(host))
+        remote_jobs.valid_id(job_id, new=True)
     if nodes:
         sys.exit(_run_nodes(host, command, detach, job_id, nproc_per_node, as_json, pods))
     if nproc_per_node is not None:
@@ -468,12 +468,12 @@ def _run_nodes(host: str, command: tuple[str, ...], detach: bool, run_id: str | 
         nodes.start(members, rdzv, command, say, pods.again, pods.opts)
         if detach:
             for m in members:
-                say(f"attach with: bin/pod attach {pods.again(m.spec.name)} {m.job_id}")
+                say(f"attach with: bin/pod attach {pods.again(m.spec.reach)} {m.job_id}")
         else:
             try:
                 code, error = nodes.follow(members, pods.opts, printer.for_pod, say, again=pods.again)
             except KeyboardInterrupt:
-                say("detached; the jobs keep running: " + ", ".join(f"bin/pod stop {pods.again(m.spec.name)} "
+                say("detached; the jobs keep running: " + ", ".join(f"bin/pod stop {pods.again(m.spec.reach)} "
                                                                     f"{m.job_id}" for m in members))
                 if as_json:  # as a single pod's run: the object, interrupted
                     click.echo(json.dumps(_nodes_json(run_id, True, None, rdzv, members, ok=False, interrupted=True),

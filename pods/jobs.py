@@ -50,14 +50,15 @@ def new_id(command: str) -> str:
 # hint's next command starts with: without --remote-dir or --key it would look in another directory, or not log in.
 
 
-def valid_id(job_id: str, again: str = "HOST") -> str:
+def valid_id(job_id: str, again: str = "HOST", *, new: bool = False) -> str:
     """A job id is a directory name in every remote script: nothing else gets that far. (The CLI checks the id it
-    was given with its `again`; the checks inside this module see ids already checked.)"""
+    was given with its `again`; the checks inside this module see ids already checked.) `new`: the id names a job
+    to start (`run --id`, on one pod or several), so the fix is another id, not a listing of one pod's jobs."""
+    fix = "give another --id" if new else f"list the jobs with: bin/pod jobs {again}"
     if job_id in (".", ".."):
-        raise PodError(f"job id '{job_id}' names a directory, not a job", f"list the jobs with: bin/pod jobs {again}")
+        raise PodError(f"job id '{job_id}' names a directory, not a job", fix)
     if not _ID.fullmatch(job_id or ""):
-        raise PodError(f"job id '{job_id}' may use only letters, digits, '.', '_' and '-'",
-                       f"list the jobs with: bin/pod jobs {again}")
+        raise PodError(f"job id '{job_id}' may use only letters, digits, '.', '_' and '-'", fix)
     return job_id
 
 
@@ -112,15 +113,8 @@ def start(conn: PodConnection, command: str, job_id: str | None = None, *, again
              f'[ -r .podkit/env ] && . .podkit/env\n{exports}'
              '( trap : TERM; eval "$(cat "$jobdir/command")" )\n'
              'rc=$?; echo $rc > "$jobdir/exit_code.tmp" && mv "$jobdir/exit_code.tmp" "$jobdir/exit_code"')
-    launcher = (
-        f"mkdir -p {JOBS_DIR} || exit 2\n"
-        # A plain mkdir claims the id: of two starts of one id at once, exactly one makes the directory (a test
-        # for an existing pid file after `mkdir -p` let both through, and both started). A taken id is told by its
-        # exit code: its message and hint are made below, with the `again` the pod's shell has no use for.
-        f"made=$(mkdir {d} 2>&1) || {{ [ -e {d} ] && exit {TAKEN}; printf '%s\\n' \"$made\" >&2; exit 2; }}\n"
-        f"printf '%s\\n' {shlex.quote(command)} > {d}/command || {{ rm -f {d}/command; rmdir {d}; exit 2; }}\n"
-        f"date -u +%Y-%m-%dT%H:%M:%S.%NZ > {d}/started\n"
-        # The tag before `env`, so that the pid $! names carries it from its first exec (attach waits for that)
+    wrapper_start = (
+        # The tag before `env` too: the wrapper's own environment carries it from its first exec (attach waits for it)
         f"PODKIT_JOB_ID={job_id} env -u PODKIT_SESSION -u PODKIT_SHELL setsid nohup bash --noprofile --norc -c {shlex.quote(inner)} "
         f"> {d}/output.log 2>&1 < /dev/null &\n"
         # The wrapper records its pid itself; waiting for that record here makes the job findable the moment this
@@ -129,14 +123,26 @@ def start(conn: PodConnection, command: str, job_id: str | None = None, *, again
         f"w=$!; i=0; while [ ! -s {d}/pid ] && kill -0 $w 2>/dev/null && [ $i -lt 100 ]; do sleep 0.05; i=$((i+1)); done\n"
         f"[ -s {d}/pid ] || {{ echo $w > {d}/pid.launcher && mv -f {d}/pid.launcher {d}/pid; }}\n"
     )
+    launcher = (
+        f"mkdir -p {JOBS_DIR} || exit 2\n"
+        # A plain mkdir claims the id: of two starts of one id at once, exactly one makes the directory (a test
+        # for an existing pid file after `mkdir -p` let both through, and both started). A taken id is told by its
+        # exit code: its message and hint are made below, with the `again` the pod's shell has no use for.
+        f"made=$(mkdir {d} 2>&1) || {{ [ -e {d} ] && exit {TAKEN}; printf '%s\\n' \"$made\" >&2; exit 2; }}\n"
+        f"printf '%s\\n' {shlex.quote(command)} > {d}/command || {{ rm -f {d}/command; rmdir {d}; exit 2; }}\n"
+        f"date -u +%Y-%m-%dT%H:%M:%S.%NZ > {d}/started\n"
+        # Claimed: the launcher goes on as a bash exec'd with the job's tag (the same pid, so a kill of it is still
+        # its exit), which its fork for the wrapper inherits: a launcher killed between that fork and the fork's
+        # exec of `env` (the OOM killer) leaves a process start_state finds by the tag, so it says "running" rather
+        # than removing the directory of a job about to start (and stop stops it). Only after the claim: a start
+        # refused for a taken id must not pass, even for a moment, for a process of that other job.
+        f"exec env PODKIT_JOB_ID={job_id} bash --noprofile --norc -c {shlex.quote(wrapper_start)}\n"
+    )
     # The launcher's environment carries the connection's PODKIT_SESSION tag: a Ctrl-C of this client (stop_remote)
     # ends it, and a child of it not yet the wrapper, before the client asks the pod whether the job started;
     # running on, it could start the job after the pod had been found without it. The shared shell is exec'd with
     # the tag (pods/shell.py), so its subshell has it too; this bash of its own (exec'd) has it whatever shell runs it.
-    # It is exec'd with the job's tag as well, which its fork for the wrapper inherits: a launcher killed between
-    # that fork and the fork's exec of `env` (the OOM killer) leaves a process start_state finds by the tag, so it
-    # says "running" rather than removing the directory of a job about to start.
-    result = conn.run(f"exec env PODKIT_JOB_ID={job_id} bash --noprofile --norc -c {shlex.quote(launcher)}")
+    result = conn.run(f"exec bash --noprofile --norc -c {shlex.quote(launcher)}")
     said_last = ((result.stderr or result.stdout).strip().splitlines() or [""])[-1][:200]  # after what rc files said
     if result.exit_code == TAKEN:
         raise StartRefused(f"could not start the job: job {job_id} exists",
@@ -199,8 +205,9 @@ class NoSuchJob(PodError):
 
 
 def require(conn: PodConnection, job_id: str, *, again: str) -> None:
-    """Raise NoSuchJob unless the pod has a job of that id."""
-    if conn.run(f"[ -r {JOBS_DIR}/{valid_id(job_id, again)}/pid ]").exit_code != 0:
+    """Raise NoSuchJob unless the pod has a job of that id: one a start claimed (its command written), whether or
+    not its wrapper has recorded its pid yet (start_state says "running" from the job's tag alone)."""
+    if conn.run(f"[ -r {JOBS_DIR}/{valid_id(job_id, again)}/command ]").exit_code != 0:
         raise NoSuchJob(f"no job '{job_id}' on this pod", f"list them with: bin/pod jobs {again}")
 
 
@@ -221,11 +228,14 @@ def attach(conn: PodConnection, job_id: str, out: Callable[[str], None], *, agai
     d = f"{JOBS_DIR}/{valid_id(job_id, again)}"
     require(conn, job_id, again=again)  # on its own: the stream below exits with the job's code, which may be any number
     script = (
-        f"{_OURS}pid=$(cat {d}/pid)\n"
+        # A start whose wrapper has not recorded its pid yet (its launcher killed between its fork and the fork's
+        # exec): wait for the record while a process of the job lives, 5 s at most.
+        f"n=0; while [ $n -lt 100 ] && ! [ -r {d}/pid ] && grep -qzxF PODKIT_JOB_ID={job_id} /proc/[0-9]*/environ "
+        f"2>/dev/null; do sleep 0.05; n=$((n + 1)); done\n"
+        f"{_OURS}pid=$(cat {d}/pid 2>/dev/null)\n"
         # A pid file that names a live process not (yet) tagged: a job started by an older podkit, whose pid file
-        # held $!, the launcher before its exec of the tagged environment, or one the pod reused after a restart.
-        # Wait for the tag (5 s at most), or attach would print an output.log the job has not written yet and
-        # miss the rest. (The wrapper now records its own, tagged pid.)
+        # held $!, or one the pod reused after a restart. Wait for the tag (5 s at most), or attach would print an
+        # output.log the job has not written yet and miss the rest. (The wrapper now records its own, tagged pid.)
         f"n=0; while [ $n -lt 100 ] && ! [ -r {d}/exit_code ] && kill -0 \"$pid\" 2>/dev/null && ! ours $pid {job_id}; "
         f"do sleep 0.05; n=$((n + 1)); done\n"
         f"if ours $pid {job_id}; then tail -n +1 -F --pid=$pid {d}/output.log 2>/dev/null; else cat {d}/output.log; fi\n"
@@ -244,15 +254,19 @@ def stop(conn: PodConnection, job_id: str, grace: float = 30.0, *, again: str) -
     spared so it still records the exit code. Returns what happened, in words."""
     d = f"{JOBS_DIR}/{valid_id(job_id, again)}"
     script = (
-        f"[ -r {d}/pid ] || {{ echo 'podkit: no job {job_id} on this pod' >&2; exit 3; }}\n"
+        f"[ -r {d}/command ] || {{ echo 'podkit: no job {job_id} on this pod' >&2; exit 3; }}\n"
         # An exited job may have left processes running (started in the background, workers of a killed
         # launcher): they carry its tag still, and are stopped as a running job's are.
         f"if [ -r {d}/exit_code ]; then code=$(cat {d}/exit_code)\n"
         f"  left=$( ({stop_script(f'PODKIT_JOB_ID={job_id}', grace)}) )\n"
         f"  if [ \"$left\" = 'stopped 0' ]; then echo \"already exited $code\"; "
         f"else echo \"already exited $code; of what it left running: $left\"; fi; exit 0; fi\n"
-        f"{_OURS}wrapper=$(cat {d}/pid); ours \"$wrapper\" {job_id} || wrapper=; touch {d}/stopped\n"
-        f"({stop_script(f'PODKIT_JOB_ID={job_id}', grace, spare_var='wrapper')})"
+        # No pid yet (a start cut short before its wrapper recorded it): every process of the job is stopped.
+        f"{_OURS}wrapper=$(cat {d}/pid 2>/dev/null); ours \"$wrapper\" {job_id} || wrapper=\n"
+        f"({stop_script(f'PODKIT_JOB_ID={job_id}', grace, spare_var='wrapper')})\n"
+        # Marked once the stop has run its course: one cut short (a Ctrl-C ends its loop on the pod too) leaves a
+        # job that, exiting later on its own, `jobs` lists as exited, not stopped.
+        f"touch {d}/stopped"
     )
     result = conn.run(script + f"\nfor i in 1 2 3 4 5 6 7 8 9 10; do [ -r {d}/exit_code ] && break; sleep 0.2; done\n"
                       f"ours \"$wrapper\" {job_id} && kill -KILL $wrapper 2>/dev/null; true\n", timeout=grace + 60)

@@ -331,6 +331,8 @@ CASES = [
     ("envsetup-cache-dir-under-file", "envsetup", ["--fingerprint", "fp.json", "--cache-dir", "f/cache", "--dry-run"],
      {"fp.json": FINGERPRINT_OK, "f": "x"}, "--cache-dir"),
     # -- bin/pod, bin/deploy, bin/fetch-logs (nothing here reaches a network: each fails before connecting)
+    # an id for several pods: the fix is another id, not `bin/pod jobs a,b`, which names two pods (and fails)
+    ("pod-run-nodes-bad-id", "pod", ["run", "a,b", "--nodes", "--id", "x y", "--", "true"], {}, "give another --id"),
     ("pod-unknown-option", "pod", ["--bogus"], {}, "bin/pod"),
     ("pod-probe-missing-host", "pod", ["probe"], {}, "bin/pod"),
     ("pod-empty-host", "pod", ["probe", ""], {}, "no host given"),

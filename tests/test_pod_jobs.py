@@ -250,6 +250,16 @@ def test_ctrl_c_of_a_stop_leaves_no_stop_running_on_the_pod(world):
         assert f"job {jid} may still run" in err and f"bin/pod stop {world.pod.spec}" in err, err
         time.sleep(5)  # past the grace: a stop left running would SIGKILL the job now
         assert with_env(f"PODKIT_JOB_ID={jid}"), "the stop ran on after its Ctrl-C and killed the job"
+        # the job then ends by another hand (its command killed; its wrapper records the code): a stop cut short
+        # did not stop it, and `jobs` must not say it did
+        jobdir = Path(world.pod.remote_dir) / "logs" / "jobs" / jid
+        wrapper = int((jobdir / "pid").read_text())
+        for pid in with_env(f"PODKIT_JOB_ID={jid}"):
+            if pid != wrapper:
+                os.kill(pid, signal.SIGKILL)
+        assert wait_for(lambda: (jobdir / "exit_code").exists(), 10)
+        listed = {j["id"]: j for j in json.loads(cli(world, "jobs", world.pod.spec, *args(world), "--json").stdout)["jobs"]}
+        assert listed[jid]["state"] == "exited", listed[jid]
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -651,7 +661,7 @@ def test_a_job_whose_launcher_dies_right_after_starting_it_is_found_and_stopped(
             os.kill(pid, signal.SIGKILL)
 
 
-@pytest.mark.parametrize("after", ["asked", "unrecordable"])
+@pytest.mark.parametrize("after", ["asked", "stopped-before-its-pid", "unrecordable"])
 def test_a_launcher_killed_before_its_fork_runs_the_wrapper_leaves_no_job_that_stop_cannot_find(world, after):
     """Review 2026-11-25: killed between forking the wrapper and that fork's exec of `env` (the OOM killer, a busy
     pod), the launcher left a process without the job's tag: start_state found nothing, said the job had not started
@@ -679,10 +689,18 @@ def test_a_launcher_killed_before_its_fork_runs_the_wrapper_leaves_no_job_that_s
         jobdir = Path(world.pod.remote_dir) / "logs" / "jobs" / jid
         if after == "unrecordable":
             (jobdir / "pid.wrapper").mkdir()
+        if after == "stopped-before-its-pid":  # the start's hint, taken at once: stop finds the job by its tag
+            early = cli(world, "stop", world.pod.spec, *args(world), jid, "--grace", "2")
+            assert early.returncode == 0 and "Traceback" not in early.stderr, early.stdout + early.stderr
+            assert not with_env(f"PODKIT_JOB_ID={jid}"), "a process of the job outlived its stop"
         go.touch()  # the fork goes on: env, setsid, the wrapper
         if after == "unrecordable":
             assert wait_for(lambda: "not starting it" in (jobdir / "output.log").read_text(), 10)
             assert not _sleeps(marker), "a job started that no pid file names"
+            return
+        if after == "stopped-before-its-pid":
+            time.sleep(2)
+            assert not _sleeps(marker), "the job started after its stop"
             return
         assert wait_for(lambda: _sleeps(marker), 10), "the job did not start"
         stopped = cli(world, "stop", world.pod.spec, *args(world), jid, "--grace", "2")
@@ -693,6 +711,30 @@ def test_a_launcher_killed_before_its_fork_runs_the_wrapper_leaves_no_job_that_s
         go.touch()
         for pid in with_env(f"PODKIT_JOB_ID={jid}") + _sleeps(marker):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_start_refused_for_a_taken_id_never_passes_for_that_job(world):
+    """Review 2026-11-25: the launcher took the job's tag before it claimed the id, so a `run --id X` refused because
+    X exists ran for a moment as a process of X: `jobs` counted it as left running by X, and a `stop X` then
+    stopped it and said so. The claim comes first now. The refused launcher is held at its claim while asked."""
+    jid, held = f"taken-{uuid.uuid4().hex[:8]}", world.base / f"held-{uuid.uuid4().hex[:8]}"
+    assert cli(world, "run", *args(world), "--id", jid, world.pod.spec, "--", "true").returncode == 0  # exited 0
+    hold = (f'case $BASH_EXECUTION_STRING in *"mkdir logs/jobs/{jid} "*) '
+            f'case $BASH_COMMAND in "[ -e "*) touch {held}; sleep 3;; esac;; esac')  # that launcher alone
+    with launcher_trap(world, hold):
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        again = subprocess.Popen([str(world.project / "bin" / "pod"), "run", "--known-hosts", str(world.known_hosts),
+                                  *args(world), "--id", jid, world.pod.spec, "--", "true"], cwd=world.project, env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert wait_for(held.exists, 30), "the refused launcher never reached its claim"
+            listed = {j["id"]: j for j in json.loads(cli(world, "jobs", world.pod.spec, *args(world), "--json").stdout)["jobs"]}
+            out, err = again.communicate(timeout=60)
+        finally:
+            if again.poll() is None:
+                again.kill()
+    assert (listed[jid]["state"], listed[jid]["left_running"]) == ("exited", 0), listed[jid]
+    assert again.returncode == 2 and f"job {jid} exists" in err, err
 
 
 def test_two_runs_of_one_id_at_once_start_it_once(world):
