@@ -73,6 +73,16 @@ class HostSpec:
             raise PodError(f"pod name '{self.name}' may use only letters, digits, '.', '_' and '-', not only dots")
 
 
+    @property
+    def reach(self) -> str:
+        """How `bin/pod` reaches this pod again: its pods.toml name, else user@host[:port] as given (`name` of a raw
+        host is a label: 'root@10.0.0.1:2222' is named '10.0.0.1-2222', which no command could reach)."""
+        if self.inventory is not None:
+            return self.name
+        host = f"[{self.host}]" if ":" in self.host and self.port else self.host  # [ipv6]:port (_split_port)
+        return f"{self.user + '@' if self.user else ''}{host}{f':{self.port}' if self.port else ''}"
+
+
 @dataclass(frozen=True)
 class Endpoint:
     """Where to connect, fully resolved."""

@@ -329,11 +329,11 @@ def connect_all(specs: list[HostSpec], opts: PodOptions, say: Callable[[str], Ca
         try:
             fp, _, rdir = locate(conn, spec, opts.project)
             if not is_deployed(conn, rdir):
-                raise PodError(f"{rdir} on {spec.name} was never deployed", f"run: bin/pod deploy {again(spec.name)}, then re-run")
+                raise PodError(f"{rdir} on {spec.name} was never deployed", f"run: bin/pod deploy {again(spec.reach)}, then re-run")
             python = interpreter(conn, fp, rdir, spec.python)
             changed = changed_since_deploy(conn, opts.project, rdir)
             if changed:
-                say(spec.name)(changed_note(changed, again(spec.name)))
+                say(spec.name)(changed_note(changed, again(spec.reach)))
         except BaseException:
             conn.close()
             raise
@@ -405,7 +405,7 @@ def start(members: list[Member], rdzv: Rendezvous, command: tuple[str, ...], say
     for m in members:
         job_id = f"{rdzv.run_id}-n{m.node.index}"
         try:
-            m.job_id = jobs.start(m.conn, launch_command(command, m.python), job_id, again=again(m.spec.name),
+            m.job_id = jobs.start(m.conn, launch_command(command, m.python), job_id, again=again(m.spec.reach),
                                   env=rdzv.env(m.node), env_defaults=rdzv.env_defaults(m.node))
         except PodError as exc:
             why = f"node {m.node.index} ({m.spec.name}) could not start"
@@ -429,8 +429,8 @@ def start(members: list[Member], rdzv: Rendezvous, command: tuple[str, ...], say
             for s in started:
                 _stop_job(s.conn, s, s.job_id, say, again, "interrupted while starting")
             say(f"interrupted while starting: job {job_id} may still start on {m.spec.name} (its start was in "
-                f"flight): check with bin/pod jobs {again(m.spec.name)}, stop it with: bin/pod stop "
-                f"{again(m.spec.name)} {job_id}")
+                f"flight): check with bin/pod jobs {again(m.spec.reach)}, stop it with: bin/pod stop "
+                f"{again(m.spec.reach)} {job_id}")
             raise
         started.append(m)
         say(f"job {m.job_id} started on {m.spec.name} (node {m.node.index} of {rdzv.nodes}, {m.node.nproc} "
@@ -442,10 +442,10 @@ def _stop_job(conn: PodConnection, m: Member, job_id: str, say: Callable[[str], 
     """Stop a job of a world that never formed and say so (`why`: what ended it); where that fails, say how the
     user can. A Ctrl-C ends this stop only: the next node's is still tried."""
     try:
-        say(f"{why}: job {job_id} on {m.spec.name} {jobs.stop(conn, job_id, STOP_GRACE, again=again(m.spec.name))}")
+        say(f"{why}: job {job_id} on {m.spec.name} {jobs.stop(conn, job_id, STOP_GRACE, again=again(m.spec.reach))}")
     except (PodError, KeyboardInterrupt) as exc:
         say(f"{why}: could not stop job {job_id} on {m.spec.name} ({exc or 'interrupted'}); stop it with: "
-            f"bin/pod stop {again(m.spec.name)} {job_id}")
+            f"bin/pod stop {again(m.spec.reach)} {job_id}")
 
 
 def _stop_cut_start(m: Member, job_id: str, opts: PodOptions, say: Callable[[str], None],
@@ -454,7 +454,7 @@ def _stop_cut_start(m: Member, job_id: str, opts: PodOptions, say: Callable[[str
     goes on. Over a fresh connection, end that launcher first (it carries the lost connection's PODKIT_SESSION
     tag, as everything that connection started: pods/connection.py), so that nothing starts after the look;
     then stop the job if it started. Where the node cannot be reached, say how the user can check and stop it."""
-    hint = f"check with bin/pod jobs {again(m.spec.name)}, stop it with: bin/pod stop {again(m.spec.name)} {job_id}"
+    hint = f"check with bin/pod jobs {again(m.spec.reach)}, stop it with: bin/pod stop {again(m.spec.reach)} {job_id}"
     try:
         with connect(m.spec, opts, lambda _line: None) as conn:
             locate(conn, m.spec, opts.project)
@@ -477,7 +477,7 @@ def follow(members: list[Member], opts: PodOptions, printer: Callable[[str], Cal
 
     def watch(m: Member) -> None:
         try:
-            ended.put((m, jobs.attach(m.conn, m.job_id, printer(m.spec.name), again=again(m.spec.name)), None))
+            ended.put((m, jobs.attach(m.conn, m.job_id, printer(m.spec.name), again=again(m.spec.reach)), None))
         except PodError as exc:
             ended.put((m, None, exc))
         except BaseException as exc:  # noqa: BLE001 - reported by the main thread
@@ -513,10 +513,10 @@ def _stop_others(members: list[Member], failed: Member, opts: PodOptions, say: C
             with connect(m.spec, opts, lambda _line: None) as conn:
                 locate(conn, m.spec, opts.project)
                 say(f"node {m.node.index} ({m.spec.name}): job {m.job_id} "
-                    f"{jobs.stop(conn, m.job_id, grace, again=again(m.spec.name))}")
+                    f"{jobs.stop(conn, m.job_id, grace, again=again(m.spec.reach))}")
         except PodError as exc:
             say(f"node {m.node.index} ({m.spec.name}): could not stop job {m.job_id}: {exc} "
-                f"(stop it with: bin/pod stop {again(m.spec.name)} {m.job_id})")
+                f"(stop it with: bin/pod stop {again(m.spec.reach)} {m.job_id})")
 
     with ThreadPoolExecutor(max_workers=len(members)) as pool:
         list(pool.map(stop, [m for m in members if m is not failed]))

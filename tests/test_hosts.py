@@ -122,6 +122,22 @@ def test_inventory_names_groups_and_overrides(tmp_path):
         select_hosts("a100,train", inventory)
 
 
+@pytest.mark.parametrize("text", ["root@10.0.0.1:2222", "mypod", "ubuntu@box.lan", "root@[::1]:2200",
+                                  "ssh root@1.2.3.4 -p 22022"])
+def test_reach_names_a_raw_host_so_bin_pod_reaches_it_again(text):
+    """A hint's next command names the pod by `reach`: a raw host's `name` is a label ('root@10.0.0.1:2222' is
+    '10.0.0.1-2222'), which would be read back as a host of that name on port 22."""
+    spec = parse_host(text)
+    back = parse_host(spec.reach)
+    assert (back.user, back.host, back.port) == (spec.user, spec.host, spec.port), spec.reach
+
+
+def test_reach_of_an_inventory_pod_is_its_name(tmp_path):
+    inv = tmp_path / "pods.toml"
+    inv.write_text('[pods.a100]\nhost = "ssh root@1.2.3.4 -p 22022"\n')
+    assert select_hosts("a100", load_inventory(inv))[0].reach == "a100"
+
+
 @pytest.mark.parametrize("text,needle", [
     ('[pods.a]\nhots = "x"\n', "needs host"),
     ('[pods.a]\nhost = "x"\nprofil = "runpod"\n', "unknown key"),
