@@ -299,7 +299,11 @@ def test_ctrl_c_stops_a_shell_loop_and_the_shared_shell_on_the_pod(pod, how):
     loop = shell = None
     try:
         assert wait_for(sleeps, 30), client.stderr.read() if client.poll() is not None else "the loop never ran"
-        loop = _ppid(sleeps()[0])  # the shell's fork that runs the loop: found while it runs, so it can be missed
+        # the shell's fork that runs the loop: found while it runs, so it can be missed (a sleep between two sleeps
+        # is none: asked again until one answers with its parent)
+        found: list = []
+        assert wait_for(lambda: found.append(next(filter(None, map(_ppid, sleeps())), None)) or found[-1], 10)
+        loop = found[-1]
         shell = _ppid(loop)
         assert loop and shell and _ppid(shell), "the loop and its shared shell are running"
         client.send_signal(signal.SIGINT)
