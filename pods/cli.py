@@ -265,8 +265,10 @@ def _fetch_each(specs, opts, dest: Path, printer, results: list[dict]) -> int:
             # errors on stderr (they were on stdout, mixed into the progress a script reads)
             message = str(exc.on(spec.name) if not exc.host else exc)
             click.echo(f"[{spec.name}] error: {message}" if len(specs) > 1 else f"error: {message}", err=True)
-            # a top that failed after the other came back: what came back, so a script knows runs/ is here
-            came = _fetched(dest / spec.name, exc.stats) if isinstance(exc, PartlyFetched) else {}
+            # a top that failed after the other came back: which came back, and its figures, so a script knows
+            # runs/ is here; none where none did
+            came = ({"fetched": exc.fetched, **_fetched(dest / spec.name, exc.stats)}
+                    if isinstance(exc, PartlyFetched) and exc.fetched else {})
             results.append({"pod": spec.name, "ok": False, **came, "error": message})
             worst = 2
     return worst

@@ -85,12 +85,13 @@ def fetch(conn: PodConnection, remote_dir: str, local: Path, *, rsync_on_pod: bo
 
 
 class PartlyFetched(PodError):
-    """A fetch that failed on one top once the others had come back: its error, and `stats` of what did come
-    back, so --json can say both (a script that reads only "error" cannot tell that runs/ is safe here)."""
+    """A fetch that failed on one top once the others had come back: its error, `fetched` (the tops that came
+    back, none where none did) and `stats` of them, so --json can say both (a script that reads only "error"
+    cannot tell that runs/ is safe here)."""
 
-    def __init__(self, error: PodError, stats: TransferStats):
+    def __init__(self, error: PodError, stats: TransferStats, fetched: list[str]):
         super().__init__(error.problem, error.fix, error.host, error.field)
-        self.stats = stats
+        self.stats, self.fetched = stats, fetched
 
 
 def _fetch(conn: PodConnection, remote_dir: str, local: Path, rsync_on_pod: bool,
@@ -105,6 +106,7 @@ def _fetch(conn: PodConnection, remote_dir: str, local: Path, rsync_on_pod: bool
     tops = [top for top in TOPS if found is None or found[top][0] == "dir"]
     try:
         stats, failed = _transfer(conn, remote_dir, local, tops, rsync_on_pod, kept, written, progress, bwlimit)
+        fetched = [top for top in tops if top not in {getattr(exc, "top", None) for exc in failed}]
     except BaseException:
         # also after a cut transfer: what did arrive is podkit's, and the next run must know it; a record that
         # cannot be written even then leaves the error that stopped the fetch to be reported
@@ -123,7 +125,7 @@ def _fetch(conn: PodConnection, remote_dir: str, local: Path, rsync_on_pod: bool
     failed += [_not_a_directory(remote_dir, top, *found[top], tops) for top in TOPS
                if found is not None and found[top][0] in ("dangling", "file")]
     if failed:
-        raise PartlyFetched(failed[0], stats)
+        raise PartlyFetched(failed[0], stats, fetched)
     return stats
 
 
@@ -142,6 +144,7 @@ def _transfer(conn: PodConnection, remote_dir: str, local: Path, tops: list[str]
                 raise
             # the link is up (a name that is a file on one side and a directory on the other, say): the
             # other top still comes back, as it did when one rsync carried both
+            exc.top = top
             failed.append(exc)
             continue
         stats.files, stats.bytes = stats.files + one.files, stats.bytes + one.bytes

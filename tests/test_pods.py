@@ -636,7 +636,13 @@ def test_fetch_json_says_what_came_back_when_the_other_top_is_not_a_directory(wo
     # rsync counts regular files only, SFTP the links too (summary.json, notes.log; env, latest)
     assert one["files"] == (2 if transport == "rsync" else 4) and one["bytes"] > 0, one
     assert one["dest"] == str(local) and one["kept"] == [] and one["seconds"] >= 0, one
+    assert one["fetched"] == ["runs"], one  # which top the figures are of
     assert (local / "runs" / "r1" / "summary.json").read_text() == '{"status": "pass"}\n'
+    # runs/ dangling too: nothing came back, and the object says only the error (no figures of nothing)
+    (remote / "runs").unlink()
+    (remote / "runs").symlink_to(world.base / "volume" / "never-mounted")
+    none = _strict(cli(world, "fetch-logs", pod.spec, *_fetch_args(world, remote, dest, pod), "--json").stdout)["pods"][0]
+    assert none["ok"] is False and "error" in none and not {"fetched", "files", "dest"} & none.keys(), none
 
 
 @pytest.mark.parametrize("transport", ["rsync", "sftp"])
