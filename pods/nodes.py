@@ -425,12 +425,11 @@ def start(members: list[Member], rdzv: Rendezvous, command: tuple[str, ...], say
             raise (exc.on(m.spec.name) if not exc.host else exc) from None
         except KeyboardInterrupt:
             # Ctrl-C while starting: a world of some nodes never forms, and re-running would start a second one
-            # beside it. Stop what started; the start in flight may still run once its link delivers it.
+            # beside it. Stop what started, and the start in flight as a cut one: its launcher was ended with the
+            # connection's other processes (PodConnection.run: stop_remote), but its job may have started.
             for s in started:
                 _stop_job(s.conn, s, s.job_id, say, again, "interrupted while starting")
-            say(f"interrupted while starting: job {job_id} may still start on {m.spec.name} (its start was in "
-                f"flight): check with bin/pod jobs {again(m.spec.reach)}, stop it with: bin/pod stop "
-                f"{again(m.spec.reach)} {job_id}")
+            _stop_cut_start(m, job_id, opts, say, again, "interrupted while starting")
             raise
         started.append(m)
         say(f"job {m.job_id} started on {m.spec.name} (node {m.node.index} of {rdzv.nodes}, {m.node.nproc} "

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -261,11 +262,12 @@ def launchers(run_id: str) -> list[int]:
 
 @pytest.mark.slow
 @pytest.mark.skipif(sshd_available() is not None, reason=str(sshd_available()))
-@pytest.mark.parametrize("how", ["launcher-killed", "link-dropped"])
+@pytest.mark.parametrize("how", ["launcher-killed", "link-dropped", "ctrl-c"])
 def test_a_node_whose_start_fails_after_starting_its_job_is_left_with_nothing_running(cluster, how):
     """Review 2026-11-27: node 1's launcher failed after it had started the job (killed; or its link dropped while
     the launcher was held there): node 0's job was stopped, node 1's ran on, a rank of a world that would never
-    form. Both are stopped now, node 1's over a fresh connection when its link is gone."""
+    form. Both are stopped now, node 1's over a fresh connection when its link is gone. Likewise a Ctrl-C while
+    node 1's launcher is held after starting its job (2026-11-25: that job ran on, said to "may still start")."""
     net, pods, project, known_hosts = cluster
     run_id, hold = f"half-{how}", f"{600 + os.getpid() % 300}.{time.time_ns() % 10**6:06d}"
     # Node 1's env file, read before every command of a session, hands its launcher's bash (as BASH_ENV) a DEBUG
@@ -286,22 +288,29 @@ def test_a_node_whose_start_fails_after_starting_its_job_is_left_with_nothing_ru
     try:
         proc = subprocess.Popen(argv, cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         try:
-            if how == "link-dropped":
+            if how in ("link-dropped", "ctrl-c"):
                 assert wait_for(lambda: sleeps(hold), 120), "node 1's start never got there"
                 assert tagged(f"PODKIT_JOB_ID={run_id}-n1"), "node 1's job did not start"
-                pods[1].drop_connections()
+                if how == "ctrl-c":
+                    proc.send_signal(signal.SIGINT)
+                else:
+                    pods[1].drop_connections()
             out, err = proc.communicate(timeout=180)
         finally:
             if proc.poll() is None:
                 proc.kill()
             env_file.write_text(before)
-        assert proc.returncode == 2 and "Traceback" not in err, err
+        assert proc.returncode == (130 if how == "ctrl-c" else 2) and "Traceback" not in err, err
         for i in range(2):
             assert not tagged(f"PODKIT_JOB_ID={run_id}-n{i}"), (f"node {i}'s job runs on", err)
         assert not launchers(run_id), ("node 1's launcher runs on", err)
         for i in range(2):
             assert wait_for(lambda: not only_sshd_left(net, i), 30), only_sshd_left(net, i)
         # and the user is told: every job stopped, and why
+        if how == "ctrl-c":
+            for i in range(2):
+                assert f"interrupted while starting: job {run_id}-n{i} on node{i} stopped" in err, err
+            return
         assert err.strip().splitlines()[-1].startswith("error: node1: "), err
         assert f"node 1 (node1) could not start: job {run_id}-n0 on node0 stopped" in err, err
         why = "its launcher failed after starting the job" if how == "launcher-killed" else "its link failed during the start"
