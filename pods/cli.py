@@ -355,7 +355,7 @@ def run_cmd(host, command, detach, job_id, as_json, nodes, nproc_per_node, pods:
     with pods.one(host, deployed=True, err=as_json) as (conn, spec, _, _, rdir):
         changed = changed_since_deploy(conn, pods.opts.project, rdir)
         if changed:
-            click.echo(changed_note(changed, pods.again(host)), err=True)
+            click.echo(changed_note(changed, again), err=True)
         line = _command_line(command)
         jid = job_id or remote_jobs.new_id(line)  # known before the start: a start cut short names it
         job = {"job": jid, "pod": spec.name, "host": spec.host, "remote_dir": rdir,

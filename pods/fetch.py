@@ -105,8 +105,8 @@ def _fetch(conn: PodConnection, remote_dir: str, local: Path, rsync_on_pod: bool
     # be entered), each is tried and rsync says what is wrong
     tops = [top for top in TOPS if found is None or found[top][0] == "dir"]
     try:
-        stats, failed = _transfer(conn, remote_dir, local, tops, rsync_on_pod, kept, written, progress, bwlimit)
-        fetched = [top for top in tops if top not in {getattr(exc, "top", None) for exc in failed}]
+        stats, fetched, failed = _transfer(conn, remote_dir, local, tops, rsync_on_pod, kept, written, progress,
+                                           bwlimit)
     except BaseException:
         # also after a cut transfer: what did arrive is podkit's, and the next run must know it; a record that
         # cannot be written even then leaves the error that stopped the fetch to be reported
@@ -131,11 +131,12 @@ def _fetch(conn: PodConnection, remote_dir: str, local: Path, rsync_on_pod: bool
 
 def _transfer(conn: PodConnection, remote_dir: str, local: Path, tops: list[str], rsync_on_pod: bool,
               kept: set[str], written: set[str], progress: Transfer | None,
-              bwlimit: int | None) -> tuple[TransferStats, list[PodError]]:
-    """Bring `tops` back: what came, and the error of each top that failed while the link stayed up."""
+              bwlimit: int | None) -> tuple[TransferStats, list[str], list[PodError]]:
+    """Bring `tops` back: what came, the tops that came back, and the error of each top that failed while the link
+    stayed up."""
     if not rsync_on_pod:
-        return fetch_sftp(conn, remote_dir, local, kept, written, tops=tops), []
-    stats, failed = TransferStats(), []
+        return fetch_sftp(conn, remote_dir, local, kept, written, tops=tops), list(tops), []
+    stats, fetched, failed = TransferStats(), [], []
     for top in tops:
         try:
             one = _fetch_top(conn, remote_dir, local, top, kept, written, progress, bwlimit)
@@ -144,11 +145,11 @@ def _transfer(conn: PodConnection, remote_dir: str, local: Path, tops: list[str]
                 raise
             # the link is up (a name that is a file on one side and a directory on the other, say): the
             # other top still comes back, as it did when one rsync carried both
-            exc.top = top
             failed.append(exc)
             continue
+        fetched.append(top)
         stats.files, stats.bytes = stats.files + one.files, stats.bytes + one.bytes
-    return stats, failed
+    return stats, fetched, failed
 
 
 def _fetch_top(conn: PodConnection, remote_dir: str, local: Path, top: str, kept: set[str], written: set[str],

@@ -72,7 +72,6 @@ class HostSpec:
         elif not _NAME.match(self.name):
             raise PodError(f"pod name '{self.name}' may use only letters, digits, '.', '_' and '-', not only dots")
 
-
     @property
     def reach(self) -> str:
         """How `bin/pod` reaches this pod again: its pods.toml name, else user@host[:port] as given (`name` of a raw

@@ -449,8 +449,8 @@ def _stop_job(conn: PodConnection, m: Member, job_id: str, say: Callable[[str], 
 
 def _stop_cut_start(m: Member, job_id: str, opts: PodOptions, say: Callable[[str], None],
                     again: Callable[[str], str], why: str) -> None:
-    """The node's link failed while its job was starting: it may have started, or still start once the launcher
-    goes on. Over a fresh connection, end that launcher first (it carries the lost connection's PODKIT_SESSION
+    """The node's start was cut (its link failed, or a Ctrl-C) while its job was starting: it may have started, or
+    still start once the launcher goes on. Over a fresh connection, end that launcher first (it carries the lost connection's PODKIT_SESSION
     tag, as everything that connection started: pods/connection.py), so that nothing starts after the look;
     then stop the job if it started. Where the node cannot be reached, say how the user can check and stop it."""
     hint = f"check with bin/pod jobs {again(m.spec.reach)}, stop it with: bin/pod stop {again(m.spec.reach)} {job_id}"
