@@ -23,7 +23,7 @@ except ImportError:  # Python 3.10
 
 from podkit.checks.config import JobConfig, load_job, parse_job
 from podkit.checks.errors import ConfigError, closest
-from podkit.checks.importers import accelerate, axolotl, deepspeed, hf, torchtitan
+from podkit.checks.importers import accelerate, axolotl, deepspeed, hf, torchtitan, torchtune
 from podkit.checks.importers.imported import Imported
 
 # kind -> (recognises the data, reads it); the order decides ambiguous files.
@@ -31,13 +31,16 @@ KINDS: dict[str, tuple[Callable[[dict], bool], Callable[[Path, dict], Imported]]
     "deepspeed": (deepspeed.looks_like, deepspeed.read),
     "accelerate": (accelerate.looks_like, accelerate.read),
     "torchtitan": (torchtitan.looks_like, torchtitan.read),
+    # Before trainer: a torchtune recipe has output_dir and gradient_accumulation_steps too.
+    "torchtune": (torchtune.looks_like, torchtune.read),
     "axolotl": (axolotl.looks_like, axolotl.read),
     "trainer": (hf.looks_like_trainer, hf.read_trainer),
     "peft": (hf.looks_like_peft, hf.read_peft),
     "bnb": (hf.looks_like_bnb, hf.read_bnb),
 }
 KNOWN = ("TrainingArguments/SFTConfig (trainer), peft LoraConfig (peft), BitsAndBytesConfig (bnb), DeepSpeed JSON "
-         "(deepspeed), accelerate YAML (accelerate), axolotl YAML (axolotl), torchtitan TOML (torchtitan)")
+         "(deepspeed), accelerate YAML (accelerate), axolotl YAML (axolotl), torchtitan TOML (torchtitan), torchtune "
+         "recipe YAML (torchtune)")
 SECTION_ORDER = ("model", "train", "cluster", "smoke")
 
 
@@ -190,14 +193,21 @@ def build_job(config: str | None, specs: list[str], model_preset: str | None = N
                               f"--model says {model_preset!r}", "drop --model, or the model from that file")
         sections["model"] = {"preset": model_preset}
     if not sections["model"]:
-        raise ConfigError("model", "none of the --from files names the model",
-                          "add --model PRESET, or --config JOB.toml with a [model] section")
+        # A file that names a model podkit has no preset for says so (Imported.unresolved "model.*").
+        why = next((f"{f.path.name}: {w}" for f in files for d, w in f.unresolved.items() if d.startswith("model.")),
+                   "none of the --from files names the model")
+        raise ConfigError("model", why, "add --model PRESET, or --config JOB.toml with a [model] section")
     unresolved = []
     for imp in files:
         for dotted, why in imp.unresolved.items():
             # The HF Trainer fills "auto" from its arguments, defaults included.
             if dotted not in setters and not any(dotted in f.defaults for f in files):
                 section, key = dotted.split(".")
+                if section == "model":  # a file's model podkit cannot place: the model is --model's or --config's
+                    model = ", ".join(f"{k} = {v!r}" for k, v in sections["model"].items())
+                    origin = "--model" if model_preset else setters["model"][1] if "model" in setters else "--config"
+                    unresolved.append(f"{imp.path.name}: {why}; the model is {model} from {origin}")
+                    continue
                 now = sections[section].get(key)
                 kept = f"{now!r} from --config" if now is not None else "podkit's default"
                 unresolved.append(f"{imp.path.name}: {why}; no --from file sets it: {dotted} keeps {kept}")
