@@ -23,8 +23,8 @@ except ImportError:  # Python 3.10
 
 from podkit.checks.config import JobConfig, load_job, parse_job
 from podkit.checks.errors import ConfigError, closest
-from podkit.checks.importers import accelerate, axolotl, deepspeed, hf, torchtitan, torchtune
-from podkit.checks.importers.imported import Imported
+from podkit.checks.importers import accelerate, axolotl, deepspeed, hf, litgpt, torchtitan, torchtune
+from podkit.checks.importers.imported import Imported, describe_model
 
 # kind -> (recognises the data, reads it); the order decides ambiguous files.
 KINDS: dict[str, tuple[Callable[[dict], bool], Callable[[Path, dict], Imported]]] = {
@@ -34,13 +34,14 @@ KINDS: dict[str, tuple[Callable[[dict], bool], Callable[[Path, dict], Imported]]
     # Before trainer: a torchtune recipe has output_dir and gradient_accumulation_steps too.
     "torchtune": (torchtune.looks_like, torchtune.read),
     "axolotl": (axolotl.looks_like, axolotl.read),
+    "litgpt": (litgpt.looks_like, litgpt.read),
     "trainer": (hf.looks_like_trainer, hf.read_trainer),
     "peft": (hf.looks_like_peft, hf.read_peft),
     "bnb": (hf.looks_like_bnb, hf.read_bnb),
 }
 KNOWN = ("TrainingArguments/SFTConfig (trainer), peft LoraConfig (peft), BitsAndBytesConfig (bnb), DeepSpeed JSON "
          "(deepspeed), accelerate YAML (accelerate), axolotl YAML (axolotl), torchtitan TOML (torchtitan), torchtune "
-         "recipe YAML (torchtune)")
+         "recipe YAML (torchtune), litgpt finetune/pretrain YAML (litgpt)")
 SECTION_ORDER = ("model", "train", "cluster", "smoke")
 
 
@@ -188,15 +189,14 @@ def build_job(config: str | None, specs: list[str], model_preset: str | None = N
         if "model" in setters:
             # --model is for files that name no model (a DeepSpeed JSON, an accelerate YAML); one that
             # does is the job's model, and a preset in its place would predict another job.
-            (key, value), = setters["model"][0].items()
-            raise ConfigError("--model", f"{setters['model'][1]} names the model (model.{key} = {value!r}), "
+            raise ConfigError("--model", f"{setters['model'][1]} names the model ({describe_model(setters['model'][0])}), "
                               f"--model says {model_preset!r}", "drop --model, or the model from that file")
         sections["model"] = {"preset": model_preset}
     if not sections["model"]:
-        # A file that names a model podkit has no preset for says so (Imported.unresolved "model.*").
-        why = next((f"{f.path.name}: {w}" for f in files for d, w in f.unresolved.items() if d.startswith("model.")),
-                   "none of the --from files names the model")
-        raise ConfigError("model", why, "add --model PRESET, or --config JOB.toml with a [model] section")
+        # A file that names a model podkit cannot resolve says which (Imported.unresolved "model.*").
+        why = next((f"{imp.path.name}: {w}" for imp in files for d, w in imp.unresolved.items()
+                    if d.startswith("model.")), "none of the --from files names the model")
+        raise ConfigError("model", why, "give --model PRESET, or --config JOB.toml with a [model] section")
     unresolved = []
     for imp in files:
         for dotted, why in imp.unresolved.items():
@@ -204,7 +204,7 @@ def build_job(config: str | None, specs: list[str], model_preset: str | None = N
             if dotted not in setters and not any(dotted in f.defaults for f in files):
                 section, key = dotted.split(".")
                 if section == "model":  # a file's model podkit cannot place: the model is --model's or --config's
-                    model = ", ".join(f"{k} = {v!r}" for k, v in sections["model"].items())
+                    model = describe_model(sections["model"])
                     origin = "--model" if model_preset else setters["model"][1] if "model" in setters else "--config"
                     unresolved.append(f"{imp.path.name}: {why}; the model is {model} from {origin}")
                     continue

@@ -47,9 +47,9 @@ class Imported:
                            "(unless --config or another file sets it)")
 
     def set_model(self, their_key: str, ref: str, model: dict[str, Any]) -> None:
+        """One model key (a preset, a config.json, a Hub id) or explicit dimensions."""
         self.sections["model"] = dict(model)
-        (key, value), = model.items()
-        self.mapped.append(f"{their_key} = {ref!r} -> model.{key} = {value!r}")
+        self.mapped.append(f"{their_key} = {ref!r} -> {describe_model(model)}")
 
     def ignore(self, key: str, why: str = "") -> None:
         self.ignored.append(f"{key}" + (f" ({why})" if why else ""))
@@ -57,6 +57,14 @@ class Imported:
     def to_json(self) -> dict:
         return {"file": str(self.path), "kind": self.kind, "mapped": self.mapped, "ignored": self.ignored,
                 "warnings": self.warnings, "unresolved": self.unresolved}
+
+
+def describe_model(model: dict[str, Any]) -> str:
+    """'model.preset = 'x'' for one key, the explicit dimensions on one line otherwise."""
+    if len(model) == 1:
+        (key, value), = model.items()
+        return f"model.{key} = {value!r}"
+    return "model = {" + ", ".join(f"{k} = {v!r}" for k, v in model.items()) + "}"
 
 
 def truthy(value: Any) -> bool:
