@@ -53,8 +53,8 @@ def run_preflight(config: str, gpu: str | None, probe: bool, job=None):
                    "tens of seconds) and show its phases beside the analytic ones.")
 @click.option("--from", "from_files", multiple=True, metavar="[KIND:]FILE",
               help="Read the job from your own configs (repeatable): TrainingArguments/SFTConfig, peft, "
-                   "bitsandbytes, DeepSpeed JSON, accelerate or axolotl YAML, torchtitan TOML, torchtune recipe YAML; "
-                   "over --config if given.")
+                   "bitsandbytes, DeepSpeed JSON, accelerate or axolotl YAML, torchtitan TOML, torchtune recipe YAML, "
+                   "litgpt YAML; over --config if given.")
 @click.option("--model", "model_preset", default=None, help="With --from: the model preset when no file names it (refused when one does).")
 @click.option("--emit-toml", is_flag=True, help="With --from: print the resulting job TOML and exit.")
 @click.option("--rank-gpus", "rank_gpus", metavar="PRICES",
