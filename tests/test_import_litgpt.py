@@ -266,7 +266,9 @@ def test_a_model_podkit_cannot_resolve_asks_for_model_and_accepts_it(tmp_path):
     assert out.returncode == 2 and "give --model PRESET" in out.stderr and "phi-2" in out.stderr, out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
     imp = build_job(None, [f], model_preset="llama-3.2-1b")
-    assert imp.job.model.preset == "llama-3.2-1b" and not any("model" in u for u in imp.unresolved)
+    # The file's model is still reported, beside the one priced in its place.
+    assert imp.job.model.preset == "llama-3.2-1b"
+    assert [u for u in imp.unresolved if "phi-2" in u and "model.preset = 'llama-3.2-1b' from --model" in u], imp.unresolved
 
 
 def test_model_flag_against_explicit_dimensions_is_one_line(tmp_path):
