@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from podkit.checks import ledger, stacks
 from podkit.checks.advisor import HEADROOM, Suggestion
-from podkit.checks.config import JobConfig
+from podkit.checks.config import PRECISIONS, JobConfig
 from podkit.checks.errors import ConfigError
 from podkit.checks.host import HostFacts
 from podkit.checks.kernels import attention_kernel
@@ -122,16 +122,28 @@ def context_length(job: JobConfig) -> CheckResult:
 
 
 def precision_gpu(job: JobConfig) -> CheckResult:
-    gpu, p = job.gpu, job.train.precision
+    gpu, p, stack = job.gpu, job.train.precision, job.facts.stack
+    runs = stack.precisions or PRECISIONS
+    if p not in runs:
+        return CheckResult("precision.gpu", WARN, f"{stack.name} cannot train in {p} (it runs {' or '.join(runs)}): "
+                           "the prediction is for a job that stack does not run",
+                           f"set precision = {_closest_precision(p, runs)!r}")
     if p.startswith("bf16") and not gpu.supports_bf16:
+        instead = "'fp16-mixed' (with loss scaling)" if "fp16-mixed" in runs else "'fp32'"
         return CheckResult("precision.gpu", FAIL,
                            f"{p} needs bf16 support (sm80+), {gpu.name} is sm{gpu.sm}",
-                           "use precision = 'fp16-mixed' (with loss scaling), or an Ampere or newer GPU")
+                           f"use precision = {instead}, or an Ampere or newer GPU")
     if p == "bf16" and job.train.optimizer not in ("adamw8bit", "paged_adamw8bit"):
-        return CheckResult("precision.gpu", WARN,
-                           "pure bf16 keeps no fp32 master weights: small updates round away",
-                           "prefer bf16-mixed unless memory forces pure bf16")
+        fix = ("prefer bf16-mixed unless memory forces pure bf16" if "bf16-mixed" in runs else
+               f"{stack.name} has no mixed precision: fp32 keeps fp32 weights, at twice their memory")
+        return CheckResult("precision.gpu", WARN, "pure bf16 keeps no fp32 master weights: small updates round away",
+                           fix)
     return CheckResult("precision.gpu", PASS, f"{p} on {gpu.name} (sm{gpu.sm})")
+
+
+def _closest_precision(p: str, runs: tuple[str, ...]) -> str:
+    """The precision of the same 16-bit type the stack runs (bf16-mixed -> bf16), else its first."""
+    return next((r for r in runs if r.split("-")[0] == p.split("-")[0]), runs[0])
 
 
 def loss_scaling(job: JobConfig) -> CheckResult:

@@ -173,6 +173,11 @@ class Stack:
     bf16-true, amp.py MixedPrecision for bf16-mixed, bitsandbytes.py BitsandbytesPrecision for QLoRA). The
     16-bit logits die with the forward's frame (ToCopyBackward0 saves no tensor); the loss and what the loop
     keeps are fp32 (JobFacts.logits_fp32)."""
+    precisions: tuple[str, ...] = ()
+    """The train.precision values the stack's loop can run (empty: all of config.PRECISIONS). torchtune's
+    recipes build the model in cfg.dtype with no autocast (training/precision.py get_dtype) and refuse
+    fp16 ("fp16 precision is not supported in this recipe. Please use fp32 or bf16.", recipes/
+    full_finetune_single_device.py and the other recipes' __init__)."""
     transformers_release: bool = False
     """The model, its loss and gradient_checkpointing_enable are transformers' at the job's release
     (train.transformers): transformers_facts decides the loss path, the reentrant default and the rotary
@@ -279,7 +284,7 @@ STACK_FACTS: dict[str, Stack] = {
         Stack("torchtune", "chunked", 0, 8, True, False, "block",
               ("q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"), "compute", "fused", False, True, False,
               "torchtune modules/loss/ce_chunked_output_loss.py, recipes/configs/llama3_1; training/_distributed.py "
-              "shard_model (fully_shard)", fsdp2=True),
+              "shard_model (fully_shard)", fsdp2=True, precisions=("bf16", "fp32")),
     ]
 }
 

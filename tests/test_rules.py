@@ -65,6 +65,22 @@ def test_precision_vs_gpu(job):
     assert rules.precision_gpu(job(train="precision = 'bf16'")).status == "warn"
 
 
+def test_precision_the_stack_cannot_run(job):
+    # torchtune's recipes train in cfg.dtype with no autocast and refuse fp16: bf16 or fp32 only.
+    mixed = rules.precision_gpu(job(train="stack = 'torchtune'\nprecision = 'bf16-mixed'"))
+    assert mixed.status == "warn" and "torchtune cannot train in bf16-mixed" in mixed.message
+    assert mixed.fix == "set precision = 'bf16'"
+    assert rules.precision_gpu(job(train="stack = 'torchtune'\nprecision = 'fp16-mixed'")).fix == "set precision = 'bf16'"
+    assert rules.precision_gpu(job(train="stack = 'torchtune'\nprecision = 'fp32'")).status == "pass"
+    # Its own pure bf16 is not told to use a mixed precision it does not have; nor, on a T4, fp16.
+    pure = rules.precision_gpu(job(train="stack = 'torchtune'\nprecision = 'bf16'"))
+    assert pure.status == "warn" and "bf16-mixed" not in pure.fix and "fp32" in pure.fix
+    t4 = rules.precision_gpu(job(train="stack = 'torchtune'\nprecision = 'bf16'", cluster="gpu = 'T4'"))
+    assert t4.status == "fail" and "fp16" not in t4.fix and "'fp32'" in t4.fix
+    # Every other stack runs every precision.
+    assert rules.precision_gpu(job(train="stack = 'litgpt'\nprecision = 'bf16-mixed'")).status == "pass"
+
+
 def test_loss_scaling(job):
     assert rules.loss_scaling(job(train="precision = 'fp16-mixed'")).status == "pass"
     assert rules.loss_scaling(job(train="precision = 'fp16-mixed'\ngrad_scaler = 'off'")).status == "fail"
