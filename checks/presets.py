@@ -166,6 +166,27 @@ CONFIGS: dict[str, tuple[str, dict]] = {
 }
 
 
+# Other Hub repos whose config.json has a preset's sizes: the instruction-tuned and chat releases beside each
+# base (litgpt@26857050 litgpt/config.py builds both from one entry: Llama 2 "" / "-chat", Llama 3 and 3.1 ""
+# / "-Instruct", Qwen2.5 "" / "-Instruct"; keras-hub keras_hub/src/models/gemma3/gemma3_presets.py gives
+# Gemma 3's pretrained and instruct checkpoints the same parameter counts), meta-llama's earlier names for
+# 3.1 (Meta-Llama-3.1-*, litgpt's hf_config), and Llama 3, which differs from 3.1 in context length and
+# rope scaling only (litgpt's Llama-3-8B / Llama-3.1-8B entries), neither of which the 3.1 presets size.
+HUB_ALIASES: dict[str, str] = {
+    "meta-llama/Llama-2-7b-chat-hf": "llama-2-7b", "meta-llama/Llama-2-13b-chat-hf": "llama-2-13b",
+    "meta-llama/Llama-3.2-1B-Instruct": "llama-3.2-1b", "meta-llama/Llama-3.2-3B-Instruct": "llama-3.2-3b",
+    **{f"meta-llama/{name}": "llama-3.1-8b" for name in (
+        "Llama-3.1-8B-Instruct", "Meta-Llama-3.1-8B", "Meta-Llama-3.1-8B-Instruct", "Meta-Llama-3-8B",
+        "Meta-Llama-3-8B-Instruct")},
+    **{f"meta-llama/{name}": "llama-3.1-70b" for name in (
+        "Llama-3.1-70B-Instruct", "Meta-Llama-3.1-70B", "Meta-Llama-3.1-70B-Instruct", "Meta-Llama-3-70B",
+        "Meta-Llama-3-70B-Instruct")},
+    "meta-llama/Llama-3.1-405B-Instruct": "llama-3.1-405b", "meta-llama/Meta-Llama-3.1-405B": "llama-3.1-405b",
+    **{f"Qwen/Qwen2.5-{size}-Instruct": f"qwen2.5-{size.lower()}" for size in ("0.5B", "1.5B", "3B", "7B", "14B", "72B")},
+    **{f"google/gemma-3-{size}-it": f"gemma-3-{size}" for size in ("1b", "4b", "12b", "27b")},
+}
+
+
 def _build() -> dict[str, ModelShape]:
     shapes = {name: shape_from_config(cfg, name, "model.preset", f"{name}'s config")
               for name, (_, cfg) in CONFIGS.items()}

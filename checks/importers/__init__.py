@@ -185,6 +185,9 @@ def build_job(config: str | None, specs: list[str], model_preset: str | None = N
             section, key = dotted.split(".")
             if dotted not in setters and key not in sections[section]:
                 sections[section][key] = value
+    loaded_bf16 = next((f for f in files if f.weights_bf16), None)
+    if loaded_bf16:
+        bf16_weights(sections, loaded_bf16)
     if model_preset:
         if "model" in setters:
             # --model is for files that name no model (a DeepSpeed JSON, an accelerate YAML); one that
@@ -200,6 +203,8 @@ def build_job(config: str | None, specs: list[str], model_preset: str | None = N
     unresolved = []
     for imp in files:
         for dotted, why in imp.unresolved.items():
+            if dotted.startswith("model."):
+                continue  # the model came from --model or --config, as that line asked
             # The HF Trainer fills "auto" from its arguments, defaults included.
             if dotted not in setters and not any(dotted in f.defaults for f in files):
                 section, key = dotted.split(".")
@@ -214,6 +219,28 @@ def build_job(config: str | None, specs: list[str], model_preset: str | None = N
     toml = emit_toml(sections, [source] + [str(f.path) for f in files] if source else [str(f.path) for f in files])
     job = parse_job(toml, source or str(files[0].path) if files else "<from>")
     return ImportedJob(job, toml, files, unresolved)
+
+
+def bf16_weights(sections: dict[str, dict[str, Any]], imp: Imported) -> None:
+    """A model loaded in bf16 trains in pure bf16 (autocast over bf16 weights, no fp32 masters; peft keeps its
+    adapters fp32) unless an engine makes fp32 masters of the trained weights, which both do under bf16
+    autocast for a full fine-tune: DeepSpeed (its bf16 / ZeRO optimizers' fp32 partitions, runtime/
+    bf16_optimizer.py) and accelerate's FSDP (accelerator.py / utils/fsdp_utils.py fsdp2_prepare_model:
+    "FSDP upcast of low precision parameters to fp32", trainable parameters only)."""
+    train, cluster = sections["train"], sections["cluster"]
+    precision = train.get("precision")
+    if precision not in (None, "bf16-mixed", "fp32"):
+        return
+    engine = "DeepSpeed" if train.get("stack") == "deepspeed" else \
+        "accelerate's FSDP" if cluster.get("sharding") in ("zero2", "zero3") and train.get("stack") == "hf" else ""
+    if precision == "bf16-mixed" and engine and not train.get("lora_rank"):
+        imp.mapped.append(f"{imp.weights_bf16}: bf16 weights, given fp32 masters by {engine} under bf16 autocast "
+                          "-> train.precision stays 'bf16-mixed'")
+        return
+    train["precision"] = "bf16"
+    imp.mapped.append(f"{imp.weights_bf16} -> train.precision = 'bf16' (bf16 weights"
+                      + (", frozen but the adapters" if train.get("lora_rank") and engine else "")
+                      + ", no fp32 masters)")
 
 
 def _value(v: Any) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from podkit.checks.importers import deepspeed
-from podkit.checks.importers.imported import Imported, integer, truthy
+from podkit.checks.importers.imported import Imported, integer, linked_path, truthy
 
 # FSDP1 sharding strategies by name or by their number (torch ShardingStrategy enum starts at 1),
 # as accelerate's config writes either (utils/constants.py FSDP_SHARDING_STRATEGY).
@@ -64,8 +64,7 @@ def read(path: Path, data: dict) -> Imported:
         ds = data.get("deepspeed_config") or {}
         imp.set("distributed_type", dist, "train", "stack", "deepspeed")
         if ds.get("deepspeed_config_file"):
-            linked = Path(ds["deepspeed_config_file"]).expanduser()
-            imp.linked.append((linked if linked.is_absolute() else path.parent / linked, None))
+            imp.linked.append((linked_path(path, str(ds["deepspeed_config_file"])), None))
         if "zero_stage" in ds:
             # accelerate hands zero_stage to DeepSpeed's zero_optimization.stage (utils/dataclasses.py
             # DeepSpeedPlugin: "Possible options are 0,1,2,3; Default will be taken from environment variable").

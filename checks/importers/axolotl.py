@@ -6,9 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from podkit.checks.importers import hf
-from podkit.checks.importers.imported import Imported, integer, map_optimizer, model_ref, precision_from_flags, real, truthy
+from podkit.checks.importers.imported import (Imported, integer, linked_path, map_optimizer, model_ref,
+                                              precision_from_flags, real, truthy)
 
 MARKS = ("base_model", "sequence_len", "micro_batch_size", "lora_target_linear")
+# src/axolotl/utils/schemas/enums.py LEGACY_ATTN_FLAG_TO_IMPL, in its priority order.
+LEGACY_ATTN_FLAGS = {"xformers_attention": "xformers", "sage_attention": "sage", "flex_attention": "flex_attention",
+                     "flash_attention": "flash_attention_2", "sdp_attention": "sdpa", "eager_attention": "eager"}
 
 
 def looks_like(data: dict) -> bool:
@@ -41,19 +45,23 @@ def read(path: Path, data: dict) -> Imported:
     # axolotl loads the model in cfg.torch_dtype (bfloat16 when bf16 is true or auto: src/axolotl/loaders/
     # model.py _set_device_map_config, model_kwargs["torch_dtype"]): bf16 weights, no fp32 masters, so
     # podkit's pure "bf16" (peft still keeps adapters in fp32).
-    precision_from_flags(imp, data)
-    if imp.sections["train"].get("precision") == "bf16-mixed":
-        imp.set("bf16 (axolotl loads the weights in bf16)", data.get("bf16"), "train", "precision", "bf16")
-    handled |= {"bf16", "fp16", "tf32"}
+    _precision(imp, data)
+    handled |= {"bf16", "fp16", "tf32", "bfloat16", "float16", "float32"}
     if data.get("optimizer"):
         map_optimizer(imp, "optimizer", str(data["optimizer"]))
     handled.add("optimizer")
-    hf._checkpointing(imp, data)
-    handled |= {"gradient_checkpointing", "gradient_checkpointing_kwargs"}
-    for key, kind in (("flash_attention", "flash-attn"), ("sdp_attention", "sdpa"), ("eager_attention", "eager")):
-        handled.add(key)
-        if truthy(data.get(key, False)):
-            imp.set(key, True, "train", "attention", kind)
+    _checkpointing(imp, data)
+    handled |= {"gradient_checkpointing", "gradient_checkpointing_kwargs", "activation_offloading"}
+    # axolotl >= 0.16 names the kernel in attn_implementation; its legacy boolean flags map onto it, the
+    # first set one of LEGACY_ATTN_FLAG_TO_IMPL winning (utils/schemas/config.py normalize_attn_implementation,
+    # enums.py), and a file with both is refused there.
+    handled |= {"attn_implementation", *LEGACY_ATTN_FLAGS}
+    if data.get("attn_implementation"):
+        hf.attention(imp, "attn_implementation", data["attn_implementation"])
+    else:
+        flag = next((f for f in LEGACY_ATTN_FLAGS if truthy(data.get(f) or False)), None)
+        if flag:
+            hf.attention(imp, flag, data[flag], LEGACY_ATTN_FLAGS[flag])
     adapter = data.get("adapter")
     handled |= {"adapter", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_target_linear",
                 "load_in_4bit", "load_in_8bit", "lora_modules_to_save"}
@@ -79,27 +87,87 @@ def read(path: Path, data: dict) -> Imported:
     handled.add("deepspeed")
     if ds:
         imp.set("deepspeed", ds, "train", "stack", "deepspeed")
-        linked = Path(str(ds)).expanduser()
-        if linked.is_absolute() or (path.parent / linked).exists():
-            imp.linked.append((linked if linked.is_absolute() else path.parent / linked, None))
+        linked = linked_path(path, str(ds))
+        if linked.exists():
+            imp.linked.append((linked, None))
         else:
-            imp.warnings.append(f"deepspeed {ds!r} not found beside {path.name} (axolotl ships deepspeed_configs/ "
-                                "in its repo): give it with --from")
+            imp.warnings.append(f"deepspeed {ds!r} found neither beside {path.name} nor in the working directory "
+                                "(axolotl ships deepspeed_configs/ in its repo: run from there): give it with --from")
     else:
         imp.set("(axolotl)", path.name, "train", "stack", "hf")
-    handled |= {"fsdp", "fsdp_config"}
-    if data.get("fsdp"):
-        hf._fsdp(imp, data["fsdp"], None)
-        cfg = data.get("fsdp_config") or {}
-        if truthy(cfg.get("fsdp_offload_params", False)):
-            imp.set("fsdp_config.fsdp_offload_params", True, "cluster", "offload", "all")
-        if truthy(cfg.get("fsdp_activation_checkpointing", False)):
-            imp.set("fsdp_config.fsdp_activation_checkpointing", True, "train", "checkpointing", "full")
+    handled |= {"fsdp", "fsdp_config", "fsdp_version"}
+    if data.get("fsdp") or data.get("fsdp_config"):
+        # FSDP is on with fsdp or fsdp_config (utils/trainer.py prepare_optim_env), read as the Trainer reads
+        # them (core/builders/base.py passes both on); the version is fsdp_version, else fsdp_config's
+        # fsdp_version / version, else 1, which axolotl pins (utils/schemas/validation.py
+        # check_fsdp_version_in_fsdp_config).
+        cfg = dict(data.get("fsdp_config") or {})
+        if data.get("fsdp_version") is not None:
+            cfg["version"] = data["fsdp_version"]
+        hf._fsdp(imp, data.get("fsdp") or True, cfg, (1, ""))
     handled |= _plugins(imp, data)
+    for key, why in UNMODELLED.items():
+        value = data.get(key)
+        if value and not (isinstance(value, int) and not isinstance(value, bool) and value <= 1):
+            handled.add(key)
+            imp.ignore(f"{key} = {value!r}", why)
+            imp.warnings.append(f"{key} = {value!r}: {why}")
     for key in data:
         if key not in handled:
             imp.ignore(key)
     return imp
+
+
+# Keys that change per-GPU memory and have no podkit job key (src/axolotl/utils/schemas/config.py, trl.py).
+UNMODELLED = {
+    "rl": "the preference / RL trainer's reference model, rollouts and extra forwards are not predicted",
+    "tensor_parallel_size": "tensor parallelism is not modelled: predicted as data parallel (an over-estimate)",
+    "context_parallel_size": "context parallelism is not modelled: each GPU priced with the whole sequence "
+                             "(an over-estimate)",
+    "expert_parallel_size": "expert parallelism is not modelled: every expert priced on each GPU (an over-estimate)",
+    "tiled_mlp": "tiled MLP is not modelled: the MLP's activations are priced whole (an over-estimate)",
+    "layer_offloading": "layer offloading to CPU is not modelled: the weights are priced on the GPU",
+    "lora_mlp_kernel": "axolotl's fused LoRA kernels are not modelled: priced as peft's modules",
+    "lora_qkv_kernel": "axolotl's fused LoRA kernels are not modelled: priced as peft's modules",
+    "lora_o_kernel": "axolotl's fused LoRA kernels are not modelled: priced as peft's modules",
+}
+
+
+def _precision(imp: Imported, data: dict) -> None:
+    """The weights' dtype as src/axolotl/utils/config/__init__.py resolve_dtype picks it: bf16 ("auto" is
+    false beside fp16: true) or bfloat16 (no AMP) -> bfloat16, else load_in_8bit / fp16 / float16 (no AMP) ->
+    float16, else float32; the Trainer's autocast follows bf16 / fp16."""
+    flags = dict(data)
+    if truthy(flags.get("fp16") or False) and flags.get("bf16") == "auto":
+        flags["bf16"] = False
+    precision_from_flags(imp, flags)
+    if imp.sections["train"].get("precision") == "bf16-mixed":
+        imp.weights_bf16 = f"bf16 = {data.get('bf16')!r} (axolotl loads the weights in bf16)"
+    elif imp.sections["train"].get("precision", "fp32") == "fp32":
+        no_amp = next((k for k in ("bfloat16", "float16") if truthy(data.get(k) or False)), None)
+        if no_amp:
+            # 16-bit weights without autocast: pure 16-bit; fp16's bytes are bf16's (podkit has no pure fp16).
+            imp.set(no_amp, data[no_amp], "train", "precision", "bf16")
+            imp.warnings[:] = [w for w in imp.warnings if not w.startswith("neither bf16 nor fp16")]
+            if no_amp == "float16":
+                imp.warnings.append("float16: pure fp16 weights, priced as pure bf16 (the same bytes)")
+
+
+def _checkpointing(imp: Imported, data: dict) -> None:
+    """gradient_checkpointing true/false, or "offload" / "offload_disk", which axolotl reads as checkpointing
+    plus activation_offloading true / "disk" (utils/schemas/validation.py check_gradient_checkpointing_w_offload)."""
+    gc = data.get("gradient_checkpointing")
+    offload = data.get("activation_offloading")
+    if gc in ("offload", "offload_disk"):
+        imp.set("gradient_checkpointing", gc, "train", "checkpointing", "full")
+        offload = offload or ("disk" if gc == "offload_disk" else True)
+    else:
+        hf._checkpointing(imp, data)
+    if offload:  # true, "legacy", "disk" or "hidden_states" (utils/schemas/config.py activation_offloading)
+        # loaders/model.py: the activations go to CPU (or disk) between forward and backward; podkit has no
+        # key for it, so they are priced on the GPU.
+        imp.warnings.append(f"activation_offloading {offload!r}: offloaded activations are not modelled; predicted "
+                            "as if they stayed on the GPU (an over-estimate)")
 
 
 LIGER_PLUGIN = "axolotl.integrations.liger.LigerPlugin"

@@ -16,8 +16,9 @@ from typing import Any
 
 from podkit.checks import stacks
 from podkit.checks.errors import ConfigError
-from podkit.checks.importers.imported import (Imported, integer, map_optimizer, real, model_ref, precision_from_flags,
-                                       truthy)
+from podkit.checks.importers import accelerate
+from podkit.checks.importers.imported import (Imported, integer, linked_path, map_optimizer, model_ref,
+                                              precision_from_flags, real, truthy)
 
 # TrainingArguments / SFTConfig keys whose presence marks the file (any one is enough).
 TRAINER_MARKS = ("per_device_train_batch_size", "gradient_accumulation_steps", "output_dir", "optim",
@@ -55,31 +56,85 @@ def _checkpointing(imp: Imported, data: dict, key: str = "gradient_checkpointing
         imp.mapped.append(f"gradient_checkpointing_kwargs = {kwargs!r} (read: use_reentrant = {reentrant})")
 
 
-def _fsdp(imp: Imported, value: Any, fsdp_config: dict | None) -> None:
-    """TrainingArguments.fsdp: a string or list of FSDPOption (transformers trainer_utils.py)."""
-    options = value.split() if isinstance(value, str) else list(value or [])
-    if not options:
-        return
-    if "full_shard" in options or "hybrid_shard" in options:
-        sharding = "zero3"
-    elif "shard_grad_op" in options or "hybrid_shard_zero2" in options:
-        sharding = "zero2"
+def _fsdp(imp: Imported, value: Any, fsdp_config: Any, version_default: tuple[int, str] | None = None) -> None:
+    """TrainingArguments.fsdp (true, or the legacy string / list of FSDPOption) with its fsdp_config, as
+    transformers 5.23 training_args.py reads them (_process_fsdp_args): fsdp_config keys lose an "fsdp_"
+    prefix; "version" (default 2) picks FSDP1 or FSDP2; reshard_after_forward (FSDP2: a bool, default true;
+    FSDP1: a sharding strategy, default full_shard) is the sharding, which the legacy options only default
+    (_apply_legacy_fsdp_to_config: full_shard -> true, shard_grad_op -> false, "offload" -> cpu_offload).
+    axolotl hands its own fsdp / fsdp_config to the Trainer the same way (core/builders/base.py)."""
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        value = value.strip().lower() == "true"  # HfArgumentParser's reading of a command-line "true"
+    if not value:
+        return  # FSDP off (_process_fsdp_args returns at once); axolotl's caller passes True for fsdp_config alone
+    options = [] if value is True else value.split() if isinstance(value, str) else [str(o) for o in value]
+    cfg = {(k[5:] if k.startswith("fsdp_") and k != "fsdp_version" else k): v
+           for k, v in (fsdp_config if isinstance(fsdp_config, dict) else {}).items()}
+    if "fsdp_version" in cfg:
+        cfg.setdefault("version", cfg.pop("fsdp_version"))
+    strategy, where = None, ""
+    if "reshard_after_forward" in cfg:
+        strategy, where = cfg["reshard_after_forward"], "fsdp_config.reshard_after_forward"
+    elif any(o.upper() in accelerate.SHARDING for o in options):
+        strategy, where = next(o for o in options if o.upper() in accelerate.SHARDING), "fsdp"
+    elif "sharding_strategy" in cfg:  # accelerate's deprecated name for it (utils/dataclasses.py)
+        strategy, where = cfg["sharding_strategy"], "fsdp_config.sharding_strategy"
+    if strategy is None or isinstance(strategy, bool) or str(strategy).lower() in ("true", "false"):
+        sharding = "zero3" if strategy is None or truthy(strategy) else "zero2"
     else:
-        sharding = "none"
-    imp.set("fsdp", value, "cluster", "sharding", sharding)
+        sharding = accelerate.SHARDING.get(str(strategy).upper(), "zero3")
+    imp.set(where or "fsdp", strategy if where else value, "cluster", "sharding", sharding)
     imp.unresolved["cluster.gpus_per_node"] = "fsdp: the number of GPUs is the launcher's (give --from " \
                                               "accelerate.yaml, or --config with [cluster] gpus_per_node)"
-    if any(o.startswith("hybrid") for o in options):
+    if str(strategy).lower().startswith("hybrid"):
         imp.warnings.append("fsdp hybrid sharding: shards within a node only; predicted as if over every GPU of a "
                             "node (set cluster.nodes = 1 for the per-node view)")
-    if "offload" in options:
-        imp.set("fsdp", "offload", "cluster", "offload", "all" if sharding == "zero3" else "optimizer")
-    cfg = fsdp_config or {}
+    if "version" in cfg:
+        version = integer(imp.path, "fsdp_config.version", cfg["version"])
+        if version not in (1, 2):
+            raise ConfigError(f"{imp.path.name}: fsdp_config.version", f"must be 1 or 2, got {version}")
+        imp.set("fsdp_config.version", cfg["version"], "cluster", "fsdp_version", version)
+    elif version_default:
+        imp.default("fsdp_config.version", version_default[0], "cluster", "fsdp_version", version_default[0])
+        if version_default[1]:
+            imp.warnings.append(version_default[1])
+    offload = next((k for k in ("cpu_offload", "offload_params") if truthy(cfg.get(k, False))), None)
+    if offload or "offload" in options:
+        imp.set(f"fsdp_config.{offload}" if offload else "fsdp", True if offload else "offload", "cluster", "offload",
+                "all" if sharding == "zero3" else "optimizer")
     if truthy(cfg.get("activation_checkpointing", False)):
         imp.set("fsdp_config.activation_checkpointing", True, "train", "checkpointing", "full")
     for key in cfg:
-        if key != "activation_checkpointing":
+        if key not in ("version", "reshard_after_forward", "sharding_strategy", "cpu_offload", "offload_params",
+                       "activation_checkpointing"):
             imp.ignore(f"fsdp_config.{key}", "wrapping and prefetch details are not modelled")
+
+
+# transformers attn_implementation values (modeling_utils.py: "eager", "sdpa", "flash_attention_2/3",
+# "flex_attention", or a Hub kernel repo such as "kernels-community/flash-attn3") -> train.attention.
+ATTENTION = {"flash_attention_2": "flash-attn", "flash_attention_3": "flash-attn", "sdpa": "sdpa", "eager": "eager"}
+# Kernels that, like SDPA's memory-efficient backend, keep the output and its log-sum-exp and no s x s scores
+# (xformers memory_efficient_attention, torch flex_attention, SageAttention; axolotl enums.py
+# CANONICAL_ATTN_IMPLS names them beside the above).
+LIKE_SDPA = ("flex_attention", "xformers", "sage")
+
+
+def attention(imp: Imported, key: str, value: Any, name: str = "") -> None:
+    """The file's attention kernel (`name`, else the value itself) as train.attention."""
+    name = name or str(value)
+    if name in ATTENTION:
+        imp.set(key, value, "train", "attention", ATTENTION[name])
+    elif "/" in name and "flash" in name.split("/")[-1]:
+        # A Hub kernel (transformers integrations/hub_kernels.py loads it with the `kernels` package):
+        # FlashAttention's kernels built elsewhere keep what flash-attn keeps.
+        imp.set(key, value, "train", "attention", "flash-attn")
+        imp.warnings.append(f"{key} = {name!r}: a Hub build of FlashAttention, priced as the flash-attn package")
+    elif name in LIKE_SDPA or ("/" in name and name.split("/")[-1].startswith("sage")):
+        imp.set(key, value, "train", "attention", "sdpa")
+        imp.warnings.append(f"{key} = {name!r}: keeps no s x s scores either; priced as SDPA's memory-efficient "
+                            "kernel")
+    else:
+        imp.ignore(f"{key} = {name!r}", "not an attention kernel podkit prices: train.attention keeps its value")
 
 
 def read_trainer(path: Path, data: dict) -> Imported:
@@ -140,28 +195,25 @@ def read_trainer(path: Path, data: dict) -> Imported:
     if ds:
         imp.set("deepspeed", ds if isinstance(ds, str) else "{...}", "train", "stack", "deepspeed")
         if isinstance(ds, str):
-            linked = Path(ds).expanduser()
-            imp.linked.append((linked if linked.is_absolute() else path.parent / linked, None))
+            imp.linked.append((linked_path(path, ds), None))
         else:
             imp.linked.append((path, ds))  # an inline DeepSpeed dict
     else:
         imp.set("(TrainingArguments)", path.name, "train", "stack", "hf")
     handled.add("deepspeed")
     if data.get("fsdp"):
-        _fsdp(imp, data["fsdp"], data.get("fsdp_config"))
+        # transformers >= 5.10 runs FSDP2 where fsdp_config names no version (training_args.py
+        # _process_fsdp_args: fsdp_config.get("version", 2)); FSDP1 before, accelerate's default.
+        _fsdp(imp, data["fsdp"], data.get("fsdp_config"),
+              (2, "fsdp_config.version not set: FSDP2, transformers' default from 5.10 (FSDP1 before: set "
+                  "cluster.fsdp_version = 1 for an older release)"))
     handled |= {"fsdp", "fsdp_config"}
     # TRL ModelConfig / a script's ModelArguments, often in the same file.
     if data.get("model_name_or_path"):
         imp.set_model("model_name_or_path", data["model_name_or_path"], model_ref(data["model_name_or_path"], path.parent))
     handled.add("model_name_or_path")
-    attn = data.get("attn_implementation")
-    if attn:
-        mapped = {"flash_attention_2": "flash-attn", "flash_attention_3": "flash-attn", "sdpa": "sdpa",
-                  "eager": "eager"}.get(attn)
-        if mapped:
-            imp.set("attn_implementation", attn, "train", "attention", mapped)
-        else:
-            imp.ignore(f"attn_implementation = {attn!r}", "not a podkit attention kind")
+    if data.get("attn_implementation"):
+        attention(imp, "attn_implementation", data["attn_implementation"])
     handled.add("attn_implementation")
     if truthy(data.get("use_peft", False)):
         _lora(imp, path, {"r": data.get("lora_r", 16), "target_modules": data.get("lora_target_modules"),
@@ -177,10 +229,9 @@ def read_trainer(path: Path, data: dict) -> Imported:
     dtype_key = "dtype" if data.get("dtype") else "torch_dtype"
     dtype = data.get(dtype_key)
     if dtype in ("bfloat16", "bf16"):
-        # TRL ModelConfig.torch_dtype (dtype in trl >= 0.22): the weights are loaded in bf16, so the
-        # Trainer's bf16 autocast runs over bf16 weights (no fp32 masters): podkit's pure "bf16";
-        # peft still keeps adapters in fp32 (stack hf: lora_dtype fp32).
-        imp.set(dtype_key, dtype, "train", "precision", "bf16")
+        # TRL ModelConfig.torch_dtype (dtype in trl >= 0.22): the weights are loaded in bf16. Whether
+        # anything keeps fp32 masters of them depends on the engine another file may name (bf16_weights).
+        imp.weights_bf16 = f"{dtype_key} = {dtype!r}"
     elif dtype and dtype not in ("auto", "float32"):
         imp.warnings.append(f"{dtype_key} = {dtype!r}: not modelled; train.precision follows bf16/fp16")
     _liger(imp, data)
@@ -214,6 +265,14 @@ def _liger(imp: Imported, data: dict) -> None:
                             "(high when nothing is checkpointed)")
 
 
+# Where a decoder's layers sit in the module tree peft walks: a causal LM (LlamaForCausalLM: model.layers),
+# a vision/audio-language model's text decoder (transformers >= 4.52 Gemma3ForConditionalGeneration,
+# Mistral3..., model.language_model.layers; Voxtral and older Llava, language_model.model.layers; Idefics3 /
+# SmolVLM, model.text_model.layers). axolotl's multimodal examples write their regexes against these.
+DECODER_PATHS = ("model.layers", "model.language_model.layers", "language_model.model.layers",
+                 "model.text_model.layers")
+
+
 def _targets(imp: Imported, key: str, value: Any) -> Any:
     """peft target_modules: a list of module-name suffixes, "all-linear", or a regex matched with
     re.fullmatch against each module's full name (peft tuners_utils.check_target_module_exists)."""
@@ -222,8 +281,13 @@ def _targets(imp: Imported, key: str, value: Any) -> Any:
     if isinstance(value, str):
         if value == "all-linear":
             return "all-linear"
-        names = [n for n in stacks.LLAMA_LINEARS
-                 if re.fullmatch(value, f"model.layers.0.{'self_attn' if n[0] in 'qkvo' else 'mlp'}.{n}")]
+        try:
+            names = [n for n in stacks.LLAMA_LINEARS
+                     if any(re.fullmatch(value, f"{layers}.0.{'self_attn' if n[0] in 'qkvo' else 'mlp'}.{n}")
+                            for layers in DECODER_PATHS)]
+        except re.error as exc:
+            raise ConfigError(f"{imp.path.name}: {key}", f"{value!r} is not a valid regular expression ({exc})",
+                              "fix the pattern, or list the module names") from None
         if not names:
             raise ConfigError(f"{imp.path.name}: {key}", f"the pattern {value!r} matches no Llama-style linear",
                               "list the module names, e.g. [\"q_proj\", \"v_proj\"]")

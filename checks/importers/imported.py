@@ -36,6 +36,9 @@ class Imported:
     nor another file sets that key."""
     unresolved: dict[str, str] = field(default_factory=dict)
     """section.key -> why: values the file leaves to another ("auto" in a DeepSpeed JSON)."""
+    weights_bf16: str = ""
+    """The key that loads the model's weights in bf16 (TRL's torch_dtype, axolotl's bf16): train.precision
+    then depends on what the other files say runs the step (importers.bf16_weights)."""
 
     def set(self, their_key: str, their_value: Any, section: str, key: str, value: Any) -> None:
         self.sections[section][key] = value
@@ -125,12 +128,28 @@ def map_optimizer(imp: Imported, key: str, name: str) -> None:
         imp.mapped.append(f"{key} = {name!r} -> train.optimizer_impl = {impl!r}")
 
 
+def linked_path(path: Path, ref: str) -> Path:
+    """A DeepSpeed JSON that `path` names. The libraries open it as given, from the directory they run in
+    (accelerate utils/deepspeed.py HfDeepSpeedConfig: os.path.exists(config_file_or_dict); axolotl
+    utils/trainer.py prepare_optim_env: os.path.isfile(cfg.deepspeed)), which is usually where the config
+    lives, or the repository root its examples are run from (axolotl's deepspeed_configs/): beside the
+    file first, then the working directory."""
+    linked = Path(ref).expanduser()
+    if linked.is_absolute():
+        return linked
+    beside = path.parent / linked
+    return beside if beside.exists() or not linked.exists() else linked
+
+
 def model_ref(ref: str, base_dir: Path) -> dict[str, str]:
     """A model named the Hugging Face way (hub id or local directory) as a podkit [model] section:
     a preset when the id is that preset's Hub repo, a local config.json, or model.hf for the hub."""
-    from podkit.checks.presets import CONFIGS
+    from podkit.checks.presets import CONFIGS, HUB_ALIASES
 
     for name, (repo, _) in CONFIGS.items():
+        if repo.lower() == ref.lower():
+            return {"preset": name}
+    for repo, name in HUB_ALIASES.items():
         if repo.lower() == ref.lower():
             return {"preset": name}
     local = Path(ref).expanduser()

@@ -6,15 +6,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from podkit.checks.errors import ConfigError
 from podkit.checks.importers.imported import Imported, integer, real
 
-# torchtitan model flavors (torchtitan/models/llama3/__init__.py llama3_configs, models/qwen3/__init__.py)
-# -> podkit presets of the same shape.
-FLAVORS = {("llama3", "8B"): "llama-3.1-8b", ("llama3", "70B"): "llama-3.1-70b",
+# torchtitan model flavors (v0.2.2: torchtitan/models/llama3/__init__.py llama3_args, models/qwen3/__init__.py
+# qwen3_args, models/deepseek_v3/__init__.py deepseekv3_args) -> podkit presets of the same shape. 8B_flex and
+# 8B_varlen are 8B with another attention kernel; deepseek_v3's 16B and 236B are DeepSeek-V2-Lite and
+# DeepSeek-V2 (vocab 102400, q_lora_rank 0 / 1536, 64 / 160 routed experts), its 671B DeepSeek-V3.
+FLAVORS = {("llama3", "8B"): "llama-3.1-8b", ("llama3", "8B_flex"): "llama-3.1-8b",
+           ("llama3", "8B_varlen"): "llama-3.1-8b", ("llama3", "70B"): "llama-3.1-70b",
            ("llama3", "405B"): "llama-3.1-405b", ("qwen3", "0.6B"): "qwen3-0.6b", ("qwen3", "1.7B"): "qwen3-1.7b",
            ("qwen3", "4B"): "qwen3-4b", ("qwen3", "8B"): "qwen3-8b", ("qwen3", "14B"): "qwen3-14b",
-           ("qwen3", "32B"): "qwen3-32b"}
+           ("qwen3", "32B"): "qwen3-32b", ("qwen3", "30B-A3B"): "qwen3-30b-a3b",
+           ("qwen3", "235B-A22B"): "qwen3-235b-a22b", ("deepseek_v3", "16B"): "deepseek-v2-lite",
+           ("deepseek_v3", "236B"): "deepseek-v2", ("deepseek_v3", "671B"): "deepseek-v3"}
 
 
 def looks_like(data: dict) -> bool:
@@ -29,10 +33,12 @@ def read(path: Path, data: dict) -> Imported:
     if name or flavor:
         preset = FLAVORS.get((str(name), str(flavor)))
         if preset is None:
-            raise ConfigError(f"{path.name}: model", f"no podkit preset for torchtitan {name} flavor {flavor!r}",
-                              "give --model PRESET (known flavors: "
-                              + ", ".join(f"{n} {f}" for n, f in FLAVORS) + ")")
-        imp.set_model("model.name/flavor", f"{name} {flavor}", {"preset": preset})
+            # Left to --model (refused beside a file that names the model): the rest of the file still counts.
+            imp.unresolved["model.preset"] = f"torchtitan {name} flavor {flavor!r} is no podkit preset (known: " \
+                                             + ", ".join(f"{n} {f}" for n, f in FLAVORS) + ")"
+            imp.ignore(f"model.name/flavor = {name} {flavor}", "no podkit preset of that shape: give --model PRESET")
+        else:
+            imp.set_model("model.name/flavor", f"{name} {flavor}", {"preset": preset})
     for key in model:
         if key not in ("name", "flavor"):
             imp.ignore(f"model.{key}")
