@@ -203,8 +203,6 @@ def build_job(config: str | None, specs: list[str], model_preset: str | None = N
     unresolved = []
     for imp in files:
         for dotted, why in imp.unresolved.items():
-            if dotted.startswith("model."):
-                continue  # the model came from --model or --config, as that line asked
             # The HF Trainer fills "auto" from its arguments, defaults included.
             if dotted not in setters and not any(dotted in f.defaults for f in files):
                 section, key = dotted.split(".")
