@@ -236,3 +236,25 @@ def test_detection_takes_torchtune_and_nothing_else():
         assert not torchtune.looks_like(other)
     with pytest.raises(ConfigError, match="does not look like a torchtune config"):
         build_job(None, [f"torchtune:{ROOT / 'checks/examples/llama-3.1-8b-lora-liger/training_args.json'}"])
+
+
+def test_the_ledger_rows_recipe_prices_as_its_hand_written_job(tmp_path):
+    # The ledger's torchtune rows (benchmarks/published/torchtune/) were written by hand from the README's
+    # 'Optimization flags' table: recipe llama3_2/3B_full_single_device with its optimisations turned off and
+    # packed 4096-token batches of 2. The same recipe, read by the importer with those `tune run` overrides
+    # applied, must price as the same job: the importer and the hand-written rows decide each fact alike.
+    from test_published_cases import accuracy
+
+    case = accuracy.load_case(ROOT / "benchmarks" / "published" / "torchtune" / "llama3.2-3b-full-packed4096-bs2-a100.toml")
+    recipe = variant(tmp_path, FIXTURES / "llama3_2-3B_full_single_device.yaml", batch_size=2,
+                     optimizer={"_component_": "torch.optim.AdamW", "lr": 2e-5},
+                     loss={"_component_": "torch.nn.CrossEntropyLoss"}, optimizer_in_bwd=False,
+                     enable_activation_checkpointing=False, dataset__packed=True, tokenizer__max_seq_len=4096)
+    job = build_job(None, [recipe]).job.replace(cluster={"gpu": "A100-80GB"})
+    t, hand = job.train, case.job.train
+    fields = ("stack", "precision", "optimizer", "optimizer_impl", "micro_batch", "grad_accum", "seq_len",
+              "checkpointing", "loss", "attention")
+    assert {f: getattr(t, f) for f in fields} == {f: getattr(hand, f) for f in fields}
+    assert job.model.preset == case.job.model.preset == "llama-3.2-3b"
+    mine, theirs = memory.estimate(job), memory.estimate(case.job)
+    assert (mine.allocated, mine.reserved, mine.total) == (theirs.allocated, theirs.reserved, theirs.total)
