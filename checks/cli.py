@@ -11,7 +11,7 @@ import click
 
 from podkit.checks import gpus as gpu_catalog, strict_json
 from podkit.checks.config import EXAMPLE_JOB, load_job
-from podkit.checks.command import OneLineCommand
+from podkit.checks.command import MODEL_HELP, OneLineCommand
 from podkit.checks.errors import ConfigError
 
 EXIT_FAILED, EXIT_BAD_INPUT = 1, 2
@@ -55,7 +55,7 @@ def run_preflight(config: str, gpu: str | None, probe: bool, job=None):
               help="Read the job from your own configs (repeatable): TrainingArguments/SFTConfig, peft, "
                    "bitsandbytes, DeepSpeed JSON, accelerate or axolotl YAML, torchtitan TOML, torchtune recipe YAML, "
                    "litgpt YAML; over --config if given.")
-@click.option("--model", "model_preset", default=None, help="With --from: the model preset when no file names one podkit knows (refused when one does).")
+@click.option("--model", "model_preset", default=None, help=MODEL_HELP)
 @click.option("--emit-toml", is_flag=True, help="With --from: print the resulting job TOML and exit.")
 @click.option("--rank-gpus", "rank_gpus", metavar="PRICES",
               help="Rank the GPU types in PRICES (bin/pod gpus --json; - for stdin) where the job fits, cheapest per hour first.")

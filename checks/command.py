@@ -55,3 +55,7 @@ class OneLineMain:
 
 class OneLineCommand(OneLineMain, click.Command):
     pass
+
+
+MODEL_HELP = "With --from: the model preset when no file names one podkit knows (refused when one does)."
+"""--model's help, shared by bin/preflight and bin/smoke (both read --from through checks.importers)."""

@@ -22,7 +22,7 @@ import click
 
 from podkit.checks import strict_json
 from podkit.checks.config import EXAMPLE_JOB, MAX_INT, load_job
-from podkit.checks.command import OneLineCommand, stop_signals
+from podkit.checks.command import MODEL_HELP, OneLineCommand, stop_signals
 from podkit.checks.errors import ConfigError
 
 TINY_CPU_JOB = Path(__file__).resolve().parent.parent / "checks" / "examples" / "tiny-cpu.toml"
@@ -90,7 +90,7 @@ def _fail(message: str | ConfigError, as_json: bool = False) -> None:
 @click.option("--from", "from_files", multiple=True, metavar="[KIND:]FILE",
               help="Your own configs (as bin/preflight --from): the job whose replica is trained, or with -- COMMAND "
                    "the prediction your command is measured against.")
-@click.option("--model", "model_preset", default=None, help="With --from: the model preset when no file names it (refused when one does).")
+@click.option("--model", "model_preset", default=None, help=MODEL_HELP)
 @click.option("--timeout", type=float, default=None, help="With -- COMMAND: stop it after this many seconds.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def main(config, steps, device, output_dir, run_id, as_json, sink, inject_fault, from_files=(), model_preset=None,
