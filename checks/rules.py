@@ -127,7 +127,7 @@ def precision_gpu(job: JobConfig) -> CheckResult:
     if p not in runs:
         return CheckResult("precision.gpu", WARN, f"{stack.name} cannot train in {p} (it runs {' or '.join(runs)}): "
                            "the prediction is for a job that stack does not run",
-                           f"set precision = {_closest_precision(p, runs)!r}")
+                           f"set precision = {_closest_precision(p, runs, gpu.supports_bf16)!r}")
     if p.startswith("bf16") and not gpu.supports_bf16:
         instead = "'fp16-mixed' (with loss scaling)" if "fp16-mixed" in runs else "'fp32'"
         return CheckResult("precision.gpu", FAIL,
@@ -141,9 +141,11 @@ def precision_gpu(job: JobConfig) -> CheckResult:
     return CheckResult("precision.gpu", PASS, f"{p} on {gpu.name} (sm{gpu.sm})")
 
 
-def _closest_precision(p: str, runs: tuple[str, ...]) -> str:
-    """The precision of the same 16-bit type the stack runs (bf16-mixed -> bf16), else its first."""
-    return next((r for r in runs if r.split("-")[0] == p.split("-")[0]), runs[0])
+def _closest_precision(p: str, runs: tuple[str, ...], bf16: bool) -> str:
+    """Of the precisions the stack runs and the GPU supports, the one of the same 16-bit type (bf16-mixed ->
+    bf16), else the first (fp32 always runs)."""
+    usable = [r for r in runs if bf16 or not r.startswith("bf16")] or ["fp32"]
+    return next((r for r in usable if r.split("-")[0] == p.split("-")[0]), usable[0])
 
 
 def loss_scaling(job: JobConfig) -> CheckResult:

@@ -15,6 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 from podkit.checks import memory
 from podkit.checks.config import parse_job
@@ -320,3 +321,55 @@ def test_script_defaults_fill_only_what_the_base_leaves_open(tmp_path):
     base = write(tmp_path, "base.toml", '[model]\npreset = "llama-3.1-8b"\n[train]\noptimizer = "adamw8bit"\n')
     over = build_job(base, [f]).job
     assert over.train.optimizer == "adamw8bit" and over.train.lora_rank == 8
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (("micro_batch_size: 2", "micro_batch_size: 0"), "train.micro_batch_size: must be at least 1"),
+    (("precision: bf16-true", "precision: [bf16-true]"), "precision: must be a string"),
+    (("quantize: bnb.nf4", "quantize: [bnb.nf4]"), "quantize: must be a string"),
+])
+def test_odd_values_are_one_line_exit_2(tmp_path, edit, needle):
+    text = (FIXTURES / "llama-3.1-8b-qlora.yaml").read_text()
+    assert edit[0] in text
+    out = preflight("--from", "litgpt:" + write(tmp_path, "q.yaml", text.replace(edit[0], edit[1])))
+    assert out.returncode == 2 and needle in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_init_args_must_be_a_mapping(tmp_path):
+    f = tmp_path / "l.yaml"
+    data = yaml.safe_load((FIXTURES / "llama-3.1-8b-lora.yaml").read_text())
+    data["optimizer"] = {"class_path": "torch.optim.AdamW", "init_args": [1, 2]}
+    f.write_text(yaml.safe_dump(data))
+    out = preflight("--from", f"litgpt:{f}")
+    assert out.returncode == 2 and "optimizer.init_args: must be a mapping" in out.stderr, out.stderr
+
+
+def test_bitsandbytes_classes_map_as_torchtunes_do(tmp_path):
+    # One class-path table for both importers: litgpt's Adam8bit was priced as fp32 AdamW.
+    data = yaml.safe_load((FIXTURES / "llama-3.1-8b-lora.yaml").read_text())
+    data["optimizer"] = {"class_path": "bitsandbytes.optim.Adam8bit", "init_args": {"lr": 2e-4}}
+    f = tmp_path / "l.yaml"
+    f.write_text(yaml.safe_dump(data))
+    assert build_job(None, [f"litgpt:{f}"]).job.train.optimizer == "adamw8bit"
+
+
+def test_pretrain_is_fused_whatever_init_args_say(tmp_path):
+    # pretrain.py passes fused=(device is cuda) to instantiate_torch_optimizer, which updates init_args with it.
+    data = yaml.safe_load((FIXTURES / "pretrain-tinyllama.yaml").read_text())
+    data["optimizer"] = {"class_path": "torch.optim.AdamW", "init_args": {"lr": 4e-4, "fused": False}}
+    f = tmp_path / "p.yaml"
+    f.write_text(yaml.safe_dump(data))
+    assert build_job(None, [f"litgpt:{f}"], model_preset=None).job.train.optimizer_impl == "fused"
+
+
+def test_model_config_keys_are_accounted_for(tmp_path):
+    data = yaml.safe_load((FIXTURES / "pretrain-tinystories.yaml").read_text())
+    assert isinstance(data.get("model_config"), dict)
+    data["model_config"].update(bias=True, parallel_residual=True, rotary_percentage=1.0)
+    f = tmp_path / "p.yaml"
+    f.write_text(yaml.safe_dump(data))
+    imp = build_job(None, [f"litgpt:{f}"]).files[0]
+    said = "\n".join(imp.mapped + imp.ignored + imp.warnings)
+    assert "model_config.bias = True" in said and "model_config.parallel_residual = True" in said
+    assert "model_config.rotary_percentage" in said

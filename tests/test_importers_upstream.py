@@ -165,3 +165,62 @@ def test_training_arguments_fsdp_true_reads_fsdp_config(tmp_path):
     f.write_text("output_dir: o\nfsdp: full_shard\nfsdp_config:\n  version: 3\n")
     with pytest.raises(ConfigError, match="must be 1 or 2"):
         build_job(None, [str(f)], model_preset="tiny")
+
+
+def _yaml(path: Path) -> dict:
+    import yaml
+
+    return yaml.safe_load(path.read_text())
+
+
+def _dump(path: Path, data: dict) -> str:
+    import yaml
+
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def test_axolotl_hsdp_sizes_are_warned():
+    # axolotl utils/trainer.py setup_parallelism_envs: dp_shard_size / dp_replicate_size become HSDP's
+    # PARALLELISM_CONFIG_DP_* sizes; podkit prices FSDP over every GPU, so it says so.
+    imp = build_job(None, [str(AXOLOTL / "examples" / "llama-3_1-8b-hsdp-tp.yaml")]).files[0]
+    assert any(w.startswith("dp_shard_size = 4:") for w in imp.warnings), imp.warnings
+    assert any(w.startswith("dp_replicate_size = 2:") for w in imp.warnings), imp.warnings
+
+
+@pytest.mark.parametrize("kind", ["axolotl", "trainer"])
+def test_an_inline_deepspeed_config_is_read(tmp_path, kind):
+    # axolotl utils/schemas/config.py `deepspeed: str | dict[str, Any]`; TrainingArguments.deepspeed takes a dict
+    # too (training_args.py: "an already loaded json file as a dict"). The inline ZeRO-3 shards the job.
+    if kind == "axolotl":
+        data = _yaml(AXOLOTL / "examples" / "qwen3-32b-qlora.yaml")
+        data.pop("deepspeed", None)
+        data.pop("fsdp", None), data.pop("fsdp_config", None), data.pop("fsdp_version", None)
+        data.update(adapter="lora", load_in_4bit=False)
+    else:
+        data = {"output_dir": "o", "per_device_train_batch_size": 2, "bf16": True}
+    data["deepspeed"] = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": "auto"}
+    f = _dump(tmp_path / ("cfg.yaml" if kind == "axolotl" else "args.yaml"), data)
+    imp = build_job(None, [f], model_preset=None if kind == "axolotl" else "llama-3.2-1b")
+    assert (imp.job.train.stack, imp.job.cluster.sharding) == ("deepspeed", "zero3")
+    assert [f.path.name for f in imp.files][-1].endswith("#deepspeed")
+
+
+def test_training_arguments_fsdp_config_as_a_json_path(tmp_path):
+    # transformers training_args.py _process_fsdp_args: a str fsdp_config is json.load(open(...)).
+    (tmp_path / "fsdp.json").write_text(json.dumps({"version": 1, "reshard_after_forward": "shard_grad_op"}))
+    args = tmp_path / "args.json"
+    args.write_text(json.dumps({"output_dir": "o", "fsdp": "full_shard", "fsdp_config": "fsdp.json"}))
+    job = build_job(None, [str(args)], model_preset="llama-3.2-1b").job
+    assert (job.cluster.sharding, job.cluster.fsdp_version) == ("zero2", 1)
+    args.write_text(json.dumps({"output_dir": "o", "fsdp": "full_shard", "fsdp_config": "missing.json"}))
+    out = preflight("--from", str(args), "--model", "llama-3.2-1b")
+    assert out.returncode == 2 and "fsdp_config: missing.json found neither" in out.stderr, out.stderr
+
+
+def test_axolotl_fsdp_config_that_is_not_a_mapping_is_one_line(tmp_path):
+    data = _yaml(AXOLOTL / "examples" / "llama-3_1-8b-hsdp-tp.yaml")
+    data["fsdp_config"] = "fsdp.json"
+    out = preflight("--from", _dump(tmp_path / "cfg.yaml", data))
+    assert out.returncode == 2 and "fsdp_config: must be a mapping" in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1

@@ -71,6 +71,9 @@ def test_precision_the_stack_cannot_run(job):
     assert mixed.status == "warn" and "torchtune cannot train in bf16-mixed" in mixed.message
     assert mixed.fix == "set precision = 'bf16'"
     assert rules.precision_gpu(job(train="stack = 'torchtune'\nprecision = 'fp16-mixed'")).fix == "set precision = 'bf16'"
+    # ... but never one the GPU cannot run: a T4 has no bf16, so torchtune's fp32.
+    t4_mixed = rules.precision_gpu(job(train="stack = 'torchtune'\nprecision = 'fp16-mixed'", cluster="gpu = 'T4'"))
+    assert t4_mixed.fix == "set precision = 'fp32'"
     assert rules.precision_gpu(job(train="stack = 'torchtune'\nprecision = 'fp32'")).status == "pass"
     # Its own pure bf16 is not told to use a mixed precision it does not have; nor, on a T4, fp16.
     pure = rules.precision_gpu(job(train="stack = 'torchtune'\nprecision = 'bf16'"))

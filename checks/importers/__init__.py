@@ -117,7 +117,9 @@ def import_file(spec: str) -> list[Imported]:
     out = [imp]
     for linked, inline in imp.linked:
         if inline is not None:
-            out.append(deepspeed.read(linked, inline))
+            # The DeepSpeed config inline (TrainingArguments.deepspeed or axolotl's deepspeed as a dict): named
+            # after its file, apart from it, so build_job's de-duplication of files read twice keeps it.
+            out.append(deepspeed.read(linked.with_name(f"{linked.name}#deepspeed"), inline))
         elif linked.exists():
             out.append(deepspeed.read(linked, read_data(linked)))
         else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from podkit.checks.errors import ConfigError
 from podkit.checks.importers import hf
 from podkit.checks.importers.imported import (Imported, integer, linked_path, map_optimizer, model_ref,
                                               precision_from_flags, real, truthy)
@@ -85,7 +86,11 @@ def read(path: Path, data: dict) -> Imported:
                             "lora + 8-bit; predicted unquantized")
     ds = data.get("deepspeed")
     handled.add("deepspeed")
-    if ds:
+    if isinstance(ds, dict) and ds:
+        # utils/schemas/config.py: deepspeed: str | dict[str, Any]; a dict is the DeepSpeed config inline.
+        imp.set("deepspeed", "(inline)", "train", "stack", "deepspeed")
+        imp.linked.append((path, ds))
+    elif ds:
         imp.set("deepspeed", ds, "train", "stack", "deepspeed")
         linked = linked_path(path, str(ds))
         if linked.exists():
@@ -101,7 +106,11 @@ def read(path: Path, data: dict) -> Imported:
         # them (core/builders/base.py passes both on); the version is fsdp_version, else fsdp_config's
         # fsdp_version / version, else 1, which axolotl pins (utils/schemas/validation.py
         # check_fsdp_version_in_fsdp_config).
-        cfg = dict(data.get("fsdp_config") or {})
+        cfg = data.get("fsdp_config") or {}
+        if not isinstance(cfg, dict):
+            raise ConfigError(f"{path.name}: fsdp_config", f"must be a mapping (axolotl's FSDPConfig), got {cfg!r}",
+                              "write its keys under fsdp_config:, e.g. fsdp_version: 2")
+        cfg = dict(cfg)
         if data.get("fsdp_version") is not None:
             cfg["version"] = data["fsdp_version"]
         hf._fsdp(imp, data.get("fsdp") or True, cfg, (1, ""))
@@ -125,6 +134,9 @@ UNMODELLED = {
     "context_parallel_size": "context parallelism is not modelled: each GPU priced with the whole sequence "
                              "(an over-estimate)",
     "expert_parallel_size": "expert parallelism is not modelled: every expert priced on each GPU (an over-estimate)",
+    # utils/trainer.py setup_parallelism_envs: PARALLELISM_CONFIG_DP_SHARD_SIZE / _DP_REPLICATE_SIZE (HSDP).
+    "dp_shard_size": "the FSDP shard group's size is not modelled: predicted as sharded over every GPU",
+    "dp_replicate_size": "HSDP replicas are not modelled: predicted as sharded over every GPU (an under-estimate)",
     "tiled_mlp": "tiled MLP is not modelled: the MLP's activations are priced whole (an over-estimate)",
     "layer_offloading": "layer offloading to CPU is not modelled: the weights are priced on the GPU",
     "lora_mlp_kernel": "axolotl's fused LoRA kernels are not modelled: priced as peft's modules",

@@ -10,6 +10,7 @@ which HfArgumentParser scripts read from the same file), peft src/peft/tuners/lo
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,28 @@ def _checkpointing(imp: Imported, data: dict, key: str = "gradient_checkpointing
                                 "default (reentrant before transformers 5.0, train.transformers); the two differ only "
                                 "for bitsandbytes < 0.43.2 (train.bitsandbytes)")
         imp.mapped.append(f"gradient_checkpointing_kwargs = {kwargs!r} (read: use_reentrant = {reentrant})")
+
+
+def _fsdp_config(imp: Imported, path: Path, value: Any) -> dict:
+    """TrainingArguments.fsdp_config: a mapping, or the path of a JSON file holding one (training_args.py
+    _process_fsdp_args: `elif isinstance(self.fsdp_config, str): ... json.load(f)`), looked for as the Trainer
+    opens it: from the working directory, or beside this file (linked_path)."""
+    if value is None or isinstance(value, dict):
+        return value or {}
+    if not isinstance(value, str):
+        raise ConfigError(f"{path.name}: fsdp_config", f"must be a mapping or the path of a JSON file, got {value!r}")
+    linked = linked_path(path, value)
+    try:
+        loaded = json.loads(linked.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path.name}: fsdp_config", f"{value} found neither beside {path.name} nor in the working "
+                          "directory", "give its path from the working directory, or write its keys inline") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path.name}: fsdp_config", f"cannot read {linked} as JSON: {exc}") from None
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{path.name}: fsdp_config", f"{linked} holds no JSON object")
+    imp.mapped.append(f"fsdp_config = {value!r}: read {linked}")
+    return loaded
 
 
 def _fsdp(imp: Imported, value: Any, fsdp_config: Any, version_default: tuple[int, str] | None = None) -> None:
@@ -204,7 +227,7 @@ def read_trainer(path: Path, data: dict) -> Imported:
     if data.get("fsdp"):
         # transformers >= 5.10 runs FSDP2 where fsdp_config names no version (training_args.py
         # _process_fsdp_args: fsdp_config.get("version", 2)); FSDP1 before, accelerate's default.
-        _fsdp(imp, data["fsdp"], data.get("fsdp_config"),
+        _fsdp(imp, data["fsdp"], _fsdp_config(imp, path, data.get("fsdp_config")),
               (2, "fsdp_config.version not set: FSDP2, transformers' default from 5.10 (FSDP1 before: set "
                   "cluster.fsdp_version = 1 for an older release)"))
     handled |= {"fsdp", "fsdp_config"}

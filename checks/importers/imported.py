@@ -97,6 +97,19 @@ def real(path: Path, key: str, value: Any) -> float:
     return out
 
 
+# Optimizer classes by import path -> podkit train.optimizer, for configs that name the class (torchtune's
+# optimizer._component_, litgpt's optimizer class_path). bitsandbytes optim/adamw.py, adam.py, lion.py: the 8bit
+# classes keep blockwise 8-bit states, the Paged* ones page them, PagedAdamW / PagedAdamW32bit keep fp32
+# states; torch.optim.Adam keeps AdamW's two states.
+OPTIMIZER_CLASSES = {
+    "torch.optim.AdamW": "adamw", "torch.optim.Adam": "adamw", "torch.optim.SGD": "sgd",
+    "bitsandbytes.optim.AdamW8bit": "adamw8bit", "bitsandbytes.optim.Adam8bit": "adamw8bit",
+    "bitsandbytes.optim.PagedAdamW8bit": "paged_adamw8bit", "bitsandbytes.optim.PagedAdam8bit": "paged_adamw8bit",
+    "bitsandbytes.optim.PagedAdamW": "paged_adamw", "bitsandbytes.optim.PagedAdamW32bit": "paged_adamw",
+    "bitsandbytes.optim.PagedAdam": "paged_adamw", "bitsandbytes.optim.PagedAdam32bit": "paged_adamw",
+    "bitsandbytes.optim.Lion": "lion", "bitsandbytes.optim.Lion32bit": "lion", "bitsandbytes.optim.Lion8bit": "lion8bit",
+}
+
 # transformers training_args.py OptimizerNames (v4.57) -> (podkit train.optimizer, train.optimizer_impl or "").
 # "adamw_torch" is torch.optim.AdamW with torch's default kernel (foreach on CUDA), "adamw_torch_fused"
 # passes fused=True (trainer.py get_optimizer_cls_and_kwargs); the bnb names build bitsandbytes' AdamW

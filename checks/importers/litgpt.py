@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from podkit.checks.errors import ConfigError
-from podkit.checks.importers.imported import Imported, integer, model_ref, real, truthy
+from podkit.checks.importers.imported import OPTIMIZER_CLASSES, Imported, integer, model_ref, real, truthy
 
 LORA_FLAGS = ("lora_query", "lora_key", "lora_value", "lora_projection", "lora_mlp", "lora_head")
 # Which podkit (Llama) module names each flag adapts: lora.py Config.lora_* -> CausalSelfAttention's fused
@@ -42,18 +42,15 @@ PRECISIONS = {"bf16-true": "bf16", "16-true": "bf16", "bf16-mixed": "bf16-mixed"
 QUANTIZE = {"bnb.nf4": ("nf4", False), "bnb.nf4-dq": ("nf4", True), "bnb.fp4": ("nf4", False),
             "bnb.fp4-dq": ("nf4", True)}
 # Optimizer classes litgpt instantiates by class_path (utils.py instantiate_torch_optimizer; a bare name
-# is looked up in torch.optim) -> podkit train.optimizer.
-OPTIMIZERS = {"torch.optim.AdamW": "adamw", "torch.optim.Adam": "adamw", "torch.optim.SGD": "sgd",
-              "bitsandbytes.optim.AdamW8bit": "adamw8bit", "bitsandbytes.optim.PagedAdamW8bit": "paged_adamw8bit",
-              "bitsandbytes.optim.PagedAdamW": "paged_adamw", "bitsandbytes.optim.PagedAdamW32bit": "paged_adamw",
-              "bitsandbytes.optim.Lion": "lion", "bitsandbytes.optim.Lion8bit": "lion8bit"}
+# is looked up in torch.optim).
+OPTIMIZERS = OPTIMIZER_CLASSES
 # litgpt checkpoint / config names whose Hub id is not a podkit preset's repo, -> (preset of that shape,
 # display name). litgpt/config.py: "Meta-Llama-3.1-8B" etc. (hf_config org meta-llama), "tiny-llama-1.1b"
 # (TinyLlama-1.1B: hidden 2048, 22 layers, 32 heads, 4 kv, ffn 5632, vocab 32000), "micro-llama-300M".
 NAMES: dict[str, tuple[str, str]] = {
-    "meta-llama/meta-llama-3.1-8b": ("llama-3.1-8b", ""), "meta-llama-3.1-8b": ("llama-3.1-8b", ""),
-    "meta-llama/meta-llama-3.1-70b": ("llama-3.1-70b", ""), "meta-llama-3.1-70b": ("llama-3.1-70b", ""),
-    "meta-llama/meta-llama-3.1-405b": ("llama-3.1-405b", ""), "meta-llama-3.1-405b": ("llama-3.1-405b", ""),
+    # (The Hub ids meta-llama/Meta-Llama-3.1-* resolve through presets.HUB_ALIASES; litgpt's bare names here.)
+    "meta-llama-3.1-8b": ("llama-3.1-8b", ""), "meta-llama-3.1-70b": ("llama-3.1-70b", ""),
+    "meta-llama-3.1-405b": ("llama-3.1-405b", ""),
     "meta-llama/meta-llama-3-8b": ("llama-3.1-8b", "Meta-Llama-3-8B"), "meta-llama-3-8b": ("llama-3.1-8b", "Meta-Llama-3-8B"),
     "llama-3.2-1b": ("llama-3.2-1b", ""), "llama-3.2-3b": ("llama-3.2-3b", ""),
     "llama-3.1-8b": ("llama-3.1-8b", ""), "llama-2-7b-hf": ("llama-2-7b", ""), "llama-2-13b-hf": ("llama-2-13b", ""),
@@ -66,6 +63,13 @@ EXPLICIT = {
     "tiny-llama-1.1b": dict(name="TinyLlama-1.1B", hidden=2048, layers=22, heads=32, kv_heads=4, ffn=5632, vocab=32000),
     "micro-llama-300m": dict(name="micro-llama-300M", hidden=1024, layers=12, heads=16, kv_heads=4, ffn=5632,
                              vocab=32000),
+}
+# litgpt Config fields that change memory but have no podkit key (litgpt/config.py; model.py Block, CausalSelfAttention).
+CONFIG_UNMODELLED = {
+    "bias": "biases on every linear are not modelled (a little low)",
+    "parallel_residual": "attention and MLP run side by side on one norm's output (model.py Block); priced as "
+                         "sequential blocks",
+    "shared_attention_norm": "one norm for attention and MLP; priced as two",
 }
 # setup() keys that do not change memory, and why.
 NOT_MODELLED = {
@@ -264,12 +268,24 @@ def _dims_from_config(imp: Imported, path: Path, config: dict, train: dict) -> d
         dims["head_dim"] = n["head_size"]
     if truthy(config.get("attn_bias", False)):
         dims["qkv_bias"] = True
+    read = {"name", "mlp_class_name", "norm_class_name", "n_expert", "attn_bias", *n}
+    for key, why in CONFIG_UNMODELLED.items():
+        if truthy(config.get(key, False)):
+            imp.warnings.append(f"model_config.{key} = {config[key]!r}: {why}")
+            read.add(key)
+    for key in config:
+        if key not in read:
+            imp.ignore(f"model_config.{key}", "not modelled")
     return dims
 
 
 def _precision(imp: Imported, path: Path, data: dict, kind: str) -> str:
     value = data.get("precision")
     quantize = data.get("quantize")
+    for key, given in (("precision", value), ("quantize", quantize)):
+        if given is not None and not isinstance(given, str):
+            raise ConfigError(f"{path.name}: {key}", f"must be a string, got {given!r}",
+                              "e.g. precision: bf16-true, quantize: bnb.nf4")
     if value is None:
         # utils.py get_default_supported_precision(training=True): bf16-mixed where the GPU has bf16,
         # 16-mixed where it does not (T4, V100).
@@ -377,6 +393,9 @@ def _batch(imp: Imported, path: Path, train: dict, given: dict, kind: str, world
            devices_given: bool) -> None:
     micro = integer(path, "train.micro_batch_size", train["micro_batch_size"])
     glob = integer(path, "train.global_batch_size", train["global_batch_size"])
+    for key, value in (("micro_batch_size", micro), ("global_batch_size", glob)):
+        if value < 1:
+            raise ConfigError(f"{path.name}: train.{key}", f"must be at least 1, got {value}")
     _put(imp, "micro_batch_size" in given, "train.micro_batch_size", micro, "train", "micro_batch", micro)
     batch_given = devices_given or any(k in given for k in ("micro_batch_size", "global_batch_size"))
     if world is not None:
@@ -455,6 +474,9 @@ def _optimizer(imp: Imported, path: Path, data: dict, kind: str) -> None:
         class_path, init = (value if "." in value else f"torch.optim.{value}"), {}
     elif isinstance(value, dict) and value.get("class_path"):
         class_path, init = str(value["class_path"]), value.get("init_args") or {}
+        if not isinstance(init, dict):
+            raise ConfigError(f"{path.name}: optimizer.init_args", f"must be a mapping of keyword arguments, got "
+                              f"{init!r}", "e.g. init_args: {lr: 0.0002, weight_decay: 0.0}")
     else:
         raise ConfigError(f"{path.name}: optimizer", f"must be a class name or a class_path/init_args mapping, "
                           f"got {value!r}")
@@ -470,9 +492,10 @@ def _optimizer(imp: Imported, path: Path, data: dict, kind: str) -> None:
         if class_path == "torch.optim.SGD" and not init.get("momentum"):
             imp.warnings.append("SGD without momentum keeps no state; podkit prices SGD with momentum (an over-estimate)")
         if OPTIMIZERS[class_path] in ("adamw", "sgd"):
-            # pretrain.py passes fused=(device is cuda); the finetune scripts pass nothing: torch picks foreach on
-            # CUDA (torch/optim/optimizer.py _default_to_fused_or_foreach).
-            impl = ("fused" if truthy(init.get("fused", kind == "pretrain"))
+            # pretrain.py passes fused=(device is cuda) to utils.py instantiate_torch_optimizer, which updates
+            # init_args with it (a file's fused: false is overridden); the finetune scripts pass nothing: torch
+            # picks foreach on CUDA (torch/optim/optimizer.py _default_to_fused_or_foreach).
+            impl = ("fused" if kind == "pretrain" or truthy(init.get("fused", False))
                     else "for-loop" if init.get("foreach") is False else "foreach")
             _put(imp, given, "optimizer" + (" (pretrain.py: fused=True on CUDA)" if kind == "pretrain" else ""),
                  class_path, "train", "optimizer_impl", impl)

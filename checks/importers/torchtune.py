@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from podkit.checks.errors import ConfigError
-from podkit.checks.importers.imported import Imported, integer, real, truthy
+from podkit.checks.importers.imported import OPTIMIZER_CLASSES, Imported, integer, real, truthy
 
 # torchtune model builders (torchtune/models/<family>/_model_builders.py) -> podkit presets of the same
 # shape (vocab, layers, heads, kv heads, hidden, intermediate, head_dim, tied head: checked against
@@ -54,17 +54,7 @@ MLP_TARGETS = ["gate_proj", "up_proj", "down_proj"]
 # lora_attn_modules has none.
 LORA_DEFAULTS = {"lora_rank": 8, "apply_lora_to_mlp": False, "apply_lora_to_output": False}
 
-# Optimizers by class name -> podkit train.optimizer. bitsandbytes optim/adamw.py, adam.py, lion.py:
-# the 8bit classes keep blockwise 8-bit states, the Paged* ones page them, PagedAdamW / PagedAdamW32bit
-# keep fp32 states. torch.optim.Adam keeps AdamW's two states.
-OPTIMIZERS = {
-    "torch.optim.AdamW": "adamw", "torch.optim.Adam": "adamw", "torch.optim.SGD": "sgd",
-    "bitsandbytes.optim.AdamW8bit": "adamw8bit", "bitsandbytes.optim.Adam8bit": "adamw8bit",
-    "bitsandbytes.optim.PagedAdamW8bit": "paged_adamw8bit", "bitsandbytes.optim.PagedAdam8bit": "paged_adamw8bit",
-    "bitsandbytes.optim.PagedAdamW": "paged_adamw", "bitsandbytes.optim.PagedAdamW32bit": "paged_adamw",
-    "bitsandbytes.optim.PagedAdam": "paged_adamw", "bitsandbytes.optim.PagedAdam32bit": "paged_adamw",
-    "bitsandbytes.optim.Lion": "lion", "bitsandbytes.optim.Lion32bit": "lion", "bitsandbytes.optim.Lion8bit": "lion8bit",
-}
+OPTIMIZERS = OPTIMIZER_CLASSES
 # torchao's low-bit AdamW (torchao/optim/adam.py v0.10.0, formerly torchao.prototype.low_bit_optim, the
 # path torchtune's docs/source/tutorials/memory_optimizations.rst names): AdamW8bit and AdamWFp8 keep
 # each state as one byte per value plus a scale per block of 256, for tensors of >= 4096 values: the
@@ -84,7 +74,9 @@ NOT_MEMORY = {
     "tokenizer": "the tokenizer: only its max_seq_len sizes memory",
 }
 DISTRIBUTED_KEYS = ("fsdp_cpu_offload", "fsdp_reshard_after_forward", "custom_sharded_layers", "tensor_parallel_dim",
-                    "tensor_parallel_plan", "ac_mode", "ac_option")
+                    "tensor_parallel_plan", "ac_mode", "ac_option", "data_parallel_shard_dim",
+                    "data_parallel_replicate_dim", "context_parallel_dim", "context_parallel_rotate_method",
+                    "enable_fp8_training", "fp8_recipe_name")
 
 
 def _component(section: Any) -> str:
@@ -111,9 +103,30 @@ def _resolved(data: dict, value: Any) -> Any:
     return value
 
 
+def _resolve_all(data: dict, node: Any) -> Any:
+    """Every whole-value interpolation in the config, at any depth (OmegaConf resolves them all when the recipe
+    reads a key), to a fixed point so that `${a}` naming `${b}` resolves too."""
+    for _ in range(8):
+        if isinstance(node, dict):
+            new = {k: _resolve_all(data, v) for k, v in node.items()}
+        elif isinstance(node, list):
+            new = [_resolve_all(data, v) for v in node]
+        else:
+            new = _resolved(data, node)
+        if new == node:
+            return node
+        node = new
+    return node
+
+
 def read(path: Path, data: dict) -> Imported:
     imp = Imported(path, "torchtune")
     imp.set("(torchtune recipe config)", path.name, "train", "stack", "torchtune")
+    data = _resolve_all(data, data)
+    for key in ("batch_size", "gradient_accumulation_steps", "optimizer", "loss"):
+        if key in data and data[key] is None:
+            raise ConfigError(f"{path.name}: {key}", f"is null, and torchtune's recipes need it (cfg.{key})",
+                              "give it a value, or remove the key to keep the recipe's")
 
     def get(key: str) -> Any:
         return _resolved(data, data.get(key))
@@ -390,6 +403,14 @@ def _activations(imp: Imported, data: dict) -> None:
         imp.set("enable_activation_checkpointing", ac, "train", "checkpointing", "full" if truthy(ac) else "none")
     else:
         imp.default("enable_activation_checkpointing", False, "train", "checkpointing", "none")  # cfg.get(..., False)
+    if mode is not None and truthy(ac):
+        # full_finetune_distributed.py _setup_model: `if (not enable_activation_checkpointing) and (ac_mode is
+        # not None)` applies selective AC, `if enable_activation_checkpointing and ac_mode is None` the per-layer
+        # one: with both set, neither runs.
+        imp.set("enable_activation_checkpointing + ac_mode", f"{ac} + {mode}", "train", "checkpointing", "none")
+        imp.warnings.append("enable_activation_checkpointing and ac_mode are both set: torchtune's distributed recipes "
+                            "then checkpoint nothing (each branch wants the other unset); predicted without "
+                            "checkpointing. Drop one of them")
     if mode is not None and not truthy(ac):
         # full_finetune_distributed.py: ac_mode/ac_option apply only without enable_activation_checkpointing
         # (training/activations.py apply_selective_activation_checkpointing: "full" wraps every layer, as
@@ -434,5 +455,25 @@ def _cluster(imp: Imported, data: dict) -> None:
     if data.get("custom_sharded_layers"):
         imp.warnings.append(f"custom_sharded_layers {data['custom_sharded_layers']}: their own FSDP units are not "
                             "modelled (the embedding and head gathered with the root: a little high)")
+    # main's distributed recipes: ParallelDims(dp_replicate=data_parallel_replicate_dim (1),
+    # dp_shard=data_parallel_shard_dim (-1: inferred from the world), cp=context_parallel_dim (1), tp=...).
+    replicate, cp = data.get("data_parallel_replicate_dim", 1), data.get("context_parallel_dim", 1)
+    if replicate not in (None, 1):
+        imp.warnings.append(f"data_parallel_replicate_dim = {replicate}: HSDP shards over data_parallel_shard_dim "
+                            "GPUs only, not modelled; predicted as sharded over every GPU (low): set "
+                            "cluster.gpus_per_node to the shard group's size")
+    if cp not in (None, 1):
+        imp.warnings.append(f"context_parallel_dim = {cp}: context parallelism splits each sequence, not modelled; "
+                            "predicted with whole sequences on every GPU (high)")
+    if truthy(data.get("enable_fp8_training") or False):
+        imp.warnings.append("enable_fp8_training: float8 linears (torchao) are not modelled; predicted in the job's "
+                            "precision")
+    degrees = [data.get(k, d) for k, d in (("data_parallel_shard_dim", -1), ("data_parallel_replicate_dim", 1),
+                                           ("tensor_parallel_dim", 1), ("context_parallel_dim", 1))]
+    if all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in degrees):
+        world = degrees[0] * degrees[1] * degrees[2] * degrees[3]
+        imp.set("data_parallel_shard_dim x replicate x tensor x context", "x".join(map(str, degrees)), "cluster",
+                "gpus_per_node", world)
+        return
     imp.unresolved["cluster.gpus_per_node"] = ("a distributed recipe shards over the processes `tune run "
                                                "--nproc_per_node N` starts, which the file does not say")
