@@ -2,7 +2,8 @@
 
 Levers, from least to most intrusive: micro-batch (grad_accum raised to keep the effective
 batch), Liger's kernels for a Hugging Face Trainer job (TrainingArguments use_liger_kernel: its fused
-loss and block kernels, the same model and maths), activation checkpointing, an 8-bit optimizer, a higher sharding stage, CPU offload,
+loss and block kernels, the same model and maths), activation checkpointing, an 8-bit optimizer (bitsandbytes', or
+torchao's where FSDP2 shards the states), a higher sharding stage, CPU offload,
 LoRA / QLoRA (changes what is trained), and the sequence length (changes the data) last.
 
 Speed costs are rough step-time multipliers from published measurements, for ranking, not
@@ -171,16 +172,27 @@ def advise(job: JobConfig, limit: int = 4) -> list[Suggestion]:
 def valid_options(job: JobConfig, allow_seq: bool, seen: set):
     """Each option to explore (its micro-batches: _Batches), from the job as given and from its nearest valid
     neighbours, once across the calls that share `seen`; those the stack cannot run are left out."""
-    for train, cluster in (o for start in [job] + neighbours(job) for o in _options(start, allow_seq)):
+    def unseen(train, cluster) -> bool:
         key = (tuple(sorted(train.items())), tuple(sorted(cluster.items())))
         if key in seen:
-            continue
+            return False
         seen.add(key)
+        return True
+
+    for train, cluster in (o for start in [job] + neighbours(job) for o in _options(start, allow_seq)):
+        if not unseen(train, cluster):
+            continue
         try:
-            if job.replace(train=train, cluster=cluster).facts.bnb_unsupported:
-                continue
+            facts = job.replace(train=train, cluster=cluster).facts
         except ConfigError:
             continue  # LoRA where the model has none of the stack's default targets, as peft refuses it
+        if facts.bnb_unsupported and train["optimizer"] == "adamw8bit" and facts.fsdp_version == 2:
+            # The same 8-bit states from torchao, whose DTensor states shard with FSDP2 (rules._torchao_sharding).
+            train = train | {"optimizer": "torchao_adamw8bit"}
+            if not unseen(train, cluster):
+                continue
+        elif facts.bnb_unsupported:
+            continue
         yield _Batches(job, train, cluster)
 
 

@@ -22,7 +22,8 @@ from podkit.checks import gpus, models, stacks
 from podkit.checks.errors import ConfigError, closest
 
 PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "bf16")
-OPTIMIZERS = ("adamw", "adamw8bit", "paged_adamw8bit", "paged_adamw", "lion", "lion8bit", "sgd", "adafactor")
+OPTIMIZERS = ("adamw", "adamw8bit", "paged_adamw8bit", "paged_adamw", "lion", "lion8bit", "sgd", "adafactor",
+              *stacks.TORCHAO_OPTIMIZERS)
 CHECKPOINTING = ("none", "selective", "full")
 ATTENTION = ("sdpa", "flash-attn", "eager")
 BASE_QUANT = ("none", "int8", "nf4")
@@ -157,7 +158,9 @@ class TrainConfig:
     """fp32 | fp16-mixed (autocast + loss scaling) | bf16-mixed (autocast, fp32 master weights) | bf16 (pure)."""
     optimizer: str = "adamw"
     """adamw | adamw8bit | paged_adamw8bit | paged_adamw (bitsandbytes 32-bit, paged) | lion | lion8bit
-    (bitsandbytes' Lion, 32-bit or 8-bit blockwise state) | sgd (with momentum) | adafactor."""
+    (bitsandbytes' Lion, 32-bit or 8-bit blockwise state) | sgd (with momentum) | adafactor |
+    torchao_adamw8bit | torchao_adamw4bit | torchao_adamw_fp8 (torchao.optim AdamW8bit, AdamW4bit, AdamWFp8:
+    blockwise low-bit states, shardable by FSDP2; FP8 needs sm89+)."""
     micro_batch: int = 1
     """Sequences per GPU per forward/backward."""
     grad_accum: int = 1
@@ -216,6 +219,9 @@ class TrainConfig:
     stay fp32 and the residual stream turns fp32 after the first block (stacks.JobFacts.kbit_prepared)."""
     optimizer_impl: str = "stack"
     """torch optimizer kernel: "stack" | fused | foreach | for-loop (foreach keeps full-size temporaries)."""
+    optimizer_block: int = 0
+    """torchao low-bit AdamW only: values per fp32 scale of its quantized states (the block_size argument);
+    0: the class's default (256 for 8-bit and FP8, 128 for 4-bit; HF Trainer's adamw_torch_4bit passes 256)."""
     base_quant: str = "none"
     """Frozen base weights quantized by bitsandbytes (QLoRA): none | int8 | nf4. Needs lora_rank > 0."""
     double_quant: bool = True
@@ -287,6 +293,12 @@ class TrainConfig:
                 if getattr(self, key) != default:
                     raise ConfigError(f"train.{key}", "applies to LoRA adapters, and lora_rank is 0 (a full fine-tune)",
                                       f"set train.lora_rank, e.g. 16, or remove train.{key}")
+        if self.optimizer_block < 0:
+            raise ConfigError("train.optimizer_block", f"must not be negative, got {self.optimizer_block}",
+                              "e.g. 256, or 0 for the optimizer's default")
+        if self.optimizer_block and self.optimizer not in stacks.TORCHAO_OPTIMIZERS:
+            raise ConfigError("train.optimizer_block", f"sets torchao's block_size, and {self.optimizer} is not a "
+                              "torchao optimizer", "remove it, or use " + " | ".join(stacks.TORCHAO_OPTIMIZERS))
         if self.kbit_prepare == "on" and self.base_quant == "none":
             raise ConfigError("train.kbit_prepare", "prepare_model_for_kbit_training prepares a quantized base, "
                               "and this job has none", "set train.base_quant, or leave kbit_prepare at 'stack'")

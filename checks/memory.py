@@ -34,7 +34,7 @@ from podkit.checks.allocator import round_size, segment_size
 from podkit.checks.config import JobConfig
 from podkit.checks.gpus import GpuSpec
 from podkit.checks.models import ParamGroup
-from podkit.checks.stacks import targeted
+from podkit.checks.stacks import TORCHAO_OPTIMIZERS, targeted
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -269,9 +269,12 @@ def _param_bytes(job: JobConfig) -> int:
     return 2 if job.train.precision == "bf16" else 4
 
 
-def optimizer_bytes(job: JobConfig, groups: list[ParamGroup], state_bytes: int) -> int:
+def optimizer_bytes(job: JobConfig, groups: list[ParamGroup], state_bytes: int, shards: int = 1) -> int:
+    """The states of these parameters on one of `shards` ranks that share them out."""
     # _fsdp1_first_step makes these states tensor by tensor for the FSDP1 replay: keep the two in step.
     opt = job.train.optimizer
+    if opt in TORCHAO_OPTIMIZERS:
+        return _torchao_state_bytes(job, groups, state_bytes, shards)
     total = 0.0
     for g in groups:
         if opt == "adamw":
@@ -296,7 +299,22 @@ def optimizer_bytes(job: JobConfig, groups: list[ParamGroup], state_bytes: int) 
         else:  # adafactor (Shazeer & Stern 2018): factored second moment, no first moment
             per_tensor = 4 * (g.rows + g.cols) if g.cols > 1 else 4 * g.numel
         total += per_tensor * g.count
-    return int(total)
+    return int(total) // shards
+
+
+def _torchao_state_bytes(job: JobConfig, groups: list[ParamGroup], state_bytes: int, shards: int) -> int:
+    """torchao's two states per tensor (stacks.LowBitAdam). Under FSDP2 torchao quantizes each rank's local
+    shard, a dim-0 chunk of about numel / shards values (rank 0's, the largest, taken as ceil(numel / shards)):
+    so a tensor may stay in its own dtype once sharded (a 4096-value norm over 2 ranks). Elsewhere the
+    optimizer sees whole tensors (DDP, ZeRO-1's whole parameters per rank, FSDP1's use_orig_params views,
+    which on rank 0 are whole but for one piece: checks/fsdp1.py shard_pieces), shared out evenly."""
+    low_bit, block = TORCHAO_OPTIMIZERS[job.train.optimizer], job.facts.torchao_block
+    local = job.facts.fsdp_version == 2
+    total = 0
+    for g in groups:
+        numel = -(-g.numel // shards) if local else g.numel
+        total += 2 * sum(low_bit.state_tensors(numel, state_bytes, block)) * g.count
+    return total if local else total // shards
 
 
 def _step_transient(job: JobConfig, groups: list[ParamGroup], state_bytes: int, shards: int) -> tuple[int, str]:
@@ -310,6 +328,14 @@ def _step_transient(job: JobConfig, groups: list[ParamGroup], state_bytes: int, 
     foreach SGD with weight decay (_multi_tensor_sgd): grads = torch._foreach_add(grads, params,
       alpha=weight_decay), a copy of every decayed gradient;
     bitsandbytes Lion/Lion8bit (optimizer_update_32bit / _8bit_blockwise): in place, none;
+    torchao's low-bit AdamW (torchao/optim/adam.py): torch.compile(single_param_adam, fullgraph=True) per
+      tensor, its fp32 dequantized states and update fused into generated kernels; priced as none on CUDA,
+      as torchao's published peaks bear out (torchao/optim/README.md, Llama2-7B full bf16 on an A100 through
+      torchtune: ao 8-bit 39.1 GB beside bitsandbytes' in-place 8-bit 39.3 GB with the same state bytes;
+      ao 4-bit 33.2 GB, 6.1 GB under bitsandbytes where the states alone differ by 6.5 GB, so less than one
+      fp32 copy of the 131M-value embedding, 0.52 GB, is left for temporaries). The CPU backend's kernels
+      are not so fused: torch 2.13's C++ inductor code for torchao 0.18 keeps two fp32 copies of the
+      tensor (8-bit) and more (4-bit: also int64 code indices), not priced here;
     Adafactor: temporaries of the tensor being updated."""
     opt, impl = job.train.optimizer, job.facts.optimizer_impl
     # A layer's routed experts are one 3-D parameter in transformers 5.x: the largest tensor is the bank.
@@ -607,12 +633,12 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
 
     # ---- optimizer ----------------------------------------------------------------------------
     state_bytes = param_bytes  # torch optimizers keep states in the parameter's dtype
-    opt_total = optimizer_bytes(job, trainable, state_bytes) // optim_shards
+    opt_total = optimizer_bytes(job, trainable, state_bytes, optim_shards)
     # bitsandbytes pages (cudaMallocManaged, outside torch's allocator) only the states of tensors
     # of at least 1e5 values (bitsandbytes/optim/optimizer.py get_state_buffer: `if not
     # self.is_paged or p.numel() < 1e5: return torch.zeros_like(p)`).
     paged_groups = [g for g in trainable if f.paged_optimizer and g.numel >= PAGED_MIN_NUMEL]
-    paged_total = optimizer_bytes(job, paged_groups, state_bytes) // optim_shards if paged_groups else 0
+    paged_total = optimizer_bytes(job, paged_groups, state_bytes, optim_shards) if paged_groups else 0
     optimizer = Part(
         "optimizer",
         f"{t.optimizer} states" + (f", sharded over {optim_shards}" if optim_shards > 1 else ""),
@@ -1155,6 +1181,11 @@ def _fsdp1_first_step(job: JobConfig, units, e: int, world: int, state_bytes: in
     per_value = {"adamw": (state_bytes, state_bytes), "sgd": (state_bytes,), "adamw8bit": (1, 1), "lion": (4,),
                  "lion8bit": (1,)}.get(opt, ())
     states = tuple(n * b for n in pieces for b in per_value)
+    if opt in TORCHAO_OPTIMIZERS:
+        # use_orig_params hands torchao each piece as a plain tensor: quantized only if it passes its test.
+        low_bit = TORCHAO_OPTIMIZERS[opt]
+        states = tuple(b for n in pieces for _ in range(2)
+                       for b in low_bit.state_tensors(n, state_bytes, job.facts.torchao_block))
     if (opt == "adamw" and impl == "foreach") or (opt == "sgd" and job.train.weight_decay and impl != "fused"):
         temps = tuple(n * state_bytes for n in pieces)
     elif opt == "adamw" and impl == "for-loop":
@@ -1326,7 +1357,8 @@ def _allocation_sizes(job: JobConfig, phase: str, parts: list[Part], stored: dic
         elif p.term in ("params", "grads", "optimizer") and not p.transient and trainable:
             # One allocation per parameter tensor (and per state tensor, per gradient).
             share = p.bytes / max(1, sum(g.total for g in trainable))
-            copies = 2 if p.term == "optimizer" and job.train.optimizer.startswith("adamw") else 1
+            opt = job.train.optimizer
+            copies = 2 if p.term == "optimizer" and (opt.startswith("adamw") or opt in TORCHAO_OPTIMIZERS) else 1
             sizes += [(g.numel * share / copies, g.count * copies) for g in trainable]
         else:
             sizes.append((p.bytes, 1))

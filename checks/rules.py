@@ -200,6 +200,8 @@ def flash_attention(job: JobConfig) -> CheckResult:
 
 def bnb_sharding(job: JobConfig) -> CheckResult:
     t, c = job.train, job.cluster
+    if job.facts.torchao_block:
+        return _torchao_sharding(job)
     if not job.facts.bnb_optimizer:
         return CheckResult("optimizer.sharding", SKIP, f"{t.optimizer} is not a bitsandbytes optimizer")
     if job.facts.bnb_unsupported:
@@ -209,6 +211,26 @@ def bnb_sharding(job: JobConfig) -> CheckResult:
                            "cannot follow FSDP-sharded or CPU-offloaded parameters",
                            "use optimizer = 'adamw' with FSDP/offload, or sharding = 'zero1'")
     return CheckResult("optimizer.sharding", PASS, f"{t.optimizer} with sharding = {c.sharding}")
+
+
+def _torchao_sharding(job: JobConfig) -> CheckResult:
+    """torchao's low-bit states follow FSDP2's DTensor shards (torchao/optim/adam.py _new_buffer wraps the local
+    state in DTensor.from_local; test/test_low_bit_optim.py TestFSDP2 trains with fully_shard) and CPU offload
+    (_new_buffer moves the state back to p.device). DeepSpeed's ZeRO hands the optimizer flat partitions
+    instead, each quantized only when its size divides by the block. (torchao 0.18.0 skips that FSDP2 test on
+    torch >= 2.11 as "Failing in CI".)"""
+    t, c, f = job.train, job.cluster, job.facts
+    if t.optimizer == "torchao_adamw_fp8" and job.gpu.sm < 89:
+        # torchao/optim/README.md: "For FP8 optimizers on CUDA, PyTorch >= 2.4 and CUDA compute capability
+        # >= 8.9 are required" (float8_e4m3fn casts).
+        return CheckResult("optimizer.sharding", FAIL, f"torchao's FP8 AdamW needs sm89+ (Ada, Hopper), "
+                           f"{job.gpu.name} is sm{job.gpu.sm}", "use optimizer = 'torchao_adamw8bit'")
+    if c.sharding != "none" and f.stack.deepspeed_engine:
+        return CheckResult("optimizer.sharding", WARN, f"DeepSpeed ZeRO hands {t.optimizer} flat fp32 partitions: "
+                           f"torchao quantizes one only if its size divides by {f.torchao_block}, else keeps it fp32; "
+                           "priced per tensor", "prefer FSDP2 (accelerate fsdp_version: 2) for torchao's optimizers")
+    how = "FSDP2 DTensor shards" if f.fsdp_version == 2 else f"sharding = {c.sharding}"
+    return CheckResult("optimizer.sharding", PASS, f"{t.optimizer} (torchao) with {how}")
 
 
 def quantized_experts(job: JobConfig) -> CheckResult:
@@ -347,6 +369,8 @@ def required_packages(job: JobConfig) -> list[str]:
     need = ["torch", "nvidia-ml-py"]
     if job.facts.bnb_optimizer or t.base_quant != "none":
         need.append("bitsandbytes")
+    if job.facts.torchao_block:
+        need.append("torchao")
     if t.attention == "flash-attn":
         need.append("flash-attn")
     return need

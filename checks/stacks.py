@@ -71,6 +71,43 @@ def liger_norm_in_place(family: str) -> bool:
 BNB_OPTIMIZERS = {"adamw8bit": (2, 8), "paged_adamw8bit": (2, 8), "paged_adamw": (2, 32), "lion": (1, 32),
                   "lion8bit": (1, 8)}
 
+
+@dataclass(frozen=True)
+class LowBitAdam:
+    """One of torchao's low-bit AdamW classes, as its states are made (torchao/optim/adam.py _AdamBase._new_buffer,
+    v0.18.0; the same code as torchao.prototype.low_bit_optim before 0.11): exp_avg and exp_avg_sq of a
+    tensor of at least TORCHAO_MIN_QUANT values whose count divides by the block size are tensor subclasses
+    of codes, an fp32 scale per block and (8-bit, 4-bit) a per-state fp32 lookup table (subclass_8bit.py,
+    subclass_4bit.py, subclass_fp8.py OptimState*.zeros); any other tensor gets torch.zeros_like(p): states in
+    the parameter's own dtype. Under FSDP2 the test applies to each rank's local shard, and the state is a
+    DTensor over it (`p.to_local()`, then DTensor.from_local with the parameter's placements)."""
+
+    cls: str
+    """The torchao.optim class."""
+    code_bytes: float
+    """Bytes per state value: a uint8 code (8-bit), two 4-bit codes packed in a uint8, a float8_e4m3fn."""
+    block: int
+    """The class's default block_size: values per fp32 scale."""
+    qmap_values: int
+    """fp32 entries of the lookup table each quantized state keeps its own copy of (torch.tensor(qmap_list)
+    in OptimState*.zeros): 256 for 8-bit (create_dynamic_map), 16 for 4-bit, none for FP8 (a plain cast)."""
+
+    def state_tensors(self, numel: int, param_bytes: int, block: int = 0) -> tuple[int, ...]:
+        """Byte sizes of the tensors _new_buffer makes for one state of a tensor of `numel` values."""
+        block = block or self.block
+        if numel < TORCHAO_MIN_QUANT or numel % block:
+            return (numel * param_bytes,)
+        codes, scales = int(numel * self.code_bytes), numel // block * 4
+        return (codes, scales, self.qmap_values * 4) if self.qmap_values else (codes, scales)
+
+
+# "follow bitsandbytes, only quantize tensors >= 4096 values" (torchao/optim/adam.py _new_buffer).
+TORCHAO_MIN_QUANT = 4096
+# podkit's names for torchao.optim's low-bit AdamW (Adam8bit etc. differ only in how weight decay is applied).
+TORCHAO_OPTIMIZERS = {"torchao_adamw8bit": LowBitAdam("AdamW8bit", 1, 256, 256),
+                      "torchao_adamw4bit": LowBitAdam("AdamW4bit", 0.5, 128, 16),
+                      "torchao_adamw_fp8": LowBitAdam("AdamWFp8", 1, 256, 0)}
+
 LLAMA_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 GPT2_LINEARS = ("c_attn", "attn.c_proj", "c_fc", "mlp.c_proj")
 
@@ -329,6 +366,9 @@ class JobFacts:
     grad_scaler: bool
     bnb_optimizer: bool
     paged_optimizer: bool
+    torchao_block: int
+    """A torchao low-bit AdamW (TORCHAO_OPTIMIZERS): its quantization block (train.optimizer_block, else the
+    class's default); 0 for every other optimizer."""
     quantize_head: bool
     previous_outputs_kept: bool
     fsdp_version: int
@@ -749,6 +789,8 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
         autocast=autocast,
         grad_scaler=train.grad_scaler == "on" or (train.grad_scaler == "auto" and train.precision == "fp16-mixed"),
         bnb_optimizer=train.optimizer in BNB_OPTIMIZERS,
+        torchao_block=(train.optimizer_block or TORCHAO_OPTIMIZERS[train.optimizer].block
+                       if train.optimizer in TORCHAO_OPTIMIZERS else 0),
         paged_optimizer=train.optimizer.startswith("paged_"),
         quantize_head=stack.quantize_head and train.base_quant != "none",
         previous_outputs_kept=not replica and (stack.previous_outputs_kept if train.previous_outputs == "stack"

@@ -175,3 +175,14 @@ def test_a_lever_the_stack_cannot_run_is_left_out_not_raised(job):
     suggestions = advise(j)
     assert suggestions
     assert not any(name == "train.lora_rank" for s in suggestions for name, _, _ in s.changes)
+
+
+def test_fsdp2_job_is_offered_torchaos_8bit_adamw(job):
+    # 8B full fine-tune on 8 x A10G under FSDP2 (zero3): fp32 AdamW states are 8 B/param / 8 ranks, 8 GB per GPU.
+    # bitsandbytes' 8-bit states cannot follow FSDP's shards (rules.bnb_sharding); torchao's DTensor states can,
+    # at about a quarter of the bytes.
+    j = job(model='preset = "llama-3.1-8b"', train="seq_len = 2048\ncheckpointing = 'full'",
+            cluster="gpu = 'A10G'\ngpus_per_node = 8\nsharding = 'zero3'")
+    changes = [s.changes for s in advise(j)]
+    assert (("train.optimizer", "adamw", "torchao_adamw8bit"),) in changes
+    assert not any(new == "adamw8bit" for c in changes for _, _, new in c)

@@ -299,3 +299,69 @@ def test_fits_against_capacity(job):
 def test_approximate_shapes_are_flagged(job):
     est = estimate(job(model="params = 7e9"))
     assert est.approximate and any("approximate" in n for n in est.notes)
+
+
+# A model whose tensors hit each of torchao's cases (torchao/optim/adam.py _new_buffer, v0.18.0: quantized when
+# >= 4096 values and a whole number of blocks): h = 128, ffn = 75, vocab 1000, 2 layers, untied. The embedding and
+# the head (128,000 = 500 x 256 = 1000 x 128) and q/k/v/o (16,384 = 64 x 256) are quantized at any block;
+# gate/up/down (9,600 values = 37.5 blocks of 256, 75 of 128) only at block 128; the 5 RMSNorm weights
+# (128 < 4096) never: those keep states in the parameter's dtype.
+TAO_MODEL = "hidden = 128\nlayers = 2\nheads = 2\nkv_heads = 2\nffn = 75\nvocab = 1000"
+TAO_ALWAYS = [128_000] * 2 + [16_384] * 8
+TAO_MLP = [9_600] * 6
+TAO_NORMS = 5 * 128
+
+
+@pytest.mark.parametrize("optimizer,precision,block,per_value,qmap", [
+    # AdamW8bit: uint8 codes, an fp32 scale per 256, a 256-entry fp32 qmap per state (subclass_8bit.py).
+    ("torchao_adamw8bit", "bf16-mixed", 256, 1, 256),
+    # AdamW4bit: two codes per byte, an fp32 scale per 128, a 16-entry fp32 qmap per state (subclass_4bit.py).
+    ("torchao_adamw4bit", "bf16-mixed", 128, 0.5, 16),
+    # ... at HF adamw_torch_4bit's block_size=256: the MLP weights are no whole number of blocks any more.
+    ("torchao_adamw4bit", "bf16-mixed", 256, 0.5, 16),
+    # AdamWFp8: float8_e4m3fn codes, an fp32 scale per 256, no qmap (subclass_fp8.py).
+    ("torchao_adamw_fp8", "bf16-mixed", 256, 1, 0),
+    # Pure bf16: zeros_like a bf16 parameter is bf16, so the plain states are 2 B, not bitsandbytes' fp32.
+    ("torchao_adamw8bit", "bf16", 256, 1, 256),
+])
+def test_torchao_states_by_hand(job, optimizer, precision, block, per_value, qmap):
+    j = job(model=TAO_MODEL, train=f"optimizer = '{optimizer}'\nprecision = '{precision}'\noptimizer_block = {block}")
+    param = 2 if precision == "bf16" else 4  # fp32 masters under bf16-mixed
+    quantized = TAO_ALWAYS + (TAO_MLP if block == 128 else [])
+    plain = TAO_NORMS + (0 if block == 128 else sum(TAO_MLP))
+    per_state = sum(n * per_value + n // block * 4 + qmap * 4 for n in quantized) + plain * param
+    assert optimizer_bytes(j, trainable_groups(j), param) == 2 * per_state  # exp_avg and exp_avg_sq
+
+
+def test_torchao_states_follow_fsdp2_local_shards(job):
+    # Under FSDP2 torchao tests each rank's local shard: over 4 ranks q/k/v/o hold 4,096 values (16 blocks:
+    # quantized), the embedding and head 32,000 (125 blocks), gate/up/down 2,400 and the norms 32 (< 4096: fp32).
+    j = job(model=TAO_MODEL, train="optimizer = 'torchao_adamw8bit'",
+            cluster="gpus_per_node = 4\nsharding = 'zero3'")
+    assert j.facts.fsdp_version == 2
+    quantized = 2 * (32_000 + 125 * 4 + 1024) + 8 * (4_096 + 16 * 4 + 1024)
+    plain = (6 * 2_400 + 5 * 32) * 4
+    assert optimizer_bytes(j, trainable_groups(j), 4, 4) == 2 * (quantized + plain)
+    # The estimate's optimizer term is that, on each GPU.
+    assert estimate(j).term("optimizer", "forward-end") == 2 * (quantized + plain)
+
+
+def test_torchao_states_are_torchaos_own():
+    """The bytes LowBitAdam prices are those torchao's _new_buffer makes, for each class and case."""
+    torch = pytest.importorskip("torch")
+    ao = pytest.importorskip("torchao.optim", reason="torchao (a test extra)")
+    from podkit.checks.stacks import TORCHAO_OPTIMIZERS
+
+    shapes = [(1000, 128), (128, 75), (128,), (64, 64), (4352,)]
+    for name, low_bit in TORCHAO_OPTIMIZERS.items():
+        for dtype in (torch.float32, torch.bfloat16):
+            params = [torch.nn.Parameter(torch.zeros(s, dtype=dtype)) for s in shapes]
+            opt = getattr(ao, low_bit.cls)(params)
+            for p in params:
+                state = opt._new_buffer(p, True)  # what step() makes for exp_avg (signed) on its first call
+                if hasattr(state, "__tensor_flatten__") and type(state) is not torch.Tensor:
+                    inner = tuple(getattr(state, n) for n in state.__tensor_flatten__()[0])
+                else:
+                    inner = (state,)
+                made = tuple(t.numel() * t.element_size() for t in inner)
+                assert made == low_bit.state_tensors(p.numel(), p.element_size()), (name, dtype, p.shape)

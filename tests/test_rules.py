@@ -110,6 +110,30 @@ def test_bnb_with_sharding_or_offload(job):
     assert rules.bnb_sharding(job(train="optimizer = 'paged_adamw8bit'", cluster="offload = 'optimizer'")).status == "fail"
 
 
+def test_torchao_optimizers_shard_and_need_torchao(job):
+    fsdp2 = "gpus_per_node = 4\nsharding = 'zero3'"
+    for opt in ("torchao_adamw8bit", "torchao_adamw4bit"):
+        j = job(train=f"optimizer = '{opt}'", cluster=fsdp2)
+        # FSDP2's DTensor states (torchao/optim/adam.py _new_buffer): no bitsandbytes refusal.
+        assert rules.bnb_sharding(j).status == "pass" and not j.facts.bnb_unsupported
+        assert "torchao" in rules.required_packages(j) and "bitsandbytes" not in rules.required_packages(j)
+        assert rules.dependencies(j, facts(gpus=[H100])).status == "fail"  # ALL_PACKAGES has no torchao
+        assert rules.dependencies(j, facts(gpus=[H100], packages={**ALL_PACKAGES, "torchao": "0.18.0"})).status == "pass"
+    assert job(train="optimizer = 'torchao_adamw4bit'").facts.torchao_block == 128  # AdamW4bit's default
+    # FP8 states need sm89+ (torchao/optim/README.md); DeepSpeed's flat partitions are warned about.
+    assert rules.bnb_sharding(job(train="optimizer = 'torchao_adamw_fp8'", cluster="gpu = 'A100-80GB'")).status == "fail"
+    assert rules.bnb_sharding(job(train="optimizer = 'torchao_adamw_fp8'", cluster="gpu = 'H100'")).status == "pass"
+    assert rules.bnb_sharding(job(train="optimizer = 'torchao_adamw8bit'\nstack = 'deepspeed'",
+                                  cluster="gpus_per_node = 4\nsharding = 'zero2'")).status == "warn"
+
+
+def test_optimizer_block_is_torchaos_alone(job):
+    from podkit.checks.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="not a torchao optimizer"):
+        job(train="optimizer = 'adamw8bit'\noptimizer_block = 128")
+
+
 def test_sharding_with_one_gpu(job):
     assert rules.sharding_world(job(cluster="sharding = 'zero3'")).status == "warn"
     assert rules.sharding_world(job(cluster="sharding = 'zero3'\ngpus_per_node = 2")).status == "pass"

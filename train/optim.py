@@ -3,7 +3,8 @@
 The state each one keeps is what checks/memory.py's optimizer_bytes counts: AdamW two states in
 the parameter dtype (fused kernel on CUDA: no step temporaries), bitsandbytes 8-bit AdamW two
 uint8 states plus an fp32 absmax per 256 values, bitsandbytes Lion one fp32 state (Lion8bit one
-uint8 state plus the absmax), SGD one momentum buffer, Adafactor a factored second moment.
+uint8 state plus the absmax), torchao's low-bit AdamW two blockwise states (stacks.LowBitAdam), SGD one
+momentum buffer, Adafactor a factored second moment.
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ import math
 import torch
 
 from podkit.checks.errors import ConfigError
-from podkit.checks.stacks import BNB_OPTIMIZERS
+from podkit.checks.stacks import BNB_OPTIMIZERS, TORCHAO_OPTIMIZERS
 
 BNB_INSTALL = "make deploy installs it on a pod (envsetup); here: .venv/bin/pip install bitsandbytes"
+# torchao declares no torch requirement: pick the release for the installed torch (0.18.0 for torch >= 2.11;
+# github.com/pytorch/ao/issues/2919 for older ones). envsetup does not install it on pods yet.
+TORCHAO_INSTALL = ".venv/bin/pip install torchao==0.18.0 (torch >= 2.11; older torch: the release built for it)"
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -33,12 +37,13 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 ADAMW_IMPLS = ("fused", "foreach", "for-loop")
 
 
-def optimizer_class(name: str, device: torch.device, impl: str = "fused"):
+def optimizer_class(name: str, device: torch.device, impl: str = "fused", block: int = 0):
     """(class, extra kwargs) for an optimizer name; bitsandbytes imported only when asked for.
 
     `impl` picks torch AdamW's implementation: fused (podkit: one kernel over all tensors, CUDA and
     CPU since torch 2.4, no full-size temporaries), foreach (torch's default on CUDA: grouped
-    kernels with per-group intermediates) or for-loop (tensor by tensor)."""
+    kernels with per-group intermediates) or for-loop (tensor by tensor). `block` is a torchao
+    optimizer's block_size (0: its default)."""
     if name == "adamw":
         if impl not in ADAMW_IMPLS:
             raise ConfigError("optimizer_impl", f"unknown AdamW implementation {impl!r}", " | ".join(ADAMW_IMPLS))
@@ -56,6 +61,14 @@ def optimizer_class(name: str, device: torch.device, impl: str = "fused"):
         cls = {"paged_adamw8bit": bnb.optim.PagedAdamW8bit, "paged_adamw": bnb.optim.PagedAdamW,
                "adamw8bit": bnb.optim.AdamW8bit}[name]
         return cls, {"betas": (0.9, 0.95)}
+    if name in TORCHAO_OPTIMIZERS:
+        try:
+            import torchao.optim as ao_optim
+        except ImportError:
+            raise ConfigError("train.optimizer", f"{name} needs torchao, which is not installed",
+                              TORCHAO_INSTALL) from None
+        low_bit = TORCHAO_OPTIMIZERS[name]
+        return getattr(ao_optim, low_bit.cls), {"betas": (0.9, 0.95), "block_size": block or low_bit.block}
     if name == "sgd":
         return torch.optim.SGD, {"momentum": 0.9, "foreach": True}
     if name == "adafactor":
@@ -67,8 +80,9 @@ def optimizer_class(name: str, device: torch.device, impl: str = "fused"):
 
 
 def build_optimizer(model: torch.nn.Module, name: str, lr: float, weight_decay: float,
-                    device: torch.device, zero1: bool = False, impl: str = "fused") -> torch.optim.Optimizer:
-    cls, kwargs = optimizer_class(name, device, impl)
+                    device: torch.device, zero1: bool = False, impl: str = "fused",
+                    block: int = 0) -> torch.optim.Optimizer:
+    cls, kwargs = optimizer_class(name, device, impl, block)
     groups = param_groups(model, weight_decay)
     if zero1:
         # ZeRO-1: each rank keeps and updates the states of its share of the parameters.

@@ -230,7 +230,7 @@ class SmokeRun:
         self.params, self.trainable = total, trainable
         self.optimizer = optim_mod.build_optimizer(model, t.optimizer, t.lr, t.weight_decay, dev,
                                                    zero1=c.sharding == "zero1" and self.world.distributed,
-                                                   impl=self.facts.optimizer_impl)
+                                                   impl=self.facts.optimizer_impl, block=self.facts.torchao_block)
         self.autocast = self.facts.autocast
         self.scaler = torch.amp.GradScaler(dev.type) if self.facts.grad_scaler else None
         dataset = str(self.job.path(t.dataset)) if t.dataset else ""

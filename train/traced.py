@@ -38,7 +38,9 @@ What the CPU run changes and how it is put back to what the target GPU does:
   sums in place, so the trace runs that one sum as add_ (_tied_gradient_sum).
 - bitsandbytes' 8-bit AdamW calls C kernels through ctypes, which fake tensors cannot feed: its
   state layout (bitsandbytes/optim/optimizer.py Optimizer2State.init_state) is allocated by an
-  emulation and its in-place kernel is a no-op here.
+  emulation and its in-place kernel is a no-op here. torchao's low-bit AdamW compiles its step
+  (torch.compile), which fake tensors here do not run: its states (stacks.LowBitAdam) are allocated
+  the same way.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ import torch
 
 from podkit.checks.config import JobConfig
 from podkit.checks.errors import ConfigError
-from podkit.checks.stacks import BNB_OPTIMIZERS
+from podkit.checks.stacks import BNB_OPTIMIZERS, TORCHAO_OPTIMIZERS, LowBitAdam
 from podkit.checks.kernels import attention_kernel
 from podkit.train import model as model_mod
 from podkit.train import optim as optim_mod
@@ -139,6 +141,40 @@ class EmulatedBnbAdamW(torch.optim.Optimizer):
                 state["state2"] = torch.zeros_like(p, dtype=torch.uint8)
             state["qmap2"] = self.qmaps["udynamic"]
             state["absmax2"] = torch.zeros(blocks, dtype=torch.float32, device=p.device)
+
+
+class EmulatedTorchaoAdamW(torch.optim.Optimizer):
+    """torchao's low-bit AdamW state, allocated as _AdamBase._new_buffer does (torchao/optim/adam.py, v0.18.0):
+    per state, codes, block scales and a lookup table for a local tensor (an FSDP2 DTensor's shard) that passes
+    LowBitAdam's test, else zeros_like it. Its compiled update is a no-op stand-in (priced without temporaries,
+    checks/memory.py _step_transient)."""
+
+    def __init__(self, params, low_bit: LowBitAdam, block: int, lr: float = 1e-3, weight_decay: float = 0.0):
+        super().__init__(params, dict(lr=lr, weight_decay=weight_decay))
+        self.low_bit, self.block = low_bit, block
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    for name in ("exp_avg", "exp_avg_sq"):
+                        state.update({f"{name}.{i}": t for i, t in enumerate(self._new_buffer(p))})
+                p.add_(p.grad, alpha=-group["lr"])
+        return None
+
+    def _new_buffer(self, p: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """One state's tensors: (codes, scales[, lookup table]) as bytes, or (zeros_like the local tensor,)."""
+        from torch.distributed.tensor import DTensor
+
+        local = p.to_local() if isinstance(p, DTensor) else p
+        sizes = self.low_bit.state_tensors(local.numel(), local.element_size(), self.block)
+        if len(sizes) == 1:
+            return (torch.zeros_like(local),)
+        return tuple(torch.zeros(n, dtype=torch.uint8, device=local.device) for n in sizes)
 
 
 class TracedGradScaler(torch.amp.GradScaler):
@@ -472,6 +508,9 @@ def _optimizer(model, job: JobConfig, impl: str, zero1: bool):
         groups = optim_mod.param_groups(model, t.weight_decay)
         states, bits = BNB_OPTIMIZERS[t.optimizer]
         return EmulatedBnbAdamW(groups, lr=t.lr, paged=job.facts.paged_optimizer, bits=bits, states=states)
+    if job.facts.torchao_block:
+        groups = optim_mod.param_groups(model, t.weight_decay)
+        return EmulatedTorchaoAdamW(groups, TORCHAO_OPTIMIZERS[t.optimizer], job.facts.torchao_block, lr=t.lr)
     return optim_mod.build_optimizer(model, t.optimizer, t.lr, t.weight_decay, torch.device("cpu"),
                                      zero1=zero1, impl=impl)
 
