@@ -152,7 +152,16 @@ def test_other_components_and_switches(tmp_path):
     job = build_job(None, [off]).job
     assert (job.cluster.offload, job.train.optimizer, job.train.optimizer_impl) == ("optimizer", "adamw", "fused")
     ao = variant(tmp_path, FULL_1B, "ao.yaml", optimizer={"_component_": "torchao.optim.AdamW8bit", "lr": 2e-5})
-    assert build_job(None, [ao]).job.train.optimizer == "adamw8bit"
+    assert build_job(None, [ao]).job.train.optimizer == "torchao_adamw8bit"
+    # torchao's own optimizers, not bitsandbytes' (torchao/optim/adam.py): the class's block unless given.
+    ao4 = variant(tmp_path, FULL_1B, "ao4.yaml", optimizer={"_component_": "torchao.optim.AdamW4bit", "lr": 2e-5,
+                                                            "block_size": 64, "bf16_stochastic_round": True})
+    imp = build_job(None, [ao4])
+    assert (imp.job.train.optimizer, imp.job.facts.torchao_block, imp.job.facts.bnb_optimizer) == (
+        "torchao_adamw4bit", 64, False)
+    assert not any("bitsandbytes" in w for w in imp.files[0].warnings)
+    fp8 = variant(tmp_path, FULL_1B, "fp8.yaml", optimizer={"_component_": "torchao.prototype.low_bit_optim.AdamFp8"})
+    assert build_job(None, [fp8]).job.train.optimizer == "torchao_adamw_fp8"
     # AdamW without fused: torch's default kernel on CUDA is foreach.
     fe = variant(tmp_path, LORA, "fe.yaml", optimizer={"_component_": "torch.optim.AdamW", "lr": 3e-4})
     assert build_job(None, [fe]).job.train.optimizer_impl == "foreach"

@@ -82,6 +82,30 @@ def test_trainer_defaults_apply_where_the_file_is_silent(tmp_path):
     assert build_job(str(old), [f]).job.facts.optimizer_impl == "foreach"
 
 
+def test_trainer_torchao_optimizers(tmp_path):
+    # transformers 5.23 trainer_optimizer.py _get_torchao_optimizer: adamw_torch_4bit builds torchao's AdamW4bit,
+    # adamw_torch_8bit AdamW8bit, both with block_size=optim_args.get("block_size", 256).
+    f = write(tmp_path, "a.json", json.dumps({"output_dir": "o", "optim": "adamw_torch_4bit", "bf16": True}))
+    imp = build_job(None, [f], model_preset="llama-3.2-1b")
+    assert (imp.job.train.optimizer, imp.job.facts.torchao_block) == ("torchao_adamw4bit", 256)
+    f = write(tmp_path, "b.json", json.dumps({"output_dir": "o", "optim": "adamw_torch_8bit",
+                                              "optim_args": "block_size=128, bf16_stochastic_round=True"}))
+    imp = build_job(None, [f], model_preset="llama-3.2-1b")
+    assert (imp.job.train.optimizer, imp.job.facts.torchao_block) == ("torchao_adamw8bit", 128)
+    # optim_args values reach torchao as text: its `numel % block_size` fails; the other key is listed.
+    assert any("TypeError" in w for w in imp.files[0].warnings)
+    assert any("bf16_stochastic_round" in i for i in imp.files[0].ignored)
+    bad = write(tmp_path, "c.json", json.dumps({"output_dir": "o", "optim": "adamw_torch_8bit", "optim_args": "x"}))
+    with pytest.raises(ConfigError, match="optim_args"):
+        build_job(None, [bad], model_preset="llama-3.2-1b")
+    # Another optimizer leaves optim_args unread: listed as ignored, not dropped.
+    other = write(tmp_path, "d.json", json.dumps({"output_dir": "o", "optim": "adamw_torch", "optim_args": "a=1"}))
+    assert "optim_args" in build_job(None, [other], model_preset="llama-3.2-1b").files[0].ignored
+    # axolotl passes its optimizer name to TrainingArguments.optim (the same names).
+    ax = write(tmp_path, "ax.yaml", "base_model: meta-llama/Llama-3.2-1B\noptimizer: adamw_torch_8bit\nbf16: true\n")
+    assert build_job(None, [f"axolotl:{ax}"]).job.train.optimizer == "torchao_adamw8bit"
+
+
 def test_use_liger_kernel_selects_liger_s_loss_and_block_kernels(tmp_path):
     f = write(tmp_path, "args.json", json.dumps({"output_dir": "o", "bf16": True, "use_liger_kernel": True}))
     imp = build_job(None, [f], model_preset="llama-3.2-1b")

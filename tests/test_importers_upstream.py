@@ -50,7 +50,8 @@ def test_axolotl_attn_implementation_and_checkpointing_offload():
     account = imp.files[0]
     assert any(w.startswith("activation_offloading True") for w in account.warnings)
     assert any(w.startswith("lora_mlp_kernel = True") for w in account.warnings)
-    assert any(i.startswith("optimizer = 'adamw_torch_4bit'") for i in account.ignored)
+    # adamw_torch_4bit: torchao's AdamW4bit at the Trainer's block_size=256 (trainer_optimizer.py _get_torchao_optimizer).
+    assert (t.optimizer, imp.job.facts.torchao_block) == ("torchao_adamw4bit", 256)
     assert not any(i == "attn_implementation" for i in account.ignored)
     end_to_end("--from", f"axolotl:{f}")
 

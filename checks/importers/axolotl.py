@@ -49,7 +49,8 @@ def read(path: Path, data: dict) -> Imported:
     _precision(imp, data)
     handled |= {"bf16", "fp16", "tf32", "bfloat16", "float16", "float32"}
     if data.get("optimizer"):
-        map_optimizer(imp, "optimizer", str(data["optimizer"]))
+        if map_optimizer(imp, "optimizer", str(data["optimizer"]), data.get("optim_args")):
+            handled.add("optim_args")
     handled.add("optimizer")
     _checkpointing(imp, data)
     handled |= {"gradient_checkpointing", "gradient_checkpointing_kwargs", "activation_offloading"}

@@ -202,7 +202,8 @@ def read_trainer(path: Path, data: dict) -> Imported:
     precision_from_flags(imp, data)
     handled |= {"bf16", "fp16"}
     if "optim" in data:
-        map_optimizer(imp, "optim", str(data["optim"]))
+        if map_optimizer(imp, "optim", str(data["optim"]), data.get("optim_args")):
+            handled.add("optim_args")
     else:
         # The Trainer's default optim depends on the release (training_args.py: "adamw_torch_fused" from
         # transformers 4.54 with torch >= 2.8, "adamw_torch" before), which the file does not record: the

@@ -126,19 +126,66 @@ HF_OPTIMIZERS: dict[str, tuple[str, str]] = {
     "adafactor": ("adafactor", ""),
     "sgd": ("sgd", ""),
     "lion_32bit": ("lion", ""),
+    # trainer_optimizer.py _get_torchao_optimizer (5.23.0; trainer.py get_optimizer_cls_and_kwargs before):
+    # torchao.optim AdamW4bit for adamw_torch_4bit, AdamW8bit for adamw_torch_8bit.
+    "adamw_torch_4bit": ("torchao_adamw4bit", ""),
+    "adamw_torch_8bit": ("torchao_adamw8bit", ""),
 }
+# The same function passes block_size=optim_args.get("block_size", 256) to both classes: 256 also for
+# AdamW4bit, whose own default is 128.
+HF_TORCHAO_BLOCK = 256
 
 
-def map_optimizer(imp: Imported, key: str, name: str) -> None:
+def map_optimizer(imp: Imported, key: str, name: str, optim_args: Any = None) -> bool:
+    """An HF/axolotl optimizer name; `optim_args` (TrainingArguments.optim_args, "k=v,k=v", or a mapping) is
+    read where it changes memory, torchao's block_size: True when it was read (else the caller lists it)."""
     if name not in HF_OPTIMIZERS:
         imp.ignore(f"{key} = {name!r}", "no podkit optimizer of that name: train.optimizer keeps its value; "
                    "known: " + ", ".join(HF_OPTIMIZERS))
-        return
+        return False
     opt, impl = HF_OPTIMIZERS[name]
     imp.set(key, name, "train", "optimizer", opt)
     if impl:
         imp.sections["train"]["optimizer_impl"] = impl
         imp.mapped.append(f"{key} = {name!r} -> train.optimizer_impl = {impl!r}")
+    if not opt.startswith("torchao_"):
+        return False
+    args = _optim_args(imp.path, optim_args)
+    if "block_size" in args:
+        imp.set("optim_args.block_size", args["block_size"], "train", "optimizer_block",
+                integer(imp.path, "optim_args.block_size", int_text(args["block_size"])))
+        if isinstance(args["block_size"], str):
+            # _get_torchao_optimizer passes the text on; torchao's `numel % self.block_size` then raises.
+            imp.warnings.append(f"optim_args block_size={args['block_size']}: the Trainer hands torchao the "
+                                "text, not a number, and its first step fails (TypeError)")
+    else:
+        imp.default("optim_args.block_size", HF_TORCHAO_BLOCK, "train", "optimizer_block", HF_TORCHAO_BLOCK)
+    others = sorted(set(args) - {"block_size"})
+    if others:
+        imp.ignore("optim_args: " + ", ".join(others), "optimizer hyperparameters (bf16_stochastic_round rounds "
+                   "inside the compiled step): no change to memory")
+    return True
+
+
+def int_text(value: Any) -> Any:
+    """'128' (optim_args are text) as 128; anything else as given, for integer() to judge."""
+    return int(value) if isinstance(value, str) and value.strip().isdigit() else value
+
+
+def _optim_args(path: Path, value: Any) -> dict[str, Any]:
+    """TrainingArguments.optim_args as the Trainer splits it (trainer_optimizer.py _parse_optim_args, 5.23.0:
+    `.replace(" ", "").split(",")`, each `key=value`, values kept as text), or a mapping."""
+    if value in (None, ""):
+        return {}
+    if isinstance(value, dict):
+        return dict(value)
+    out = {}
+    for item in str(value).replace(" ", "").split(","):
+        if "=" not in item:
+            raise ConfigError(f"{path.name}: optim_args", f"{item!r} is not key=value", "e.g. \"block_size=128\"")
+        k, v = item.split("=", 1)
+        out[k] = v
+    return out
 
 
 def linked_path(path: Path, ref: str) -> Path:

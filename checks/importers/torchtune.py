@@ -55,11 +55,12 @@ MLP_TARGETS = ["gate_proj", "up_proj", "down_proj"]
 LORA_DEFAULTS = {"lora_rank": 8, "apply_lora_to_mlp": False, "apply_lora_to_output": False}
 
 OPTIMIZERS = OPTIMIZER_CLASSES
-# torchao's low-bit AdamW (torchao/optim/adam.py v0.10.0, formerly torchao.prototype.low_bit_optim, the
-# path torchtune's docs/source/tutorials/memory_optimizations.rst names): AdamW8bit and AdamWFp8 keep
-# each state as one byte per value plus a scale per block of 256, for tensors of >= 4096 values: the
-# bytes of bitsandbytes' blockwise 8-bit states.
-TORCHAO_8BIT = ("AdamW8bit", "Adam8bit", "AdamWFp8", "AdamFp8")
+# torchao's low-bit Adam(W) (torchao/optim/adam.py v0.18.0, formerly torchao.prototype.low_bit_optim, the
+# path torchtune's docs/source/tutorials/memory_optimizations.rst names) -> podkit's torchao optimizers
+# (stacks.TORCHAO_OPTIMIZERS); Adam* and AdamW* keep the same states and differ only in weight decay.
+TORCHAO = {"AdamW8bit": "torchao_adamw8bit", "Adam8bit": "torchao_adamw8bit",
+           "AdamW4bit": "torchao_adamw4bit", "Adam4bit": "torchao_adamw4bit",
+           "AdamWFp8": "torchao_adamw_fp8", "AdamFp8": "torchao_adamw_fp8"}
 TORCHAO_PREFIXES = ("torchao.optim.", "torchao.prototype.low_bit_optim.")
 
 # Keys the recipes read that do not change GPU memory.
@@ -332,13 +333,18 @@ def _optimizer(imp: Imported, path: Path, opt: Any, in_bwd: bool) -> None:
         name = base
     mapped = OPTIMIZERS.get(name)
     short = name.rsplit(".", 1)[-1]
-    if mapped is None and name.startswith(TORCHAO_PREFIXES) and short in TORCHAO_8BIT:
-        mapped = "adamw8bit"
-        imp.warnings.append(f"{name}: priced as bitsandbytes' AdamW8bit (the same bytes per state); podkit's "
-                            "bitsandbytes checks (package, FSDP) do not apply to torchao's")
+    if mapped is None and name.startswith(TORCHAO_PREFIXES) and short in TORCHAO:
+        mapped = TORCHAO[short]
+        handled |= {"block_size", "amsgrad"}
+        if "block_size" in opt:  # the class's own default otherwise (stacks.LowBitAdam.block)
+            imp.set("optimizer.block_size", opt["block_size"], "train", "optimizer_block",
+                    integer(path, "optimizer.block_size", opt["block_size"]))
+        if truthy(opt.get("amsgrad", False)):
+            imp.warnings.append(f"optimizer.amsgrad: {short} keeps a third low-bit state (max_exp_avg_sq): not "
+                                "modelled (low by a half of the states)")
     if mapped is None:
         imp.ignore(f"optimizer._component_ = {name!r}", "no podkit optimizer of that kind: train.optimizer keeps its "
-                   "value; known: " + ", ".join(OPTIMIZERS) + ", torchao " + ", ".join(TORCHAO_8BIT))
+                   "value; known: " + ", ".join(OPTIMIZERS) + ", torchao " + ", ".join(TORCHAO))
     else:
         imp.set("optimizer._component_", name, "train", "optimizer", mapped)
     if name in ("torch.optim.AdamW", "torch.optim.Adam"):
