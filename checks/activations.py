@@ -118,7 +118,7 @@ def block_facts(job, device: str = "cuda") -> BlockFacts:
     e = t.compute_bytes
     lora = f.lora
     # The residual stream is fp32 when the embedding weight is fp32 and nothing casts it down:
-    # fp32 jobs, and mixed precision with fp32 weights on the GPU (autocast). LoRA bases, pure bf16
+    # fp32 jobs, and mixed precision with fp32 weights on the GPU (autocast). LoRA bases, pure 16-bit (bf16, fp16)
     # and FSDP's bf16 gathered parameters give a 16-bit stream; a base prepared for k-bit training has
     # fp32 norms whose outputs the 4-bit linears return in fp32, added into the stream from the first
     # block's output on (JobFacts.kbit_prepared; the first block's input, the embedding, is 16-bit:
@@ -137,7 +137,7 @@ def block_facts(job, device: str = "cuda") -> BlockFacts:
         quant_saves_input=f.quant_saves_input, autocast=f.autocast,
         # The dtype the norm weight is used in: fp32 masters only where autocast runs on fp32 weights, or
         # where prepare_model_for_kbit_training made it fp32; FSDP's MixedPrecisionPolicy gathers it in
-        # bf16, a LoRA base and pure bf16 store it so.
+        # bf16, a LoRA base and pure bf16 or fp16 store it so.
         norm_weight_bytes=4 if f.kbit_prepared else stream,
         targets=frozenset(f.lora_targets), lora_rank=t.lora_rank, lora_dropout=f.lora_dropout > 0,
         adapter_bytes=adapter, adapter_input_cast=f.stack.adapter_input_cast,

@@ -21,7 +21,34 @@ from typing import Any
 from podkit.checks import gpus, models, stacks
 from podkit.checks.errors import ConfigError, closest
 
-PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "bf16")
+
+@dataclass(frozen=True)
+class Precision:
+    """What one train.precision stores and computes in, decided here once: prediction and run read it
+    through TrainConfig (dtype, mixed, pure_16bit, param_bytes), never by testing the name."""
+
+    dtype: str
+    """The compute dtype, matmul inputs and outputs: fp32 | fp16 | bf16."""
+    autocast: bool
+    """fp32 master weights cast to the compute dtype op by op (torch.autocast): the -mixed precisions."""
+
+    @property
+    def pure_16bit(self) -> bool:
+        """Weights, gradients and torch optimizers' states all in the 16-bit dtype: no fp32 master copy."""
+        return self.dtype != "fp32" and not self.autocast
+
+
+PRECISION = {
+    "fp32": Precision("fp32", False),
+    "fp16-mixed": Precision("fp16", True),
+    "bf16-mixed": Precision("bf16", True),
+    "bf16": Precision("bf16", False),
+    # Pure fp16: lightning's 16-true (HalfPrecision), axolotl's float16, a model loaded in float16 and
+    # trained without autocast; no sm80 needed, and no loss scaling (torch's GradScaler refuses fp16
+    # gradients: torch/amp/grad_scaler.py _unscale_grads_, "Attempting to unscale FP16 gradients.").
+    "fp16": Precision("fp16", False),
+}
+PRECISIONS = tuple(PRECISION)
 OPTIMIZERS = ("adamw", "adamw8bit", "paged_adamw8bit", "paged_adamw", "lion", "lion8bit", "sgd", "adafactor",
               *stacks.TORCHAO_OPTIMIZERS)
 CHECKPOINTING = ("none", "selective", "full")
@@ -155,7 +182,8 @@ class TrainConfig:
     """How the model is trained: precision, optimizer, batch, memory-saving choices."""
 
     precision: str = "bf16-mixed"
-    """fp32 | fp16-mixed (autocast + loss scaling) | bf16-mixed (autocast, fp32 master weights) | bf16 (pure)."""
+    """fp32 | fp16-mixed (autocast + loss scaling) | bf16-mixed (autocast, fp32 master weights) | bf16 (pure:
+    weights, gradients and optimizer states in bf16) | fp16 (pure fp16, no loss scaling: T4/V100 and older)."""
     optimizer: str = "adamw"
     """adamw | adamw8bit | paged_adamw8bit | paged_adamw (bitsandbytes 32-bit, paged) | lion | lion8bit
     (bitsandbytes' Lion, 32-bit or 8-bit blockwise state) | sgd (with momentum) | adafactor |
@@ -305,12 +333,27 @@ class TrainConfig:
 
     @property
     def mixed(self) -> bool:
-        return self.precision.endswith("-mixed")
+        return PRECISION[self.precision].autocast
+
+    @property
+    def dtype(self) -> str:
+        """The compute dtype: fp32 | fp16 | bf16."""
+        return PRECISION[self.precision].dtype
+
+    @property
+    def pure_16bit(self) -> bool:
+        """bf16 or fp16: weights, gradients and optimizer states in the 16-bit dtype, no fp32 masters."""
+        return PRECISION[self.precision].pure_16bit
+
+    @property
+    def param_bytes(self) -> int:
+        """Bytes per trainable weight (and its gradient, and a torch optimizer's state): fp32 masters unless pure 16-bit."""
+        return 2 if self.pure_16bit else 4
 
     @property
     def compute_bytes(self) -> int:
         """Bytes per element of the compute dtype (matmul inputs and outputs): 4 for fp32, 2 for bf16/fp16."""
-        return 4 if self.precision == "fp32" else 2
+        return 4 if self.dtype == "fp32" else 2
 
 
 @dataclass

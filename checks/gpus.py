@@ -38,11 +38,11 @@ class GpuSpec:
         # bf16 tensor cores and bf16 CUDA kernels start with Ampere (sm80).
         return self.compute_capability >= (8, 0)
 
-    def peak_tflops(self, precision: str) -> float:
-        """Dense peak for the matmul dtype of a precision: what MFU is measured against."""
-        if precision.startswith("bf16"):
+    def peak_tflops(self, dtype: str) -> float:
+        """Dense peak for a compute dtype (TrainConfig.dtype: fp32 | fp16 | bf16): what MFU is measured against."""
+        if dtype == "bf16":
             return self.bf16_tflops
-        if precision.startswith("fp16"):
+        if dtype == "fp16":
             return self.fp16_tflops
         return self.fp16_tflops / 2 if self.supports_bf16 else self.fp16_tflops / 8  # tf32 / fp32
 

@@ -53,4 +53,4 @@ def attention_kernel(job, device: str = "cuda") -> str:
     shape = job.shape
     compute = t.compute_bytes
     gqa = shape.kv_heads != shape.heads and not job.facts.stack.repeat_kv  # repeated k/v: plain MHA
-    return sdpa_backend(job.gpu, compute, shape.d_head, gqa, bf16=t.precision.startswith("bf16"))
+    return sdpa_backend(job.gpu, compute, shape.d_head, gqa, bf16=t.dtype == "bf16")

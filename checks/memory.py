@@ -67,22 +67,6 @@ def nf4_bytes(job: JobConfig) -> float:
 
 
 @dataclass(frozen=True)
-class Precision:
-    param_bytes: int  # how trainable weights are stored
-    grad_bytes: int
-    compute_bytes: int  # matmul inputs and outputs
-    autocast: bool  # fp32 weights cast to compute dtype per op
-
-
-PRECISION = {
-    "fp32": Precision(4, 4, 4, False),
-    "fp16-mixed": Precision(4, 4, 2, True),
-    "bf16-mixed": Precision(4, 4, 2, True),
-    "bf16": Precision(2, 2, 2, False),
-}
-
-
-@dataclass(frozen=True)
 class Part:
     """One named piece of memory: which term it belongs to, its size, and how it was derived.
 
@@ -262,11 +246,11 @@ def _quant_state_bytes(job: JobConfig) -> int:
     return int(sum(g.total * (per - 0.5) for g, per, q in _frozen_storage(job) if q))
 
 
-def _param_bytes(job: JobConfig) -> int:
-    """How trainable weights are stored: fp32 masters unless pure bf16; LoRA adapters by the stack."""
+def trainable_param_bytes(job: JobConfig) -> int:
+    """How trainable weights are stored: fp32 masters unless pure 16-bit (bf16, fp16); LoRA adapters by the stack."""
     if job.train.lora_rank:
         return job.facts.adapter_bytes
-    return 2 if job.train.precision == "bf16" else 4
+    return job.train.param_bytes
 
 
 def optimizer_bytes(job: JobConfig, groups: list[ParamGroup], state_bytes: int, shards: int = 1) -> int:
@@ -400,10 +384,10 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
     bf = A.block_facts(job, device)
 
     # ---- params -----------------------------------------------------------------------------
-    param_bytes = _param_bytes(job)
+    param_bytes = trainable_param_bytes(job)
     if offload == "all":
         resident_bytes = 0  # parameters live on the host; FSDP gathers them per block
-    elif offload == "optimizer" or (f.stack.deepspeed_engine and t.precision.endswith("-mixed")):
+    elif offload == "optimizer" or (f.stack.deepspeed_engine and t.mixed):
         # ZeRO-Offload / DeepSpeed's 16-bit engine: the GPU holds the 16-bit weights, the fp32
         # master copy lives with the optimizer (on the host for offload, in its states otherwise).
         resident_bytes = e
@@ -447,7 +431,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
                   else int(c.reduce_bucket))
         master.append(Part("grads", "DeepSpeed ZeRO-3 gradient bucket (contiguous_gradients)", bucket * e,
                            f"reduce_bucket_size {bucket:,} x {e} B"))
-    if f.stack.deepspeed_engine and t.precision.endswith("-mixed") and offload == "none":
+    if f.stack.deepspeed_engine and t.mixed and offload == "none":
         master.append(Part("optimizer", "fp32 master weights (DeepSpeed optimizer)", n_trainable * 4 // optim_shards,
                            f"{n_trainable:,} x 4 B / {optim_shards}"))
     fwd_params: list[Part] = []
@@ -508,7 +492,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
                       + ([shape.vocab * shape.hidden] if f.quantize_head else []))
         # dequantize_4bit returns the dtype the weight was quantized from; .to(compute dtype) copies
         # again when they differ (fp16 under lightning's plugin, bf16 compute): both alive at once.
-        per = e + (2 if f.stack.quant_from_fp16 and e == 2 and t.precision.startswith("bf16") else 0)
+        per = e + (2 if f.stack.quant_from_fp16 and e == 2 and t.dtype == "bf16" else 0)
         if f.kbit_prepared:
             # An fp32 input: MatMul4Bit.forward (0.43.3 autograd/_functions.py) makes the dequantized weight
             # .to(A.dtype), fp32, and autocast casts that back to the compute dtype for F.linear: 4 + e B.

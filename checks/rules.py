@@ -11,12 +11,12 @@ from dataclasses import dataclass
 
 from podkit.checks import ledger, stacks
 from podkit.checks.advisor import HEADROOM, Suggestion
-from podkit.checks.config import PRECISIONS, JobConfig
+from podkit.checks.config import PRECISION, PRECISIONS, JobConfig
 from podkit.checks.errors import ConfigError
 from podkit.checks.host import HostFacts
 from podkit.checks.kernels import attention_kernel
 from podkit.checks.memory import (GIB, KEPT_INPUTS, MemoryEstimate, nf4_bytes, optimizer_bytes, trainable_groups,
-                                  trainable_params)
+                                  trainable_param_bytes, trainable_params)
 from podkit.envsetup import arch
 
 PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
@@ -122,18 +122,21 @@ def context_length(job: JobConfig) -> CheckResult:
 
 
 def precision_gpu(job: JobConfig) -> CheckResult:
-    gpu, p, stack = job.gpu, job.train.precision, job.facts.stack
+    t, gpu, stack = job.train, job.gpu, job.facts.stack
+    p = t.precision
     runs = stack.precisions or PRECISIONS
     if p not in runs:
         return CheckResult("precision.gpu", WARN, f"{stack.name} cannot train in {p} (it runs {' or '.join(runs)}): "
                            "the prediction is for a job that stack does not run",
                            f"set precision = {_closest_precision(p, runs, gpu.supports_bf16)!r}")
-    if p.startswith("bf16") and not gpu.supports_bf16:
+    if t.dtype == "bf16" and not gpu.supports_bf16:
         instead = "'fp16-mixed' (with loss scaling)" if "fp16-mixed" in runs else "'fp32'"
         return CheckResult("precision.gpu", FAIL,
                            f"{p} needs bf16 support (sm80+), {gpu.name} is sm{gpu.sm}",
                            f"use precision = {instead}, or an Ampere or newer GPU")
-    if p == "bf16" and job.train.optimizer not in ("adamw8bit", "paged_adamw8bit"):
+    if t.pure_16bit and t.dtype == "fp16":
+        return _pure_fp16(job, runs)
+    if t.pure_16bit and t.optimizer not in ("adamw8bit", "paged_adamw8bit"):
         fix = ("prefer bf16-mixed unless memory forces pure bf16" if "bf16-mixed" in runs else
                f"{stack.name} has no mixed precision: fp32 keeps fp32 weights, at twice their memory")
         return CheckResult("precision.gpu", WARN, "pure bf16 keeps no fp32 master weights: small updates round away",
@@ -141,11 +144,42 @@ def precision_gpu(job: JobConfig) -> CheckResult:
     return CheckResult("precision.gpu", PASS, f"{p} on {gpu.name} (sm{gpu.sm})")
 
 
+# fp16's range (IEEE binary16): the smallest subnormal is 2**-24 (6e-8), the largest finite value 65504.
+FP16_TINY, FP16_MAX = "6e-8", "65504"
+
+
+def _pure_fp16(job: JobConfig, runs: tuple[str, ...]) -> CheckResult:
+    """Pure fp16 has fp16's range with no loss scaling (torch's GradScaler refuses fp16 gradients) and no fp32
+    masters. torch's AdamW keeps exp_avg_sq in the parameter's dtype (torch/optim/adamw.py), where (1 - beta2) * g^2
+    rounds to 0 below fp16's 6e-8 / 2 (a gradient under 7.7e-4 at beta2 = 0.95, podkit's; 5.5e-3 at torch's 0.999):
+    its foreach and for-loop kernels then divide by eps = 1e-8, itself 0 in fp16, and step such a weight to inf
+    (NaN where g is 0); the fused kernel computes in fp32 but stores the 0, so each update divides by the last
+    gradient alone. bitsandbytes' optimizers do their arithmetic in fp32 and keep 8-bit blockwise or fp32 states.
+    Measured with torch 2.13: tests/test_rules.py, tests/test_smoke.py."""
+    t, f = job.train, job.facts
+    if t.optimizer == "adamw" and not f.stack.deepspeed_engine and trainable_param_bytes(job) == 2:
+        what = ("its eps (1e-8) is 0 in fp16 too: those weights step to inf" if f.optimizer_impl != "fused"
+                else "each update then divides by the last gradient alone, and the loss diverges")
+        return CheckResult("precision.gpu", FAIL,
+                           f"pure fp16 AdamW ({f.optimizer_impl}) keeps exp_avg_sq in fp16, where (1 - beta2) * g^2 "
+                           f"of a gradient under ~1e-3 is 0: {what}",
+                           "use optimizer = 'adamw8bit' (bitsandbytes: fp32 arithmetic, 8-bit states)"
+                           + (", or precision = 'fp16-mixed' (fp32 masters and a GradScaler)" if "fp16-mixed" in runs
+                              else ""))
+    better = "fp16-mixed (fp32 masters and a GradScaler)" if "fp16-mixed" in runs else "fp32"
+    if job.gpu.supports_bf16 and "bf16-mixed" in runs:
+        better += f", or bf16-mixed on this sm{job.gpu.sm} GPU (fp32's exponent range)"
+    return CheckResult("precision.gpu", WARN,
+                       f"pure fp16 has no loss scaling and no fp32 master weights: gradients under {FP16_TINY} "
+                       f"flush to zero, values over {FP16_MAX} overflow to inf, small updates round away",
+                       f"prefer {better} unless memory forces pure fp16; watch bin/smoke's loss for inf/NaN")
+
+
 def _closest_precision(p: str, runs: tuple[str, ...], bf16: bool) -> str:
     """Of the precisions the stack runs and the GPU supports, the one of the same 16-bit type (bf16-mixed ->
     bf16), else the first (fp32 always runs)."""
-    usable = [r for r in runs if bf16 or not r.startswith("bf16")] or ["fp32"]
-    return next((r for r in usable if r.split("-")[0] == p.split("-")[0]), usable[0])
+    usable = [r for r in runs if bf16 or PRECISION[r].dtype != "bf16"] or ["fp32"]
+    return next((r for r in usable if PRECISION[r].dtype == PRECISION[p].dtype), usable[0])
 
 
 def loss_scaling(job: JobConfig) -> CheckResult:
@@ -154,11 +188,21 @@ def loss_scaling(job: JobConfig) -> CheckResult:
         return CheckResult("precision.loss_scaling", FAIL,
                            "fp16 without loss scaling: small gradients underflow to zero",
                            "set grad_scaler = 'auto' (a GradScaler for fp16)")
+    if p == "fp16" and scaler == "on":
+        if trainable_param_bytes(job) == 2:
+            # torch/amp/grad_scaler.py _unscale_grads_(allow_fp16=False): "Attempting to unscale FP16 gradients."
+            return CheckResult("precision.loss_scaling", FAIL,
+                               "a GradScaler with pure fp16: torch refuses to unscale fp16 gradients "
+                               "(\"Attempting to unscale FP16 gradients.\")",
+                               "set grad_scaler = 'auto' (none for pure fp16), or precision = 'fp16-mixed'")
+        return CheckResult("precision.loss_scaling", PASS, "fp16: GradScaler on the fp32 adapters' gradients")
     if p != "fp16-mixed" and scaler == "on":
         return CheckResult("precision.loss_scaling", WARN,
                            f"a GradScaler with {p} is needless: bf16/fp32 have fp32's exponent range",
                            "set grad_scaler = 'auto'")
-    used = "GradScaler on" if p == "fp16-mixed" else "no loss scaling needed"
+    used = ("GradScaler on" if p == "fp16-mixed" else
+            "no loss scaling (pure fp16: torch's GradScaler takes no fp16 gradients)" if p == "fp16" else
+            "no loss scaling needed")
     return CheckResult("precision.loss_scaling", PASS, f"{p}: {used}")
 
 
@@ -175,12 +219,15 @@ def flash_attention(job: JobConfig) -> CheckResult:
             # torch's SDPA falls back to its math kernel (sdp_utils.cpp): no flash for fp32 or
             # pre-sm80, no memory-efficient kernel for grouped-query attention.
             scores = shape.heads * t.seq_len * t.seq_len * t.micro_batch * t.compute_bytes
-            why = ("fp32 with grouped-query attention" if t.precision == "fp32" and shape.kv_heads != shape.heads
+            gqa = shape.kv_heads != shape.heads
+            why = ("fp32 with grouped-query attention" if t.dtype == "fp32" and gqa
+                   else f"{t.precision} with grouped-query attention on sm{gpu.sm}" if t.dtype == "fp16" and gqa
                    else f"{t.precision} on sm{gpu.sm}")
             return CheckResult("attention.kernel", WARN,
                                f"sdpa takes its math kernel on {gpu.name} ({why}): it keeps s x s attention "
                                f"weights, {gib(scores)} per layer",
                                "use precision = 'bf16-mixed' on sm80+ (flash kernel)" if gpu.supports_bf16
+                               else "use a sm80+ GPU (flash kernel), or a model without GQA" if t.dtype == "fp16"
                                else "use precision = 'fp16-mixed' with a model without GQA, or a sm80+ GPU")
         return CheckResult("attention.kernel", PASS, f"sdpa: the {kernel} kernel on {gpu.name}, no s x s matrix")
     # flash-attn 2 ships kernels for Ampere, Ada and Hopper (its README: sm80 and newer).
@@ -188,7 +235,7 @@ def flash_attention(job: JobConfig) -> CheckResult:
         return CheckResult("attention.kernel", FAIL,
                            f"flash-attn 2 needs sm80+ (Ampere or newer), {gpu.name} is sm{gpu.sm}",
                            "use attention = 'sdpa' (memory-efficient kernel)")
-    if t.precision == "fp32":
+    if t.dtype == "fp32":
         return CheckResult("attention.kernel", FAIL, "flash-attn runs in fp16/bf16 only, precision is fp32",
                            "use precision = 'bf16-mixed', or attention = 'sdpa'")
     if shape.d_head > 256 or shape.d_head % 8:

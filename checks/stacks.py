@@ -132,7 +132,7 @@ class Stack:
     lora_targets: tuple[str, ...]
     """LoRA's default target modules, by Llama module name ("all" = every block linear)."""
     lora_dtype: str
-    """Adapter weights' dtype: param (fp32 masters unless pure bf16), fp32 always, or the compute dtype."""
+    """Adapter weights' dtype: param (fp32 masters unless pure 16-bit), fp32 always, or the compute dtype."""
     adamw_impl: str
     """torch AdamW implementation the stack picks on CUDA (fused / foreach / for-loop)."""
     quantize_head: bool
@@ -312,7 +312,10 @@ STACK_FACTS: dict[str, Stack] = {
               ("k_proj", "q_proj", "v_proj", "up_proj", "down_proj", "gate_proj"), "compute", "foreach", False, True, True,
               "AnswerDotAI/fsdp_qlora train.py 50efa1e; transformers 4.39 modeling_llama.py; torch 2.2 FSDP1",
               fsdp_init_on_device=True, lora_units=True, rope_cache_buffers=True, adapter_input_cast=True,
-              expert_linears=True),  # a transformers 4.39 model: experts are nn.Linear (transformers_facts)
+              expert_linears=True,  # a transformers 4.39 model: experts are nn.Linear (transformers_facts)
+              # --precision fp32 | bf16 | fp16_autocast | bf16_autocast | bf16_buffers_autocast; anything else
+              # is "Invalid precision" (train.py 50efa1e): no pure fp16.
+              precisions=("fp32", "fp16-mixed", "bf16-mixed", "bf16")),
         # torchtune: CEWithChunkedOutputLoss(num_output_chunks=8), upcast per chunk
         # (torchtune/modules/loss/ce_chunked_output_loss.py), and the recipes `del logits` before
         # backward (recipes/lora_finetune_single_device.py _loss_step); LoRA recipes target q, v, output_proj
@@ -690,7 +693,7 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
         default_targets = ("c_attn",)  # peft's mapping for gpt2
     lora = train.lora_rank > 0
     fsdp = cluster.sharding in ("zero2", "zero3")
-    mixed = train.precision.endswith("-mixed")
+    mixed = train.mixed
     # Autocast only happens where fp32 weights sit on the GPU: FSDP's MixedPrecisionPolicy gathers
     # them in the compute dtype, optimizer offload leaves only compute-dtype weights on the GPU
     # (ZeRO-Offload), and DeepSpeed's bf16/fp16 engine keeps 16-bit module weights with the fp32
@@ -767,7 +770,7 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
                     and parse_version(train.bitsandbytes) < (0, 43, 2))
     around = fsdp and fsdp_version == 1 and ac == "block" and reentrant and around_unit
     adapter = (0 if not lora else 4 if lora_dtype == "fp32" or train.compute_bytes == 4
-               else 2 if lora_dtype == "compute" or train.precision == "bf16" else 4)
+               else 2 if lora_dtype == "compute" or train.pure_16bit else 4)
     return JobFacts(
         stack=stack,
         loss=loss,
@@ -812,13 +815,13 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
         # default dtype while the model is constructed, modeling_utils _set_default_torch_dtype).
         # The hf stack loads with from_pretrained(torch_dtype=...): a LoRA/QLoRA base in the compute dtype
         # (podkit's frozen base, memory.frozen_groups), a full fine-tune in its parameters' dtype (fp32
-        # masters unless pure bf16). DeepSpeed's 16-bit engine holds the module in the compute dtype,
+        # masters unless pure 16-bit). DeepSpeed's 16-bit engine holds the module in the compute dtype,
         # buffers included (runtime/engine.py _configure_distributed_model: module.bfloat16() / .half()).
         rope_cache_bytes=(0 if not rope_buffers or not shape.rope_positions
-                          else (4 if train.base_quant != "none" or train.precision != "bf16" else 2)
+                          else (4 if train.base_quant != "none" or not train.pure_16bit else 2)
                           if not stack.transformers_release
                           else train.compute_bytes if lora or stack.deepspeed_engine
-                          else 2 if train.precision == "bf16" else 4),
+                          else train.param_bytes),
         reentrant=reentrant,
         block_kernels=train.block_kernels,
         expert_linears=expert_linears,

@@ -119,6 +119,27 @@ def test_pure_bf16_states_and_stream(job):
     assert part(est, "saved activations") == (16 * per_block + head) * 512
 
 
+def test_pure_fp16_prices_as_pure_bf16_by_hand(job):
+    """Pure fp16 (litgpt's 16-true, axolotl's float16) stores what pure bf16 stores: 2-byte weights, gradients
+    and Adam states, a 16-bit residual stream, no autocast cache. The two dtypes split the same 16 bits
+    differently (5 exponent + 10 mantissa bits against 8 + 7); no tensor changes size."""
+    train = "micro_batch = 1\nseq_len = 512\noptimizer = 'adamw8bit'"
+    fp16 = estimate(job(train=f"precision = 'fp16'\n{train}"))
+    assert part(fp16, "weights") == P_1B * 2
+    assert fp16.term("grads", "step") == P_1B * 2
+    assert not any(p.label == "autocast weight cache" for p in fp16.phase_parts["forward-end"])
+    # The bf16 test's stream above, per token: the norms' fp32 upcast, rsqrt and 16-bit cast back, the shared
+    # normed inputs, q/k/v, attention and the MLP.
+    per_block = 2 * (6 * 2048 + 4) + 2 * 2 * 2048 + 6_144 + 4_224 + 65_536
+    head = 6 * 2048 + 4 + 2 * 2048
+    assert part(fp16, "saved activations") == (16 * per_block + head) * 512
+    # Term by term and phase by phase the same bytes as pure bf16 (on the A10G both take SDPA's flash kernel).
+    bf16 = estimate(job(train=f"precision = 'bf16'\n{train}"))
+    assert fp16.per_gpu == bf16.per_gpu and fp16.phases == bf16.phases
+    # With torch's AdamW the states are the parameters' dtype too: m and v at 2 B each.
+    assert estimate(job(train="precision = 'fp16'\nmicro_batch = 1\nseq_len = 512")).term("optimizer") == P_1B * 4
+
+
 def test_adamw8bit_states_by_hand(job):
     j = job(train="optimizer = 'adamw8bit'")
     # Two 1-byte states plus an fp32 absmax per 256 values for every tensor of >= 4096 values;

@@ -65,6 +65,49 @@ def test_precision_vs_gpu(job):
     assert rules.precision_gpu(job(train="precision = 'bf16'")).status == "warn"
 
 
+def test_pure_fp16_runs_on_t4_and_v100_without_loss_scaling(job):
+    # No sm80 needed: fp16 tensor cores are Volta's and Turing's (bf16's start with Ampere).
+    for gpu in ("T4", "V100"):
+        r = rules.precision_gpu(job(train="precision = 'fp16'\noptimizer = 'adamw8bit'", cluster=f"gpu = '{gpu}'"))
+        assert r.status == "warn" and "bf16" not in r.message, r
+        assert "no loss scaling" in r.message and "6e-8" in r.message and "65504" in r.message
+        assert r.fix.startswith("prefer fp16-mixed (fp32 masters and a GradScaler)") and "bf16-mixed" not in r.fix
+    # Where bf16 exists the fix says so.
+    a100 = rules.precision_gpu(job(train="precision = 'fp16'\noptimizer = 'adamw8bit'", cluster="gpu = 'A100-80GB'"))
+    assert "bf16-mixed on this sm80 GPU" in a100.fix
+    # Pure bf16 on a T4 still fails, as before.
+    assert rules.precision_gpu(job(train="precision = 'bf16'", cluster="gpu = 'T4'")).status == "fail"
+    # A stack that has no pure fp16 (torchtune's recipes, fsdp_qlora's --precision) says so.
+    for stack in ("torchtune", "fsdp_qlora"):
+        r = rules.precision_gpu(job(train=f"stack = '{stack}'\nprecision = 'fp16'\nlora_rank = 8"))
+        assert r.status == "warn" and f"{stack} cannot train in fp16" in r.message, r
+
+
+def test_pure_fp16_adamw_fails_as_torch_runs_it(job):
+    """torch's AdamW keeps exp_avg_sq in the parameter's dtype: in fp16 (1 - beta2) g^2 of a small gradient is 0."""
+    import torch
+
+    for impl, first in (({"foreach": True}, float("-inf")), ({"foreach": False}, float("-inf")),
+                        ({"fused": True}, None)):
+        w = torch.nn.Parameter(torch.zeros(4, dtype=torch.float16))
+        opt = torch.optim.AdamW([w], lr=1e-3, betas=(0.9, 0.95), weight_decay=0.0, **impl)
+        w.grad = torch.full_like(w, 1e-4)
+        opt.step()
+        assert opt.state[w]["exp_avg_sq"].eq(0).all()  # 0.05 x 1e-8 is under fp16's smallest value
+        if first is not None:
+            assert w[0].item() == first  # m / (0 + eps), and eps = 1e-8 is 0 in fp16 as well
+    # ... and the fused kernel, finite at the first step, divides by the last gradient alone from then on:
+    # tests/test_smoke.py runs the tiny job in pure fp16 with bitsandbytes' AdamW instead.
+    podkit = rules.precision_gpu(job(train="precision = 'fp16'", cluster="gpu = 'T4'"))
+    assert podkit.status == "fail" and "AdamW (fused) keeps exp_avg_sq in fp16" in podkit.message
+    assert podkit.fix.startswith("use optimizer = 'adamw8bit'") and "fp16-mixed" in podkit.fix
+    litgpt = rules.precision_gpu(job(train="stack = 'litgpt'\nprecision = 'fp16'", cluster="gpu = 'T4'"))
+    assert litgpt.status == "fail" and "(foreach)" in litgpt.message and "eps (1e-8) is 0" in litgpt.message
+    # peft's fp32 adapters keep fp32 states: only the frozen base is fp16.
+    hf_lora = rules.precision_gpu(job(train="stack = 'hf'\nprecision = 'fp16'\nlora_rank = 8", cluster="gpu = 'T4'"))
+    assert hf_lora.status == "warn" and "no loss scaling" in hf_lora.message
+
+
 def test_precision_the_stack_cannot_run(job):
     # torchtune's recipes train in cfg.dtype with no autocast and refuse fp16: bf16 or fp32 only.
     mixed = rules.precision_gpu(job(train="stack = 'torchtune'\nprecision = 'bf16-mixed'"))
@@ -88,6 +131,21 @@ def test_loss_scaling(job):
     assert rules.loss_scaling(job(train="precision = 'fp16-mixed'")).status == "pass"
     assert rules.loss_scaling(job(train="precision = 'fp16-mixed'\ngrad_scaler = 'off'")).status == "fail"
     assert rules.loss_scaling(job(train="precision = 'bf16-mixed'\ngrad_scaler = 'on'")).status == "warn"
+    pure = rules.loss_scaling(job(train="precision = 'fp16'"))
+    assert pure.status == "pass" and "torch's GradScaler takes no fp16 gradients" in pure.message
+    # torch/amp/grad_scaler.py refuses to unscale fp16 gradients; peft's fp32 adapters' gradients it takes.
+    import torch
+
+    w = torch.nn.Parameter(torch.zeros(4, dtype=torch.float16))
+    w.grad = torch.ones_like(w)
+    scaler = torch.amp.GradScaler("cpu")
+    scaler.scale(torch.tensor(1.0))
+    with pytest.raises(ValueError, match="Attempting to unscale FP16 gradients."):
+        scaler.unscale_(torch.optim.SGD([w], lr=0.1))
+    scaled = rules.loss_scaling(job(train="precision = 'fp16'\ngrad_scaler = 'on'"))
+    assert scaled.status == "fail" and "Attempting to unscale FP16 gradients." in scaled.message
+    lora = job(train="stack = 'hf'\nprecision = 'fp16'\nlora_rank = 8\ngrad_scaler = 'on'")
+    assert rules.loss_scaling(lora).status == "pass"
 
 
 def test_flash_attention(job):

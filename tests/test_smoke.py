@@ -286,6 +286,23 @@ def test_secrets_stay_out_of_the_builtin_runs_summary_and_traceback(tmp_path):
     _assert_no_secret(out / "leak", proc)
 
 
+def test_pure_fp16_on_cpu(tmp_path):
+    """CPU torch runs every op of the replica in fp16 (slowly: seconds a step for the tiny job on 2 cores), and
+    the run stores what the prediction prices: 2-byte weights and gradients. bitsandbytes' AdamW, because torch's
+    keeps exp_avg_sq in fp16 and diverges (tests/test_rules.py); its states are priced alike in any precision."""
+    pytest.importorskip("bitsandbytes", reason="AdamW8bit comes from bitsandbytes (a test extra)")
+    job = tiny_job(tmp_path, train={"precision": '"fp16"', "optimizer": '"adamw8bit"'})
+    proc, s = smoke(tmp_path, "--config", str(job), "--steps", "3")
+    assert s is not None and s["steps"] == 3, proc.stderr
+    assert "fp16, adamw8bit" in proc.stderr
+    # Three steps cannot show the loss falling 20%, but it falls, finite.
+    assert s["loss_last"] < s["loss_first"] and not [r for r in s["reasons"] if "nan" in r or "inf" in r]
+    r = rows(s)
+    assert r["params"]["predicted"] == 2 * s["params"] and r["grads"]["predicted"] == 2 * s["params"]
+    for term in ("params", "grads", "optimizer", "activations + loss", "peak allocated"):
+        assert abs(r[term]["error"]) < 0.05, r[term]
+
+
 @pytest.mark.parametrize("train, left_out", [
     ({"optimizer_impl": '"foreach"'}, []),  # foreach's step temporaries are in the step's peak, not the states
     ({"precision": '"bf16-mixed"', "stack": '"deepspeed"'}, ["deepspeed_engine"]),

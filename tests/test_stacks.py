@@ -392,6 +392,28 @@ def test_sdpa_kernel_choice():
     assert sdpa_backend(t4, 2, 128, gqa=True) == "math"
 
 
+def test_pure_fp16_attention_kernel_by_gpu(job):
+    """sdp_utils.cpp: flash takes fp16 on sm80-sm121 (check_flash_attention_hardware_support, check_dtypes_low_precision),
+    memory-efficient takes fp16 from sm50 (less_than_sm80_mem_efficient_dtypes = {kHalf, kFloat}) but bf16 only from sm80."""
+    from podkit.checks.kernels import attention_kernel
+
+    mha = "hidden = 1024\nlayers = 2\nheads = 16\nffn = 4096\nvocab = 32000"  # head dim 64, no GQA
+    for gpu, kernel in (("T4", "efficient"), ("V100", "efficient"), ("A100-80GB", "flash")):
+        assert attention_kernel(job(model=mha, train="precision = 'fp16'", cluster=f"gpu = '{gpu}'")) == kernel, gpu
+        assert attention_kernel(job(model=mha, train="precision = 'fp16-mixed'", cluster=f"gpu = '{gpu}'")) == kernel
+    # Pure bf16 before Ampere has no fused kernel at all.
+    assert attention_kernel(job(model=mha, train="precision = 'bf16'", cluster="gpu = 'T4'")) == "math"
+    # Llama-3.2-1B's grouped-query attention: only flash takes it, so pre-Ampere fp16 falls to math...
+    for gpu, kernel in (("T4", "math"), ("V100", "math"), ("A100-80GB", "flash")):
+        assert attention_kernel(job(train="precision = 'fp16'", cluster=f"gpu = '{gpu}'")) == kernel, gpu
+    check = flash_attention(job(train="precision = 'fp16'", cluster="gpu = 'T4'"))
+    assert check.status == "warn" and "fp16 with grouped-query attention on sm75" in check.message
+    assert check.fix == "use a sm80+ GPU (flash kernel), or a model without GQA"
+    # ... unless the stack repeats k and v to every head first (litgpt): plain multi-head attention to SDPA.
+    litgpt = job(train="stack = 'litgpt'\nprecision = 'fp16'", cluster="gpu = 'T4'")
+    assert attention_kernel(litgpt) == "efficient" and flash_attention(litgpt).status == "pass"
+
+
 def test_fp32_gqa_keeps_the_s_by_s_weights(job):
     fp32 = job(model=LLAMA8B, train="precision = 'fp32'\nseq_len = 1024", cluster="gpu = 'H100'")
     per_token = A.saved_per_token(A.block_facts(fp32), "none")

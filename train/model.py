@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from podkit.checks.config import PRECISION
 from podkit.checks.models import ModelShape
 from podkit.checks.stacks import AC_POLICIES, BLOCK_KERNELS, LORA_DTYPES, LOSSES, liger_norm_in_place
 from podkit.train import liger, losses
@@ -444,14 +445,16 @@ def _gen_for(t: torch.Tensor, gen: torch.Generator) -> torch.Generator | None:
     return gen if gen.device == t.device else None
 
 
+TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
 def compute_dtype(precision: str) -> torch.dtype:
-    return {"fp32": torch.float32, "fp16-mixed": torch.float16, "bf16-mixed": torch.bfloat16,
-            "bf16": torch.bfloat16}[precision]
+    return TORCH_DTYPES[PRECISION[precision].dtype]
 
 
 def param_dtype(precision: str) -> torch.dtype:
-    """How trainable weights are stored: fp32 masters for mixed precision, bf16 for pure bf16."""
-    return torch.bfloat16 if precision == "bf16" else torch.float32
+    """How trainable weights are stored: fp32 masters for mixed precision, the 16-bit dtype for pure bf16/fp16."""
+    return compute_dtype(precision) if PRECISION[precision].pure_16bit else torch.float32
 
 
 def build(shape: ModelShape, opts: ModelOptions, precision: str) -> Decoder:

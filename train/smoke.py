@@ -317,7 +317,7 @@ class SmokeRun:
             self._build()
             t = self.t
             tokens = t.micro_batch * t.seq_len * t.grad_accum
-            peak_flops = self.gpu.peak_tflops(t.precision) * 1e12 if self.device.type == "cuda" else 0.0
+            peak_flops = self.gpu.peak_tflops(t.dtype) * 1e12 if self.device.type == "cuda" else 0.0
             embedding = 0 if self.job.shape.tie_embeddings else self.job.shape.vocab * self.job.shape.hidden
             self.monitor = MemoryMonitor(
                 every=self.job.smoke.profile_every, device=self.device, tokens_per_step=tokens,
