@@ -206,6 +206,30 @@ def test_multi_gpu_lora_is_fsdp2_with_checkpointing(tmp_path):
     assert any("no MixedPrecisionPolicy" in w for w in imp.files[0].warnings)
 
 
+def test_16_true_is_pure_fp16_and_runs_on_a_t4(tmp_path):
+    """lightning's 16-true is HalfPrecision(torch.float16): the module in fp16, no fp32 copy, no GradScaler."""
+    text = (FIXTURES / "llama-3.1-8b-lora.yaml").read_text().replace("precision: bf16-true", "precision: 16-true")
+    path = write(tmp_path, "lora16.yaml", text)
+    imp = build_job(None, [path])
+    assert imp.job.train.precision == "fp16" and imp.job.train.pure_16bit
+    assert not [w for w in imp.files[0].warnings if "16-true" in w]
+    # The 2-byte job it was priced as before (pure bf16) holds the same bytes.
+    bf16 = build_job(None, [str(FIXTURES / "llama-3.1-8b-lora.yaml")])
+    assert memory.estimate(imp.job).per_gpu == memory.estimate(bf16.job).per_gpu
+    # On a T4: no sm80 needed, SDPA's memory-efficient kernel (litgpt repeats k/v), and litgpt's torch AdamW
+    # (foreach) on the fp16 adapters is the one thing that fails.
+    out = preflight("--json", "--gpu", "T4", "--from", f"litgpt:{path}")
+    checks = {c["id"]: c for c in json.loads(out.stdout)["checks"]}
+    assert "needs bf16 support" not in checks["precision.gpu"]["message"]
+    assert checks["precision.gpu"]["status"] == "fail" and "AdamW (foreach)" in checks["precision.gpu"]["message"]
+    assert checks["attention.kernel"]["message"].startswith("sdpa: the efficient kernel on T4")
+    eight_bit = path.replace("lora16", "lora16-8bit")
+    Path(eight_bit).write_text(text.replace("class_path: torch.optim.AdamW", "class_path: bitsandbytes.optim.AdamW8bit"))
+    out = preflight("--json", "--gpu", "T4", "--from", f"litgpt:{eight_bit}")
+    check = {c["id"]: c for c in json.loads(out.stdout)["checks"]}["precision.gpu"]
+    assert check["status"] == "warn" and "no loss scaling" in check["message"], check
+
+
 def test_local_checkpoint_dir_reads_litgpt_model_config(tmp_path):
     """A downloaded checkpoint's model_config.yaml is the model litgpt builds (lora.py Config.from_file)."""
     ckpt = tmp_path / "checkpoints" / "me" / "tiny"

@@ -209,6 +209,42 @@ def test_accelerate_fsdp_yaml(tmp_path):
     assert any("fsdp_state_dict_type" in i for i in imp.files[0].ignored)
 
 
+def test_a_model_loaded_in_float16_is_the_fp16_twin_of_bf16(tmp_path):
+    """transformers' Trainer over a model loaded with torch_dtype float16: no flag is pure fp16; fp16 = true puts
+    a GradScaler over it, which takes peft's fp32 adapters' gradients but refuses fp16 ones (torch/amp/
+    grad_scaler.py: "Attempting to unscale FP16 gradients."), unless an engine keeps fp32 masters."""
+    base = textwrap.dedent("""
+        model_name_or_path: meta-llama/Llama-3.2-1B
+        torch_dtype: float16
+        per_device_train_batch_size: 2
+        optim: adamw_8bit
+    """)
+    pure = build_job(None, [write(tmp_path, "pure.yaml", base)])
+    assert (pure.job.train.precision, pure.job.train.grad_scaler) == ("fp16", "auto")
+    assert "torch_dtype = 'float16' -> train.precision = 'fp16' (fp16 weights, no fp32 masters)" in pure.files[0].mapped
+    assert not [w for w in pure.files[0].warnings if "not modelled" in w]
+    lora = build_job(None, [write(tmp_path, "lora.yaml", base + "fp16: true\nuse_peft: true\nlora_r: 8\n")])
+    assert (lora.job.train.precision, lora.job.train.grad_scaler) == ("fp16", "on")
+    assert lora.job.facts.adapter_bytes == 4  # peft's fp32 adapters: the GradScaler unscales them
+    with pytest.raises(ConfigError, match="Attempting to unscale FP16 gradients"):
+        build_job(None, [write(tmp_path, "full.yaml", base + "fp16: true\n")])
+    fsdp = build_job(None, [write(tmp_path, "fsdp.yaml", base + "fp16: true\nfsdp: full_shard auto_wrap\n")])
+    assert fsdp.job.train.precision == "fp16-mixed"  # accelerate's FSDP upcasts the trained weights to fp32
+    # axolotl: float16 loads fp16 weights with no autocast; fp16 loads them in fp16 under the Trainer's fp16.
+    axolotl = textwrap.dedent("""
+        base_model: meta-llama/Llama-3.2-1B
+        sequence_len: 1024
+        micro_batch_size: 1
+        optimizer: adamw_bnb_8bit
+    """)
+    job = build_job(None, [write(tmp_path, "float16.yml", axolotl + "float16: true\n")]).job
+    assert job.train.precision == "fp16"
+    job = build_job(None, [write(tmp_path, "fp16lora.yml", axolotl + "fp16: true\nadapter: lora\nlora_r: 8\n")]).job
+    assert (job.train.precision, job.train.grad_scaler) == ("fp16", "on")
+    with pytest.raises(ConfigError, match="fp16 = True .axolotl loads the weights in fp16. with fp16 autocast"):
+        build_job(None, [write(tmp_path, "fp16full.yml", axolotl + "fp16: true\n")])
+
+
 def test_axolotl_qlora_yaml(tmp_path):
     # axolotl docs/config-reference.qmd: base_model, adapter, lora_r, lora_target_linear, sequence_len,
     # micro_batch_size, optimizer, flash_attention.

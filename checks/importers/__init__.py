@@ -187,9 +187,9 @@ def build_job(config: str | None, specs: list[str], model_preset: str | None = N
             section, key = dotted.split(".")
             if dotted not in setters and key not in sections[section]:
                 sections[section][key] = value
-    loaded_bf16 = next((f for f in files if f.weights_bf16), None)
-    if loaded_bf16:
-        bf16_weights(sections, loaded_bf16)
+    loaded_16bit = next((f for f in files if f.weights_dtype), None)
+    if loaded_16bit:
+        weights_16bit(sections, loaded_16bit)
     if model_preset:
         if "model" in setters:
             # --model is for files that name no model (a DeepSpeed JSON, an accelerate YAML); one that
@@ -221,26 +221,41 @@ def build_job(config: str | None, specs: list[str], model_preset: str | None = N
     return ImportedJob(job, toml, files, unresolved)
 
 
-def bf16_weights(sections: dict[str, dict[str, Any]], imp: Imported) -> None:
-    """A model loaded in bf16 trains in pure bf16 (autocast over bf16 weights, no fp32 masters; peft keeps its
-    adapters fp32) unless an engine makes fp32 masters of the trained weights, which both do under bf16
-    autocast for a full fine-tune: DeepSpeed (its bf16 / ZeRO optimizers' fp32 partitions, runtime/
-    bf16_optimizer.py) and accelerate's FSDP (accelerator.py / utils/fsdp_utils.py fsdp2_prepare_model:
-    "FSDP upcast of low precision parameters to fp32", trainable parameters only)."""
+def weights_16bit(sections: dict[str, dict[str, Any]], imp: Imported) -> None:
+    """A model loaded in bf16 or fp16 trains in that pure 16-bit precision (autocast over 16-bit weights, no fp32
+    masters; peft keeps its adapters fp32) unless an engine makes fp32 masters of the trained weights, which both
+    do under autocast for a full fine-tune: DeepSpeed (its bf16 / fp16 optimizers' fp32 partitions, runtime/
+    bf16_optimizer.py, fp16/fused_optimizer.py) and accelerate's FSDP (utils/fsdp_utils.py fsdp2_prepare_model:
+    "FSDP upcast of low precision parameters to fp32 (since mixed_precision != 'no')", trainable parameters
+    only). Without one, fp16 autocast over fp16 weights is refused for a full fine-tune: the Trainer's GradScaler
+    unscales before clipping and stepping, and torch refuses fp16 gradients (torch/amp/grad_scaler.py
+    _unscale_grads_: "Attempting to unscale FP16 gradients."). peft's fp32 adapters it scales: a LoRA job keeps
+    its GradScaler."""
     train, cluster = sections["train"], sections["cluster"]
-    precision = train.get("precision")
-    if precision not in (None, "bf16-mixed", "fp32"):
+    dtype, precision = imp.weights_dtype, train.get("precision")
+    mixed = f"{dtype}-mixed"
+    if precision not in (None, mixed, "fp32"):
+        imp.warnings.append(f"{imp.weights_key}: {dtype} weights under {precision} are not modelled; "
+                            f"train.precision stays {precision!r}")
         return
     engine = "DeepSpeed" if train.get("stack") == "deepspeed" else \
         "accelerate's FSDP" if cluster.get("sharding") in ("zero2", "zero3") and train.get("stack") == "hf" else ""
-    if precision == "bf16-mixed" and engine and not train.get("lora_rank"):
-        imp.mapped.append(f"{imp.weights_bf16}: bf16 weights, given fp32 masters by {engine} under bf16 autocast "
-                          "-> train.precision stays 'bf16-mixed'")
+    lora = bool(train.get("lora_rank"))
+    if precision == mixed and not lora and engine:
+        imp.mapped.append(f"{imp.weights_key}: {dtype} weights, given fp32 masters by {engine} under {dtype} "
+                          f"autocast -> train.precision stays {mixed!r}")
         return
-    train["precision"] = "bf16"
-    imp.mapped.append(f"{imp.weights_bf16} -> train.precision = 'bf16' (bf16 weights"
-                      + (", frozen but the adapters" if train.get("lora_rank") and engine else "")
-                      + ", no fp32 masters)")
+    if precision == "fp16-mixed" and not lora:
+        raise ConfigError(imp.path.name, f"{imp.weights_key} with fp16 autocast trains fp16 weights, and the Trainer's "
+                          "GradScaler refuses fp16 gradients (\"Attempting to unscale FP16 gradients.\")",
+                          "load the model in float32 for fp16 mixed precision, or turn fp16 off to train in pure fp16")
+    train["precision"] = dtype
+    if precision == "fp16-mixed":
+        train["grad_scaler"] = "on"  # the Trainer's GradScaler, over peft's fp32 adapters
+    imp.mapped.append(f"{imp.weights_key} -> train.precision = {dtype!r} ({dtype} weights"
+                      + (", frozen but the adapters" if lora and engine else "")
+                      + ", no fp32 masters" + (", a GradScaler on the adapters" if precision == "fp16-mixed" else "")
+                      + ")")
 
 
 def _value(v: Any) -> str:

@@ -43,9 +43,9 @@ def read(path: Path, data: dict) -> Imported:
     if data.get("sequence_len") and not truthy(data.get("sample_packing", False)):
         imp.warnings.append("sequence_len is the maximum: without sample_packing, shorter batches use less")
     handled.add("sample_packing")
-    # axolotl loads the model in cfg.torch_dtype (bfloat16 when bf16 is true or auto: src/axolotl/loaders/
-    # model.py _set_device_map_config, model_kwargs["torch_dtype"]): bf16 weights, no fp32 masters, so
-    # podkit's pure "bf16" (peft still keeps adapters in fp32).
+    # axolotl loads the model in cfg.torch_dtype (bfloat16 when bf16 is true or auto, float16 for fp16:
+    # src/axolotl/loaders/model.py _set_device_map_config, model_kwargs["torch_dtype"]): 16-bit weights, no
+    # fp32 masters, so podkit's pure "bf16" / "fp16" (peft still keeps adapters in fp32).
     _precision(imp, data)
     handled |= {"bf16", "fp16", "tf32", "bfloat16", "float16", "float32"}
     if data.get("optimizer"):
@@ -154,16 +154,16 @@ def _precision(imp: Imported, data: dict) -> None:
     if truthy(flags.get("fp16") or False) and flags.get("bf16") == "auto":
         flags["bf16"] = False
     precision_from_flags(imp, flags)
-    if imp.sections["train"].get("precision") == "bf16-mixed":
-        imp.weights_bf16 = f"bf16 = {data.get('bf16')!r} (axolotl loads the weights in bf16)"
-    elif imp.sections["train"].get("precision", "fp32") == "fp32":
+    precision = imp.sections["train"].get("precision", "fp32")
+    if precision in ("bf16-mixed", "fp16-mixed"):
+        flag = precision[:4]
+        imp.loads_weights(flag, f"{flag} = {data.get(flag)!r} (axolotl loads the weights in {flag})")
+    elif precision == "fp32":
         no_amp = next((k for k in ("bfloat16", "float16") if truthy(data.get(k) or False)), None)
         if no_amp:
-            # 16-bit weights without autocast: pure 16-bit; fp16's bytes are bf16's (podkit has no pure fp16).
-            imp.set(no_amp, data[no_amp], "train", "precision", "bf16")
+            # 16-bit weights without autocast: pure 16-bit.
+            imp.set(no_amp, data[no_amp], "train", "precision", {"bfloat16": "bf16", "float16": "fp16"}[no_amp])
             imp.warnings[:] = [w for w in imp.warnings if not w.startswith("neither bf16 nor fp16")]
-            if no_amp == "float16":
-                imp.warnings.append("float16: pure fp16 weights, priced as pure bf16 (the same bytes)")
 
 
 def _checkpointing(imp: Imported, data: dict) -> None:

@@ -252,10 +252,10 @@ def read_trainer(path: Path, data: dict) -> Imported:
     handled |= {"load_in_4bit", "load_in_8bit", "bnb_4bit_quant_type", "use_bnb_nested_quant", "torch_dtype", "dtype"}
     dtype_key = "dtype" if data.get("dtype") else "torch_dtype"
     dtype = data.get(dtype_key)
-    if dtype in ("bfloat16", "bf16"):
-        # TRL ModelConfig.torch_dtype (dtype in trl >= 0.22): the weights are loaded in bf16. Whether
-        # anything keeps fp32 masters of them depends on the engine another file may name (bf16_weights).
-        imp.weights_bf16 = f"{dtype_key} = {dtype!r}"
+    if dtype in ("bfloat16", "bf16", "float16", "fp16"):
+        # TRL ModelConfig.torch_dtype (dtype in trl >= 0.22): the weights are loaded in 16 bits. Whether
+        # anything keeps fp32 masters of them depends on the engine another file may name (weights_16bit).
+        imp.loads_weights("bf16" if dtype.startswith("b") else "fp16", f"{dtype_key} = {dtype!r}")
     elif dtype and dtype not in ("auto", "float32"):
         imp.warnings.append(f"{dtype_key} = {dtype!r}: not modelled; train.precision follows bf16/fp16")
     _liger(imp, data)

@@ -36,9 +36,15 @@ class Imported:
     nor another file sets that key."""
     unresolved: dict[str, str] = field(default_factory=dict)
     """section.key -> why: values the file leaves to another ("auto" in a DeepSpeed JSON)."""
-    weights_bf16: str = ""
-    """The key that loads the model's weights in bf16 (TRL's torch_dtype, axolotl's bf16): train.precision
-    then depends on what the other files say runs the step (importers.bf16_weights)."""
+    weights_dtype: str = ""
+    """bf16 | fp16 where a key loads the model's weights in 16 bits (TRL's torch_dtype, axolotl's bf16 / fp16):
+    train.precision then depends on what the other files say runs the step (importers.weights_16bit)."""
+    weights_key: str = ""
+    """That key and its value, as the file says them."""
+
+    def loads_weights(self, dtype: str, key: str) -> None:
+        """The model is loaded in `dtype` (bf16 | fp16), as `key` says."""
+        self.weights_dtype, self.weights_key = dtype, key
 
     def set(self, their_key: str, their_value: Any, section: str, key: str, value: Any) -> None:
         self.sections[section][key] = value
@@ -240,4 +246,4 @@ def precision_from_flags(imp: Imported, data: dict, bf16_key: str = "bf16", fp16
     else:
         imp.set(f"{bf16_key}/{fp16_key}", False, "train", "precision", "fp32")
         imp.warnings.append("neither bf16 nor fp16: the Trainer keeps fp32 unless your script loads the model in "
-                            "16 bits (then set train.precision = \"bf16\")")
+                            "16 bits (then set train.precision = \"bf16\" or \"fp16\")")

@@ -33,9 +33,9 @@ TRAIN_DEFAULTS = {"finetune": {"global_batch_size": 16, "micro_batch_size": 1, "
                   "pretrain": {"global_batch_size": 512, "micro_batch_size": 4, "lr_warmup_steps": 2000,
                                "max_norm": 1.0, "tie_embeddings": False}}
 # Lightning Fabric precision strings (fabric/connector.py): -true converts the module to that dtype
-# (HalfPrecision: no fp32 copy), -mixed autocasts over fp32 weights (MixedPrecision, 16-mixed with a
-# GradScaler). podkit has no pure fp16: its 2-byte "bf16" holds the same bytes.
-PRECISIONS = {"bf16-true": "bf16", "16-true": "bf16", "bf16-mixed": "bf16-mixed", "16-mixed": "fp16-mixed",
+# (HalfPrecision, torch.float16 for 16-true: no fp32 copy, no GradScaler), -mixed autocasts over fp32
+# weights (MixedPrecision, 16-mixed with a GradScaler).
+PRECISIONS = {"bf16-true": "bf16", "16-true": "fp16", "bf16-mixed": "bf16-mixed", "16-mixed": "fp16-mixed",
               "32-true": "fp32"}
 # quantize -> (base_quant, double_quant): lightning BitsandbytesPrecision modes (plugins/precision/
 # bitsandbytes.py _NF4Linear compress_statistics=False, _NF4DQLinear True; fp4 alike).
@@ -297,8 +297,6 @@ def _precision(imp: Imported, path: Path, data: dict, kind: str) -> str:
                           "one of " + ", ".join(PRECISIONS))
     else:
         imp.set("precision", value, "train", "precision", PRECISIONS[value])
-        if value == "16-true":
-            imp.warnings.append("precision 16-true: pure fp16 priced as podkit's pure bf16 (the same bytes)")
     if quantize is None:
         if "quantize" in data:
             imp.set("quantize", None, "train", "base_quant", "none")
