@@ -20,6 +20,7 @@ PACKAGES = {
     "torch": "torch",
     "transformers": "transformers",
     "bitsandbytes": "bitsandbytes",
+    "torchao": "torchao",
     "flash-attn": "flash_attn",
     "nvidia-ml-py": "pynvml",
     "click": "click",

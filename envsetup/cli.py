@@ -1,7 +1,7 @@
 """bin/envsetup: make this machine ready to run podkit jobs. Runs on the pod (deploy calls it there).
 
 Steps, each skipped when the hash of its inputs is unchanged: the venv (reusing the image's
-torch), podkit's requirements, bitsandbytes, flash-attn, verification; then the env file.
+torch), podkit's requirements, bitsandbytes, torchao, flash-attn, verification; then the env file.
 Everything it does is logged under logs/envsetup/, and report.json there says what it decided.
 """
 
@@ -356,7 +356,7 @@ def run(project: Path, fingerprint_file, python, cache_dir, secrets_stdin: bool,
             if dep.name == "flash-attn":
                 attention, attention_reason = "sdpa", f"flash-attn {dep.action} failed; see logs/envsetup/flash-attn.log"
         elif dep.name == "torch" and dep.action == "pip" and fp.torch is None:
-            # torch is in the venv now: plan the rest (bitsandbytes, flash-attn) for that torch
+            # torch is in the venv now: plan the rest (bitsandbytes, torchao, flash-attn) for that torch
             fp = probe_local(str(project), fp.python)
             plan = setup.plan = resolve(fp, requirements())
             setup.fp = fp

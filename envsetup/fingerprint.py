@@ -92,7 +92,7 @@ if spec and spec.submodule_search_locations:
     print("torch\t" + json.dumps({"version": scope.get("__version__"), "cuda": scope.get("cuda"), "path": path,
                                   "arch_list": facts.get("arch_list"), "cxx11_abi": facts.get("cxx11_abi"),
                                   "error": facts.get("error")}))
-for dist in ("bitsandbytes", "flash_attn", "nvidia-ml-py"):
+for dist in ("bitsandbytes", "torchao", "flash_attn", "nvidia-ml-py"):
     try:
         from importlib.metadata import version
         print("package\t%s=%s" % (dist, version(dist)))

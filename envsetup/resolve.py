@@ -5,6 +5,9 @@ Rules, in short:
   call). A CPU machine without torch gets the pinned CPU build, like `make setup`.
 - bitsandbytes: through pip with torch constrained to the pod's build, so pip picks the newest
   release whose own Requires-Dist admits that torch (no release table to go stale).
+- torchao: declares no torch requirement, so pip cannot choose: the release whose own torchao/__init__.py
+  loads its C++ extensions with the pod's torch (TORCHAO_FOR_TORCH), pinned; none for a torch no release
+  is built for (older than 2.8), with the reason.
 - flash-attn: only on sm80+ GPUs that the image's torch has kernels for. A prebuilt wheel named
   as flash-attn's setup.py names them (envsetup/wheels.py) for the newest releases on the index,
   chosen only once it is seen to exist; else a ninja build with MAX_JOBS from free RAM and
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass, field
 
 from podkit.envsetup.arch import version_tuple as _version_tuple
@@ -25,6 +29,21 @@ from podkit.envsetup.fingerprint import Fingerprint
 
 TORCH_CPU = "torch==2.13.0"  # the same pin as the Makefile's TORCH_CPU
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+# torchao's METADATA has no Requires-Dist on torch. Each release loads its C++ extensions only with the torch it
+# names in its own torchao/__init__.py (else it warns and runs without them; a mismatched .so aborts the process,
+# pytorch/ao#2919), read at each release's tag of github.com/pytorch/ao:
+#   v0.13.0: built with torch 2.8.0, refuses 2.9+;
+#   0.14.0 (its PyPI wheel's file is tag v0.14.0-rc3's): only 0.13.0 on 2.8.0, never itself, so 2.8.0 keeps 0.13.0;
+#   v0.14.1: 2.9.0 and 2.10 nightlies;  v0.15.0: 2.9.1 and 2.10 nightlies;  v0.16.0: 2.10.0 and 2.11 nightlies;
+#   v0.17.0, v0.18.0: any torch >= 2.11.0 (min_torch_version).
+# Keys as torchao's _parse_version reads torch.__version__: (major, minor, patch), patch -1 for a dev/git build.
+# Every release named is on PyPI (cp3x-abi3 x86_64 wheels, and a py3-none-any one for other machines).
+# Here, not beside checks/stacks.py's TORCHAO_OPTIMIZERS: which build a machine's torch takes is a fact about the
+# machine (envsetup), and envsetup runs on the standard library alone, before checks' imports exist.
+TORCHAO_FOR_TORCH = {(2, 8, 0): "0.13.0", (2, 9, 0): "0.14.1", (2, 9, 1): "0.15.0", (2, 10, -1): "0.15.0",
+                     (2, 10, 0): "0.16.0", (2, 11, -1): "0.16.0"}
+TORCHAO_NEWEST, TORCHAO_NEWEST_TORCH = "0.18.0", (2, 11, 0)  # for every torch from 2.11.0 on
 
 FLASH_ATTN_TRIED = 3  # newest releases checked for a wheel before building from source
 BUILD_RAM_PER_JOB_MIB = 8 * 1024  # nvcc on flash-attn's kernels peaks at several GiB per job
@@ -90,8 +109,9 @@ def resolve(fp: Fingerprint, requirements: list[str], wheels: WheelSource | None
     # podkit's own runtime requirements (pure Python)
     deps.append(Dependency("requirements", "pip", ", ".join(requirements), reason="podkit runtime"))
 
-    # bitsandbytes
+    # bitsandbytes, torchao (the low-bit optimizers)
     deps.append(_bitsandbytes(fp, py))
+    deps.append(_torchao(fp))
 
     # flash-attn
     fa = _flash_attn(fp, unsupported, wheels)
@@ -112,6 +132,29 @@ def _bitsandbytes(fp: Fingerprint, py: tuple[int, ...]) -> Dependency:
     return Dependency("bitsandbytes", "pip", "bitsandbytes",
                       reason=f"the newest release pip finds for torch {tv[0]}.{tv[1]} (pinned by constraint), "
                              f"Python {py[0]}.{py[1]}")
+
+
+def torchao_release(torch_version: str) -> str | None:
+    """The torchao release that loads its C++ extensions with this torch (TORCHAO_FOR_TORCH), or None."""
+    m = re.match(r"(\d+)\.(\d+)\.(\d+)", torch_version)
+    if not m:
+        return None
+    major, minor, patch = map(int, m.groups())
+    key = (major, minor, -1 if re.search(r"(git|dev)", torch_version) else patch)  # torchao's _parse_version
+    return TORCHAO_NEWEST if key >= TORCHAO_NEWEST_TORCH else TORCHAO_FOR_TORCH.get(key)
+
+
+def _torchao(fp: Fingerprint) -> Dependency:
+    torch = fp.torch
+    if not torch:
+        return Dependency("torchao", "skip", reason="no torch")
+    release = torchao_release(torch.version)
+    if not release:
+        return Dependency("torchao", "skip", reason=f"no torchao release is built for torch {torch.version} "
+                                                    "(torchao pairs its releases with torch 2.8.0 and newer)")
+    return Dependency("torchao", "pip", f"torchao=={release}",
+                      reason=f"the release whose C++ extensions load on torch {torch.version} "
+                             "(torchao declares no torch requirement)")
 
 
 def _fa_arch(sm: int) -> str:

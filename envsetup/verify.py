@@ -29,6 +29,16 @@ def bnb_op():
         opt.step()
         return bnb.__version__ + ", 8-bit AdamW step on GPU"
     return bnb.__version__
+def ao_op():
+    import torch, torchao
+    from torchao.optim import AdamW8bit
+    if torch.cuda.is_available():
+        p = torch.nn.Parameter(torch.randn(4096, device="cuda"))  # 4096 values: quantized (torchao/optim/adam.py)
+        opt = AdamW8bit([p])
+        p.grad = torch.randn_like(p)
+        opt.step()
+        return torchao.__version__ + ", 8-bit AdamW step on GPU"
+    return torchao.__version__
 def fa_op():
     import torch, flash_attn
     from flash_attn import flash_attn_func
@@ -44,7 +54,7 @@ def nvml_op():
     except pynvml.NVMLError:
         return "imported (no NVIDIA driver)"
     return "%d GPU(s)" % pynvml.nvmlDeviceGetCount()
-ops = {"bitsandbytes": bnb_op, "flash-attn": fa_op, "nvidia-ml-py": nvml_op}
+ops = {"bitsandbytes": bnb_op, "torchao": ao_op, "flash-attn": fa_op, "nvidia-ml-py": nvml_op}
 for name in names:
     if name in ops:
         check(name, ops[name])

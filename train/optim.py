@@ -15,11 +15,18 @@ import torch
 
 from podkit.checks.errors import ConfigError
 from podkit.checks.stacks import BNB_OPTIMIZERS, TORCHAO_OPTIMIZERS
+from podkit.envsetup.resolve import torchao_release
 
 BNB_INSTALL = "make deploy installs it on a pod (envsetup); here: .venv/bin/pip install bitsandbytes"
-# torchao declares no torch requirement: pick the release for the installed torch (0.18.0 for torch >= 2.11;
-# github.com/pytorch/ao/issues/2919 for older ones). envsetup does not install it on pods yet.
-TORCHAO_INSTALL = ".venv/bin/pip install torchao==0.18.0 (torch >= 2.11; older torch: the release built for it)"
+
+
+def torchao_install() -> str:
+    """How to get torchao for this torch: the release envsetup pins for it (envsetup/resolve.py TORCHAO_FOR_TORCH)."""
+    release = torchao_release(torch.__version__)
+    if not release:
+        return f"no torchao release is built for torch {torch.__version__}: use an image with torch 2.8 or newer"
+    return (f"make deploy installs it on a pod (envsetup); here: .venv/bin/pip install torchao=={release} "
+            f"(the release built for torch {torch.__version__})")
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -66,7 +73,7 @@ def optimizer_class(name: str, device: torch.device, impl: str = "fused", block:
             import torchao.optim as ao_optim
         except ImportError:
             raise ConfigError("train.optimizer", f"{name} needs torchao, which is not installed",
-                              TORCHAO_INSTALL) from None
+                              torchao_install()) from None
         low_bit = TORCHAO_OPTIMIZERS[name]
         return getattr(ao_optim, low_bit.cls), {"betas": (0.9, 0.95), "block_size": block or low_bit.block}
     if name == "sgd":
