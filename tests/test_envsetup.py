@@ -70,6 +70,31 @@ def test_probe_reads_this_machine():
     assert fp.cpus >= 1 and fp.ram_total_mib > 0 and fp.disk_free_mib and fp.python_tag.startswith("cp3")
 
 
+def test_probe_lists_the_optimizer_packages_envsetup_installs():
+    """The probe's package list is what a re-deploy sees of the image: torchao was left out of it."""
+    from importlib.metadata import version
+
+    fp = probe_local(python=sys.executable)
+    assert fp.packages.get("bitsandbytes") == version("bitsandbytes")
+    assert fp.packages.get("torchao") == version("torchao")
+
+
+def test_verify_imports_torchao_and_on_a_gpu_takes_an_8bit_adamw_step():
+    """envsetup's verification of torchao, in this interpreter (torch and torchao installed): one line per
+    dependency, "ok <version>" on a CPU, with the 8-bit AdamW step on a GPU."""
+    import torch
+    from importlib.metadata import version
+
+    from podkit.envsetup.verify import VERIFY_SCRIPT
+
+    out = subprocess.run([sys.executable, "-c", VERIFY_SCRIPT, "torchao"], capture_output=True, text=True,
+                         timeout=600, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    results = json.loads(out.stdout.strip().splitlines()[-1])
+    assert sorted(results) == ["torch", "torchao"], out.stdout + out.stderr
+    expect = f"ok {version('torchao')}" + (", 8-bit AdamW step on GPU" if torch.cuda.is_available() else "")
+    assert results["torchao"] == expect, results
+
+
 def test_probe_finds_python3_in_a_path_with_a_space(tmp_path, monkeypatch):
     # The automatic search (no PODKIT_PYTHON) took `command -v python3` apart at the space and found no interpreter.
     bindir = tmp_path / "My Envs" / "bin"

@@ -17,10 +17,12 @@ import shutil
 import sys
 import threading
 import time
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 
+from podkit.envsetup.resolve import torchao_release
 from podkit.pods.connection import PodConnection
 from podkit.pods.hosts import parse_host, resolve
 from podkit.pods.sync import remote_disk_full
@@ -70,6 +72,12 @@ def test_first_deploy_then_no_change_then_a_change(world):
             assert "hf_SECRETvalue123" not in path.read_text(errors="replace"), path
     probe = (remote / "logs" / "probe.json").read_text()
     assert '"python_version"' in probe and '"cpus"' in probe
+    # torchao, like bitsandbytes: the release for the pod's torch, installed and then imported by verification
+    report = json.loads((remote / "logs" / "envsetup" / "report.json").read_text())
+    torchao = next(d for d in report["plan"] if d["name"] == "torchao")
+    assert torchao["requirement"] == f"torchao=={torchao_release(version('torch'))}", torchao
+    assert report["outcome"]["torchao"] == "installed", report["outcome"]
+    assert report["verify"]["torchao"].startswith(f"ok {version('torchao')}"), report["verify"]
 
     # The pod's outputs are not code: a later sync must leave them alone.
     (remote / "runs" / "r0").mkdir(parents=True)
@@ -83,6 +91,7 @@ def test_first_deploy_then_no_change_then_a_change(world):
     assert outcome["pods"][0]["sync"] == "0 files" and outcome["pods"][0]["envsetup"] == "ready"
     assert "sync: 0 files changed" in again.stderr
     assert "requirements  unchanged" in again.stderr and "bitsandbytes  unchanged" in again.stderr
+    assert "torchao       unchanged" in again.stderr
     assert "export HF_TOKEN=hf_SECRETvalue123" in env_file.read_text()  # kept without HF_TOKEN set locally
 
     (world.project / "README.md").write_text((world.project / "README.md").read_text() + "\nchanged\n")

@@ -207,3 +207,40 @@ def test_pip_picks_the_bitsandbytes_release_the_pods_torch_admits(wheels, tmp_pa
     assert out.returncode == 0, out.stderr
     chosen = {i["metadata"]["name"]: i["metadata"]["version"] for i in json.loads(report.read_text())["install"]}
     assert chosen["bitsandbytes"] == expected and chosen["torch"] == plan.constraints[0].split("==")[1]
+
+
+# (torch on the pod, the torchao release planned or None), by hand from each release's torchao/__init__.py
+# (resolve.TORCHAO_FOR_TORCH's comment): nightlies ("dev", "git") count as patch -1, as torchao reads them.
+TORCHAO_PLANS = [("2.4.1+cu124", None), ("2.7.1+cu126", None), ("2.8.0+cu128", "0.13.0"), ("2.9.0+cu128", "0.14.1"),
+                 ("2.9.1+cu128", "0.15.0"), ("2.10.0.dev20251101+cu128", "0.15.0"), ("2.10.0+cu128", "0.16.0"),
+                 ("2.11.0a0+gitc0ffee", "0.16.0"), ("2.11.0+cu130", "0.18.0"), ("2.13.0+cu130", "0.18.0"),
+                 ("2.8.0a0+5228986c39.nv25.06", "0.13.0")]  # NGC's build: neither dev nor git, so 2.8.0 to torchao
+
+
+@pytest.mark.parametrize("torch_version, release", TORCHAO_PLANS)
+def test_torchao_is_the_release_built_for_the_pods_torch(wheels, torch_version, release):
+    fp = load("runpod-a100")
+    fp.torch = TorchBuild(torch_version, "12.8", "", ("sm_80", "sm_90"), True)
+    plan = resolve(fp, requirements(), wheels)
+    ao = plan.dep("torchao")
+    if release:
+        assert (ao.action, ao.requirement, ao.pip_args) == ("pip", f"torchao=={release}", ()), ao
+        assert torch_version in ao.reason
+    else:
+        assert ao.action == "skip" and f"no torchao release is built for torch {torch_version}" in ao.reason, ao
+    assert [d.name for d in plan.deps] == ["torch", "requirements", "bitsandbytes", "torchao", "flash-attn"]
+    assert plan.constraints == [f"torch=={torch_version}"]  # torchao's pip call keeps the pod's torch too
+
+
+def test_torchao_follows_the_recorded_pods_and_needs_torch(wheels):
+    """The recorded images all run torch older than 2.8: no torchao release is built for them."""
+    for name in ("runpod-a100", "runpod-rtx4090", "sagemaker-g5-torch22", "t4", "rtx5090-old-torch"):
+        fp = load(name)
+        ao = resolve(fp, requirements(), wheels).dep("torchao")
+        assert ao.action == "skip" and fp.torch.version in ao.reason, (name, ao)
+    fp = load("runpod-a100")
+    fp.torch = None
+    assert resolve(fp, requirements(), wheels).dep("torchao").reason == "no torch"
+    cpu = load("t4")
+    cpu.gpus, cpu.torch = [], TorchBuild("2.13.0+cpu", None)  # a CPU machine with the pinned CPU torch
+    assert resolve(cpu, requirements()).dep("torchao").requirement == "torchao==0.18.0"

@@ -296,6 +296,17 @@ def test_host_probe_reads_this_machine():
         assert probed.nvml_status and probed.torch_archs == []
 
 
+def test_preflight_reads_the_torchao_deploy_installs(job):
+    """deps.installed asked for torchao in a package list that never read it: a torchao job was "missing
+    torchao" on every pod, deploy's own preflight there included."""
+    from importlib.metadata import version
+
+    probed = HostFacts.probe("runs", gpu_probe=False)
+    assert probed.packages["torchao"] == version("torchao")
+    result = rules.dependencies(job(train="optimizer = 'torchao_adamw8bit'"), probed)
+    assert f"torchao {version('torchao')}" in result.message and "missing here: torchao" not in result.message
+
+
 def test_memory_fit_says_when_only_the_cache_is_over(job):
     """A job over the card on reserved whose live tensors fit: still a fail (the fit is judged on reserved),
     and the line says the tensors alone fit; one whose tensors are over too does not say so."""

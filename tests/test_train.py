@@ -150,6 +150,21 @@ def test_bitsandbytes_lion_descends_and_keeps_the_predicted_state(name):
     assert per_value == pytest.approx(held / 8192)
 
 
+def test_a_missing_torchao_names_the_release_deploy_pins_for_this_torch(monkeypatch):
+    """The hint was a second copy of the release table (0.18.0 only) and said deploy did not install torchao."""
+    import sys
+
+    from podkit.checks.errors import ConfigError
+    from podkit.envsetup.resolve import torchao_release
+
+    monkeypatch.setitem(sys.modules, "torchao.optim", None)  # import torchao.optim: ImportError
+    with pytest.raises(ConfigError) as exc:
+        optimizer_class("torchao_adamw8bit", torch.device("cpu"))
+    release = torchao_release(torch.__version__)
+    assert f"pip install torchao=={release} (the release built for torch {torch.__version__})" in exc.value.fix
+    assert exc.value.fix.startswith("make deploy installs it on a pod")
+
+
 def test_checkpointing_saves_measured_memory(tmp_path):
     measured = {}
     for mode in ("none", "selective", "full"):
