@@ -29,6 +29,12 @@ def is_secret_name(name: str) -> bool:
     return any(m in upper.split("_") or upper.endswith(m) for m in SECRET_MARKERS)
 
 
+def _secret_option(name: str) -> bool:
+    """An option or dotted key whose last part is named like a secret (--hub-token, trainer.wandb_api_key)."""
+    last = name.lstrip("-~").rsplit(".", 1)[-1]
+    return bool(last) and is_secret_name(last.replace("-", "_"))
+
+
 def _names(environ) -> set[str]:
     try:
         extra = extra_secret_names(environ.get(EXTRA_NAMES_VAR, ""))
@@ -59,7 +65,18 @@ class SecretFilter:
         return s
 
     def argv(self, command) -> list[str]:
-        return [self.text(a) for a in command]
+        """A command line with the environment's secret values replaced, and the value of every option or override
+        named like a secret: `--hub_token X`, `--api-key=X`, `metric_logger.api_key=X` (a token typed on the
+        command line is in no variable podkit can match)."""
+        out = [self.text(a) for a in command]
+        for i, word in enumerate(out):
+            name, eq, value = word.partition("=")
+            if eq and value and _secret_option(name) and value.lower() not in ("true", "false"):
+                out[i] = f"{name}=[redacted]"
+            elif (not eq and word.startswith("-") and _secret_option(word) and i + 1 < len(out)
+                  and not out[i + 1].startswith("-") and out[i + 1].lower() not in ("true", "false")):
+                out[i + 1] = "[redacted]"
+        return out
 
     def deep(self, obj):
         """A JSON-shaped value (summary.json) with every string in it, keys included, passed through `text`."""

@@ -14,7 +14,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 try:
     import tomllib
@@ -113,7 +113,13 @@ def import_file(spec: str) -> list[Imported]:
         if not matches:
             raise ConfigError("--from", f"{path.name} is not a config podkit can read", "known kinds: " + KNOWN)
         kind = matches[0]
-    imp = KINDS[kind][1](path, data)
+    return import_data(path, data, KINDS[kind][1])
+
+
+def import_data(path: Path, data: dict, read: Callable[[Path, dict], Imported]) -> list[Imported]:
+    """One config's data (a file's, or a file with a launch command's overrides on it) read by `read`, and the
+    DeepSpeed files it names."""
+    imp = read(path, data)
     out = [imp]
     for linked, inline in imp.linked:
         if inline is not None:
@@ -135,9 +141,12 @@ class ImportedJob:
     toml: str
     files: list[Imported] = field(default_factory=list)
     unresolved: list[str] = field(default_factory=list)
+    command: list[str] = field(default_factory=list)
+    """The launch command read (`-- CMD...`), as it may be shown (command.shown_argv)."""
 
     def to_json(self) -> dict:
-        return {"files": [f.to_json() for f in self.files], "unresolved": self.unresolved}
+        out = {"files": [f.to_json() for f in self.files], "unresolved": self.unresolved}
+        return {**out, "command": self.command} if self.command else out
 
 
 def _base_sections(config: str | None) -> tuple[dict[str, dict[str, Any]], str]:
@@ -152,17 +161,24 @@ def _base_sections(config: str | None) -> tuple[dict[str, dict[str, Any]], str]:
     return sections, config
 
 
-def build_job(config: str | None, specs: list[str], model_preset: str | None = None) -> ImportedJob:
+def build_job(config: str | None, specs: list[str], model_preset: str | None = None,
+              command: Sequence[str] = ()) -> ImportedJob:
+    """The job of the --config base, the --from files (`specs`) and the launch `command` (`-- CMD...`, read by
+    checks/importers/command.py) merged in that order."""
     sections, source = _base_sections(config)
     files: list[Imported] = []
     seen: set[Path] = set()
-    for spec in specs:
-        for imp in import_file(spec):
-            key = imp.path.resolve()
-            if key in seen and imp.kind == "DeepSpeed":
-                continue  # the same DeepSpeed JSON given with --from and named by TrainingArguments
-            seen.add(key)
-            files.append(imp)
+    read = [imp for spec in specs for imp in import_file(spec)]
+    if command:
+        from podkit.checks.importers.command import read_command
+
+        read += read_command(command)
+    for imp in read:
+        key = imp.path.resolve()
+        if key in seen and imp.kind == "DeepSpeed":
+            continue  # the same DeepSpeed JSON given with --from and named by TrainingArguments (or the command)
+        seen.add(key)
+        files.append(imp)
     setters: dict[str, tuple[Any, str]] = {}
     for imp in files:
         if imp.sections["model"]:
@@ -200,7 +216,9 @@ def build_job(config: str | None, specs: list[str], model_preset: str | None = N
     if not sections["model"]:
         # A file that names a model podkit cannot resolve says which (Imported.unresolved "model.*").
         why = next((f"{imp.path.name}: {w}" for imp in files for d, w in imp.unresolved.items()
-                    if d.startswith("model.")), "none of the --from files names the model")
+                    if d.startswith("model.")),
+                   "neither the command nor the --from files name the model" if command
+                   else "none of the --from files names the model")
         raise ConfigError("model", why, "give --model PRESET, or --config JOB.toml with a [model] section")
     unresolved = []
     for imp in files:
@@ -215,10 +233,17 @@ def build_job(config: str | None, specs: list[str], model_preset: str | None = N
                     continue
                 now = sections[section].get(key)
                 kept = f"{now!r} from --config" if now is not None else "podkit's default"
-                unresolved.append(f"{imp.path.name}: {why}; no --from file sets it: {dotted} keeps {kept}")
-    toml = emit_toml(sections, [source] + [str(f.path) for f in files] if source else [str(f.path) for f in files])
+                nothing = "no --from file" + (" nor the command" if command else "")
+                unresolved.append(f"{imp.path.name}: {why}; {nothing} sets it: {dotted} keeps {kept}")
+    sources = list(dict.fromkeys(([source] if source else []) + [str(f.path) for f in files]))
+    toml = emit_toml(sections, sources)
     job = parse_job(toml, source or str(files[0].path) if files else "<from>")
-    return ImportedJob(job, toml, files, unresolved)
+    shown = []
+    if command:
+        from podkit.checks.importers.command import shown_argv
+
+        shown = shown_argv(command)
+    return ImportedJob(job, toml, files, unresolved, shown)
 
 
 def weights_16bit(sections: dict[str, dict[str, Any]], imp: Imported) -> None:

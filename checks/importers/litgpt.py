@@ -107,15 +107,17 @@ def script(data: dict) -> str:
     return "full"
 
 
-def read(path: Path, data: dict) -> Imported:
+def read(path: Path, data: dict, kind: str = "") -> Imported:
+    """`kind` ("lora", "full", "pretrain"): the script, where the command names it (`litgpt finetune_full`);
+    else it follows from the file's keys (script)."""
     imp = Imported(path, "litgpt")
-    kind = script(data)
+    named, kind = bool(kind), kind or script(data)
     imp.set("(litgpt " + {"lora": "finetune lora", "full": "finetune_full", "pretrain": "pretrain"}[kind] + ")",
             path.name, "train", "stack", "litgpt")
-    if kind == "lora" and not any(k.startswith("lora_") for k in data):
+    if kind == "lora" and not named and not any(k.startswith("lora_") for k in data):
         imp.warnings.append("quantize without lora_* keys: read as `litgpt finetune lora` with its defaults "
                             "(finetune_adapter takes quantize too; adapters are not modelled)")
-    if kind == "full" and "resume" not in data:
+    if kind == "full" and not named and "resume" not in data:
         imp.warnings.append("no lora_* keys and no resume: read as `litgpt finetune_full`; for `litgpt finetune` "
                             "(LoRA by default) add lora_r")
     handled = {"precision", "quantize", "devices", "num_nodes", "train", "optimizer", "seed",
