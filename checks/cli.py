@@ -54,18 +54,24 @@ def run_preflight(config: str, gpu: str | None, probe: bool, job=None):
 @click.option("--from", "from_files", multiple=True, metavar="[KIND:]FILE",
               help="Read the job from your own configs (repeatable): TrainingArguments/SFTConfig, peft, "
                    "bitsandbytes, DeepSpeed JSON, accelerate or axolotl YAML, torchtitan TOML, torchtune recipe YAML, "
-                   "litgpt YAML; over --config if given.")
+                   "litgpt YAML; over --config if given, and beside -- COMMAND.")
 @click.option("--model", "model_preset", default=None, help=MODEL_HELP)
-@click.option("--emit-toml", is_flag=True, help="With --from: print the resulting job TOML and exit.")
+@click.option("--emit-toml", is_flag=True, help="With --from or -- COMMAND: print the resulting job TOML and exit.")
 @click.option("--rank-gpus", "rank_gpus", metavar="PRICES",
               help="Rank the GPU types in PRICES (bin/pod gpus --json; - for stdin) where the job fits, cheapest per hour first.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def main(config: str, gpu: str | None, as_json: bool, no_probe: bool, traced: bool, from_files=(),
-         model_preset=None, emit_toml=False, rank_gpus: str | None = None) -> None:
+         model_preset=None, emit_toml=False, rank_gpus: str | None = None, command=()) -> None:
     """Predict per-GPU training memory term by term and check a job before it runs.
 
     Reads the job config, predicts params, grads, optimizer states, activations, the loss
     spike and overhead at the step's peak, says whether it fits and which changes make it
     fit, and checks precision, kernels, sharding, the allocator env and this machine.
+
+    With `bin/preflight [OPTIONS] -- COMMAND...` it predicts the job your own launch command
+    runs, read from its launcher and trainer arguments and the config files they name
+    (torchrun, accelerate launch, deepspeed; Hugging Face-style scripts, tune run, litgpt,
+    axolotl, torchtitan), over --config and beside --from if given. The command is not run.
 
     Exit codes: 0 every check passed (warnings allowed), 1 a check failed, 2 bad input;
     with --rank-gpus, 0 when some offered GPU type fits the job and is for rent, 1 when none does.
@@ -73,8 +79,10 @@ def main(config: str, gpu: str | None, as_json: bool, no_probe: bool, traced: bo
     imported = None
     try:
         _refuse_flag_clashes(config, gpu, as_json, traced, emit_toml, rank_gpus)
-        if from_files or model_preset or emit_toml:
-            imported = import_job(config, from_files, model_preset, emit_toml, quiet=as_json)
+        if command or "--" in sys.argv[1:]:
+            _check_command(command)
+        if from_files or model_preset or emit_toml or command:
+            imported = import_job(config, from_files, model_preset, emit_toml, quiet=as_json, command=command)
             if emit_toml:
                 click.echo(imported.toml, nl=False)
                 sys.exit(0)
@@ -136,14 +144,28 @@ def _refuse_flag_clashes(config: str, gpu, as_json: bool, traced: bool, emit_tom
             raise ConfigError("--rank-gpus", "and --config cannot both read stdin", "give one of them as a file")
 
 
-def import_job(config: str, from_files, model_preset, emit_toml: bool, quiet: bool):
-    """--from / --model / --emit-toml: the job read from the user's own configs; says what it mapped."""
-    from podkit.checks.importers import build_job
+def _check_command(command) -> None:
+    """A command only after `--` (a stray word before it is a mistake, not a program to read)."""
+    if "--" not in sys.argv[1:]:
+        raise ConfigError("COMMAND", f"unexpected argument {command[0]!r}", "put your launch command after --")
+    if not command:
+        raise ConfigError("--", "no command after --",
+                          "e.g. bin/preflight -- torchrun --nproc_per_node 8 train.py --deepspeed ds.json")
 
-    if not from_files:
-        raise ConfigError("--from", "--model and --emit-toml go with --from FILE", "add --from your config file")
+
+def import_job(config: str, from_files, model_preset, emit_toml: bool, quiet: bool, command=()):
+    """--from / -- COMMAND / --model / --emit-toml: the job read from the user's own configs and launch command;
+    says what it mapped."""
+    from podkit.checks.importers import build_job
+    from podkit.checks.importers.command import shown_argv
+
+    if not from_files and not command:
+        raise ConfigError("--from", "--model and --emit-toml go with --from FILE or -- COMMAND",
+                          "add --from your config file, or your launch command after --")
     explicit = click.get_current_context().get_parameter_source("config").name != "DEFAULT"
-    imported = build_job(config if explicit else None, list(from_files), model_preset)
+    imported = build_job(config if explicit else None, list(from_files), model_preset, command=command)
+    if command and not quiet:
+        click.echo(f"preflight: reading the job from the command: {' '.join(shown_argv(command))} (not run)", err=True)
     if not quiet:
         for f in imported.files:
             click.echo(f"preflight: from {f.path} ({f.kind}):", err=True)

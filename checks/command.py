@@ -57,5 +57,6 @@ class OneLineCommand(OneLineMain, click.Command):
     pass
 
 
-MODEL_HELP = "With --from: the model preset when no file names one podkit knows (refused when one does)."
+MODEL_HELP = ("With --from or -- COMMAND: the model preset when neither a file nor the command names one podkit knows "
+              "(refused when one does).")
 """--model's help, shared by bin/preflight and bin/smoke (both read --from through checks.importers)."""

@@ -35,6 +35,12 @@ def _secret_option(name: str) -> bool:
     return bool(last) and is_secret_name(last.replace("-", "_"))
 
 
+def _hides(shown: str, raw: str) -> bool:
+    """Whether a secret option's value is still to be hidden: not a boolean, and not already an environment
+    secret's "[NAME redacted]" (which says more)."""
+    return bool(raw) and shown == raw and raw.lower() not in ("true", "false")
+
+
 def _names(environ) -> set[str]:
     try:
         extra = extra_secret_names(environ.get(EXTRA_NAMES_VAR, ""))
@@ -71,10 +77,10 @@ class SecretFilter:
         out = [self.text(a) for a in command]
         for i, word in enumerate(out):
             name, eq, value = word.partition("=")
-            if eq and value and _secret_option(name) and value.lower() not in ("true", "false"):
+            if eq and _hides(value, command[i].partition("=")[2]) and _secret_option(name):
                 out[i] = f"{name}=[redacted]"
             elif (not eq and word.startswith("-") and _secret_option(word) and i + 1 < len(out)
-                  and not out[i + 1].startswith("-") and out[i + 1].lower() not in ("true", "false")):
+                  and not out[i + 1].startswith("-") and _hides(out[i + 1], command[i + 1])):
                 out[i + 1] = "[redacted]"
         return out
 

@@ -5,7 +5,7 @@ recipes/lora_finetune_single_device.py, lora_finetune_distributed.py, full_finet
 and full_finetune_distributed.py name every key they read (`cfg.batch_size`, `cfg.get("fsdp_cpu_offload",
 False)`, ...); each `_component_` is a dotted path that torchtune's config.instantiate calls with the
 section's other keys as keyword arguments. Command-line overrides (`key=value` after --config) are not
-in the file: write them into it.
+in the file: checks/importers/command.py applies them onto it from `bin/preflight -- tune run ...`.
 """
 
 from __future__ import annotations
