@@ -89,7 +89,7 @@ def _fail(message: str | ConfigError, as_json: bool = False) -> None:
 @click.option("--inject-fault", default="", hidden=True, help="Test hook: nan:STEP or oom:STEP.")
 @click.option("--from", "from_files", multiple=True, metavar="[KIND:]FILE",
               help="Your own configs (as bin/preflight --from): the job whose replica is trained, or with -- COMMAND "
-                   "the prediction your command is measured against.")
+                   "part of the prediction your command is measured against (with what the command says).")
 @click.option("--model", "model_preset", default=None, help=MODEL_HELP)
 @click.option("--timeout", type=float, default=None, help="With -- COMMAND: stop it after this many seconds.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
@@ -98,7 +98,9 @@ def main(config, steps, device, output_dir, run_id, as_json, sink, inject_fault,
     """Train the job for smoke.steps (100) profiled steps and compare measured memory with the prediction.
 
     With `bin/smoke [OPTIONS] -- COMMAND...` it runs your own training command instead and
-    measures it (against the job of --config / --from when given; --timeout stops a hang).
+    measures it against the job read from the command itself, as bin/preflight -- COMMAND
+    reads it (over --config / beside --from when given; a command podkit cannot read runs
+    without a prediction); --timeout stops a hang.
 
     Ends with a verdict: pass when there was no OOM and no NaN, the loss fell by
     smoke.min_loss_drop of the first loss (0.2; a quarter of it for the built-in LoRA run; 0.05
@@ -232,46 +234,74 @@ def _smoke_command(command, config, from_files, model_preset, steps, timeout, ou
                               f"{steps} is too large to be meant")
         if timeout is not None and not (0 < timeout < math.inf):  # also NaN, which compares false to all
             raise ConfigError("--timeout", f"must be a positive number of seconds, got {timeout:g}")
-        if model_preset and not from_files:
-            raise ConfigError("--from", "--model goes with --from FILE", "add --from your config file")
         _refuse_stdin(config)
-        if from_files:
-            from podkit.checks.importers import build_job
-
-            job = build_job(config, list(from_files), model_preset).job
-        elif config:
-            job = load_job(config)
+        job, predicted_from, no_prediction = _command_job(config, from_files, model_preset, command)
+        given = job if config or from_files else None  # a job the user gave: its [smoke] settings and sinks count
         from podkit.train.outputs import check_output_root, command_stem, decide_run_id
 
         if output_dir is not None and not output_dir.strip():
             raise ConfigError("--output-dir", "is empty", "give a directory, or leave it out for train.output_dir")
         # Before the command starts, as the built-in run: a file or an unwritable place is bad input, said once.
-        root = check_output_root(Path(output_dir or (job.train.output_dir if job else "runs")),
-                                 "--output-dir" if output_dir or job is None else "train.output_dir")
+        root = check_output_root(Path(output_dir or (given.train.output_dir if given else "runs")),
+                                 "--output-dir" if output_dir or given is None else "train.output_dir")
         # As the built-in run: --run-id, else PODKIT_RUN_ID, else a fresh name. Never a shared directory: no
         # torchrun starts bin/smoke -- COMMAND as its worker, and bin/pod run --nodes refuses it (pods/nodes.py).
         run_id = decide_run_id(root, run_id, command_stem(command))
         # The same switch as the built-in run: [smoke] sinks of the job, plus --sink.
-        sinks = tuple(dict.fromkeys([*(job.smoke.sinks if job else []), *sink]))
+        sinks = tuple(dict.fromkeys([*(given.smoke.sinks if given else []), *sink]))
         if sinks:
             from podkit.train import sinks as metric_sinks
 
             metric_sinks.check(sinks)  # before the command runs: a missing package or W&B key is bad input
     except ConfigError as exc:
         _fail(exc, as_json)
-    steps = steps or (job.smoke.steps if job else 100)
-    every = job.smoke.profile_every if job else 10
+    steps = steps or (given.smoke.steps if given else 100)
+    every = given.smoke.profile_every if given else 10
+    # Said once the command has started (a command that cannot start is one line of bad input, nothing more).
+    announce = f"smoke: running {' '.join(SecretFilter().argv(command))} for {steps} optimizer steps -> {root / run_id}"
+    if job is not None:
+        announce += f"\nsmoke: predicted from {', '.join(predicted_from)}: {_describe(job)}"
+    elif no_prediction:
+        announce += f"\nsmoke: no prediction to measure against: {SecretFilter().text(no_prediction)}"
     try:
         summary, run_path, code = script_smoke.run(
-            command, root, run_id, steps, every, timeout, job, min_drop=job.smoke.min_loss_drop if job else 0.05,
-            sinks=sinks, announce=f"smoke: running {' '.join(SecretFilter().argv(command))} for {steps} optimizer steps "
-                                  f"-> {root / run_id}")
+            command, root, run_id, steps, every, timeout, job, min_drop=given.smoke.min_loss_drop if given else 0.05,
+            sinks=sinks, announce=announce, predicted_from=predicted_from, no_prediction=no_prediction)
     except ConfigError as exc:  # the command could not be started (its summary.json says so too)
         _fail(exc, as_json)
     except OSError as exc:
         _fail(ConfigError("--output-dir", f"cannot write {root / run_id}: {exc}"), as_json)
     _report(summary, run_path, as_json)
     return code
+
+
+def _command_job(config, from_files, model_preset, command) -> tuple[object, list[str], str]:
+    """The job `-- COMMAND` is measured against, the sources it came from, and why there is none: --config and
+    --from as given with what the command says over them, read as bin/preflight -- COMMAND reads it. A command
+    podkit cannot read as a job (or one at odds with the files) adds nothing: the files' job stands, and with
+    none there is no prediction, said in one line; the command still runs. Bad --config / --from files stay
+    bad input."""
+    from podkit.checks.importers import build_job
+
+    sources = [f"--config {config}"] * bool(config) + [f"--from {f}" for f in from_files]
+    try:
+        return build_job(config, list(from_files), model_preset, command=command).job, [*sources, "the command"], ""
+    except ConfigError as exc:
+        why = f"the command is not read as a job: {str(exc).removeprefix('--: ')}"
+    if from_files:
+        return build_job(config, list(from_files), model_preset).job, sources, why
+    if model_preset:  # a --model that would name the model of no job
+        raise ConfigError("--from", "--model goes with --from FILE or a command podkit reads as a job",
+                          f"add --from your config file; {why}")
+    if config:
+        return load_job(config), sources, why
+    return None, [], why
+
+
+def _describe(job) -> str:
+    t, c = job.train, job.cluster
+    return (f"{job.model.name}, {t.stack} stack, micro-batch {t.micro_batch} x accum {t.grad_accum} x seq {t.seq_len}, "
+            f"{t.precision}, {c.gpus_per_node * c.nodes} GPU(s) (bin/preflight -- COMMAND shows how it was read)")
 
 
 def _run(job, path, device, root: Path, run_id: str, fault, as_json: bool) -> int:

@@ -217,8 +217,11 @@ def _root_cause(ranks: list[dict]) -> str:
 
 
 def summarize(command, code: int | None, how: str, run_dir: RunDir, steps: int, timeout: float | None,
-              job=None, min_drop: float = 0.05, not_started: str = "") -> dict:
-    """`how`: exited, timeout, interrupted, or "not started" (then `not_started` says why)."""
+              job=None, min_drop: float = 0.05, not_started: str = "", predicted_from: list[str] | None = None,
+              no_prediction: str = "") -> dict:
+    """`how`: exited, timeout, interrupted, or "not started" (then `not_started` says why). `predicted_from`: where
+    `job` came from (--config, --from, "the command"); `no_prediction`: why there is no job, where the command
+    could not be read as one."""
     ranks = _ranks(run_dir.path)
     main = next((r for r in ranks if r.get("rank") == 0), ranks[0] if ranks else None)
     losses = [x for x in (main or {}).get("losses", []) if x is not None]
@@ -286,7 +289,7 @@ def summarize(command, code: int | None, how: str, run_dir: RunDir, steps: int, 
                    for k in ("rank", "device", "status", "error", "steps", "peak_allocated", "peak_reserved",
                              "device_peak", "host_rss_peak")} for r in ranks],
         "warnings": sorted({secrets.text(w) for r in ranks for w in r.get("warnings", [])}),
-        "predicted": None, "memory": [],
+        "predicted": None, "predicted_from": list(predicted_from or []) if job is not None else None, "memory": [],
     }
     if job is not None:
         from podkit.checks.memory import estimate
@@ -313,7 +316,8 @@ def summarize(command, code: int | None, how: str, run_dir: RunDir, steps: int, 
         "tokens_per_s": "no job config (--from/--config) gives the tokens per step" if job is None
             else "no optimizer step was timed",
         "mfu": "your command's FLOPS per step are not known to podkit",
-        "predicted": "no job config (--from/--config) to predict from",
+        "predicted": secrets.text(no_prediction) or "no job config (--from/--config) to predict from",
+        "predicted_from": secrets.text(no_prediction) or "no job config (--from/--config) to predict from",
         "exit_code": "the command could not be started" if how == "not started" else "the command did not end by itself",
     }
     summary["null_reasons"] = strict_json.null_reasons(summary, why)
@@ -422,7 +426,7 @@ def _files(run_dir: RunDir) -> dict[str, str]:
 
 def run(command: tuple[str, ...], root: Path, run_id: str, steps: int, every: int, timeout: float | None,
         job=None, min_drop: float = 0.05, echo: bool = True, sinks: tuple[str, ...] = (),
-        announce: str = "") -> tuple[dict, Path, int]:
+        announce: str = "", predicted_from: list[str] | None = None, no_prediction: str = "") -> tuple[dict, Path, int]:
     """`sinks`: metric sinks (train/sinks.py), already checked with sinks.check, fed rank 0's records. Raises
     ConfigError when the command cannot be started (its summary.json says so first)."""
     run_dir = RunDir(root, run_id)
@@ -464,7 +468,8 @@ def run(command: tuple[str, ...], root: Path, run_id: str, steps: int, every: in
             if follower is not None:
                 follower.finish()
         summary = summarize(command, code, how, run_dir, steps, timeout, job, min_drop,
-                            not_started=f"{not_started.problem} ({not_started.fix})" if not_started else "")
+                            not_started=f"{not_started.problem} ({not_started.fix})" if not_started else "",
+                            predicted_from=predicted_from, no_prediction=no_prediction)
         if not_started is not None:  # the final shape at once: nothing more is written (smoke.log has the $ line)
             summary["files"] = _files(run_dir)
         run_dir.write_json("summary", summary)  # the final status, before anything that may be cut short
