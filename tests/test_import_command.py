@@ -227,6 +227,13 @@ def test_from_files_and_a_command_merge_and_disagreements_are_refused(tmp_path):
     assert (imp.job.train.micro_batch, imp.job.cluster.gpus_per_node, imp.job.train.precision) == (2, 4, "bf16-mixed")
     with pytest.raises(ConfigError, match="per_device_train_batch_size|train.micro_batch"):
         job(["python", "train.py", "--per_device_train_batch_size", "8"], model="llama-3.2-1b", specs=[str(args)])
+    # A script whose arguments podkit does not read adds the launcher's facts to the files' job (alone it is
+    # refused: test_a_command_podkit_cannot_read_is_one_line_exit_2).
+    launcher_only = job(["torchrun", "--nproc_per_node", "4", "train.py", "--epochs", "3"], model="llama-3.2-1b",
+                        specs=[str(args)])
+    assert (launcher_only.job.train.micro_batch, launcher_only.job.cluster.gpus_per_node) == (2, 4)
+    assert "train.py's arguments (none is one podkit reads: the job is --config's and --from's)" in \
+        launcher_only.files[-1].ignored
 
 
 @pytest.mark.parametrize("argv, needle", [
@@ -245,6 +252,8 @@ def test_from_files_and_a_command_merge_and_disagreements_are_refused(tmp_path):
      "podkit reads local files only"),
     (["tune", "run", "lora_finetune_single_device", "--config", TUNE_LORA, "batch_size"], "is not key=value"),
     (["python", "-c", "print(1)"], "not inline code"),
+    (["accelerate", "launch", "--config_file", "missing.yaml", "train.py", "--bf16"],
+     "--: accelerate launch --config_file: missing.yaml does not exist"),
 ])
 def test_a_command_podkit_cannot_read_is_one_line_exit_2(argv, needle):
     proc = preflight("--", *argv)

@@ -172,7 +172,7 @@ def build_job(config: str | None, specs: list[str], model_preset: str | None = N
     if command:
         from podkit.checks.importers.command import read_command
 
-        read += read_command(command)
+        read += read_command(command, with_files=bool(specs or config))
     for imp in read:
         key = imp.path.resolve()
         if key in seen and imp.kind == "DeepSpeed":

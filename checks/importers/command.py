@@ -207,11 +207,11 @@ ACCELERATE_PARADIGMS = {"use_fsdp": "FSDP", "use_deepspeed": "DEEPSPEED", "multi
 def _accelerate(opts: dict[str, Any]) -> list[Imported]:
     """accelerate launch: its --config_file (else the machine's default config, which podkit cannot see) with
     the options given on the command line over it, read by the accelerate importer."""
-    from podkit.checks.importers import import_data, read_data
+    from podkit.checks.importers import import_data
 
     config = opts.pop("config_file", None)
     path = Path(config).expanduser() if config else COMMAND
-    data = read_data(path) if config else {}
+    data = config_data(path, "accelerate launch --config_file") if config else {}
     given = []
     for flag, dist in ACCELERATE_PARADIGMS.items():
         if opts.pop(flag, False):
@@ -247,13 +247,22 @@ def _accelerate(opts: dict[str, Any]) -> list[Imported]:
 
 # --- programs -------------------------------------------------------------------------------------------------
 
-def read_command(argv: Sequence[str]) -> list[Imported]:
+class Launch(Imported):
+    """The launcher's facts, and whether other sources (--config, --from) give the job: then a script whose
+    arguments podkit cannot read adds only the launcher's facts (`torchrun --nproc_per_node 4 train.py` beside
+    --from training_args.json)."""
+
+    with_files: bool = False
+
+
+def read_command(argv: Sequence[str], with_files: bool = False) -> list[Imported]:
     """What `argv` (as click gives it after `--`) says about the job: the trainer's config with the command's
     overrides, then the launcher's facts. Unreadable where it is no job podkit knows."""
     words = list(argv)
     if not words:
         raise ConfigError("--", "no command after --", "e.g. -- torchrun --nproc_per_node 8 train.py --deepspeed ds.json")
-    launch = Imported(COMMAND, "launch command")
+    launch = Launch(COMMAND, "launch command")
+    launch.with_files = with_files
     imps = _program(words, launch)
     if launch.sections["cluster"] or launch.ignored or launch.unresolved or launch.mapped:
         imps.append(launch)
@@ -286,7 +295,7 @@ def _program(words: list[str], launch: Imported) -> list[Imported]:
     if exe == "axolotl":
         return _axolotl_cli(rest, launch)
     if exe.endswith(".py"):
-        return _script(words[0], rest)
+        return _script(words[0], rest, launch)
     raise Unreadable(f"{exe} is no launcher or trainer podkit reads (it reads python, torchrun, accelerate launch, "
                      "deepspeed, tune run, litgpt, axolotl and Hugging Face-style scripts)")
 
@@ -343,7 +352,7 @@ def _target(program: list[str], launch: Imported, module: bool) -> list[Imported
                 return _litgpt_script(kind, args)
         if not name.endswith(".py") and Path(name).name in ("tune", "litgpt", "axolotl"):
             return _program(program, launch)  # torchrun --no-python litgpt ...: a console script
-        return _script(name, args)
+        return _script(name, args, launch)
     kind = MODULES.get(name)
     if kind == "torchrun":
         return _torchrun(args, launch, "python -m " + name)
@@ -355,7 +364,7 @@ def _target(program: list[str], launch: Imported, module: bool) -> list[Imported
         return _litgpt(args)
     if kind == "axolotl":
         return _axolotl(args)
-    return _script(f"-m {name}", args)
+    return _script(f"-m {name}", args, launch)
 
 
 # --- Hugging Face-style scripts ---------------------------------------------------------------------------------
@@ -405,38 +414,42 @@ def _is_option(word: str) -> bool:
     return word.startswith("-") and len(word) > 1 and not _FLOAT.fullmatch(word)
 
 
-def _script(name: str, args: list[str]) -> list[Imported]:
+def _script(name: str, args: list[str], launch: Launch) -> list[Imported]:
     """A training script: HfArgumentParser-style arguments read as TrainingArguments (trainer importer). A
     single .json/.yaml argument is the file the transformers examples give parse_json_file / parse_yaml_file
     (`if len(sys.argv) == 2 and sys.argv[1].endswith(".json")`); `--config FILE` is TRL's TrlParser
     (trl/scripts/utils.py parse_args_and_config: the YAML's values are defaults the arguments override);
     DeepSpeed's own `--deepspeed --deepspeed_config ds.json` (deepspeed/__init__.py add_config_arguments)
     names the DeepSpeed JSON."""
-    from podkit.checks.importers import deepspeed, import_data, import_file, read_data
+    from podkit.checks.importers import deepspeed, import_data
 
     if len(args) == 1 and args[0].endswith((".json", ".yaml", ".yml")):
         path = Path(args[0]).expanduser()
-        return import_data(path, read_data(path), hf.read_trainer)
+        return import_data(path, config_data(path, Path(name).name), hf.read_trainer)
     values, loose = hf_arguments(args)
     out: list[Imported] = []
     ds_config = values.pop("deepspeed_config", None)
     if isinstance(ds_config, str):
         if values.get("deepspeed") is True:  # the bare flag of add_config_arguments, not TrainingArguments'
             values.pop("deepspeed")
-        out += import_file("deepspeed:" + ds_config)
+        ds_path = Path(ds_config).expanduser()
+        out += import_data(ds_path, config_data(ds_path, "--deepspeed_config"), deepspeed.read)
     base, config = {}, values.pop("config", None)
     if isinstance(config, str) and config.endswith((".yaml", ".yml", ".json")):
-        base = read_data(Path(config).expanduser())
+        base = config_data(Path(config).expanduser(), "--config")
+    shown_name = Path(name).name if not name.startswith("-m ") else name
     if not base and not any(k in values for k in HF_KEYS):
         if out:
             return out
-        raise Unreadable(f"{Path(name).name if not name.startswith('-m ') else name}: none of its arguments is one "
-                         "podkit reads (TrainingArguments / TRL keys such as --per_device_train_batch_size, "
-                         "--model_name_or_path)")
+        if launch.with_files:
+            launch.ignore(f"{shown_name}'s arguments", "none is one podkit reads: the job is --config's and --from's")
+            return []
+        raise Unreadable(f"{shown_name}: none of its arguments is one podkit reads (TrainingArguments / TRL keys such "
+                         "as --per_device_train_batch_size, --model_name_or_path)")
     data = {**{k: v for k, v in base.items() if k != "env"}, **values}
     imps = import_data(COMMAND, data, hf.read_trainer)
     trainer = imps[0]
-    trainer.kind = f"TrainingArguments (from {Path(name).name if not name.startswith('-m ') else name}'s arguments)"
+    trainer.kind = f"TrainingArguments (from {shown_name}'s arguments)"
     if base:
         trainer.mapped.insert(0, f"--config {config} (TrlParser: its values are the defaults the command's "
                                  "arguments override)")
@@ -473,9 +486,9 @@ def _tune(args: list[str], launch: Imported) -> list[Imported]:
         launch.set(f"tune run {recipe} (no torchrun option: one process)", 1, "cluster", "gpus_per_node", 1)
     config, overrides = _tune_config(recipe_args)
     path = _tune_config_path(config)
-    from podkit.checks.importers import import_data, read_data
+    from podkit.checks.importers import import_data
 
-    data = read_data(path)
+    data = config_data(path, "tune run --config")
     shown_overrides = _apply_tune_overrides(path, data, overrides)
     imps = import_data(path, data, torchtune.read)
     recipe_imp = imps[0]
@@ -578,7 +591,7 @@ def _litgpt(args: list[str]) -> list[Imported]:
 def _litgpt_script(kind: str, args: list[str]) -> list[Imported]:
     """jsonargparse's reading of setup()'s arguments: `--config FILE` merged where it stands, `--a.b v` /
     `--a.b=v` over it in order, the finetune scripts' checkpoint_dir also as the first positional."""
-    from podkit.checks.importers import import_data, read_data
+    from podkit.checks.importers import import_data
 
     if kind == "adapter":
         raise Unreadable("litgpt's adapter fine-tuning is not modelled (podkit prices LoRA, full and pretrain)",
@@ -606,7 +619,7 @@ def _litgpt_script(kind: str, args: list[str]) -> list[Imported]:
             i += 1
         if name == "config":
             path = local_config(value, "litgpt --config")
-            _merge(data, read_data(path))
+            _merge(data, config_data(path, "litgpt --config"))
             continue
         _set_dotted(data, name, scalar(value))
         given.append(shown(name, value))
@@ -614,6 +627,18 @@ def _litgpt_script(kind: str, args: list[str]) -> list[Imported]:
     if given:
         imps[0].mapped.insert(0, f"(the command: {' '.join(given)}" + (f" over {path.name})" if path != COMMAND else ")"))
     return imps
+
+
+def config_data(path: Path, what: str) -> dict:
+    """A config file the command names, read as --from reads one; its errors name the command's option."""
+    from podkit.checks.importers import read_data
+
+    try:
+        return read_data(path)
+    except ConfigError as exc:
+        if exc.field != "--from":
+            raise
+        raise ConfigError("--", f"{what}: {exc.problem}", exc.fix) from None
 
 
 def local_config(ref: str, what: str) -> Path:
@@ -667,12 +692,12 @@ def _axolotl(args: list[str]) -> list[Imported]:
     """axolotl's config YAML with the command's `--key value` over it (cli/config.py load_cfg: flat keys set, a
     `--parent.child` key set inside parent, values coerced as YAML; click's `--flag/--no-flag` for booleans;
     `python -m axolotl.cli.train` reads them with fire: --key=value)."""
-    from podkit.checks.importers import import_data, read_data
+    from podkit.checks.importers import import_data
 
     if not args or args[0].startswith("-"):
         raise ConfigError("--", "axolotl names no config file", "e.g. axolotl train config.yml")
     path = local_config(args[0], "axolotl's config")
-    data = read_data(path)
+    data = config_data(path, "axolotl's config")
     given, cli = [], []
     values, loose = hf_arguments(args[1:])
     for name, value in values.items():
@@ -697,12 +722,12 @@ def _torchtitan(args: list[str]) -> list[Imported]:
     """torchtitan v0.2.2 config/manager.py ConfigManager.parse_args: the TOML of `--job.config_file` (or
     --job.config-file, found anywhere among the arguments) is the base; tyro then applies every
     `--section.key value` over it (a bool field given bare is True, `--section.no-key` False)."""
-    from podkit.checks.importers import import_data, read_data
+    from podkit.checks.importers import import_data
 
     values, loose = hf_arguments(args)
     config = values.pop("job.config_file", None)
     path = Path(str(config)).expanduser() if config else COMMAND
-    data = read_data(path) if config else {}
+    data = config_data(path, "--job.config_file") if config else {}
     given = []
     for name, value in values.items():
         if "." not in name:
