@@ -297,7 +297,7 @@ def test_secrets_in_the_command_never_reach_any_output(monkeypatch):
     assert "--hub_token" in data["imported"]["command"] and "[redacted]" in data["imported"]["command"]
     trainer = data["imported"]["files"][0]
     assert "hub_token" in trainer["ignored"] and "report_to" in trainer["ignored"]
-    from podkit.train.secret_filter import SecretFilter
+    from podkit.envsetup.secrets import SecretFilter
 
     assert SecretFilter({}).argv(["--api-key=abcdefgh123", "metric_logger.api_key=zzz", "--lora_key", "true",
                                   "--hf_token", "t0ken"]) == \

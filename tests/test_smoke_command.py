@@ -258,7 +258,7 @@ def test_secrets_stay_out_of_the_log_the_summary_and_the_ranks_records(tmp_path,
 
 
 def test_the_secret_filter_catches_a_value_split_across_reads():
-    from podkit.train.secret_filter import SecretFilter
+    from podkit.envsetup.secrets import SecretFilter
 
     f = SecretFilter({"WANDB_API_KEY": "0123456789abcdef", "TOKENIZERS_PARALLELISM": "false", "PATH": "/usr/bin",
                       "PODKIT_SECRET_NAMES": "MY_SERVICE_AUTH"})

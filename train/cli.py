@@ -43,7 +43,7 @@ def default_job(device: str) -> Path:
 
 
 def _setup_logging(run_path: Path | None, rank: int) -> None:
-    from podkit.train.secret_filter import RedactingFormatter, SecretFilter
+    from podkit.envsetup.secrets import RedactingFormatter, SecretFilter
 
     root = logging.getLogger("podkit")
     root.setLevel(logging.INFO)
@@ -222,7 +222,7 @@ def _smoke_command(command, config, from_files, model_preset, steps, timeout, ou
                    sink: tuple[str, ...] = ()) -> int:
     """bin/smoke -- COMMAND...: the user's own script, measured (train/script_smoke.py)."""
     from podkit.train import script_smoke
-    from podkit.train.secret_filter import SecretFilter
+    from podkit.envsetup.secrets import SecretFilter
 
     job = None
     try:
@@ -395,7 +395,7 @@ def _launch_torchrun(job, root: Path, run_id: str, as_json: bool, nodes: int = 1
         click.echo(f"smoke: this node's {nproc} process(es) ended (torchrun exit {code}); rank 0 ran on another "
                    f"node and wrote the run's summary.json there; ranks' logs: {root / run_id}", err=True)
         return 0 if code == 0 else 1
-    from podkit.train.secret_filter import SecretFilter
+    from podkit.envsetup.secrets import SecretFilter
 
     if stopped:
         # Rank 0 may have been killed before it wrote its summary: the run was still interrupted.

@@ -27,7 +27,7 @@ import torch
 
 from podkit.checks import strict_json
 from podkit.checks.errors import ConfigError
-from podkit.train.secret_filter import SecretFilter, is_secret_name
+from podkit.envsetup.secrets import SecretFilter, is_secret_name
 
 # Variables recorded in env.json: what changes memory, speed or threading. Secrets never match.
 ENV_PREFIXES = ("PYTORCH_", "CUDA_", "NCCL_", "TORCH_", "OMP_", "MKL_", "TOKENIZERS_", "HF_HOME", "HF_HUB_OFFLINE",

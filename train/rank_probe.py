@@ -35,7 +35,7 @@ import torch
 from ..checks import strict_json
 from .memprobe import CudaProbe, TensorCounter, is_out_of_memory
 from .monitor import MemoryMonitor
-from .secret_filter import SecretFilter
+from ..envsetup.secrets import SecretFilter
 
 
 EXIT_GRACE_S = 10.0

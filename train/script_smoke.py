@@ -28,7 +28,7 @@ from podkit.checks import strict_json
 from podkit.checks.command import stop_signals
 from podkit.checks.errors import ConfigError
 from podkit.train.outputs import RunDir, resolved_toml
-from podkit.train.secret_filter import SecretFilter
+from podkit.envsetup.secrets import SecretFilter
 from podkit.train.verdict import EXIT_CODES, Row, judge, prediction_warnings
 
 ROOT = Path(__file__).resolve().parent.parent

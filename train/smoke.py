@@ -35,7 +35,7 @@ from podkit.train import step as step_mod
 from podkit.train.memprobe import OOM_ERROR, PhasePeaks, TensorCounter, is_out_of_memory, make_probe
 from podkit.train.monitor import MemoryMonitor, flops_per_token
 from podkit.train.outputs import RunDir, env_record, resolved_toml
-from podkit.train.secret_filter import SecretFilter
+from podkit.envsetup.secrets import SecretFilter
 from podkit.train import plot
 from podkit.train.verdict import Verdict, comparison, judge, prediction_warnings
 

@@ -76,7 +76,7 @@ def _set_dotted(data: dict, dotted: str, value: Any) -> None:
 
 
 def _secret(name: str) -> bool:
-    from podkit.train.secret_filter import is_secret_name  # torch-free
+    from podkit.envsetup.secrets import is_secret_name  # torch-free
 
     return is_secret_name(re.sub(r"[-.]", "_", name.lstrip("-~")))
 
@@ -89,7 +89,7 @@ def shown(name: str, value: Any) -> str:
 def shown_argv(argv: Sequence[str]) -> list[str]:
     """The command with the environment's secret values and the value of every option named like a secret
     (`--hub_token X`, `--api-key=X`, `metric_logger.api_key=X`) replaced: what podkit may print of it."""
-    from podkit.train.secret_filter import SecretFilter
+    from podkit.envsetup.secrets import SecretFilter
 
     return SecretFilter().argv(argv)
 

@@ -1,5 +1,6 @@
-"""Secrets out of what a smoke run records: the values of HF_TOKEN, WANDB_API_KEY and the like are replaced
-by "[HF_TOKEN redacted]" wherever podkit writes text it did not compose itself: the command's output in
+"""Secrets out of what podkit prints and records (beside envfile.py, which names them; bin/smoke's runs and
+bin/preflight's echo of a launch command both read it). In a smoke run the values of HF_TOKEN, WANDB_API_KEY
+and the like are replaced by "[HF_TOKEN redacted]" wherever podkit writes text it did not compose itself: the command's output in
 smoke.log (and its echo), the command line, and the errors in summary.json and ranks/; in the built-in run
 every line of smoke.log (and smoke.rank<N>.log, and their echo) and the text of summary.json. A user's script
 that prints its environment, or an error (a traceback, a path) with a token in it, must not put the token into
