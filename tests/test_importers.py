@@ -522,3 +522,22 @@ def test_a_path_with_a_colon_that_exists_is_still_a_file(tmp_path):
     assert build_job(None, [str(odd)], model_preset="llama-3.2-1b").job.cluster.sharding == "zero3"
     with pytest.raises(ConfigError, match="unknown kind 'dpsd'"):
         build_job(None, [f"dpsd:{odd}"], model_preset="llama-3.2-1b")
+
+
+def test_a_trl_sftconfig_gets_its_own_defaults(tmp_path):
+    # trl/trainer/sft_config.py (v1.9): SFTConfig overrides TrainingArguments' bf16 (not fp16; trl >= 0.19),
+    # gradient_checkpointing (True; trl >= 0.22) and has max_length = 1024. A file with an SFTConfig-only field
+    # and none of the three is trained so; plain TrainingArguments keep fp32 and no checkpointing.
+    def job(**args):
+        f = tmp_path / "args.json"
+        f.write_text(json.dumps({"output_dir": "o", **args}))
+        return build_job(None, [str(f)], model_preset="llama-3.2-1b")
+
+    sft = job(packing=True)
+    t = sft.job.train
+    assert (t.precision, t.checkpointing, t.seq_len) == ("bf16-mixed", "full", 1024)
+    assert any("a TRL SFTConfig" in w for w in sft.files[0].warnings)
+    t = job(dataset_text_field="text", gradient_checkpointing=False, fp16=True, max_length=512).job.train
+    assert (t.precision, t.checkpointing, t.seq_len) == ("fp16-mixed", "none", 512)
+    plain = job(per_device_train_batch_size=2).job.train
+    assert (plain.precision, plain.checkpointing) == ("fp32", "none")

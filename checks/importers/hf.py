@@ -25,6 +25,10 @@ from podkit.checks.importers.imported import (Imported, integer, linked_path, ma
 TRAINER_MARKS = ("per_device_train_batch_size", "gradient_accumulation_steps", "output_dir", "optim",
                  "gradient_checkpointing", "max_seq_length", "num_train_epochs", "learning_rate")
 PEFT_MARKS = ("peft_type", "target_modules")
+# Fields of TRL's SFTConfig that TrainingArguments lacks (trl/trainer/sft_config.py, v1.9): a file with one is
+# an SFTConfig, whose defaults differ from TrainingArguments'.
+TRL_SFT_MARKS = ("max_length", "max_seq_length", "packing", "packing_strategy", "dataset_text_field",
+                 "completion_only_loss", "assistant_only_loss", "padding_free", "dataset_kwargs", "eval_packing")
 BNB_MARKS = ("load_in_4bit", "load_in_8bit", "bnb_4bit_quant_type", "quantization_config")
 
 
@@ -176,7 +180,21 @@ def read_trainer(path: Path, data: dict) -> Imported:
                                   ("max_grad_norm", "grad_clip", 1.0)):
         if key not in data:
             imp.default(key, default, "train", job_key, default)
-    if "bf16" not in data and "fp16" not in data and not data.get("torch_dtype") and not data.get("dtype"):
+    trl = [k for k in TRL_SFT_MARKS if k in data]
+    if trl:
+        # A TRL SFTConfig (its own fields: trl/trainer/sft_config.py) overrides three TrainingArguments defaults
+        # that change memory: bf16 = not fp16 (trl >= 0.19, _BaseConfig.__post_init__), gradient_checkpointing
+        # = True (trl >= 0.22) and max_length = 1024.
+        if "bf16" not in data and not truthy(data.get("fp16") or False):
+            imp.default("bf16 (SFTConfig: not fp16)", True, "train", "precision", "bf16-mixed")
+        if "gradient_checkpointing" not in data:
+            imp.default("gradient_checkpointing (SFTConfig)", True, "train", "checkpointing", "full")
+        if "max_length" not in data and "max_seq_length" not in data:
+            imp.default("max_length (SFTConfig)", 1024, "train", "seq_len", 1024)
+        imp.warnings.append(f"{trl[0]}: a TRL SFTConfig, read with its own defaults (bf16 unless fp16 since trl 0.19, "
+                            "gradient_checkpointing since trl 0.22, max_length 1024); set them in the file for an "
+                            "older trl")
+    elif "bf16" not in data and "fp16" not in data and not data.get("torch_dtype") and not data.get("dtype"):
         imp.default("bf16/fp16", False, "train", "precision", "fp32")
     take("per_device_train_batch_size", "train", "micro_batch", num("per_device_train_batch_size"))
     take("gradient_accumulation_steps", "train", "grad_accum", num("gradient_accumulation_steps"))
