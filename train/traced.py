@@ -92,7 +92,27 @@ def flash_backward_workspace(func, args) -> int:
 # ---------------------------------------------------------------- optimizers fake tensors can step
 
 
-class EmulatedBnbAdamW(torch.optim.Optimizer):
+class _EmulatedStates(torch.optim.Optimizer):
+    """An optimizer that makes its states on a parameter's first step (_init_state) as the library does, and
+    stands for the library's in-place update with a plain SGD step: what is counted is the states."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    self._init_state(p, state)
+                p.add_(p.grad, alpha=-group["lr"])
+        return None
+
+    def _init_state(self, p: torch.Tensor, state: dict) -> None:
+        raise NotImplementedError
+
+
+class EmulatedBnbAdamW(_EmulatedStates):
     """bitsandbytes AdamW's state, allocated as Optimizer2State.init_state does
     (bitsandbytes/optim/optimizer.py, 0.4x): 32-bit (paged_adamw) two fp32 states; 8-bit tensors
     under min_8bit_size = 4096 elements keep two fp32 states, larger ones two uint8 states, an fp32
@@ -106,18 +126,6 @@ class EmulatedBnbAdamW(torch.optim.Optimizer):
         self.paged, self.bits = paged, bits
         self.states = states  # 2: AdamW (Optimizer2State); 1: Lion (Optimizer1State, same init_state rules)
         self.qmaps: dict[str, torch.Tensor] = {}
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if not state:
-                    self._init_state(p, state)
-                p.add_(p.grad, alpha=-group["lr"])  # stands for the in-place 8-bit kernel
-        return None
 
     def _init_state(self, p: torch.Tensor, state: dict) -> None:
         n = p.numel()
@@ -143,7 +151,7 @@ class EmulatedBnbAdamW(torch.optim.Optimizer):
             state["absmax2"] = torch.zeros(blocks, dtype=torch.float32, device=p.device)
 
 
-class EmulatedTorchaoAdamW(torch.optim.Optimizer):
+class EmulatedTorchaoAdamW(_EmulatedStates):
     """torchao's low-bit AdamW state, allocated as _AdamBase._new_buffer does (torchao/optim/adam.py, v0.18.0):
     per state, codes, block scales and a lookup table for a local tensor (an FSDP2 DTensor's shard) that passes
     LowBitAdam's test, else zeros_like it. Its compiled update is a no-op stand-in (priced without temporaries,
@@ -153,18 +161,9 @@ class EmulatedTorchaoAdamW(torch.optim.Optimizer):
         super().__init__(params, dict(lr=lr, weight_decay=weight_decay))
         self.low_bit, self.block = low_bit, block
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if not state:
-                    for name in ("exp_avg", "exp_avg_sq"):
-                        state.update({f"{name}.{i}": t for i, t in enumerate(self._new_buffer(p))})
-                p.add_(p.grad, alpha=-group["lr"])
-        return None
+    def _init_state(self, p: torch.Tensor, state: dict) -> None:
+        for name in ("exp_avg", "exp_avg_sq"):
+            state.update({f"{name}.{i}": t for i, t in enumerate(self._new_buffer(p))})
 
     def _new_buffer(self, p: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """One state's tensors: (codes, scales[, lookup table]) as bytes, or (zeros_like the local tensor,)."""
