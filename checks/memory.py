@@ -288,7 +288,7 @@ def optimizer_bytes(job: JobConfig, groups: list[ParamGroup], state_bytes: int, 
 
 def _torchao_state_bytes(job: JobConfig, groups: list[ParamGroup], state_bytes: int, shards: int) -> int:
     """torchao's two states per tensor (stacks.LowBitAdam). Under FSDP2 torchao quantizes each rank's local
-    shard, a dim-0 chunk of about numel / shards values (rank 0's, the largest, taken as ceil(numel / shards)):
+    shard, rank 0's whole rows of dim 0 (the largest piece: _fsdp2_local_numel):
     so a tensor may stay in its own dtype once sharded (a 4096-value norm over 2 ranks). Elsewhere the
     optimizer sees whole tensors (DDP, ZeRO-1's whole parameters per rank, FSDP1's use_orig_params views,
     which on rank 0 are whole but for one piece: checks/fsdp1.py shard_pieces), shared out evenly."""
@@ -296,9 +296,21 @@ def _torchao_state_bytes(job: JobConfig, groups: list[ParamGroup], state_bytes: 
     local = job.facts.fsdp_version == 2
     total = 0
     for g in groups:
-        numel = -(-g.numel // shards) if local else g.numel
+        numel = _fsdp2_local_numel(g, shards) if local else g.numel
         total += 2 * sum(low_bit.state_tensors(numel, state_bytes, block)) * g.count
     return total if local else total // shards
+
+
+def _fsdp2_local_numel(g: ParamGroup, shards: int) -> int:
+    """Rank 0's piece of a parameter under FSDP2, which splits dim 0 into whole rows (torch _fully_shard/
+    _fsdp_param.py _init_sharded_param: torch.chunk(param, world, dim=0)): ceil(dim0 / shards) rows. An
+    nn.Linear weight is (out, in), and a ParamGroup of a block linear is (in, out) (models.py), so dim 0 is its
+    cols; the head, the embedding and vectors are listed dim 0 first. A routed-expert bank's dim 0 is the
+    expert count, which a group of one expert's weight does not hold: its piece is taken as numel / shards."""
+    if g.bank:
+        return -(-g.numel // shards)
+    dim0 = g.cols if g.linear and g.cols > 1 and g.name != "lm_head" else g.rows
+    return -(-dim0 // shards) * (g.numel // dim0)
 
 
 def _step_transient(job: JobConfig, groups: list[ParamGroup], state_bytes: int, shards: int) -> tuple[int, str]:

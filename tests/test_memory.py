@@ -356,15 +356,29 @@ def test_torchao_states_by_hand(job, optimizer, precision, block, per_value, qma
 
 def test_torchao_states_follow_fsdp2_local_shards(job):
     # Under FSDP2 torchao tests each rank's local shard: over 4 ranks q/k/v/o hold 4,096 values (16 blocks:
-    # quantized), the embedding and head 32,000 (125 blocks), gate/up/down 2,400 and the norms 32 (< 4096: fp32).
+    # quantized), the embedding and head 32,000 (125 blocks); FSDP2 splits whole rows of dim 0, so gate/up
+    # ([75, 128] weights) hold ceil(75 / 4) = 19 rows = 2,432 values, down ([128, 75]) 32 rows = 2,400, and the
+    # norms 32 (all < 4096: fp32).
     j = job(model=TAO_MODEL, train="optimizer = 'torchao_adamw8bit'",
             cluster="gpus_per_node = 4\nsharding = 'zero3'")
     assert j.facts.fsdp_version == 2
     quantized = 2 * (32_000 + 125 * 4 + 1024) + 8 * (4_096 + 16 * 4 + 1024)
-    plain = (6 * 2_400 + 5 * 32) * 4
+    plain = (4 * 2_432 + 2 * 2_400 + 5 * 32) * 4
     assert optimizer_bytes(j, trainable_groups(j), 4, 4) == 2 * (quantized + plain)
     # The estimate's optimizer term is that, on each GPU.
     assert estimate(j).term("optimizer", "forward-end") == 2 * (quantized + plain)
+
+
+def test_torchao_fsdp2_shards_are_whole_rows(job):
+    # Llama 3.1 8B's q_proj ([4096, 4096]) over 6 ranks: rank 0 holds ceil(4096 / 6) = 683 rows = 2,797,568
+    # values, which divide by the 256-value block: 8-bit codes + a scale per block + the 256-entry table, per
+    # state. (numel / 6 = 2,796,203 does not divide, and would have priced fp32 copies.)
+    j = job(model="preset = 'llama-3.1-8b'", train="optimizer = 'torchao_adamw8bit'\nstack = 'torchtitan'",
+            cluster="gpus_per_node = 6\nsharding = 'zero3'")
+    assert j.facts.fsdp_version == 2
+    q = [g for g in trainable_groups(j) if g.name == "q_proj"]
+    values = 683 * 4096
+    assert optimizer_bytes(j, q, 4, 6) == 2 * (values + values // 256 * 4 + 256 * 4) * 32
 
 
 def test_torchao_states_are_torchaos_own():
