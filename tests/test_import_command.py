@@ -374,6 +374,8 @@ def test_smoke_predicts_from_the_command_it_runs(tmp_path):
     config = (tmp_path / "runs" / "r" / "config.toml").read_text()
     assert "micro_batch = 2" in config and "seq_len = 32" in config and 'stack = "hf"' in config
     assert json.loads(proc.stdout)["predicted_from"] == ["the command"]
+    said = [line for line in proc.stderr.splitlines() if "predicted from the command:" in line]
+    assert len(said) == 1 and not said[0].split("predicted from the command:")[1].startswith(" ,"), said  # names the model
 
 
 def test_smoke_runs_a_command_it_cannot_read_without_a_prediction(tmp_path):

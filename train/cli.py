@@ -300,7 +300,7 @@ def _command_job(config, from_files, model_preset, command) -> tuple[object, lis
 
 def _describe(job) -> str:
     t, c = job.train, job.cluster
-    return (f"{job.model.name}, {t.stack} stack, micro-batch {t.micro_batch} x accum {t.grad_accum} x seq {t.seq_len}, "
+    return (f"{job.shape.name}, {t.stack} stack, micro-batch {t.micro_batch} x accum {t.grad_accum} x seq {t.seq_len}, "
             f"{t.precision}, {c.gpus_per_node * c.nodes} GPU(s) (bin/preflight -- COMMAND shows how it was read)")
 
 
