@@ -389,3 +389,15 @@ def test_smoke_runs_a_command_it_cannot_read_without_a_prediction(tmp_path):
     assert why.startswith("the command is not read as a job: loop.py: none of its arguments"), why
     lines = [line for line in proc.stderr.splitlines() if "no prediction" in line]
     assert lines == [f"smoke: no prediction to measure against: {why}"], proc.stderr
+
+
+@pytest.mark.parametrize("argv", [["python", "-m", "trl.scripts.sft"], ["trl", "sft"]])
+def test_trls_sft_entry_points_take_sftconfigs_defaults(argv):
+    # trl/scripts/sft.py parses SFTConfig (TrlParser((ScriptArguments, SFTConfig, ModelConfig))), whose defaults
+    # are bf16 (not fp16), gradient_checkpointing and max_length 1024 (trl/trainer/sft_config.py, v1.9), even
+    # when no SFTConfig-only field is on the command line.
+    out = preflight("--emit-toml", "--", *argv, "--model_name_or_path", "meta-llama/Llama-3.2-1B",
+                    "--dataset_name", "trl-lib/Capybara")
+    assert out.returncode == 0, out.stderr
+    assert 'precision = "bf16-mixed"' in out.stdout and 'checkpointing = "full"' in out.stdout, out.stdout
+    assert "seq_len = 1024" in out.stdout

@@ -294,6 +294,8 @@ def _program(words: list[str], launch: Imported) -> list[Imported]:
         return _litgpt(rest)
     if exe == "axolotl":
         return _axolotl_cli(rest, launch)
+    if exe == "trl" and rest[:1] == ["sft"]:  # trl/cli.py: `trl sft` runs trl/scripts/sft.py's main
+        return _script("trl sft", rest[1:], launch, sft=True)
     if exe.endswith(".py"):
         return _script(words[0], rest, launch)
     raise Unreadable(f"{exe} is no launcher or trainer podkit reads (it reads python, torchrun, accelerate launch, "
@@ -369,6 +371,8 @@ def _target(program: list[str], launch: Imported, module: bool) -> list[Imported
 
 # --- Hugging Face-style scripts ---------------------------------------------------------------------------------
 
+TRL_SFT = ("-m trl.scripts.sft", "trl sft")
+
 # Arguments that make a script one podkit reads as HfArgumentParser(TrainingArguments / TRL's SFTConfig and
 # ModelConfig): any one of them (hf.TRAINER_MARKS and the keys read_trainer maps).
 HF_KEYS = (*hf.TRAINER_MARKS, "model_name_or_path", "deepspeed", "bf16", "fp16", "fsdp", "max_length", "use_peft",
@@ -414,7 +418,7 @@ def _is_option(word: str) -> bool:
     return word.startswith("-") and len(word) > 1 and not _FLOAT.fullmatch(word)
 
 
-def _script(name: str, args: list[str], launch: Launch) -> list[Imported]:
+def _script(name: str, args: list[str], launch: Launch, sft: bool = False) -> list[Imported]:
     """A training script: HfArgumentParser-style arguments read as TrainingArguments (trainer importer). A
     single .json/.yaml argument is the file the transformers examples give parse_json_file / parse_yaml_file
     (`if len(sys.argv) == 2 and sys.argv[1].endswith(".json")`); `--config FILE` is TRL's TrlParser
@@ -447,7 +451,9 @@ def _script(name: str, args: list[str], launch: Launch) -> list[Imported]:
         raise Unreadable(f"{shown_name}: none of its arguments is one podkit reads (TrainingArguments / TRL keys such "
                          "as --per_device_train_batch_size, --model_name_or_path)")
     data = {**{k: v for k, v in base.items() if k != "env"}, **values}
-    imps = import_data(COMMAND, data, hf.read_trainer)
+    # TRL's SFT entry point parses SFTConfig (trl/scripts/sft.py: TrlParser((ScriptArguments, SFTConfig, ModelConfig))).
+    sft = sft or name in TRL_SFT or Path(name).as_posix().endswith("trl/scripts/sft.py")
+    imps = import_data(COMMAND, data, lambda path, d: hf.read_trainer(path, d, sft=sft))
     trainer = imps[0]
     trainer.kind = f"TrainingArguments (from {shown_name}'s arguments)"
     if base:

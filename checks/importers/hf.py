@@ -164,7 +164,8 @@ def attention(imp: Imported, key: str, value: Any, name: str = "") -> None:
         imp.ignore(f"{key} = {name!r}", "not an attention kernel podkit prices: train.attention keeps its value")
 
 
-def read_trainer(path: Path, data: dict) -> Imported:
+def read_trainer(path: Path, data: dict, sft: bool = False) -> Imported:
+    """`sft`: the arguments are parsed as TRL's SFTConfig whatever fields they hold (`trl sft`, trl/scripts/sft.py)."""
     imp = Imported(path, "TrainingArguments")
     handled = set()
 
@@ -180,7 +181,7 @@ def read_trainer(path: Path, data: dict) -> Imported:
                                   ("max_grad_norm", "grad_clip", 1.0)):
         if key not in data:
             imp.default(key, default, "train", job_key, default)
-    trl = [k for k in TRL_SFT_MARKS if k in data]
+    trl = [k for k in TRL_SFT_MARKS if k in data] or (["trl sft"] if sft else [])
     if trl:
         # A TRL SFTConfig (its own fields: trl/trainer/sft_config.py) overrides three TrainingArguments defaults
         # that change memory: bf16 = not fp16 (trl >= 0.19, _BaseConfig.__post_init__), gradient_checkpointing
@@ -192,7 +193,7 @@ def read_trainer(path: Path, data: dict) -> Imported:
         if "max_length" not in data and "max_seq_length" not in data:
             imp.default("max_length (SFTConfig)", 1024, "train", "seq_len", 1024)
         imp.warnings.append(f"{trl[0]}: a TRL SFTConfig, read with its own defaults (bf16 unless fp16 since trl 0.19, "
-                            "gradient_checkpointing since trl 0.22, max_length 1024); set them in the file for an "
+                            "gradient_checkpointing since trl 0.22, max_length 1024); set them explicitly for an "
                             "older trl")
     elif "bf16" not in data and "fp16" not in data and not data.get("torch_dtype") and not data.get("dtype"):
         imp.default("bf16/fp16", False, "train", "precision", "fp32")
