@@ -169,6 +169,11 @@ def _pure_fp16(job: JobConfig, runs: tuple[str, ...]) -> CheckResult:
     better = "fp16-mixed (fp32 masters and a GradScaler)" if "fp16-mixed" in runs else "fp32"
     if job.gpu.supports_bf16 and "bf16-mixed" in runs:
         better += f", or bf16-mixed on this sm{job.gpu.sm} GPU (fp32's exponent range)"
+    if f.grad_scaler:  # a GradScaler over fp32 adapters (precision.loss_scaling): only the frozen base is fp16
+        return CheckResult("precision.gpu", WARN,
+                           f"fp16 base weights and activations: values over {FP16_MAX} overflow to inf (the "
+                           "GradScaler guards the fp32 adapters' gradients only)",
+                           f"prefer {better} if the loss turns inf/NaN in bin/smoke")
     return CheckResult("precision.gpu", WARN,
                        f"pure fp16 has no loss scaling and no fp32 master weights: gradients under {FP16_TINY} "
                        f"flush to zero, values over {FP16_MAX} overflow to inf, small updates round away",

@@ -77,6 +77,11 @@ def test_pure_fp16_runs_on_t4_and_v100_without_loss_scaling(job):
     assert "bf16-mixed on this sm80 GPU" in a100.fix
     # Pure bf16 on a T4 still fails, as before.
     assert rules.precision_gpu(job(train="precision = 'bf16'", cluster="gpu = 'T4'")).status == "fail"
+    # fp16 LoRA with a GradScaler over the fp32 adapters (precision.loss_scaling passes it): not "no loss scaling".
+    lora = job(train="stack = 'hf'\nprecision = 'fp16'\nlora_rank = 8\ngrad_scaler = 'on'", cluster="gpu = 'T4'")
+    r = rules.precision_gpu(lora)
+    assert lora.facts.grad_scaler and rules.loss_scaling(lora).status == "pass"
+    assert r.status == "warn" and "no loss scaling" not in r.message and "adapters" in r.message, r
     # A stack that has no pure fp16 (torchtune's recipes, fsdp_qlora's --precision) says so.
     for stack in ("torchtune", "fsdp_qlora"):
         r = rules.precision_gpu(job(train=f"stack = '{stack}'\nprecision = 'fp16'\nlora_rank = 8"))
