@@ -5,9 +5,11 @@ class ConfigError(ValueError):
     """Bad input (config, model, GPU name, CLI option). Every command maps it to exit code 2."""
 
     def __init__(self, field: str, problem: str, fix: str = ""):
-        self.field = field
-        self.problem = problem
-        self.fix = fix
+        from podkit.envsetup.secrets import without_tokens  # an error may quote a value a token was folded into
+
+        self.field = without_tokens(field)
+        self.problem = without_tokens(problem)
+        self.fix = without_tokens(fix)
         super().__init__(str(self))
 
     def to_json(self) -> dict:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 
 from podkit.envsetup.envfile import EXTRA_NAMES_VAR, SECRET_NAMES, BadSecretName, extra_secret_names
 
@@ -28,6 +29,26 @@ MIN_LEN = 8
 def is_secret_name(name: str) -> bool:
     upper = name.upper()
     return any(m in upper.split("_") or upper.endswith(m) for m in SECRET_MARKERS)
+
+
+# Values shaped like the tokens users paste on command lines, whatever the option is called: Hugging Face user
+# access tokens ("hf_" + 34 letters/digits, huggingface_hub's docs), GitHub's (ghp_/gho_/ghu_/ghs_/ghr_ +36,
+# github_pat_), OpenAI-style "sk-" keys, and W&B API keys (40 hex digits, wandb login).
+TOKEN_SHAPE = re.compile(r"hf_[A-Za-z0-9]{30,}|gh[pousr]_[A-Za-z0-9]{30,}|github_pat_\w{30,}|sk-[\w-]{20,}"
+                         r"|[0-9a-f]{40}")
+
+
+def looks_like_token(value: str) -> bool:
+    return bool(TOKEN_SHAPE.fullmatch(value.strip()))
+
+
+# The prefixed shapes, found inside text (an error that quotes a value); bare hex is left: commit ids look alike.
+PREFIXED_TOKEN = re.compile(r"(?<![A-Za-z0-9])(?:hf_[A-Za-z0-9]{30,}|gh[pousr]_[A-Za-z0-9]{30,}|github_pat_\w{30,}"
+                            r"|sk-[\w-]{20,})")
+
+
+def without_tokens(text: str) -> str:
+    return PREFIXED_TOKEN.sub("[redacted]", text)
 
 
 def _secret_option(name: str) -> bool:
@@ -72,12 +93,15 @@ class SecretFilter:
         return s
 
     def argv(self, command) -> list[str]:
-        """A command line with the environment's secret values replaced, and the value of every option or override
-        named like a secret: `--hub_token X`, `--api-key=X`, `metric_logger.api_key=X` (a token typed on the
-        command line is in no variable podkit can match)."""
+        """A command line with the environment's secret values replaced, the value of every option or override
+        named like a secret (`--hub_token X`, `--api-key=X`, `metric_logger.api_key=X`: a token typed on the
+        command line is in no variable podkit can match), and any word shaped like a token (TOKEN_SHAPE)."""
         out = [self.text(a) for a in command]
         for i, word in enumerate(out):
             name, eq, value = word.partition("=")
+            if looks_like_token(word) or (eq and looks_like_token(value)):  # a token under any name, or none
+                out[i] = f"{name}=[redacted]" if eq and not looks_like_token(word) else "[redacted]"
+                continue
             if eq and _hides(value, command[i].partition("=")[2]) and _secret_option(name):
                 out[i] = f"{name}=[redacted]"
             elif (not eq and word.startswith("-") and _secret_option(word) and i + 1 < len(out)

@@ -401,3 +401,24 @@ def test_trls_sft_entry_points_take_sftconfigs_defaults(argv):
     assert out.returncode == 0, out.stderr
     assert 'precision = "bf16-mixed"' in out.stdout and 'checkpointing = "full"' in out.stdout, out.stdout
     assert "seq_len = 1024" in out.stdout
+
+
+def test_a_token_under_no_secret_name_is_still_hidden():
+    # A token pasted as a bare word, under an option not named like a secret, as an axolotl override, or folded
+    # into another option's value that an error then quotes: hidden by its shape (envsetup/secrets.py TOKEN_SHAPE).
+    token = "hf_" + "a1B2" * 9
+    fixture = str(ROOT / "tests" / "fixtures" / "axolotl" / "examples" / "mixtral.yml")
+    for argv in (["python", "train.py", "--model_name_or_path", "meta-llama/Llama-3.2-1B", "--per_device_train_batch_size",
+                  "2", "--report_to", "none", f"--weird={token}", "--push_to_hub", "--", token],
+                 ["python", "train.py", "--model_name_or_path", "meta-llama/Llama-3.2-1B",
+                  "--per_device_train_batch_size", "2", token],  # folded into the batch size: exit 2, quoted
+                 ["axolotl", "train", fixture, "--unknownflag", token]):
+        for extra in ([], ["--json"]):
+            proc = subprocess.run([str(PREFLIGHT), "--no-probe", *extra, "--", *argv], capture_output=True, text=True,
+                                  timeout=60)
+            assert proc.returncode in (0, 1, 2) and "Traceback" not in proc.stderr, proc.stderr
+            assert token not in proc.stdout + proc.stderr, (argv, proc.stdout + proc.stderr)
+    from podkit.envsetup.secrets import SecretFilter
+
+    # Commit ids are 40 hex digits too: a whole word of them is hidden, the same inside a sentence is not.
+    assert SecretFilter({}).argv(["0123456789abcdef0123456789abcdef01234567"]) == ["[redacted]"]

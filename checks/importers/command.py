@@ -83,7 +83,10 @@ def _secret(name: str) -> bool:
 
 def shown(name: str, value: Any) -> str:
     """`name=value` for the account of what the command said, the value hidden where the name says secret."""
-    return f"{name}=[redacted]" if _secret(name.split(".")[-1]) and not isinstance(value, bool) else f"{name}={value}"
+    from podkit.envsetup.secrets import looks_like_token
+
+    hide = (_secret(name.split(".")[-1]) and not isinstance(value, bool)) or looks_like_token(str(value))
+    return f"{name}=[redacted]" if hide else f"{name}={value}"
 
 
 def shown_argv(argv: Sequence[str]) -> list[str]:
