@@ -541,3 +541,17 @@ def test_a_trl_sftconfig_gets_its_own_defaults(tmp_path):
     assert (t.precision, t.checkpointing, t.seq_len) == ("fp16-mixed", "none", 512)
     plain = job(per_device_train_batch_size=2).job.train
     assert (plain.precision, plain.checkpointing) == ("fp32", "none")
+
+
+def test_training_arguments_precision_overrides_accelerates(tmp_path):
+    # transformers training_args.py __post_init__: mixed_precision is read from ACCELERATE_MIXED_PRECISION (what
+    # accelerate launch exports from its config) and then replaced by fp16 / bf16 when either is set. So the two
+    # files do not disagree: TrainingArguments' bf16 wins, whichever is given first; a silent one leaves accelerate's.
+    acc = tmp_path / "acc.yaml"
+    acc.write_text("distributed_type: MULTI_GPU\nmixed_precision: fp16\nnum_processes: 2\n")
+    args = tmp_path / "args.json"
+    args.write_text(json.dumps({"output_dir": "o", "per_device_train_batch_size": 2, "bf16": True}))
+    for order in ([str(acc), str(args)], [str(args), str(acc)]):
+        assert build_job(None, order, model_preset="llama-3.2-1b").job.train.precision == "bf16-mixed"
+    args.write_text(json.dumps({"output_dir": "o", "per_device_train_batch_size": 2}))
+    assert build_job(None, [str(args), str(acc)], model_preset="llama-3.2-1b").job.train.precision == "fp16-mixed"

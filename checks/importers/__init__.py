@@ -185,18 +185,24 @@ def build_job(config: str | None, specs: list[str], model_preset: str | None = N
             if "model" in setters and setters["model"][0] != imp.sections["model"]:
                 raise ConfigError("--from", f"{imp.path.name} names the model {imp.sections['model']} but "
                                   f"{setters['model'][1]} names {setters['model'][0]}", "make the files name one model")
-            setters["model"] = (imp.sections["model"], imp.path.name)
+            setters["model"] = (imp.sections["model"], imp.path.name, imp.kind)
             sections["model"] = dict(imp.sections["model"])
         for name in ("train", "cluster", "smoke"):
             for key, value in imp.sections[name].items():
                 dotted = f"{name}.{key}"
                 if dotted in setters and setters[dotted][0] != value and dotted != "train.stack":
-                    raise ConfigError("--from", f"{imp.path.name} sets {dotted} = {value!r} but {setters[dotted][1]} "
-                                      f"set {setters[dotted][0]!r}", "make the files agree (the HF Trainer refuses "
-                                      "a DeepSpeed config that contradicts TrainingArguments too)")
+                    winner = _trainer_precision(dotted, imp, setters[dotted])
+                    if winner == "kept":
+                        continue
+                    if winner is None:
+                        deepspeed_hint = " (the HF Trainer refuses a DeepSpeed config that contradicts " \
+                                         "TrainingArguments too)" if "DeepSpeed" in (imp.kind, setters[dotted][2]) else ""
+                        raise ConfigError("the job's sources" if command else "--from",
+                                          f"{imp.path.name} sets {dotted} = {value!r} but {setters[dotted][1]} set "
+                                          f"{setters[dotted][0]!r}", "make them agree" + deepspeed_hint)
                 if dotted == "train.stack" and setters.get(dotted, ("",))[0] == "deepspeed":
                     continue  # TrainingArguments with a DeepSpeed JSON: the DeepSpeed engine runs the step
-                setters[dotted] = (value, imp.path.name)
+                setters[dotted] = (value, imp.path.name, imp.kind)
                 sections[name][key] = value
     for imp in files:  # library defaults fill only what neither the base nor any file set
         for dotted, value in imp.defaults.items():
@@ -244,6 +250,23 @@ def build_job(config: str | None, specs: list[str], model_preset: str | None = N
 
         shown = shown_argv(command)
     return ImportedJob(job, toml, files, unresolved, shown)
+
+
+def _trainer_precision(dotted: str, imp: Imported, earlier: tuple) -> str | None:
+    """TrainingArguments' bf16 / fp16 over an accelerate config's mixed_precision: transformers training_args.py
+    __post_init__ reads ACCELERATE_MIXED_PRECISION (what `accelerate launch` exports from its config) and then
+    `if self.fp16: ... elif self.bf16: ...` replaces it. "kept" when the earlier (TrainingArguments) value stands,
+    "replaced" when this file's does, None when the two are a real disagreement."""
+    if dotted != "train.precision":
+        return None
+    kinds = (imp.kind.startswith("TrainingArguments"), earlier[2] == "accelerate config")
+    if kinds == (True, True):
+        imp.mapped.append(f"bf16/fp16 override {earlier[1]}'s mixed_precision (training_args.py __post_init__)")
+        return "replaced"
+    if imp.kind == "accelerate config" and earlier[2].startswith("TrainingArguments"):
+        imp.mapped.append(f"mixed_precision: {earlier[1]}'s bf16/fp16 override it (training_args.py __post_init__)")
+        return "kept"
+    return None
 
 
 def weights_16bit(sections: dict[str, dict[str, Any]], imp: Imported) -> None:
