@@ -5,6 +5,7 @@ Exit codes: 0 every check passed (warnings allowed), 1 a check failed, 2 bad inp
 
 from __future__ import annotations
 
+import shlex
 import sys
 
 import click
@@ -165,7 +166,7 @@ def import_job(config: str, from_files, model_preset, emit_toml: bool, quiet: bo
     explicit = click.get_current_context().get_parameter_source("config").name != "DEFAULT"
     imported = build_job(config if explicit else None, list(from_files), model_preset, command=command)
     if command and not quiet:
-        click.echo(f"preflight: reading the job from the command: {' '.join(shown_argv(command))} (not run)", err=True)
+        click.echo(f"preflight: reading the job from the command: {shlex.join(shown_argv(command))} (not run)", err=True)
     if not quiet:
         for f in imported.files:
             click.echo(f"preflight: from {f.path} ({f.kind}):", err=True)
