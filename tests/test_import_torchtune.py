@@ -310,3 +310,13 @@ def test_nested_interpolations_resolve(tmp_path):
     f = variant(tmp_path, LORA, rank=32, my_rank="${rank}",
                 model={**yaml.safe_load(LORA.read_text())["model"], "lora_rank": "${my_rank}"})
     assert build_job(None, [f]).job.train.lora_rank == 32
+
+
+def test_an_untied_head_of_a_tied_builder_is_warned(tmp_path):
+    # llama3_2_1b ties its head (its preset does: tie_embeddings); tie_word_embeddings: false is not priced.
+    imp = build_job(None, [variant(tmp_path, FULL_1B, model={"_component_": "torchtune.models.llama3_2.llama3_2_1b",
+                                                                 "tie_word_embeddings": False})]).files[0]
+    assert any(w.startswith("model.tie_word_embeddings: false") for w in imp.warnings), imp.warnings
+    untied = build_job(None, [variant(tmp_path, FULL_8B, model={"_component_": "torchtune.models.llama3_1.llama3_1_8b",
+                                                                    "tie_word_embeddings": False})]).files[0]
+    assert not any("tie_word_embeddings" in w for w in untied.warnings)

@@ -41,9 +41,6 @@ PRECISIONS = {"bf16-true": "bf16", "16-true": "fp16", "bf16-mixed": "bf16-mixed"
 # bitsandbytes.py _NF4Linear compress_statistics=False, _NF4DQLinear True; fp4 alike).
 QUANTIZE = {"bnb.nf4": ("nf4", False), "bnb.nf4-dq": ("nf4", True), "bnb.fp4": ("nf4", False),
             "bnb.fp4-dq": ("nf4", True)}
-# Optimizer classes litgpt instantiates by class_path (utils.py instantiate_torch_optimizer; a bare name
-# is looked up in torch.optim).
-OPTIMIZERS = OPTIMIZER_CLASSES
 # litgpt checkpoint / config names whose Hub id is not a podkit preset's repo, -> (preset of that shape,
 # display name). litgpt/config.py: "Meta-Llama-3.1-8B" etc. (hf_config org meta-llama), "tiny-llama-1.1b"
 # (TinyLlama-1.1B: hidden 2048, 22 layers, 32 heads, 4 kv, ffn 5632, vocab 32000), "micro-llama-300M".
@@ -487,11 +484,11 @@ def _optimizer(imp: Imported, path: Path, data: dict, kind: str) -> None:
             raise ConfigError(f"{path.name}: optimizer", f"litgpt quantized fine-tuning supports only AdamW, got "
                               f"{class_path!r}", "use torch.optim.AdamW")
         _put(imp, given, "optimizer (quantize: bnb.optim.PagedAdamW)", class_path, "train", "optimizer", "paged_adamw")
-    elif class_path in OPTIMIZERS:
-        _put(imp, given, "optimizer", class_path, "train", "optimizer", OPTIMIZERS[class_path])
+    elif class_path in OPTIMIZER_CLASSES:  # utils.py instantiate_torch_optimizer: a bare name is torch.optim's
+        _put(imp, given, "optimizer", class_path, "train", "optimizer", OPTIMIZER_CLASSES[class_path])
         if class_path == "torch.optim.SGD" and not init.get("momentum"):
             imp.warnings.append("SGD without momentum keeps no state; podkit prices SGD with momentum (an over-estimate)")
-        if OPTIMIZERS[class_path] in ("adamw", "sgd"):
+        if OPTIMIZER_CLASSES[class_path] in ("adamw", "sgd"):
             # pretrain.py passes fused=(device is cuda) to utils.py instantiate_torch_optimizer, which updates
             # init_args with it (a file's fused: false is overridden); the finetune scripts pass nothing: torch
             # picks foreach on CUDA (torch/optim/optimizer.py _default_to_fused_or_foreach).
@@ -501,7 +498,7 @@ def _optimizer(imp: Imported, path: Path, data: dict, kind: str) -> None:
                  class_path, "train", "optimizer_impl", impl)
     else:
         imp.ignore(f"optimizer = {class_path!r}", "no podkit optimizer of that class: train.optimizer keeps its "
-                   "value; known: " + ", ".join(OPTIMIZERS))
+                   "value; known: " + ", ".join(OPTIMIZER_CLASSES))
     for key, job_key in (("lr", "lr"), ("weight_decay", "weight_decay")):
         if init.get(key) is not None:
             imp.set(f"optimizer.init_args.{key}", init[key], "train", job_key,

@@ -16,6 +16,7 @@ from typing import Any
 
 from podkit.checks.errors import ConfigError
 from podkit.checks.importers.imported import OPTIMIZER_CLASSES, Imported, integer, real, truthy
+from podkit.checks.presets import PRESETS
 
 # torchtune model builders (torchtune/models/<family>/_model_builders.py) -> podkit presets of the same
 # shape (vocab, layers, heads, kv heads, hidden, intermediate, head_dim, tied head: checked against
@@ -40,9 +41,6 @@ BUILDERS = {
     "qwen3_8b_base": "qwen3-8b", "qwen3_8b_instruct": "qwen3-8b", "qwen3_14b_base": "qwen3-14b",
     "qwen3_14b_instruct": "qwen3-14b", "qwen3_32b": "qwen3-32b",
 }
-# Presets whose head is the embedding (tie_word_embeddings=True in the builder).
-TIED = {"llama-3.2-1b", "llama-3.2-3b", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen3-0.6b", "qwen3-1.7b",
-        "qwen3-4b", "gemma-2b", "gemma-7b", "gemma-2-2b", "gemma-2-9b", "gemma-2-27b"}
 
 # torchtune's attention projections (modules/peft/_utils.py LORA_ATTN_MODULES) -> podkit's linear names;
 # apply_lora_to_mlp adapts FeedForward's w1/w3/w2, built from gate_proj/up_proj/down_proj
@@ -54,7 +52,6 @@ MLP_TARGETS = ["gate_proj", "up_proj", "down_proj"]
 # lora_attn_modules has none.
 LORA_DEFAULTS = {"lora_rank": 8, "apply_lora_to_mlp": False, "apply_lora_to_output": False}
 
-OPTIMIZERS = OPTIMIZER_CLASSES
 # torchao's low-bit Adam(W) (torchao/optim/adam.py v0.18.0, formerly torchao.prototype.low_bit_optim, the
 # path torchtune's docs/source/tutorials/memory_optimizations.rst names) -> podkit's torchao optimizers
 # (stacks.TORCHAO_OPTIMIZERS); Adam* and AdamW* keep the same states and differ only in weight decay.
@@ -193,7 +190,8 @@ def _model(imp: Imported, path: Path, model: Any) -> None:
     handled = {"_component_"}
     if "tie_word_embeddings" in model:
         handled.add("tie_word_embeddings")
-        if preset in TIED and not truthy(model["tie_word_embeddings"]):
+        # A builder ties its head as its preset does (BUILDERS maps shapes, tying included).
+        if preset and PRESETS[preset].tie_embeddings and not truthy(model["tie_word_embeddings"]):
             imp.warnings.append(f"model.tie_word_embeddings: false: an untied head is not modelled for {preset}; "
                                 "predicted tied (vocab x hidden parameters low)")
     if truthy(model.get("use_dora", False)):
@@ -331,7 +329,7 @@ def _optimizer(imp: Imported, path: Path, opt: Any, in_bwd: bool) -> None:
             imp.warnings.append("optimizer.offload_gradients: gradients leave the GPU as backward makes them: not "
                                 "modelled (high)")
         name = base
-    mapped = OPTIMIZERS.get(name)
+    mapped = OPTIMIZER_CLASSES.get(name)
     short = name.rsplit(".", 1)[-1]
     if mapped is None and name.startswith(TORCHAO_PREFIXES) and short in TORCHAO:
         mapped = TORCHAO[short]
@@ -344,7 +342,7 @@ def _optimizer(imp: Imported, path: Path, opt: Any, in_bwd: bool) -> None:
                                 "modelled (low by a half of the states)")
     if mapped is None:
         imp.ignore(f"optimizer._component_ = {name!r}", "no podkit optimizer of that kind: train.optimizer keeps its "
-                   "value; known: " + ", ".join(OPTIMIZERS) + ", torchao " + ", ".join(TORCHAO))
+                   "value; known: " + ", ".join(OPTIMIZER_CLASSES) + ", torchao " + ", ".join(TORCHAO))
     else:
         imp.set("optimizer._component_", name, "train", "optimizer", mapped)
     if name in ("torch.optim.AdamW", "torch.optim.Adam"):
