@@ -36,6 +36,13 @@ TITAN = str(FIX / "torchtitan" / "llama3_8b.toml")
 ZERO2 = str(FIX / "axolotl" / "deepspeed_configs" / "zero2.json")
 
 
+@pytest.fixture(autouse=True)
+def _no_default_accelerate_config(tmp_path, monkeypatch):
+    """accelerate launch reads ~/.cache/huggingface/accelerate/default_config.yaml when no --config_file is given;
+    these tests must not read the developer's own."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+
+
 def job(argv, model=None, specs=()):
     return build_job(None, list(specs), model, command=argv)
 
@@ -302,6 +309,53 @@ def test_secrets_in_the_command_never_reach_any_output(monkeypatch):
     assert SecretFilter({}).argv(["--api-key=abcdefgh123", "metric_logger.api_key=zzz", "--lora_key", "true",
                                   "--hf_token", "t0ken"]) == \
         ["--api-key=[redacted]", "metric_logger.api_key=[redacted]", "--lora_key", "true", "--hf_token", "[redacted]"]
+
+
+def test_uv_run_is_stepped_over_as_uv_reads_its_options():
+    # uv's docs (concepts/projects/run.md): `uv run [OPTIONS] CMD`, uv's options before the command, `--` to mark
+    # where it starts; `uv run x.py` is `uv run python x.py`, `-m M` is `python -m M`. --with and --python take a
+    # value, -qq and --no-sync none (uv-cli lib.rs RunArgs): the command is torchrun's, with its 4 processes.
+    argv = ["uv", "run", "--with", "liger-kernel", "-qq", "--no-sync", "--python", "3.12", "torchrun",
+            "--nproc_per_node", "4", "train.py", "--model_name_or_path", "meta-llama/Llama-3.2-1B",
+            "--per_device_train_batch_size", "2", "--bf16"]
+    imp = job(argv)
+    assert imp.job.model.preset == "llama-3.2-1b"
+    assert (imp.job.cluster.gpus_per_node, imp.job.train.micro_batch) == (4, 2)
+    launch = imp.files[-1]
+    assert {"uv run --with (environment, no memory)", "uv run --python (environment, no memory)",
+            "uv run --quiet (environment, no memory)", "uv run --no_sync (environment, no memory)"} <= set(launch.ignored)
+    # `uv run -m trl.scripts.sft` and `uv run -- python -m ...` are the module; `uv run train.py` the script.
+    for head in (["uv", "run", "-m"], ["uv", "run", "--", "python", "-m"]):
+        sft = job([*head, "trl.scripts.sft", "--model_name_or_path", "meta-llama/Llama-3.2-1B"])
+        assert (sft.job.train.precision, sft.job.train.seq_len) == ("bf16-mixed", 1024)  # SFTConfig's defaults
+    script = job(["uv", "run", "--frozen", "train.py", "--model_name_or_path", "meta-llama/Llama-3.2-1B", "--fp16"])
+    assert script.job.train.precision == "fp16-mixed"
+    with pytest.raises(Unreadable, match="--directory"):
+        read_command(["uv", "run", "--directory", "proj", "train.py", "--bf16"])
+
+
+def test_accelerate_launch_without_a_config_file_reads_the_default_config(tmp_path, monkeypatch):
+    # accelerate commands/launch.py _validate_launch_command: with no --config_file it loads default_config_file
+    # ($HF_HOME/accelerate/default_config.yaml, commands/config/config_args.py) when it exists, options given on
+    # the command line over it. alignment-handbook's zero3.yaml saved as the default: ZeRO-3 over 8 processes.
+    home = tmp_path / "hf"
+    (home / "accelerate").mkdir(parents=True)
+    (home / "accelerate" / "default_config.yaml").write_text(Path(ZERO3).read_text())
+    monkeypatch.setenv("HF_HOME", str(home))
+    argv = ["accelerate", "launch", "train_sft.py", "--model_name_or_path", "meta-llama/Llama-3.1-8B",
+            "--per_device_train_batch_size", "2", "--bf16"]
+    imp = job(argv)
+    assert (imp.job.cluster.sharding, imp.job.cluster.gpus_per_node) == ("zero3", 8)
+    default = imp.files[0]
+    assert default.path == home / "accelerate" / "default_config.yaml"
+    assert any("no --config_file: read the default config" in w for w in default.warnings)
+    assert imp.unresolved == []
+    # --num_processes over it, as launch.py applies a config value only where the option was not given.
+    assert job(argv[:2] + ["--num_processes", "2"] + argv[2:]).job.cluster.gpus_per_node == 2
+    # No default config: one process per GPU of the machine it runs on, which preflight cannot count.
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "empty"))
+    bare = job(argv)
+    assert any("one process per GPU of the machine" in u for u in bare.unresolved), bare.unresolved
 
 
 def test_read_command_lists_what_each_launcher_does_not_model():

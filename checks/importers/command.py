@@ -14,6 +14,7 @@ name: a value is shown only where it is mapped, never for a key named like a sec
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any, Sequence
@@ -145,6 +146,21 @@ ACCELERATE = Launcher("accelerate launch", {
 DEEPSPEED = Launcher("deepspeed", {"module", "no_python", "no_local_rank", "no_ssh", "no_ssh_check", "force_multi",
                                    "save_pid", "elastic_training", "bind_cores_to_rank", "quiet"},
                      {"H": "hostfile", "i": "include", "e": "exclude", "q": "quiet", "num_accelerators": "num_gpus"})
+# uv 0.12.5 crates/uv-cli/src/lib.rs RunArgs with the structs it flattens (dependency groups, resolver/installer,
+# build, refresh), GlobalArgs and TopLevelArgs, and crates/uv-cache/src/cli.rs CacheArgs: every option whose
+# field is a bool (clap's SetTrue) takes no value; every other option takes one (--with X, --python 3.12, ...).
+UV_RUN = Launcher("uv run", {
+    "active", "all_extras", "all_groups", "all_packages", "binary", "build", "build_isolation", "compile",
+    "compile_bytecode", "dev", "editable", "exact", "force_reinstall", "frozen", "gui_script", "inexact", "isolated",
+    "locked", "module", "no_active", "no_all_extras", "no_binary", "no_build", "no_build_isolation", "no_compile",
+    "no_compile_bytecode", "no_default_groups", "no_dev", "no_editable", "no_env_file", "no_exact", "no_index",
+    "no_project", "no_workspace", "no_refresh", "no_reinstall", "no_sources", "no_sync", "no_upgrade", "only_dev",
+    "pre", "refresh", "reinstall", "script", "show_resolution", "upgrade", "allow_python_downloads",
+    "managed_python", "native_tls", "no_color", "no_config", "no_installer_metadata", "no_managed_python",
+    "no_native_tls", "no_offline", "no_preview", "no_progress", "no_python_downloads", "no_system_certs", "offline",
+    "preview", "quiet", "show_settings", "system_certs", "verbose", "no_cache"},
+    {"m": "module", "s": "script", "q": "quiet", "v": "verbose", "n": "no_cache", "U": "upgrade", "w": "with",
+     "p": "python", "C": "config_setting", "P": "upgrade_package", "f": "find_links", "i": "index_url"})
 # CPython's own options that take a value (python -h): -m and -c end the interpreter's options.
 PYTHON_VALUE_OPTIONS = ("-X", "-W", "--check-hash-based-pycs")
 PYTHON = re.compile(r"python(\d+(\.\d+)?)?$")
@@ -207,14 +223,25 @@ ACCELERATE_DEEPSPEED = ("deepspeed_config_file", "zero_stage", "offload_optimize
 ACCELERATE_PARADIGMS = {"use_fsdp": "FSDP", "use_deepspeed": "DEEPSPEED", "multi_gpu": "MULTI_GPU"}
 
 
+def accelerate_default_config() -> Path:
+    """Where `accelerate config` saves and `accelerate launch` looks without --config_file (accelerate 1.15
+    commands/config/config_args.py: $HF_HOME, else $XDG_CACHE_HOME/huggingface, else ~/.cache/huggingface)."""
+    home = os.environ.get("HF_HOME", os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface"))
+    return Path(home).expanduser() / "accelerate" / "default_config.yaml"
+
+
 def _accelerate(opts: dict[str, Any]) -> list[Imported]:
-    """accelerate launch: its --config_file (else the machine's default config, which podkit cannot see) with
-    the options given on the command line over it, read by the accelerate importer."""
+    """accelerate launch: its --config_file, else the default config where one exists here (launch.py
+    _validate_launch_command reads it unless --cpu), with the options given on the command line over it, read by
+    the accelerate importer."""
     from podkit.checks.importers import import_data
 
     config = opts.pop("config_file", None)
-    path = Path(config).expanduser() if config else COMMAND
-    data = config_data(path, "accelerate launch --config_file") if config else {}
+    default = accelerate_default_config()
+    from_default = not config and not opts.get("cpu") and default.is_file()
+    path = Path(config).expanduser() if config else default if from_default else COMMAND
+    data = (config_data(path, "accelerate launch --config_file") if config
+            else config_data(path, f"accelerate's default config {path}") if from_default else {})
     given = []
     for flag, dist in ACCELERATE_PARADIGMS.items():
         if opts.pop(flag, False):
@@ -236,13 +263,17 @@ def _accelerate(opts: dict[str, Any]) -> list[Imported]:
         given.append("--cpu")
     if not data:
         launch = Imported(COMMAND, "accelerate launch")
-        launch.unresolved["cluster.gpus_per_node"] = ("accelerate launch without --config_file or --num_processes: "
-                                                      "the machine's default config (accelerate config), else every GPU")
+        launch.unresolved["cluster.gpus_per_node"] = (
+            f"accelerate launch without --config_file, --num_processes or a default config ({default}): one process "
+            "per GPU of the machine it runs on")
         imps = [launch]
     else:
         imps = import_data(path, data, accelerate.read)
         if given:
-            imps[0].mapped.insert(0, f"(accelerate launch {' '.join(given)}" + (f" over {path.name})" if config else ")"))
+            imps[0].mapped.insert(0, f"(accelerate launch {' '.join(given)}" + (f" over {path.name})" if config or from_default else ")"))
+        if from_default:
+            imps[0].warnings.append(f"accelerate launch has no --config_file: read the default config {path}, as "
+                                    "accelerate does; the machine the job runs on may have another")
     for name in opts:
         imps[0].ignore(f"accelerate launch --{name}", "launcher detail, no memory")
     return imps
@@ -291,6 +322,8 @@ def _program(words: list[str], launch: Imported) -> list[Imported]:
         opts.pop("no_python", None)
         _deepspeed_facts(launch, opts)
         return _target(program, launch, module)
+    if exe == "uv" and rest[:1] == ["run"]:
+        return _uv_run(rest[1:], launch)
     if exe == "tune":
         return _tune(rest, launch)
     if exe == "litgpt":
@@ -333,6 +366,26 @@ def _accelerate_launch(args: list[str], launch: Imported) -> list[Imported]:
     module = opts.pop("module", False)
     opts.pop("no_python", None)
     return _accelerate(opts) + _target(program, launch, module)
+
+
+def _uv_run(args: list[str], launch: Imported) -> list[Imported]:
+    """`uv run [OPTIONS] CMD`: the project environment, then CMD; `uv run x.py` is `python x.py`, `-m M` is
+    `python -m M` (uv's run.rs). uv's own options say nothing about memory and are listed as ignored."""
+    args = ["-q" if re.fullmatch(r"-q+", a) else "-v" if re.fullmatch(r"-v+", a) else a for a in args]  # -qq, -vv
+    opts, program = UV_RUN.parse(args)
+    if "directory" in opts:
+        raise Unreadable(f"uv run --directory {opts['directory']} runs the command from another directory",
+                         "run bin/preflight from that directory, without --directory")
+    module = opts.pop("module", False)
+    for flag in ("script", "gui_script"):
+        opts.pop(flag, None)
+    for name in opts:
+        launch.ignore(f"uv run --{name}", "environment, no memory")
+    if module or (program and program[0].endswith(".py")):
+        return _target(program, launch, module)
+    if not program:
+        raise Unreadable("uv run starts no command")
+    return _program(program, launch)
 
 
 # python -m MODULE: the launchers and trainers that run as modules.
