@@ -245,6 +245,28 @@ def test_a_model_loaded_in_float16_is_the_fp16_twin_of_bf16(tmp_path):
         build_job(None, [write(tmp_path, "fp16full.yml", axolotl + "fp16: true\n")])
 
 
+def test_axolotl_bfloat16_is_autocast_and_bf16_full_is_not(tmp_path):
+    # axolotl core/builders/base.py _configure_precision_settings: TrainingArguments bf16 = cfg.bf16 or
+    # cfg.bfloat16, and bf16: full sets only bf16_full_eval; utils/config resolve_dtype loads bf16 weights for all
+    # three. Under FSDP a full fine-tune's autocast makes accelerate upcast the trained weights to fp32 masters
+    # (bf16-mixed); without autocast they stay bf16 (pure bf16).
+    axolotl = textwrap.dedent("""
+        base_model: meta-llama/Llama-3.2-1B
+        sequence_len: 1024
+        micro_batch_size: 1
+        fsdp_config:
+          fsdp_version: 2
+    """)
+    alone = build_job(None, [write(tmp_path, "bfloat16.yml", axolotl + "bfloat16: true\n")])
+    assert alone.job.train.precision == "bf16-mixed"
+    assert any(m.startswith("bfloat16 = True -> train.precision") for m in alone.files[0].mapped)
+    full = build_job(None, [write(tmp_path, "full.yml", axolotl + "bf16: full\n")])
+    assert full.job.train.precision == "bf16"
+    # LoRA over either: the frozen base stays bf16, pure bf16 as before.
+    lora = build_job(None, [write(tmp_path, "lora.yml", axolotl + "bfloat16: true\nadapter: lora\nlora_r: 8\n")])
+    assert lora.job.train.precision == "bf16"
+
+
 def test_axolotl_qlora_yaml(tmp_path):
     # axolotl docs/config-reference.qmd: base_model, adapter, lora_r, lora_target_linear, sequence_len,
     # micro_batch_size, optimizer, flash_attention.

@@ -148,11 +148,23 @@ UNMODELLED = {
 
 def _precision(imp: Imported, data: dict) -> None:
     """The weights' dtype as src/axolotl/utils/config/__init__.py resolve_dtype picks it: bf16 ("auto" is
-    false beside fp16: true) or bfloat16 (no AMP) -> bfloat16, else load_in_8bit / fp16 / float16 (no AMP) ->
-    float16, else float32; the Trainer's autocast follows bf16 / fp16."""
+    false beside fp16: true) or bfloat16 -> bfloat16, else load_in_8bit / fp16 / float16 (no AMP) -> float16,
+    else float32; the Trainer's autocast follows bf16 or bfloat16 (not bf16: full) / fp16 (core/builders/base.py
+    _configure_precision_settings)."""
     flags = dict(data)
     if truthy(flags.get("fp16") or False) and flags.get("bf16") == "auto":
         flags["bf16"] = False
+    if flags.get("bf16") == "full":
+        # core/builders/base.py _configure_precision_settings: bf16 "full" sets only bf16_full_eval, no training
+        # autocast, over the bf16 weights resolve_dtype loads: pure bf16.
+        imp.set("bf16", "full", "train", "precision", "bf16")
+        return
+    if not truthy(flags.get("bf16") or False) and truthy(flags.get("bfloat16") or False):
+        # base.py: TrainingArguments bf16 = cfg.bf16 or cfg.bfloat16, so bfloat16 alone is bf16 autocast too.
+        imp.set("bfloat16", data["bfloat16"], "train", "precision", "bf16-mixed")
+        imp.loads_weights("bf16", f"bfloat16 = {data['bfloat16']!r} (axolotl loads the weights in bf16, and the "
+                                  "Trainer's bf16 follows cfg.bf16 or cfg.bfloat16)")
+        return
     precision_from_flags(imp, flags)
     precision = imp.sections["train"].get("precision", "fp32")
     if precision in ("bf16-mixed", "fp16-mixed"):
