@@ -334,7 +334,7 @@ def _program(words: list[str], launch: Imported) -> list[Imported]:
         return _script("trl sft", rest[1:], launch, sft=True)
     if exe.endswith(".py"):
         return _script(words[0], rest, launch)
-    raise Unreadable(f"{exe} is no launcher or trainer podkit reads (it reads python, torchrun, accelerate launch, "
+    raise Unreadable(f"{exe} is no launcher or trainer podkit reads (it reads python, uv run, torchrun, accelerate launch, "
                      "deepspeed, tune run, litgpt, axolotl and Hugging Face-style scripts)")
 
 
