@@ -270,7 +270,8 @@ def _accelerate(opts: dict[str, Any]) -> list[Imported]:
     else:
         imps = import_data(path, data, accelerate.read)
         if given:
-            imps[0].mapped.insert(0, f"(accelerate launch {' '.join(given)}" + (f" over {path.name})" if config or from_default else ")"))
+            over = f" over {path.name})" if config or from_default else ")"
+            imps[0].mapped.insert(0, f"(accelerate launch {' '.join(given)}" + over)
         if from_default:
             imps[0].warnings.append(f"accelerate launch has no --config_file: read the default config {path}, as "
                                     "accelerate does; the machine the job runs on may have another")
@@ -334,8 +335,8 @@ def _program(words: list[str], launch: Imported) -> list[Imported]:
         return _script("trl sft", rest[1:], launch, sft=True)
     if exe.endswith(".py"):
         return _script(words[0], rest, launch)
-    raise Unreadable(f"{exe} is no launcher or trainer podkit reads (it reads python, uv run, torchrun, accelerate launch, "
-                     "deepspeed, tune run, litgpt, axolotl and Hugging Face-style scripts)")
+    raise Unreadable(f"{exe} is no launcher or trainer podkit reads (it reads python, uv run, torchrun, accelerate "
+                     "launch, deepspeed, tune run, litgpt, axolotl and Hugging Face-style scripts)")
 
 
 def _python(args: list[str], launch: Imported) -> list[Imported]:
