@@ -51,6 +51,27 @@ def without_tokens(text: str) -> str:
     return PREFIXED_TOKEN.sub("[redacted]", text)
 
 
+_PREFIXED_TOKEN_B = re.compile(PREFIXED_TOKEN.pattern.encode())
+# What the end of a stream chunk may be: the start of a prefixed token, to be held back until the next chunk.
+_TOKEN_START_B = re.compile(rb"h(f(_[A-Za-z0-9]*)?)?|g(h([pousr](_[A-Za-z0-9]*)?)?)?|gi(t(h(u(b(_(p(a(t(_\w*)?)?)?)?)?)?)?)?)?"
+                            rb"|s(k(-[\w-]*)?)?")
+_TRAILING_WORD_B = re.compile(rb"[\w-]{1,256}\Z")  # the longest token shape podkit knows is under 256 characters
+
+
+def _token_tail(data: bytes) -> int:
+    """How many bytes at the end of `data` may be a prefixed token still being written (hf_ab|cd...): the
+    trailing word from the first place a token can start (PREFIXED_TOKEN's look-behind) that could grow into one."""
+    m = _TRAILING_WORD_B.search(data)
+    if not m:
+        return 0
+    run, before = m.group(), data[m.start() - 1:m.start()]
+    for j in range(len(run)):
+        can_start = not (run[j - 1:j] if j else before).isalnum()
+        if can_start and _TOKEN_START_B.fullmatch(run[j:]):
+            return len(run) - j
+    return 0
+
+
 def _secret_option(name: str) -> bool:
     """An option or dotted key whose last part is named like a secret (--hub-token, trainer.wandb_api_key)."""
     last = name.lstrip("-~").rsplit(".", 1)[-1]
@@ -73,8 +94,9 @@ def _names(environ) -> set[str]:
 
 
 class SecretFilter:
-    """Replaces the environment's secret values in text, or in a byte stream fed in chunks (`feed`, then
-    `flush` at its end): a value split across two chunks is still caught."""
+    """Replaces the environment's secret values and anything shaped like a prefixed token (a Hugging Face,
+    GitHub or sk- key a script prints that is in no variable) in text, or in a byte stream fed in chunks (`feed`,
+    then `flush` at its end): a value split across two chunks is still caught."""
 
     def __init__(self, environ=None):
         environ = os.environ if environ is None else environ
@@ -90,7 +112,7 @@ class SecretFilter:
     def text(self, s: str) -> str:
         for value, replacement in self._pairs:
             s = s.replace(value, replacement)
-        return s
+        return without_tokens(s)
 
     def argv(self, command) -> list[str]:
         """A command line with the environment's secret values replaced, the value of every option or override
@@ -111,8 +133,6 @@ class SecretFilter:
 
     def deep(self, obj):
         """A JSON-shaped value (summary.json) with every string in it, keys included, passed through `text`."""
-        if not self._pairs:
-            return obj
         if isinstance(obj, str):
             return self.text(obj)
         if isinstance(obj, dict):
@@ -126,18 +146,18 @@ class SecretFilter:
         data = self._pending + chunk
         for value, replacement in self._bytes:
             data = data.replace(value, replacement)
-        keep = 0
+        keep = _token_tail(data)
         for value, _ in self._bytes:
             for k in range(min(len(value) - 1, len(data)), keep, -1):
                 if data.endswith(value[:k]):
                     keep = k
                     break
         self._pending = data[len(data) - keep:] if keep else b""
-        return data[:len(data) - keep]
+        return _PREFIXED_TOKEN_B.sub(b"[redacted]", data[:len(data) - keep])
 
     def flush(self) -> bytes:
         out, self._pending = self._pending, b""
-        return out
+        return _PREFIXED_TOKEN_B.sub(b"[redacted]", out)
 
 
 class RedactingFormatter(logging.Formatter):

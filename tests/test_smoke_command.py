@@ -268,6 +268,24 @@ def test_the_secret_filter_catches_a_value_split_across_reads():
     assert f.feed(b"parallel: false, 50% MY_SERVICE_AUTH\r") == b"parallel: false, 50% MY_SERVICE_AUTH\r"
 
 
+def test_a_token_the_script_prints_is_hidden_by_its_shape_wherever_the_reads_split_it():
+    # A token in no environment variable (hard-coded in the script or its config) that the script prints: the
+    # stream filter holds back a word that may still grow into a token (envsetup/secrets.py _token_tail) and
+    # replaces every prefixed token shape, at whatever byte a read splits the stream.
+    from podkit.envsetup.secrets import SecretFilter
+
+    token = b"hf_" + b"a1B2" * 9
+    line = b"login with " + token + b", then ghp_" + b"x" * 36 + b"\n"
+    for cut in range(len(line) + 1):
+        f = SecretFilter({})
+        assert f.feed(line[:cut]) + f.feed(line[cut:]) + f.flush() == b"login with [redacted], then [redacted]\n"
+    # Words that cannot become one are written at once: a progress bar is not held back.
+    f = SecretFilter({})
+    assert f.feed(b"the high loss 2.5 step") == b"the high loss 2.5 step"
+    assert f.feed(b" hf") == b" " and f.feed(b"s ok") == b"hfs ok"
+    assert SecretFilter({}).text("sk-" + "k" * 30 + " in a traceback") == "[redacted] in a traceback"
+
+
 def test_the_log_gets_a_progress_bar_before_its_line_ends(tmp_path):
     import io
     import threading
