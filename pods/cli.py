@@ -463,31 +463,39 @@ def _run_nodes(host: str, command: tuple[str, ...], detach: bool, run_id: str | 
     printer = Printer(prefix=True, err=as_json)  # with --json, stdout carries only the object
     say = lambda text: click.echo(f"pod run: {text}", err=True)  # noqa: E731
     members = nodes.connect_all(specs, pods.opts, printer.for_pod, pods.again)
-    code = None
     try:
         rdzv = nodes.plan(members, run_id, nproc)
         say(f"run {run_id}: {len(members)} nodes, rendezvous c10d at {rdzv.endpoint} ({specs[0].name})")
         nodes.start(members, rdzv, command, say, pods.again, pods.opts)
         if detach:
-            for m in members:
-                say(f"attach with: bin/pod attach {pods.again(m.spec.reach)} {m.job_id}")
-        else:
-            try:
-                code, error = nodes.follow(members, pods.opts, printer.for_pod, say, again=pods.again)
-            except KeyboardInterrupt:
-                say("detached; the jobs keep running: " + ", ".join(f"bin/pod stop {pods.again(m.spec.reach)} "
-                                                                    f"{m.job_id}" for m in members))
-                if as_json:  # as a single pod's run: the object, interrupted
-                    click.echo(json.dumps(_nodes_json(run_id, True, None, rdzv, members, ok=False, interrupted=True),
-                                          indent=2))
-                return 130
+            say(f"attach with: bin/pod attach {pods.again(host)} {run_id} (or one node: "
+                + ", ".join(f"bin/pod attach {pods.again(m.spec.reach)} {m.job_id}" for m in members) + ")")
+            if as_json:
+                click.echo(json.dumps(_nodes_json(run_id, True, None, rdzv, members, ok=True), indent=2))
+            return 0
+        return _follow_nodes(host, run_id, members, pods, printer, say, as_json,
+                             lambda code, ok, interrupted=False: _nodes_json(run_id, interrupted, code, rdzv, members,
+                                                                             ok=ok, interrupted=interrupted))
     finally:
         for m in members:
             m.conn.close()
+
+
+def _follow_nodes(host: str, run_id: str, members, pods: PodArgs, printer, say, as_json: bool, result) -> int:
+    """Follow every node of a run (pods/nodes.follow: a failing node stops the others) and end as a run ends:
+    its exit code, the first failing node's; `result(code, ok=..., interrupted=...)` is its --json object."""
+    from podkit.pods import nodes
+
+    try:
+        code, error = nodes.follow(members, pods.opts, printer.for_pod, say, again=pods.again)
+    except KeyboardInterrupt:
+        say("detached; the jobs keep running: re-attach with bin/pod attach " + f"{pods.again(host)} {run_id}; stop "
+            + ", ".join(f"bin/pod stop {pods.again(m.spec.reach)} {m.job_id}" for m in members))
+        if as_json:  # as a single pod's run: the object, interrupted
+            click.echo(json.dumps(result(None, ok=False, interrupted=True), indent=2))
+        return 130
     if as_json:
-        click.echo(json.dumps(_nodes_json(run_id, detach, code, rdzv, members, ok=code == 0 or detach), indent=2))
-    if detach:
-        return 0
+        click.echo(json.dumps(result(code, ok=code == 0), indent=2))
     if error:
         fault = PodError(error, f"the other nodes were stopped; fetch what ran with: bin/pod fetch-logs {pods.again(host)}")
         if as_json:  # the object above already carries the outcome: one line, and no second object
@@ -497,6 +505,38 @@ def _run_nodes(host: str, command: tuple[str, ...], detach: bool, run_id: str | 
     say(f"run {run_id} exited {code}" + (" (the first node to fail)" if code else "")
         + f"; its logs: bin/pod fetch-logs {pods.again(host)}")
     return code
+
+
+def _attach_nodes(host: str, run_id: str | None, as_json: bool, pods: PodArgs) -> int:
+    """bin/pod attach A,B RUN: every node's job of one `run --nodes` run (RUN-n0, RUN-n1, ... as nodes.start names
+    them), followed as the run itself follows them: prefixed output, a failing node stops the others."""
+    from podkit.pods import nodes
+
+    if not run_id:
+        raise PodError(f"'{host}' names several pods: attaching to them needs the run id",
+                       f"give it: bin/pod attach {pods.again(host)} RUN_ID (bin/pod run --nodes printed it)")
+    remote_jobs.valid_id(run_id, pods.again(host))
+    specs = pods.specs(host)
+    printer = Printer(prefix=True, err=as_json)
+    say = lambda text: click.echo(f"pod attach: {text}", err=True)  # noqa: E731
+    members = nodes.connect_all(specs, pods.opts, printer.for_pod, pods.again)
+    try:
+        for m in members:
+            m.job_id, m.node = nodes.run_member(m, run_id, pods.again)
+        indexes = sorted(m.node.index for m in members)
+        if indexes != list(range(len(members))):
+            raise PodError(f"run {run_id} has nodes {indexes} on {host}",
+                           f"name every pod of the run, each once: {len(members)} named, node indexes must be 0..N-1")
+        say(f"run {run_id}: following {len(members)} nodes")
+        return _follow_nodes(host, run_id, members, pods, printer, say, as_json,
+                             lambda code, ok, interrupted=False: {
+                                 "ok": ok, "run_id": run_id, "detached": interrupted,
+                                 **({"interrupted": True} if interrupted else {}), "exit_code": code,
+                                 "nodes": [{"node": m.node.index, "pod": m.spec.name, "job": m.job_id}
+                                           for m in members]})
+    finally:
+        for m in members:
+            m.conn.close()
 
 
 def _nodes_json(run_id: str, detached: bool, code, rdzv, members, ok: bool, interrupted: bool = False) -> dict:
@@ -622,7 +662,13 @@ def _command_line(command: tuple[str, ...]) -> str:
 @pod_options
 @guarded
 def attach_cmd(host, job_id, as_json, pods: PodArgs):
-    """Stream a detached job's output (from the start) until it ends; exit with its code. Default: the newest job."""
+    """Stream a detached job's output (from the start) until it ends; exit with its code. Default: the newest job.
+
+    Several pods (A,B) and a run id: every node of that `bin/pod run --nodes` run, prefixed, a failing node
+    stopping the others, as the run itself does.
+    """
+    if len(pods.specs(host)) > 1:
+        sys.exit(_attach_nodes(host, job_id, as_json, pods))
     again = pods.again(host)
     if job_id:
         remote_jobs.valid_id(job_id, again)  # before connecting: an id never reaches a shell unchecked

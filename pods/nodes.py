@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import queue
+import re
 import shlex
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -383,6 +384,18 @@ def plan(members: list[Member], run_id: str, nproc: int | None) -> Rendezvous:
     finally:
         # The port is torchrun's now (the listener never holds a connection's TIME_WAIT: clients close first).
         first.conn.run(f"kill {int(me['listener'])} 2>/dev/null; true", timeout=30)
+
+
+def run_member(m: Member, run_id: str, again: Callable[[str], str] = str) -> tuple[str, Node]:
+    """The job of run `run_id` on this node (start names it RUN-n<index>) and the node it is, for following it
+    again after the run's own client went away."""
+    ids = [j.id for j in jobs.list_jobs(m.conn) if re.fullmatch(re.escape(run_id) + r"-n\d+", j.id)]
+    if len(ids) != 1:
+        found = f"{len(ids)} jobs of it ({', '.join(ids)})" if ids else "no job of it"
+        raise PodError(f"run {run_id}: {m.spec.name} has {found}",
+                       f"list them: bin/pod jobs {again(m.spec.reach)}; attach one by its id")
+    index = int(ids[0].rsplit("-n", 1)[1])
+    return ids[0], Node(index, m.spec.name, "", None, 0)
 
 
 def _gpus(conn: PodConnection) -> int:

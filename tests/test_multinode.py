@@ -346,6 +346,42 @@ def test_detached_nodes_are_attached_and_stopped_one_by_one(cluster):
         assert wait_for(lambda: not only_sshd_left(net, i), 30), only_sshd_left(net, i)
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(sshd_available() is not None, reason=str(sshd_available()))
+def test_attaching_to_a_detached_run_follows_every_node_and_a_failing_one_stops_the_rest(cluster):
+    net, _, _, _ = cluster
+    # Detached, nobody watching: node 1 fails at once, node 0 would sleep ten minutes. Attaching to the run (its
+    # pods named in another order) finds each node's job by the run id, follows both, and does what the run's own
+    # client would have done: stop node 0, exit with node 1's code.
+    script = ("import os, sys, time; print('up on node', os.environ['PODKIT_NODE_RANK'], flush=True); "
+              "sys.exit(7) if os.environ['PODKIT_NODE_RANK'] == '1' else time.sleep(600)")
+    out = cli(cluster, "run", "node0,node1", "--nodes", "--detach", "--id", "att1", "--", "python", "-c", script)
+    assert out.returncode == 0, out.stderr
+    assert re.search(r"bin/pod attach node0,node1 --known-hosts \S+ att1", out.stderr), out.stderr
+    # Bad input first, one line each and nothing stopped: no run id, a run the pods do not have.
+    for args, needle in [(("node0,node1",), "attaching to them needs the run id"),
+                         (("node0,node1", "nosuch"), "run nosuch: node0 has no job of it")]:
+        bad = cli(cluster, "attach", *args)
+        assert bad.returncode == 2 and needle in one_line_error(bad), bad.stderr
+    started = time.monotonic()
+    attached = cli(cluster, "attach", "node1,node0", "att1", "--json", timeout=300)
+    took = time.monotonic() - started
+    result = json.loads(attached.stdout)
+    jobs = {i: {j["id"]: j for j in json.loads(cli(cluster, "jobs", f"node{i}", "--json").stdout)["jobs"]}
+            for i in range(2)}
+    failed, stopped = jobs[1]["att1-n1"], jobs[0]["att1-n0"]
+    assert failed["state"] == "exited" and failed["exit_code"] != 0
+    assert attached.returncode == failed["exit_code"] == result["exit_code"], attached.stderr
+    assert stopped["state"] == "stopped", stopped
+    assert result["run_id"] == "att1" and not result["ok"]
+    assert [(n["pod"], n["node"], n["job"]) for n in result["nodes"]] == [("node1", 1, "att1-n1"), ("node0", 0, "att1-n0")]
+    assert "[node0] up on node 0" in attached.stderr and "[node1] up on node 1" in attached.stderr, attached.stderr
+    assert "node 1 (node1) exited" in attached.stderr and "stopping the others" in attached.stderr
+    assert took < 120, f"the sleeping node ran on for {took:.0f} s"
+    for i in range(2):
+        assert wait_for(lambda: not only_sshd_left(net, i), 30), only_sshd_left(net, i)
+
+
 SHOW_RANK = ("import os, sys; print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], 'on node',"
              " os.environ['PODKIT_NODE_RANK'], 'prefix', sys.prefix, 'args', sys.argv[1:], flush=True)")
 
