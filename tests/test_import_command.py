@@ -332,6 +332,17 @@ def test_uv_run_is_stepped_over_as_uv_reads_its_options():
     assert script.job.train.precision == "fp16-mixed"
     with pytest.raises(Unreadable, match="--directory"):
         read_command(["uv", "run", "--directory", "proj", "train.py", "--bf16"])
+    # clap's short options: -p3.12 an option with its value, -qm two flags, -qwX flags then a value; uv's global
+    # options before `run`; --no-cache-dir (CacheArgs' alias of --no-cache) a flag; --script a script of any name.
+    tail = argv[argv.index("torchrun"):]
+    for head in (["uv", "run", "-p3.12"], ["uv", "run", "--no-cache-dir"], ["uv", "-q", "run", "-qwliger-kernel"]):
+        assert job(head + tail).job.cluster.gpus_per_node == 4, head
+    assert job(["uv", "run", "-qm", "trl.scripts.sft", "--model_name_or_path", "meta-llama/Llama-3.2-1B"]
+               ).job.train.seq_len == 1024
+    named = job(["uv", "run", "--script", "train", "--model_name_or_path", "meta-llama/Llama-3.2-1B", "--fp16"])
+    assert named.job.train.precision == "fp16-mixed"
+    with pytest.raises(Unreadable, match="uv pip is no launcher podkit reads"):
+        read_command(["uv", "-q", "pip", "install", "x"])
 
 
 def test_accelerate_launch_without_a_config_file_reads_the_default_config(tmp_path, monkeypatch):

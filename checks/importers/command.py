@@ -105,8 +105,10 @@ class Launcher:
     takes one (`--x v` or `--x=v`; dashes and underscores alike); the first word that is no option is the
     program it starts, and everything after it is that program's."""
 
-    def __init__(self, tool: str, flags: set[str], aliases: dict[str, str] | None = None):
+    def __init__(self, tool: str, flags: set[str], aliases: dict[str, str] | None = None, clusters: bool = False):
         self.tool, self.flags, self.aliases = tool, flags, aliases or {}
+        self.clusters = clusters
+        """Short options as clap reads them: `-qm` two flags, `-p3.12` an option and its value."""
 
     def parse(self, argv: list[str]) -> tuple[dict[str, Any], list[str]]:
         opts: dict[str, Any] = {}
@@ -116,6 +118,9 @@ class Launcher:
                 i += 1
                 break
             word = argv[i]
+            if self.clusters and not word.startswith("--") and len(word) > 2:
+                i = self._cluster(argv, i, opts)
+                continue
             name, eq, value = word.lstrip("-").partition("=")
             name = self.aliases.get(name, name).replace("-", "_")
             if name in self.flags:
@@ -130,6 +135,25 @@ class Launcher:
             else:
                 raise ConfigError("--", f"{self.tool} option {word} has no value", "give it one, as that launcher needs")
         return opts, argv[i:]
+
+    def _cluster(self, argv: list[str], i: int, opts: dict[str, Any]) -> int:
+        """`-abc`: flags until one that takes a value, which takes the rest of the word, else the next word."""
+        word = argv[i]
+        for k, letter in enumerate(word[1:], start=2):
+            name = self.aliases.get(letter, letter).replace("-", "_")
+            if name in self.flags:
+                opts[name] = True
+                continue
+            rest = word[k:].removeprefix("=")
+            if rest:
+                opts[name] = rest
+                return i + 1
+            if i + 1 >= len(argv):
+                raise ConfigError("--", f"{self.tool} option -{letter} (in {word}) has no value",
+                                  "give it one, as that launcher needs")
+            opts[name] = argv[i + 1]
+            return i + 2
+        return i + 1
 
 
 # torch 2.13 distributed/run.py get_args_parser: its options without a value (python -m torch.distributed.launch,
@@ -158,9 +182,10 @@ UV_RUN = Launcher("uv run", {
     "pre", "refresh", "reinstall", "script", "show_resolution", "upgrade", "allow_python_downloads",
     "managed_python", "native_tls", "no_color", "no_config", "no_installer_metadata", "no_managed_python",
     "no_native_tls", "no_offline", "no_preview", "no_progress", "no_python_downloads", "no_system_certs", "offline",
-    "preview", "quiet", "show_settings", "system_certs", "verbose", "no_cache"},
+    "preview", "quiet", "show_settings", "system_certs", "verbose", "no_cache", "no_cache_dir"},
     {"m": "module", "s": "script", "q": "quiet", "v": "verbose", "n": "no_cache", "U": "upgrade", "w": "with",
-     "p": "python", "C": "config_setting", "P": "upgrade_package", "f": "find_links", "i": "index_url"})
+     "p": "python", "C": "config_setting", "P": "upgrade_package", "f": "find_links", "i": "index_url"},
+    clusters=True)
 # CPython's own options that take a value (python -h): -m and -c end the interpreter's options.
 PYTHON_VALUE_OPTIONS = ("-X", "-W", "--check-hash-based-pycs")
 PYTHON = re.compile(r"python(\d+(\.\d+)?)?$")
@@ -323,8 +348,8 @@ def _program(words: list[str], launch: Imported) -> list[Imported]:
         opts.pop("no_python", None)
         _deepspeed_facts(launch, opts)
         return _target(program, launch, module)
-    if exe == "uv" and rest[:1] == ["run"]:
-        return _uv_run(rest[1:], launch)
+    if exe == "uv":
+        return _uv(rest, launch)
     if exe == "tune":
         return _tune(rest, launch)
     if exe == "litgpt":
@@ -369,23 +394,27 @@ def _accelerate_launch(args: list[str], launch: Imported) -> list[Imported]:
     return _accelerate(opts) + _target(program, launch, module)
 
 
-def _uv_run(args: list[str], launch: Imported) -> list[Imported]:
-    """`uv run [OPTIONS] CMD`: the project environment, then CMD; `uv run x.py` is `python x.py`, `-m M` is
-    `python -m M` (uv's run.rs). uv's own options say nothing about memory and are listed as ignored."""
-    args = ["-q" if re.fullmatch(r"-q+", a) else "-v" if re.fullmatch(r"-v+", a) else a for a in args]  # -qq, -vv
-    opts, program = UV_RUN.parse(args)
+def _uv(args: list[str], launch: Imported) -> list[Imported]:
+    """`uv [GLOBAL OPTIONS] run [OPTIONS] CMD`: the project environment, then CMD; `uv run x.py` (or `--script
+    x`) is `python x.py`, `-m M` is `python -m M` (uv's run.rs). uv's options say nothing about memory and are
+    listed as ignored."""
+    opts, rest = UV_RUN.parse(args)  # the global options before the subcommand (GlobalArgs are in UV_RUN)
+    if rest[:1] != ["run"]:
+        raise Unreadable(f"uv {rest[0] if rest else ''}".strip() + " is no launcher podkit reads (of uv, it reads "
+                         "`uv run COMMAND`)")
+    run_opts, program = UV_RUN.parse(rest[1:])
+    opts.update(run_opts)
     if "directory" in opts:
-        raise Unreadable(f"uv run --directory {opts['directory']} runs the command from another directory",
+        raise Unreadable(f"uv --directory {opts['directory']} runs the command from another directory",
                          "run bin/preflight from that directory, without --directory")
     module = opts.pop("module", False)
-    for flag in ("script", "gui_script"):
-        opts.pop(flag, None)
+    script = any([opts.pop("script", False), opts.pop("gui_script", False)])
     for name in opts:
         launch.ignore(f"uv run --{name}", "environment, no memory")
-    if module or (program and program[0].endswith(".py")):
-        return _target(program, launch, module)
     if not program:
         raise Unreadable("uv run starts no command")
+    if module or script or program[0].endswith(".py"):
+        return _target(program, launch, module)
     return _program(program, launch)
 
 
