@@ -245,11 +245,10 @@ def test_a_model_loaded_in_float16_is_the_fp16_twin_of_bf16(tmp_path):
         build_job(None, [write(tmp_path, "fp16full.yml", axolotl + "fp16: true\n")])
 
 
-def test_axolotl_bfloat16_is_autocast_and_bf16_full_is_not(tmp_path):
+def test_axolotl_bfloat16_is_autocast_and_what_axolotl_refuses_is_refused(tmp_path):
     # axolotl core/builders/base.py _configure_precision_settings: TrainingArguments bf16 = cfg.bf16 or
-    # cfg.bfloat16, and bf16: full sets only bf16_full_eval; utils/config resolve_dtype loads bf16 weights for all
-    # three. Under FSDP a full fine-tune's autocast makes accelerate upcast the trained weights to fp32 masters
-    # (bf16-mixed); without autocast they stay bf16 (pure bf16).
+    # cfg.bfloat16; utils/config resolve_dtype loads bf16 weights for either. Under FSDP a full fine-tune's
+    # autocast makes accelerate upcast the trained weights to fp32 masters (bf16-mixed).
     axolotl = textwrap.dedent("""
         base_model: meta-llama/Llama-3.2-1B
         sequence_len: 1024
@@ -260,11 +259,17 @@ def test_axolotl_bfloat16_is_autocast_and_bf16_full_is_not(tmp_path):
     alone = build_job(None, [write(tmp_path, "bfloat16.yml", axolotl + "bfloat16: true\n")])
     assert alone.job.train.precision == "bf16-mixed"
     assert any(m.startswith("bfloat16 = True -> train.precision") for m in alone.files[0].mapped)
-    full = build_job(None, [write(tmp_path, "full.yml", axolotl + "bf16: full\n")])
-    assert full.job.train.precision == "bf16"
-    # LoRA over either: the frozen base stays bf16, pure bf16 as before.
+    # LoRA over it: the frozen base stays bf16, pure bf16 as before.
     lora = build_job(None, [write(tmp_path, "lora.yml", axolotl + "bfloat16: true\nadapter: lora\nlora_r: 8\n")])
     assert lora.job.train.precision == "bf16"
+    # utils/schemas/config.py: bf16 is Literal["auto"] | bool | None, so the docs' "full" fails validation; and
+    # fp16 beside bfloat16 hands the Trainer both, which transformers refuses.
+    with pytest.raises(ConfigError, match="'full' is refused by axolotl's config schema"):
+        build_job(None, [write(tmp_path, "full.yml", axolotl + "bf16: full\n")])
+    with pytest.raises(ConfigError, match="At most one of fp16 and bf16 can be True"):
+        build_job(None, [write(tmp_path, "both.yml", axolotl + "fp16: true\nbfloat16: true\n")])
+    both_ok = build_job(None, [write(tmp_path, "ok.yml", axolotl + "bf16: true\nfp16: true\nbfloat16: true\n")])
+    assert both_ok.job.train.precision == "bf16-mixed"  # resolve_dtype: bf16 true turns fp16 off
 
 
 def test_axolotl_qlora_yaml(tmp_path):

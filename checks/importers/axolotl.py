@@ -149,16 +149,23 @@ UNMODELLED = {
 def _precision(imp: Imported, data: dict) -> None:
     """The weights' dtype as src/axolotl/utils/config/__init__.py resolve_dtype picks it: bf16 ("auto" is
     false beside fp16: true) or bfloat16 -> bfloat16, else load_in_8bit / fp16 / float16 (no AMP) -> float16,
-    else float32; the Trainer's autocast follows bf16 or bfloat16 (not bf16: full) / fp16 (core/builders/base.py
+    else float32; the Trainer's autocast follows bf16 or bfloat16 / fp16 (core/builders/base.py
     _configure_precision_settings)."""
     flags = dict(data)
-    if truthy(flags.get("fp16") or False) and flags.get("bf16") == "auto":
+    name = imp.path.name
+    if isinstance(flags.get("bf16"), str) and flags["bf16"] != "auto":
+        # utils/schemas/config.py: `bf16: Literal["auto"] | bool | None`; validate_config refuses anything else
+        # (the docs' "full" included) before core/builders/base.py could read it.
+        raise ConfigError(f"{name}: bf16", f"{flags['bf16']!r} is refused by axolotl's config schema (auto, true or "
+                          "false)", "use bf16: true")
+    if truthy(flags.get("fp16") or False) and flags.get("bf16") in ("auto", None):
         flags["bf16"] = False
-    if flags.get("bf16") == "full":
-        # core/builders/base.py _configure_precision_settings: bf16 "full" sets only bf16_full_eval, no training
-        # autocast, over the bf16 weights resolve_dtype loads: pure bf16.
-        imp.set("bf16", "full", "train", "precision", "bf16")
-        return
+    if truthy(flags.get("fp16") or False) and not flags.get("bf16") and truthy(flags.get("bfloat16") or False):
+        # resolve_dtype keeps fp16, then base.py passes fp16 = True and bf16 = cfg.bf16 or cfg.bfloat16 = True,
+        # which transformers' TrainingArguments refuses.
+        raise ConfigError(f"{name}: fp16", "fp16 and bfloat16 are both on: axolotl gives the Trainer fp16 and bf16, "
+                          "and transformers refuses that (\"At most one of fp16 and bf16 can be True\")",
+                          "drop one of them")
     if not truthy(flags.get("bf16") or False) and truthy(flags.get("bfloat16") or False):
         # base.py: TrainingArguments bf16 = cfg.bf16 or cfg.bfloat16, so bfloat16 alone is bf16 autocast too.
         imp.set("bfloat16", data["bfloat16"], "train", "precision", "bf16-mixed")
