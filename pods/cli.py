@@ -521,12 +521,15 @@ def _attach_nodes(host: str, run_id: str | None, as_json: bool, pods: PodArgs) -
     say = lambda text: click.echo(f"pod attach: {text}", err=True)  # noqa: E731
     members = nodes.connect_all(specs, pods.opts, printer.for_pod, pods.again)
     try:
+        sizes = set()
         for m in members:
-            m.job_id, m.node = nodes.run_member(m, run_id, pods.again)
+            m.job_id, m.node, size = nodes.run_member(m, run_id, pods.again)
+            sizes.add(size)
         indexes = sorted(m.node.index for m in members)
-        if indexes != list(range(len(members))):
-            raise PodError(f"run {run_id} has nodes {indexes} on {host}",
-                           f"name every pod of the run, each once: {len(members)} named, node indexes must be 0..N-1")
+        size = max((n for n in sizes if n), default=len(members))  # the run's own record, where its jobs kept one
+        if indexes != list(range(size)):
+            raise PodError(f"run {run_id} has {size} nodes; {host} holds its nodes {indexes}",
+                           "name every pod of the run, each once (bin/pod run --nodes printed them)")
         say(f"run {run_id}: following {len(members)} nodes")
         return _follow_nodes(host, run_id, members, pods, printer, say, as_json,
                              lambda code, ok, interrupted=False: {

@@ -8,6 +8,7 @@ until the process is gone); a dropped or killed client stops only the tail, neve
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 import shlex
@@ -83,9 +84,11 @@ TAKEN = 3
 
 
 def start(conn: PodConnection, command: str, job_id: str | None = None, *, again: str,
-          env: dict[str, str] | None = None, env_defaults: dict[str, str] | None = None) -> str:
+          env: dict[str, str] | None = None, env_defaults: dict[str, str] | None = None,
+          run: dict | None = None) -> str:
     """Start `command` detached; `env` is exported after the env file (it wins), `env_defaults`
-    only where neither the env file nor the pod set that name (the user's choice wins)."""
+    only where neither the env file nor the pod set that name (the user's choice wins). `run`: the job's place in
+    a run of several nodes (run_id, node, nodes), kept beside it as run.json for attaching to that run again."""
     job_id = valid_id(job_id or new_id(command), again)
     d = f"{JOBS_DIR}/{job_id}"
     exports = "".join(f"export {_name(k)}={shlex.quote(v)}\n" for k, v in (env or {}).items())
@@ -123,6 +126,8 @@ def start(conn: PodConnection, command: str, job_id: str | None = None, *, again
         f"w=$!; i=0; while [ ! -s {d}/pid ] && kill -0 $w 2>/dev/null && [ $i -lt 100 ]; do sleep 0.05; i=$((i+1)); done\n"
         f"[ -s {d}/pid ] || {{ echo $w > {d}/pid.launcher && mv -f {d}/pid.launcher {d}/pid; }}\n"
     )
+    run_file = (f"printf '%s\\n' {shlex.quote(json.dumps(run))} > {d}/run.json || "
+                f"{{ rm -f {d}/command {d}/run.json; rmdir {d}; exit 2; }}\n") if run else ""
     launcher = (
         f"mkdir -p {JOBS_DIR} || exit 2\n"
         # A plain mkdir claims the id: of two starts of one id at once, exactly one makes the directory (a test
@@ -130,6 +135,7 @@ def start(conn: PodConnection, command: str, job_id: str | None = None, *, again
         # exit code: its message and hint are made below, with the `again` the pod's shell has no use for.
         f"made=$(mkdir {d} 2>&1) || {{ [ -e {d} ] && exit {TAKEN}; printf '%s\\n' \"$made\" >&2; exit 2; }}\n"
         f"printf '%s\\n' {shlex.quote(command)} > {d}/command || {{ rm -f {d}/command; rmdir {d}; exit 2; }}\n"
+        f"{run_file}"
         f"date -u +%Y-%m-%dT%H:%M:%S.%NZ > {d}/started\n"
         # Claimed: the launcher goes on as a bash exec'd with the job's tag (the same pid, so a kill of it is still
         # its exit), which its fork for the wrapper inherits: a launcher killed between that fork and the fork's
@@ -183,7 +189,7 @@ def start_state(conn: PodConnection, job_id: str) -> str:
         f"{_OURS}pid=$(cat {d}/pid 2>/dev/null)\n"
         # its wrapper (by the pid it recorded), or any process of the job: one that has not recorded its pid yet
         f"if ours \"$pid\" {job_id} || grep -qzxF PODKIT_JOB_ID={job_id} /proc/[0-9]*/environ 2>/dev/null; then echo running; exit 0; fi\n"
-        f"if [ ! -e {d}/pid ] && [ ! -s {d}/output.log ]; then rm -f {d}/command {d}/started {d}/output.log\n"
+        f"if [ ! -e {d}/pid ] && [ ! -s {d}/output.log ]; then rm -f {d}/command {d}/run.json {d}/started {d}/output.log\n"
         f"  rmdir {d} 2>/dev/null && {{ echo absent; exit 0; }}; fi\n"
         "echo lost\n"
     )
@@ -192,6 +198,16 @@ def start_state(conn: PodConnection, job_id: str) -> str:
     if not result.ok or state[0].split(" ")[0] not in _STATE_WORDS:
         raise PodError(f"could not tell whether job {job_id} started: {(result.stderr or result.stdout).strip()[:200]}")
     return state[0]
+
+
+def run_of(conn: PodConnection, job_id: str) -> dict | None:
+    """The job's place in a run of several nodes (start's `run`), or None for a job started without one."""
+    result = conn.run(f"cat {JOBS_DIR}/{valid_id(job_id)}/run.json 2>/dev/null", timeout=60)
+    try:
+        run = json.loads(result.stdout) if result.ok else None
+    except ValueError:
+        return None
+    return run if isinstance(run, dict) else None
 
 
 def _name(key: str) -> str:

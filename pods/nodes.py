@@ -386,16 +386,18 @@ def plan(members: list[Member], run_id: str, nproc: int | None) -> Rendezvous:
         first.conn.run(f"kill {int(me['listener'])} 2>/dev/null; true", timeout=30)
 
 
-def run_member(m: Member, run_id: str, again: Callable[[str], str] = str) -> tuple[str, Node]:
-    """The job of run `run_id` on this node (start names it RUN-n<index>) and the node it is, for following it
-    again after the run's own client went away."""
+def run_member(m: Member, run_id: str, again: Callable[[str], str] = str) -> tuple[str, Node, int | None]:
+    """The job of run `run_id` on this node (start names it RUN-n<index>), the node it is, and how many nodes the
+    run has (its run.json; None for a job started before podkit kept one), for following it again after the run's
+    own client went away."""
     ids = [j.id for j in jobs.list_jobs(m.conn) if re.fullmatch(re.escape(run_id) + r"-n\d+", j.id)]
     if len(ids) != 1:
         found = f"{len(ids)} jobs of it ({', '.join(ids)})" if ids else "no job of it"
         raise PodError(f"run {run_id}: {m.spec.name} has {found}",
                        f"list them: bin/pod jobs {again(m.spec.reach)}; attach one by its id")
     index = int(ids[0].rsplit("-n", 1)[1])
-    return ids[0], Node(index, m.spec.name, "", None, 0)
+    nodes = (jobs.run_of(m.conn, ids[0]) or {}).get("nodes")
+    return ids[0], Node(index, m.spec.name, "", None, 0), nodes if isinstance(nodes, int) else None
 
 
 def _gpus(conn: PodConnection) -> int:
@@ -419,7 +421,8 @@ def start(members: list[Member], rdzv: Rendezvous, command: tuple[str, ...], say
         job_id = f"{rdzv.run_id}-n{m.node.index}"
         try:
             m.job_id = jobs.start(m.conn, launch_command(command, m.python), job_id, again=again(m.spec.reach),
-                                  env=rdzv.env(m.node), env_defaults=rdzv.env_defaults(m.node))
+                                  env=rdzv.env(m.node), env_defaults=rdzv.env_defaults(m.node),
+                                  run={"run_id": rdzv.run_id, "node": m.node.index, "nodes": rdzv.nodes})
         except PodError as exc:
             why = f"node {m.node.index} ({m.spec.name}) could not start"
             for s in started:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from podkit.pods.jobs import JOBS_DIR
 from sshd_harness import BridgedNetwork, NamespacePod, free_port, one_line_error, pod_cli, project_copy, sshd_available, wait_for
 from smoke_helpers import tiny_job
 
@@ -349,7 +350,7 @@ def test_detached_nodes_are_attached_and_stopped_one_by_one(cluster):
 @pytest.mark.slow
 @pytest.mark.skipif(sshd_available() is not None, reason=str(sshd_available()))
 def test_attaching_to_a_detached_run_follows_every_node_and_a_failing_one_stops_the_rest(cluster):
-    net, _, _, _ = cluster
+    net, pods, _, _ = cluster
     # Detached, nobody watching: node 1 fails at once, node 0 would sleep ten minutes. Attaching to the run (its
     # pods named in another order) finds each node's job by the run id, follows both, and does what the run's own
     # client would have done: stop node 0, exit with node 1's code.
@@ -358,11 +359,19 @@ def test_attaching_to_a_detached_run_follows_every_node_and_a_failing_one_stops_
     out = cli(cluster, "run", "node0,node1", "--nodes", "--detach", "--id", "att1", "--", "python", "-c", script)
     assert out.returncode == 0, out.stderr
     assert re.search(r"bin/pod attach node0,node1 --known-hosts \S+ att1", out.stderr), out.stderr
-    # Bad input first, one line each and nothing stopped: no run id, a run the pods do not have.
+    # Each node's job keeps its place in the run, which attach checks: pods that are not the whole run (here the
+    # record says three) are refused, like no run id and a run the pods do not have: one line each, nothing stopped.
+    records = [Path(pods[i].remote_dir) / JOBS_DIR / f"att1-n{i}" / "run.json" for i in range(2)]
+    assert [json.loads(r.read_text()) for r in records] == [{"run_id": "att1", "node": i, "nodes": 2} for i in range(2)]
+    for r in records:
+        r.write_text(r.read_text().replace('"nodes": 2', '"nodes": 3'))
     for args, needle in [(("node0,node1",), "attaching to them needs the run id"),
-                         (("node0,node1", "nosuch"), "run nosuch: node0 has no job of it")]:
+                         (("node0,node1", "nosuch"), "run nosuch: node0 has no job of it"),
+                         (("node0,node1", "att1"), "run att1 has 3 nodes; node0,node1 holds its nodes [0, 1]")]:
         bad = cli(cluster, "attach", *args)
         assert bad.returncode == 2 and needle in one_line_error(bad), bad.stderr
+    for r in records:
+        r.write_text(r.read_text().replace('"nodes": 3', '"nodes": 2'))
     started = time.monotonic()
     attached = cli(cluster, "attach", "node1,node0", "att1", "--json", timeout=300)
     took = time.monotonic() - started
