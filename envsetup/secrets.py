@@ -33,8 +33,9 @@ def is_secret_name(name: str) -> bool:
 
 # Values shaped like the tokens users paste on command lines, whatever the option is called: Hugging Face user
 # access tokens ("hf_" + 34 letters/digits, huggingface_hub's docs), GitHub's (ghp_/gho_/ghu_/ghs_/ghr_ +36,
-# github_pat_), OpenAI-style "sk-" keys, and W&B API keys (40 hex digits, wandb login).
-TOKEN_SHAPE = re.compile(r"hf_[A-Za-z0-9]{30,}|gh[pousr]_[A-Za-z0-9]{30,}|github_pat_\w{30,}|sk-[\w-]{20,}"
+# github_pat_), OpenAI-style "sk-" keys (48 characters after "sk-" and longer: a hyphenated run name such as
+# sk-llama3-8b-lora-r16 is shorter), and W&B API keys (40 hex digits, wandb login).
+TOKEN_SHAPE = re.compile(r"hf_[A-Za-z0-9]{30,}|gh[pousr]_[A-Za-z0-9]{30,}|github_pat_\w{30,}|sk-[\w-]{40,}"
                          r"|[0-9a-f]{40}")
 
 
@@ -44,7 +45,7 @@ def looks_like_token(value: str) -> bool:
 
 # The prefixed shapes, found inside text (an error that quotes a value); bare hex is left: commit ids look alike.
 PREFIXED_TOKEN = re.compile(r"(?<![A-Za-z0-9])(?:hf_[A-Za-z0-9]{30,}|gh[pousr]_[A-Za-z0-9]{30,}|github_pat_\w{30,}"
-                            r"|sk-[\w-]{20,})")
+                            r"|sk-[\w-]{40,})")
 
 
 def without_tokens(text: str) -> str:

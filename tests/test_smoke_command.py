@@ -283,7 +283,10 @@ def test_a_token_the_script_prints_is_hidden_by_its_shape_wherever_the_reads_spl
     f = SecretFilter({})
     assert f.feed(b"the high loss 2.5 step") == b"the high loss 2.5 step"
     assert f.feed(b" hf") == b" " and f.feed(b"s ok") == b"hfs ok"
-    assert SecretFilter({}).text("sk-" + "k" * 30 + " in a traceback") == "[redacted] in a traceback"
+    assert SecretFilter({}).text("sk-" + "k" * 48 + " in a traceback") == "[redacted] in a traceback"
+    # A run name that merely starts with sk- stays readable.
+    assert SecretFilter({}).text("wandb: run sk-llama3-8b-lora-r16-lr2e-4-bs8 synced") == \
+        "wandb: run sk-llama3-8b-lora-r16-lr2e-4-bs8 synced"
 
 
 def test_the_log_gets_a_progress_bar_before_its_line_ends(tmp_path):
