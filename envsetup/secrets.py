@@ -53,10 +53,16 @@ def without_tokens(text: str) -> str:
 
 
 _PREFIXED_TOKEN_B = re.compile(PREFIXED_TOKEN.pattern.encode())
-# What the end of a stream chunk may be: the start of a prefixed token, to be held back until the next chunk.
-_TOKEN_START_B = re.compile(rb"h(f(_[A-Za-z0-9]*)?)?|g(h([pousr](_[A-Za-z0-9]*)?)?)?|gi(t(h(u(b(_(p(a(t(_\w*)?)?)?)?)?)?)?)?)?"
-                            rb"|s(k(-[\w-]*)?)?")
+# PREFIXED_TOKEN's prefixes, each with the characters its body may hold: what a word still being written must
+# be to grow into one.
+_TOKEN_BODIES_B = {**{p.encode(): re.compile(rb"[A-Za-z0-9]*") for p in ("hf_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_")},
+                   b"github_pat_": re.compile(rb"\w*"), b"sk-": re.compile(rb"[\w-]*")}
 _TRAILING_WORD_B = re.compile(rb"[\w-]{1,256}\Z")  # the longest token shape podkit knows is under 256 characters
+
+
+def _may_grow_into_token(word: bytes) -> bool:
+    return any(prefix.startswith(word) or (word.startswith(prefix) and body.fullmatch(word, len(prefix)))
+               for prefix, body in _TOKEN_BODIES_B.items())
 
 
 def _token_tail(data: bytes) -> int:
@@ -68,7 +74,7 @@ def _token_tail(data: bytes) -> int:
     run, before = m.group(), data[m.start() - 1:m.start()]
     for j in range(len(run)):
         can_start = not (run[j - 1:j] if j else before).isalnum()
-        if can_start and _TOKEN_START_B.fullmatch(run[j:]):
+        if can_start and _may_grow_into_token(run[j:]):
             return len(run) - j
     return 0
 

@@ -265,8 +265,8 @@ def _accelerate(opts: dict[str, Any]) -> list[Imported]:
     default = accelerate_default_config()
     from_default = not config and not opts.get("cpu") and default.is_file()
     path = Path(config).expanduser() if config else default if from_default else COMMAND
-    data = (config_data(path, "accelerate launch --config_file") if config
-            else config_data(path, f"accelerate's default config {path}") if from_default else {})
+    what = "accelerate launch --config_file" if config else f"accelerate's default config {path}"
+    data = config_data(path, what) if path is not COMMAND else {}
     given = []
     for flag, dist in ACCELERATE_PARADIGMS.items():
         if opts.pop(flag, False):
@@ -295,7 +295,7 @@ def _accelerate(opts: dict[str, Any]) -> list[Imported]:
     else:
         imps = import_data(path, data, accelerate.read)
         if given:
-            over = f" over {path.name})" if config or from_default else ")"
+            over = f" over {path.name})" if path is not COMMAND else ")"
             imps[0].mapped.insert(0, f"(accelerate launch {' '.join(given)}" + over)
         if from_default:
             imps[0].warnings.append(f"accelerate launch has no --config_file: read the default config {path}, as "
