@@ -230,14 +230,18 @@ def frozen_groups(job: JobConfig) -> list[tuple[ParamGroup, float]]:
     return out
 
 
-def _frozen_bytes(job: JobConfig) -> int:
-    return int(sum(g.total * per for g, per in frozen_groups(job)))
+def _frozen_bytes(job: JobConfig, stored: bool = False) -> int:
+    """The frozen base's bytes; stored=True: as sharded storage holds them (fsdp2_stored)."""
+    return int(sum(g.total * per for g, per, _ in _frozen_storage(job, stored)))
 
 
-def _frozen_storage(job: JobConfig) -> list[tuple[ParamGroup, float, bool]]:
-    """frozen_groups with whether each is a 4-bit packed parameter (0.5 B per weight) plus a QuantState."""
+def _frozen_storage(job: JobConfig, stored: bool = False) -> list[tuple[ParamGroup, float, bool]]:
+    """frozen_groups with whether each is a 4-bit packed parameter (0.5 B per weight) plus a QuantState;
+    stored=True: each group as sharded storage holds it (fsdp2_stored)."""
     nf4 = job.train.base_quant == "nf4"
-    return [(g, per, nf4 and per == nf4_bytes(job)) for g, per in frozen_groups(job)]
+    frozen = frozen_groups(job)
+    groups = fsdp2_stored(job, [g for g, _ in frozen]) if stored else [g for g, _ in frozen]
+    return [(g, per, nf4 and per == nf4_bytes(job)) for g, (_, per) in zip(groups, frozen)]
 
 
 def _quant_state_bytes(job: JobConfig) -> int:
@@ -254,7 +258,10 @@ def trainable_param_bytes(job: JobConfig) -> int:
 
 
 def optimizer_bytes(job: JobConfig, groups: list[ParamGroup], state_bytes: int, shards: int = 1) -> int:
-    """The states of these parameters on one of `shards` ranks that share them out."""
+    """The states of these parameters on one of `shards` ranks that share them out (under FSDP2 rank 0's
+    whole rows of dim 0: fsdp2_stored)."""
+    if shards > 1:
+        groups = fsdp2_stored(job, groups)
     # _fsdp1_first_step makes these states tensor by tensor for the FSDP1 replay: keep the two in step.
     opt = job.train.optimizer
     if opt in TORCHAO_OPTIMIZERS:
@@ -288,29 +295,51 @@ def optimizer_bytes(job: JobConfig, groups: list[ParamGroup], state_bytes: int, 
 
 def _torchao_state_bytes(job: JobConfig, groups: list[ParamGroup], state_bytes: int, shards: int) -> int:
     """torchao's two states per tensor (stacks.LowBitAdam). Under FSDP2 torchao quantizes each rank's local
-    shard, rank 0's whole rows of dim 0 (the largest piece: _fsdp2_local_numel):
-    so a tensor may stay in its own dtype once sharded (a 4096-value norm over 2 ranks). Elsewhere the
-    optimizer sees whole tensors (DDP, ZeRO-1's whole parameters per rank, FSDP1's use_orig_params views,
-    which on rank 0 are whole but for one piece: checks/fsdp1.py shard_pieces), shared out evenly."""
+    shard, rank 0's whole rows of dim 0 (optimizer_bytes passes the groups as fsdp2_stored lays them out,
+    so numel / shards is that piece): a tensor may stay in its own dtype once sharded (a 4096-value norm over 2 ranks).
+    Elsewhere the optimizer sees whole tensors (DDP, ZeRO-1's whole parameters per rank, FSDP1's
+    use_orig_params views, which on rank 0 are whole but for one piece: checks/fsdp1.py shard_pieces),
+    shared out evenly."""
     low_bit, block = TORCHAO_OPTIMIZERS[job.train.optimizer], job.facts.torchao_block
     local = job.facts.fsdp_version == 2
     total = 0
     for g in groups:
-        numel = _fsdp2_local_numel(g, shards) if local else g.numel
+        numel = -(-g.numel // shards) if local else g.numel
         total += 2 * sum(low_bit.state_tensors(numel, state_bytes, block)) * g.count
     return total if local else total // shards
 
 
-def _fsdp2_local_numel(g: ParamGroup, shards: int) -> int:
-    """Rank 0's piece of a parameter under FSDP2, which splits dim 0 into whole rows (torch _fully_shard/
-    _fsdp_param.py _init_sharded_param: torch.chunk(param, world, dim=0)): ceil(dim0 / shards) rows. An
-    nn.Linear weight is (out, in), and a ParamGroup of a block linear is (in, out) (models.py), so dim 0 is its
-    cols; the head, the embedding and vectors are listed dim 0 first. A routed-expert bank's dim 0 is the
-    expert count, which a group of one expert's weight does not hold: its piece is taken as numel / shards."""
-    if g.bank:
-        return -(-g.numel // shards)
-    dim0 = g.cols if g.linear and g.cols > 1 and g.name != "lm_head" else g.rows
-    return -(-dim0 // shards) * (g.numel // dim0)
+def fsdp2_stored(job: JobConfig, groups: list[ParamGroup]) -> list[ParamGroup]:
+    """The groups as FSDP2 stores them over the job's ranks, so that a group's total / world is one rank's
+    piece. fully_shard splits dim 0 of each parameter into world chunks of ceil(dim0 / world) whole rows
+    (torch/distributed/fsdp/_fully_shard/_fsdp_param.py _init_sharded_param: _chunk_with_empty, i.e.
+    torch.chunk) and every rank keeps a shard padded to chunk 0's size (`padded_sharded_param =
+    param_data.new_zeros(padded_sharded_size)`, "0th always padded"); the all-gather output and the
+    reduce-scatter's input and output are padded alike (_fsdp_collectives.py foreach_reduce:
+    _get_dim0_padded_size), and rank 0's optimizer states are zeros_like its whole chunk. A routed-expert
+    bank's dim 0 is the expert count: 8 experts over 16 ranks are one expert per rank, ranks 8-15 holding
+    padding, so each rank stores twice its even share. Other jobs: the groups as they are (FSDP1 pads its
+    flat parameters, checks/fsdp1.py; DeepSpeed partitions flat, evenly).
+
+    An nn.Linear weight is (out, in), and a ParamGroup of a block linear is (in, out) (models.py), so dim 0
+    is its cols, as is a router's, an nn.Linear or a bare (experts, hidden) Parameter (transformers 5.x
+    MixtralTopKRouter.weight) listed (hidden, experts); the head, the embedding and vectors are listed dim 0
+    first; a bank's group is one expert's weight, `count` of them: experts x MoE layers. Takes the groups
+    as the model lists them (not idempotent)."""
+    f = job.facts
+    if not (f.fsdp and f.fsdp_version == 2):
+        return groups
+    world = job.cluster.world_size
+    experts = job.shape.moe.experts if job.shape.moe else 1
+    out = []
+    for g in groups:
+        if g.bank:
+            out.append(dataclasses.replace(g, count=g.count // experts * -(-experts // world) * world))
+        elif (g.linear or g.name == job.shape.router_name) and g.cols > 1 and g.name != "lm_head":
+            out.append(dataclasses.replace(g, cols=-(-g.cols // world) * world))
+        else:
+            out.append(dataclasses.replace(g, rows=-(-g.rows // world) * world))
+    return out
 
 
 def _step_transient(job: JobConfig, groups: list[ParamGroup], state_bytes: int, shards: int) -> tuple[int, str]:
@@ -386,8 +415,12 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
     world = c.world_size
     param_shards = world if f.fsdp else 1
     optim_shards = world if c.sharding != "none" else 1
+    fsdp2 = f.fsdp and f.fsdp_version != 1
     trainable = trainable_groups(job)
     n_trainable = sum(g.total for g in trainable)
+    # What sharded storage holds: FSDP2 pads each rank's shard to whole rows of dim 0 (fsdp2_stored).
+    shard_groups = fsdp2_stored(job, trainable)
+    n_stored = sum(g.total for g in shard_groups)
     lora = f.lora
     # FSDP1 wraps each LoRA linear as its own unit (the stack's policy) only when there are adapters.
     lora_units = f.stack.lora_units and lora
@@ -406,20 +439,30 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
     else:
         resident_bytes = param_bytes
     qstate = _quant_state_bytes(job)
-    frozen = 0 if offload == "all" else _frozen_bytes(job) - qstate
+    frozen = 0 if offload == "all" else _frozen_bytes(job, stored=True) - qstate
     # The resident weights as the allocator holds them: one block per tensor (per shard under FSDP2 or
     # ZeRO-3), trainable tensors at their resident dtype, the frozen base at its stored bytes.
-    weight_tensors = [(g.numel * resident_bytes / param_shards, g.count) for g in trainable] + (
-        [(g.numel * (0.5 if q else per) / param_shards, g.count) for g, per, q in _frozen_storage(job)]
+    weight_tensors = [(g.numel * resident_bytes / param_shards, g.count) for g in shard_groups] + (
+        [(g.numel * (0.5 if q else per) / param_shards, g.count) for g, per, q in _frozen_storage(job, stored=True)]
         if frozen else [])
+    padded = n_stored > n_trainable
+    if fsdp2 and any(g.bank for g in shape.param_groups()) and shape.moe.experts % world:
+        experts_here = -(-shape.moe.experts // world)
+        notes.append(f"FSDP2 shards each expert bank by whole experts: {shape.moe.experts} experts over {world} GPUs "
+                     f"leave {experts_here} on each GPU, {experts_here * world / shape.moe.experts:.2g} x an even "
+                     "share of the experts' memory; a world size that divides the expert count avoids it "
+                     "(torchtitan after v0.2.2 shards experts on dim 1 when GPUs outnumber them, "
+                     "pytorch/torchtitan#2281).")
     params_resident = Part(
         "params",
         "weights" + (f", sharded over {param_shards} GPUs" if param_shards > 1 else ""),
-        (n_trainable * resident_bytes + frozen) // param_shards,
+        (n_stored * resident_bytes + frozen) // param_shards,
         f"{n_trainable:,} trainable x {resident_bytes} B"
         + (" + frozen base" if lora and frozen else "")
         + (f" / {param_shards}" if param_shards > 1 else "")
-        + (" (offloaded to the host)" if offload == "all" else ""),
+        + (" (offloaded to the host)" if offload == "all" else "")
+        + (" (FSDP2: each shard padded to whole rows of dim 0)" if padded or frozen > _frozen_bytes(job) - qstate
+           else ""),
     )
     # bitsandbytes keeps each 4-bit layer's QuantState (absmax, its second-level absmax and code) on the
     # module, outside the parameter: Params4bit._quantize sets `self.module.quant_state` and
@@ -517,13 +560,13 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
 
     # ---- grads ------------------------------------------------------------------------------
     grad_bytes = param_bytes if not f.stack.deepspeed_engine else e
-    grads_all = n_trainable * grad_bytes // param_shards if f.fsdp else n_trainable * grad_bytes // (
+    grads_all = n_stored * grad_bytes // param_shards if f.fsdp else n_trainable * grad_bytes // (
         optim_shards if f.stack.deepspeed_engine and c.sharding in ("zero2",) else 1)
     ddp = world > 1 and not f.fsdp
-    fsdp2 = f.fsdp and f.fsdp_version != 1
     # The root module's trained tensors (embeddings, final norm, head: what fully_shard(model) holds),
     # and those whose gradients exist before the blocks' backward (all but an untied input embedding).
     root_trainable = sum(g.total for g in trainable if not g.per_layer)
+    root_stored = sum(g.total for g in shard_groups if not g.per_layer)
     root_early_numel = max(0, root_trainable - (0 if lora else _embedding_only(job)))
     grads_persist = ddp or t.grad_accum > 1
     grads_on_gpu = offload == "none"
@@ -541,6 +584,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
     head_grad = sum(g.total for g in trainable if not g.per_layer and g.linear) if lora else (
         shape.vocab * shape.hidden)
     block_grad = sum(g.total for g in trainable if g.per_layer) // max(L, 1)
+    block_stored = sum(g.total for g in shard_groups if g.per_layer) // max(L, 1)
     if grads_persist and f.fsdp_version == 1 and offload == "all":
         # FSDP1 CPU offload: _offload_grad copies each reduce-scattered shard to flat_param._cpu_grad, but
         # the GPU shard stays referenced as flat_param._saved_grad_shard until the post-backward callback
@@ -558,11 +602,11 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
         # _fsdp_state.py _root_post_backward_final_callback): until then its gradients stay unsharded, in
         # the gathered dtype, the head's from its backward on. A block's are sharded by its post-backward.
         blocks_so_far = [full_grads] if grads_persist else [
-            Part("grads", "gradients so far (last block)", block_grad * grad_bytes // param_shards if grads_on_gpu
+            Part("grads", "gradients so far (last block)", block_stored * grad_bytes // param_shards if grads_on_gpu
                  else 0, "zero_grad(set_to_none=True): each block's sharded gradients after its post-backward",
                  transient=True)]
         blocks_all = [full_grads] if grads_persist else [
-            Part("grads", "gradients so far (every block)", (n_trainable - root_trainable) * grad_bytes
+            Part("grads", "gradients so far (every block)", (n_stored - root_stored) * grad_bytes
                  // param_shards if grads_on_gpu else 0, "at the first block's backward", transient=True)]
         root_early = [Part("grads", "unsharded root gradients (head, final norm)", root_early_numel * e,
                            f"{root_early_numel:,} x {e} B until the root's post-backward", transient=True)]
@@ -609,9 +653,9 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
         start_grads = start_grads + [rs]
         end_grads = end_grads + [rs]
     elif f.fsdp:
-        block_bytes = block_grad * e
-        rs = Part("grads", "unsharded block gradient + reduce-scatter input", 2 * block_bytes,
-                  "the block's gradient in compute dtype, and its fp32 copy for reduce-scatter", transient=True)
+        rs = Part("grads", "unsharded block gradient + reduce-scatter input", (block_grad + block_stored) * e,
+                  "the block's gradient in compute dtype, and its fp32 copy for reduce-scatter"
+                  + (" (padded to whole rows of dim 0)" if block_stored > block_grad else ""), transient=True)
         start_grads = start_grads + [rs]
         end_grads = end_grads + [rs]
     head_accum = None
@@ -645,7 +689,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
                        paged_total if offload == "none" else 0,
                        "tensors of >= 1e5 values: cudaMallocManaged, outside torch's allocator", where="device")]
     paged = bool(paged_total)
-    step_bytes, step_formula = _step_transient(job, trainable, state_bytes, optim_shards)
+    step_bytes, step_formula = _step_transient(job, shard_groups, state_bytes, optim_shards)
     step_temp = Part("optimizer", "step temporaries", step_bytes if offload == "none" else 0, step_formula,
                      transient=True)
     if paged:
@@ -764,9 +808,9 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
     replayed = "first forward"
     if f.fsdp:
         ag_pool = _all_gather_pool(job, e)
-        rs_pool = max(2 * block_grad * e, full_grads.bytes)
+        rs_pool = max((block_grad + block_stored) * e, full_grads.bytes)
         if f.rs_input_on_rs_stream:
-            rs_pool = full_grads.bytes + _rs_input_segments(block_grad, n_trainable - L * block_grad,
+            rs_pool = full_grads.bytes + _rs_input_segments(block_stored, n_stored - L * block_stored,
                                                             grad_bytes, param_shards)
     if f.fsdp_version == 1:
         # The unshard stream's pool holds the root, the block in use and the block freed just before
@@ -850,7 +894,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
 
     def phase(name: str, parts: list[Part]) -> list[Part]:
         tensors = [p for p in parts if p.bytes or p.term == "params"]
-        sizes = _allocation_sizes(job, name, tensors, stored, head, T, trainable, weight_tensors)
+        sizes = _allocation_sizes(job, name, tensors, stored, head, T, shard_groups, weight_tensors)
         rounding = Part("overhead", "allocator rounding", _rounding(sizes),
                         "each block rounded to 512 B, allocations over 10 MiB to 2 MiB segments", where="pool")
         held = []
@@ -886,7 +930,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
             sharded_grads = sum(p.bytes for p in tensors if _reduce_scattered(p) and p.label not in RS_INPUTS)
             if f.rs_input_on_rs_stream:
                 # The block's reduce-scatter input counted among the tensors lives in that stream's pool.
-                sharded_grads += sum(p.bytes // 2 for p in tensors if p.label.endswith("+ reduce-scatter input"))
+                sharded_grads += sum(block_stored * e for p in tensors if p.label.endswith("+ reduce-scatter input"))
                 sharded_grads += sum(p.bytes for p in tensors if p.label in RS_INPUTS)
             # The all-gather lands in flat output buffers that copy-out then splits into the unsharded
             # parameters (foreach_all_gather_copy_out): the cached flat buffers come on top of them.
@@ -1060,7 +1104,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
             grads_now = blocks_all + root_early + [
                 Part("params", "unsharded weights being used", int(_root_stored_bytes(job, e)),
                      "the root module, as gathered", transient=True),
-                Part("grads", BLOCK_RS_INPUT, block_grad * grad_bytes, f"{block_grad:,} x {grad_bytes} B",
+                Part("grads", BLOCK_RS_INPUT, block_stored * grad_bytes, f"{block_stored:,} x {grad_bytes} B",
                      transient=True)]
         elif fsdp1_root and not grads_persist:
             grads_now = blocks_all + root_early  # every block's gradient reduce-scattered by then
@@ -1082,8 +1126,8 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
         backward_ends.append(phase("backward-end", static + blocks_all + kept_logits + [
             Part("grads", "unsharded root gradients", root_trainable * e, f"{root_trainable:,} x {e} B",
                  transient=True),
-            Part("grads", ROOT_RS_INPUT, root_trainable * grad_bytes,
-                 f"{root_trainable:,} x {grad_bytes} B (the reduce dtype)", transient=True)]))
+            Part("grads", ROOT_RS_INPUT, root_stored * grad_bytes,
+                 f"{root_stored:,} x {grad_bytes} B (the reduce dtype)", transient=True)]))
     phases = {
         "forward-end": window(forward_ends),
         "backward": phase("backward", static + fwd_params + cache(cache_bwd) + start_grads + kept_logits
@@ -1112,10 +1156,10 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
     host = 0
     if offload != "none":
         # Optimizer states, fp32 gradients, and the weights the CPU step updates (ZeRO-Offload).
-        per_param = opt_total * optim_shards / max(n_trainable, 1) + 4 + param_bytes
-        per_rank = n_trainable * per_param / optim_shards
+        per_param = opt_total * optim_shards / max(n_stored, 1) + 4 + param_bytes
+        per_rank = n_stored * per_param / optim_shards
         if offload == "all":
-            per_rank += _frozen_bytes(job) / param_shards  # the frozen base, once, on the host
+            per_rank += _frozen_bytes(job, stored=True) / param_shards  # the frozen base, once, on the host
         host = int(c.gpus_per_node * (per_rank + HOST_PROCESS_BASELINE))
     if shape.approximate:
         notes.append("model known only by size: shapes inferred, activation and loss terms are approximate.")
@@ -1269,14 +1313,18 @@ def _quantized_load_order(job: JobConfig) -> tuple[int, ...]:
 
 
 def _layer_stored_bytes(job: JobConfig, e: int) -> float:
+    """A block's weights as FSDP gathers them (FSDP2: padded to whole rows of dim 0, fsdp2_stored)."""
     s = job.shape
-    base = sum(g.total * _stored_per_value(job, g, e) for g in s.param_groups() if g.per_layer) / s.layers
-    adapters = sum(g.total for g in trainable_groups(job) if g.per_layer) / s.layers * e if job.train.lora_rank else 0
-    return base + adapters
+    base = sum(g.total * _stored_per_value(job, g, e) for g in fsdp2_stored(job, s.param_groups()) if g.per_layer)
+    adapters = sum(g.total for g in fsdp2_stored(job, trainable_groups(job)) if g.per_layer) * e \
+        if job.train.lora_rank else 0
+    return (base + adapters) / s.layers
 
 
 def _root_stored_bytes(job: JobConfig, e: int) -> float:
-    return sum(g.total * _stored_per_value(job, g, e) for g in job.shape.param_groups() if not g.per_layer)
+    """The root module's weights (embeddings, final norm, head) as FSDP gathers them."""
+    return sum(g.total * _stored_per_value(job, g, e) for g in fsdp2_stored(job, job.shape.param_groups())
+               if not g.per_layer)
 
 
 def _rs_input_segments(block_params: int, root_params: int, reduce_bytes: int, world: int) -> int:

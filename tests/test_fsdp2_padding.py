@@ -1,0 +1,99 @@
+"""FSDP2 stores each rank's shard padded to whole rows of dim 0: against torch's own fully_shard, and by hand.
+
+fully_shard splits dim 0 of every parameter into world chunks of ceil(dim0 / world) rows and pads every
+rank's shard to chunk 0's size (torch/distributed/fsdp/_fully_shard/_fsdp_param.py _init_sharded_param). A
+transformers 5.x expert bank's dim 0 is the expert count, so with more GPUs than experts each GPU keeps a
+whole expert: Mixtral's 8 experts over 16 GPUs are twice an even share.
+"""
+
+import json
+
+import pytest
+
+from podkit.checks.memory import estimate, fsdp2_stored
+
+# A tiny Mixtral as transformers 5.23 builds it: experts as 3-D banks (MixtralExperts gate_up_proj
+# (experts, 2 x ffn, hidden), down_proj (experts, hidden, ffn)), a bare (experts, hidden) router weight.
+TINY_MIXTRAL = {
+    "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 64, "intermediate_size": 96,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000,
+    "num_local_experts": 8, "num_experts_per_tok": 2, "max_position_embeddings": 512, "rms_norm_eps": 1e-5,
+    "rope_theta": 1e6, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+}
+
+
+def _job(job, config_dir, world):
+    return job(model=f'hf_config = "{config_dir / "config.json"}"',
+               train="stack = 'hf'\ntransformers = '5.23.0'",
+               cluster=f"gpus_per_node = {world}\nsharding = 'zero3'\nfsdp_version = 2")
+
+
+@pytest.fixture
+def fake_world():
+    """A fake process group (torch's fake_pg: collectives are no-ops) of a given size, rank 0, torn down after."""
+    dist = pytest.importorskip("torch.distributed")
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    def start(size):
+        dist.init_process_group("fake", rank=0, world_size=size, store=FakeStore())
+
+    yield start
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [3, 8, 16])  # experts not a multiple of it, a multiple, fewer experts than GPUs
+def test_fsdp2_stored_is_what_fully_shard_keeps_on_rank_0(job, tmp_path, fake_world, world):
+    import torch
+    from torch.distributed.fsdp import fully_shard
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    (tmp_path / "config.json").write_text(json.dumps(TINY_MIXTRAL))
+    j = _job(job, tmp_path, world)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tmp_path))
+    # podkit lists the same model: every parameter counted.
+    assert j.shape.params == sum(p.numel() for p in model.parameters())
+    fake_world(world)
+    for layer in model.model.layers:  # accelerate's and torchtitan's wrap: each decoder layer, then the root
+        fully_shard(layer)
+    fully_shard(model)
+    # Rank 0's shards are the padded ones (chunk 0 is always whole); each is a DTensor's local tensor.
+    kept = sum(p.to_local().numel() for p in model.parameters())
+    assert sum(g.total for g in fsdp2_stored(j, j.shape.param_groups())) == kept * world
+    if world == 8:
+        assert kept * world == j.shape.params  # 8 experts over 8 GPUs and every other dim 0 divides: no padding
+    else:
+        assert kept * world > j.shape.params
+
+
+def test_mixtral_over_16_gpus_keeps_one_expert_per_gpu_by_hand(job):
+    # Mixtral-8x7B (h 4096, 32 layers, 32 heads and 8 kv heads of 128, 8 experts of ffn 14336, vocab 32000,
+    # untied), transformers 5: rank 0's values under FSDP2 over 16 GPUs.
+    j = job(model='preset = "mixtral-8x7b"', train="stack = 'hf'\ntransformers = '5.0.0'\nprecision = 'bf16-mixed'\n"
+            "checkpointing = 'full'", cluster="gpus_per_node = 8\nnodes = 2\nsharding = 'zero3'\nfsdp_version = 2")
+    per_layer = (2 * 4096 * 4096 + 2 * 1024 * 4096) // 16 + 2 * 4096 // 16  # q, o, k, v, two norms: an even share
+    per_layer += 1 * 4096  # the router's (8, 4096) weight: ceil(8 / 16) = 1 row
+    per_layer += 1 * (2 * 14336 * 4096 + 4096 * 14336)  # one whole expert of each bank
+    root = (2 * 32000 * 4096 + 4096) // 16  # embedding, head, final norm
+    rank = 32 * per_layer + root
+    assert rank == 5_737_562_368  # vs 46,702,792,704 / 16 = 2,918,924,544 spread evenly
+    est = estimate(j)
+    # bf16-mixed: fp32 parameters, gradients and AdamW's two fp32 states, each its rank's padded shard.
+    assert est.term("params", "step") == rank * 4
+    assert est.term("grads", "step") == rank * 4
+    assert est.term("optimizer", "step") == rank * 8  # transformers 5's adamw_torch_fused: no step temporaries
+    # Gathered for compute in bf16: the all-gather output of a block is world x its padded shard, so the
+    # two gathered blocks hold 16 expert slots per bank (the real 8 are views of it), plus the root.
+    [gathered] = [p.bytes for p in est.phase_parts["backward"] if p.label == "unsharded weights being used"]
+    assert gathered == (2 * 16 * per_layer + 2 * 32000 * 4096 + 4096) * 2
+    assert any("8 experts over 16 GPUs leave 1 on each GPU" in n for n in est.notes)
+
+
+def test_even_expert_shares_are_not_padded(job):
+    # 8 experts over 8 GPUs: each GPU keeps exactly one; the estimate is the even share and says nothing.
+    j = job(model='preset = "mixtral-8x7b"', train="stack = 'hf'\ntransformers = '5.0.0'",
+            cluster="gpus_per_node = 8\nsharding = 'zero3'\nfsdp_version = 2")
+    est = estimate(j)
+    assert est.term("params", "step") == 46_702_792_704 // 8 * 4
+    assert not any("expert bank" in n for n in est.notes)
