@@ -363,9 +363,15 @@ def _step_transient(job: JobConfig, groups: list[ParamGroup], state_bytes: int, 
       tensor (8-bit) and more (4-bit: also int64 code indices), not priced here;
     Adafactor: temporaries of the tensor being updated."""
     opt, impl = job.train.optimizer, job.facts.optimizer_impl
-    # A layer's routed experts are one 3-D parameter in transformers 5.x: the largest tensor is the bank.
+    # A layer's routed experts are one 3-D parameter in transformers 5.x: the largest tensor is the bank. Under
+    # FSDP2 the step runs on each rank's local piece (a DTensor's local tensor: rank 0's whole rows of dim 0, the
+    # groups as fsdp2_stored pads them, so a bank holds ceil(experts / world) experts).
     experts = job.shape.moe.experts if job.shape.moe else 1
-    largest = max(g.numel * (experts if g.bank else 1) for g in groups)
+    local = job.facts.fsdp_version == 2 and shards > 1
+    if local:
+        largest = max(g.numel * -(-experts // shards) if g.bank else -(-g.numel // shards) for g in groups)
+    else:
+        largest = max(g.numel * (experts if g.bank else 1) for g in groups)
     decayed = sum(g.total for g in groups if g.cols > 1) // shards
     everything = sum(g.total for g in groups) // shards
     if opt == "adamw" and impl == "foreach":
@@ -446,13 +452,14 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
         [(g.numel * (0.5 if q else per) / param_shards, g.count) for g, per, q in _frozen_storage(job, stored=True)]
         if frozen else [])
     padded = n_stored > n_trainable
-    if fsdp2 and any(g.bank for g in shape.param_groups()) and shape.moe.experts % world:
-        experts_here = -(-shape.moe.experts // world)
-        notes.append(f"FSDP2 shards each expert bank by whole experts: {shape.moe.experts} experts over {world} GPUs "
-                     f"leave {experts_here} on each GPU, {experts_here * world / shape.moe.experts:.2g} x an even "
-                     "share of the experts' memory; a world size that divides the expert count avoids it "
-                     "(torchtitan after v0.2.2 shards experts on dim 1 when GPUs outnumber them, "
-                     "pytorch/torchtitan#2281).")
+    experts = shape.moe.experts if shape.moe else 1
+    if f.fsdp and f.fsdp_version == 2 and any(g.bank for g in shape.param_groups()) and experts % world:
+        experts_here = -(-experts // world)
+        notes.append(f"FSDP2 shards each expert bank by whole experts: {experts} experts over {world} GPUs "
+                     f"leave {experts_here} on each GPU, {experts_here * world / experts:.2g} x an even "
+                     "share of the experts' memory; a world size that divides the expert count avoids it"
+                     + (" (torchtitan after v0.2.2 shards experts on dim 1 when GPUs outnumber them, "
+                        "pytorch/torchtitan#2668)" if world > experts else "") + ".")
     params_resident = Part(
         "params",
         "weights" + (f", sharded over {param_shards} GPUs" if param_shards > 1 else ""),

@@ -97,3 +97,23 @@ def test_even_expert_shares_are_not_padded(job):
     est = estimate(j)
     assert est.term("params", "step") == 46_702_792_704 // 8 * 4
     assert not any("expert bank" in n for n in est.notes)
+
+
+def test_deepspeed_partitions_experts_evenly(job):
+    # DeepSpeed ZeRO-3 partitions each parameter flat (ceil(numel / world) values), not by rows: over 16 GPUs
+    # Mixtral's experts are an even share and no FSDP2 note is given.
+    j = job(model='preset = "mixtral-8x7b"', train="stack = 'deepspeed'\ntransformers = '5.0.0'",
+            cluster="gpus_per_node = 8\nnodes = 2\nsharding = 'zero3'")
+    est = estimate(j)
+    assert est.term("optimizer", "step") == 46_702_792_704 * 12 // 16  # fp32 master + Adam's two states, spread evenly
+    assert not any("expert bank" in n for n in est.notes)
+
+
+def test_for_loop_adamw_temporaries_are_the_local_piece(job):
+    # torch.optim's for-loop AdamW (_single_tensor_adamw: denom = (exp_avg_sq.sqrt() / bc2).add_(eps)) runs on each
+    # DTensor's local tensor: two temporaries of the largest local piece, one whole expert of a gate_up bank
+    # (2 x 14336 x 4096 values) when 8 experts are spread over 16 GPUs; fp32 states under bf16-mixed.
+    j = job(model='preset = "mixtral-8x7b"', train="stack = 'hf'\ntransformers = '5.0.0'\noptimizer_impl = 'for-loop'",
+            cluster="gpus_per_node = 8\nnodes = 2\nsharding = 'zero3'\nfsdp_version = 2")
+    [step] = [p.bytes for p in estimate(j).phase_parts["step"] if p.label == "step temporaries"]
+    assert step == 2 * (2 * 14336 * 4096) * 4
