@@ -308,6 +308,39 @@ def quantized_experts(job: JobConfig) -> CheckResult:
                        f"{experts / shape.params:.0%} of the weights", fix)
 
 
+# peft >= 0.19 maps the transformers 4.x names of these families' routed-expert and router linears onto transformers
+# 5.x's 3-D expert banks (LoRA through target_parameters: tuners/lora/layer.py ParamWrapper) and router module, and
+# from 0.20 resolves "all-linear" to them as well (peft utils/transformers_weight_conversion.py
+# _MOE_TARGET_MODULE_MAPPING, _resolve_string_target_modules; not in the 0.18.x wheels, all-linear from the 0.20.0 one).
+PEFT_MOE_TARGETS = {"mixtral": {"gate", "w1", "w3", "w2"}, "qwen2_moe": {"gate", "gate_proj", "up_proj", "down_proj"}}
+
+
+def lora_experts(job: JobConfig) -> CheckResult:
+    """LoRA on a transformers 5.x MoE model whose expert banks peft adapts, which the estimate does not price."""
+    t, shape, f = job.train, job.shape, job.facts
+    if not t.lora_rank or not shape.moe:
+        return CheckResult("lora.experts", SKIP, "no LoRA on a MoE model")
+    if shape.expert_linears or not f.stack.transformers_release:
+        return CheckResult("lora.experts", SKIP, "routed experts are nn.Linear modules or no peft: the targets are "
+                           "priced as named")
+    names = PEFT_MOE_TARGETS.get(shape.family, set())
+    raw = t.lora_targets
+    all_linear = raw == "all-linear" or (isinstance(raw, list) and "all-linear" in raw)
+    named = sorted(names & set(raw)) if isinstance(raw, list) else []
+    if not names or not (all_linear or named):
+        return CheckResult("lora.experts", PASS, "peft adapts no routed-expert bank of this job")
+    how = "resolves all-linear to" if all_linear else f"maps {', '.join(named)} onto"
+    release = "0.20" if all_linear else "0.19"
+    priced = ", ".join(f.lora_targets)
+    return CheckResult("lora.experts", WARN,
+                       f"peft >= {release} {how} this {shape.family} model's router and routed-expert banks "
+                       f"(transformers 5.x 3-D parameters): podkit prices adapters on {priced} only, not the banks' "
+                       "adapters, their gradients and optimizer states, nor the whole bank weight peft's ParamWrapper "
+                       "rebuilds from them in every forward, so the peak can be well above the prediction",
+                       "name the attention projections (lora_targets = ['q_proj', 'k_proj', 'v_proj', 'o_proj']) for a "
+                       "job podkit prices, or measure yours with bin/smoke -- COMMAND")
+
+
 def fsdp1_kept_inputs(job: JobConfig, est: MemoryEstimate) -> CheckResult:
     """FSDP1's reshard hooks under a reentrant checkpoint around each unit (JobFacts.fsdp1_keeps_block_inputs)."""
     if not job.facts.fsdp1_keeps_block_inputs:
@@ -576,6 +609,7 @@ def run_checks(job: JobConfig, est: MemoryEstimate, facts: HostFacts,
         flash_attention(job),
         bnb_sharding(job),
         quantized_experts(job),
+        lora_experts(job),
         fsdp1_kept_inputs(job, est),
         sharding_world(job),
         *machine_checks(job, facts),
