@@ -381,6 +381,26 @@ def test_torchtitan_toml(tmp_path):
     assert "[job]" in imp.files[0].ignored and "training.steps" in imp.files[0].ignored
 
 
+def test_torchtitan_expert_parallelism_is_said_not_modelled(tmp_path):
+    # A DeepSeek-V3 16B run with ep 4 inside dp_shard 8 (torchtitan v0.2.2 efsdp = dp_shard x cp x tp / (etp x ep)):
+    # still 8 GPUs, and a warning instead of a silent ep = 1.
+    f = write(tmp_path, "dsv3.toml", """
+        [model]
+        name = "deepseek_v3"
+        flavor = "16B"
+        [training]
+        local_batch_size = 1
+        seq_len = 4096
+        [parallelism]
+        data_parallel_shard_degree = 8
+        expert_parallel_degree = 4
+    """)
+    imp = build_job(None, [f])
+    assert imp.job.cluster.gpus_per_node == 8
+    assert any(w.startswith("parallelism.expert_parallel_degree = 4: expert parallelism is not modelled")
+               for w in imp.files[0].warnings)
+
+
 def test_config_is_the_base_and_files_override(tmp_path):
     args = write(tmp_path, "args.json", json.dumps({"per_device_train_batch_size": 3, "bf16": True}))
     imp = build_job(str(EXAMPLES / "llama-3.2-1b-a10g.toml"), [args])

@@ -95,6 +95,14 @@ def read(path: Path, data: dict) -> Imported:
         if degrees[key] not in (1, -1):
             imp.warnings.append(f"parallelism.{key} = {degrees[key]}: tensor/pipeline/context parallelism is not "
                                 "modelled; predicted as data parallel only (an over-estimate)")
+    # Expert parallelism splits the routed experts over ranks the other degrees already count (v0.2.2
+    # distributed/parallel_dims.py: efsdp = dp_shard x cp x tp / (etp x ep)), so it adds no GPUs; each rank then runs its own experts on
+    # tokens sent to it by all-to-all (models/moe, distributed/expert_parallel.py), which podkit does not model.
+    for key in ("expert_parallel_degree", "expert_tensor_parallel_degree"):
+        if par.get(key, 1) not in (1, -1):
+            imp.warnings.append(f"parallelism.{key} = {par[key]}: expert parallelism is not modelled; predicted as "
+                                "FSDP over every rank, each block's experts gathered whole, and without the "
+                                "all-to-all token buffers")
     if all(isinstance(v, int) and v > 0 for v in degrees.values()):
         world = 1
         for v in degrees.values():
