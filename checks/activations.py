@@ -36,7 +36,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from podkit.checks.kernels import attention_kernel
-from podkit.checks.stacks import liger_norm_in_place, targeted
+from podkit.checks.stacks import adapted_banks, liger_norm_in_place, targeted
 
 QKV = ("q_proj", "k_proj", "v_proj")
 
@@ -111,6 +111,7 @@ class BlockFacts:
     quant_4bit: bool = False  # bitsandbytes Linear4bit base linears: each returns its input's dtype
     peft_quant_clone: bool = False  # peft's LoRA wrapper of a Linear4bit clones the base output
     expert_loop: str = ""  # routed experts run one by one: "index_add" (transformers 4.x), "index_put" (litgpt)
+    lora_banks: frozenset = frozenset()  # 3-D banks and bare router weights peft's ParamWrapper adapts (bank_targets)
 
 
 def block_facts(job, device: str = "cuda") -> BlockFacts:
@@ -155,7 +156,18 @@ def block_facts(job, device: str = "cuda") -> BlockFacts:
         # final_hidden_states; Qwen2/3-MoE, OLMoE, DeepSeek alike), litgpt model.py LLaMAMoE.forward
         # (`y[token_idx] += probs[...] * expert(x[token_idx])`). 5.x banks run grouped_mm over all at once.
         expert_loop="" if not shape.expert_linears else "index_put" if f.stack.name == "litgpt" else "index_add",
+        lora_banks=bank_targets(job),
     )
+
+
+def bank_targets(job) -> frozenset:
+    """The block's matmuls, as named here, whose 3-D bank or bare router weight peft adapts (JobFacts.peft_banks):
+    the routed experts' gate and up (one fused gate_up_proj bank), their down, the router."""
+    shape = job.shape
+    gate_up, down, router = adapted_banks(shape.family, job.facts.peft_banks)
+    gate, up, down_name = shape.expert_names
+    return frozenset(([f"experts.{gate}", f"experts.{up}"] if gate_up else [])
+                     + ([f"experts.{down_name}"] if down else []) + ([shape.router_name] if router else []))
 
 
 @dataclass
@@ -246,7 +258,8 @@ class Trace:
             self.op([x], [inp])
         out = self.new(f"{name}: output", fan_out, f.e)
         trained = f.weights_trainable and module
-        self.op([inp], [out], saved=(inp,) if f.weights_trainable else (),
+        # A bank peft adapts is a new weight W + B A that requires grad: its matmul keeps its input for that.
+        self.op([inp], [out], saved=(inp,) if f.weights_trainable or name in f.lora_banks else (),
                 weight_grad=fan_in * fan_out / copies ** 2 * f.e if trained else 0.0)
         if f.quant_saves_input and module:
             self.save(inp)

@@ -34,7 +34,7 @@ from podkit.checks.allocator import round_size, segment_size
 from podkit.checks.config import JobConfig
 from podkit.checks.gpus import GpuSpec
 from podkit.checks.models import ParamGroup
-from podkit.checks.stacks import TORCHAO_OPTIMIZERS, targeted
+from podkit.checks.stacks import TORCHAO_OPTIMIZERS, adapted_banks, targeted
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -203,7 +203,31 @@ def trainable_groups(job: JobConfig) -> list[ParamGroup]:
     if "lm_head" in targets:
         adapters.append(ParamGroup("lm_head.lora_A", shape.hidden, r, 1, True, False))
         adapters.append(ParamGroup("lm_head.lora_B", r, shape.vocab, 1, True, False))
-    return adapters
+    return adapters + _bank_adapters(job)
+
+
+def _bank_adapters(job: JobConfig) -> list[ParamGroup]:
+    """peft's LoRA on each MoE layer's 3-D expert banks and router weight (JobFacts.peft_banks), as
+    tuners/lora/layer.py ParamWrapper.update_layer makes it (peft 0.21.2): lora_A = nn.Linear(in, r x experts),
+    lora_B = nn.Linear(r x experts, out), each a weight (out, in), listed here dim 0 first (they are cast, not
+    autocast: linear=False); gate_up_proj at twice the rank (gate and up fused: _convert_peft_config_moe's
+    rank_pattern); the router's 2-D (experts, hidden) weight as one expert (in hidden, out experts)."""
+    s, r = job.shape, job.train.lora_rank
+    gate_up, down, router = adapted_banks(s.family, job.facts.peft_banks)
+    if not (gate_up or down or router):
+        return []
+    m, n = s.moe, s.moe_layers
+    h, ffn, e = s.hidden, m.expert_ffn, m.experts
+    groups = []
+    if gate_up:
+        groups += [ParamGroup("experts.gate_up_proj.lora_A", 2 * r * e, h, n, False, True),
+                   ParamGroup("experts.gate_up_proj.lora_B", 2 * ffn, 2 * r * e, n, False, True)]
+    if down:
+        groups += [ParamGroup("experts.down_proj.lora_A", r * e, ffn, n, False, True),
+                   ParamGroup("experts.down_proj.lora_B", h, r * e, n, False, True)]
+    if router:
+        groups += [ParamGroup("router.lora_A", r, h, n, False, True), ParamGroup("router.lora_B", e, r, n, False, True)]
+    return groups
 
 
 def trainable_params(job: JobConfig) -> int:
@@ -228,6 +252,42 @@ def frozen_groups(job: JobConfig) -> list[tuple[ParamGroup, float]]:
             per = e
         out.append((g, per))
     return out
+
+
+FOLDED_BANKS = "expert banks rebuilt with their LoRA (peft ParamWrapper)"
+FOLDED_NOTE = ("W' = baddbmm(W, B, A) per adapted bank, in the bank's dtype, kept by the experts' matmul for backward; "
+               "its backward makes a W'-sized weight gradient")
+
+
+def _bank_folds(job: JobConfig, ac: str) -> dict[str, int]:
+    """Bytes of the expert banks peft rebuilds with their adapters (JobFacts.peft_banks), at each moment of the step.
+
+    ParamWrapper._activate_lora (peft 0.21.2 tuners/lora/layer.py) registers a parametrization that returns
+    W' = torch.baddbmm(W, lhs, rhs, alpha=scaling) (_LoraFactorsProxy), cached for the module's forward
+    (nn.utils.parametrize.cached): one bank-sized tensor in W's dtype per adapted bank, which the experts'
+    grouped matmul keeps for backward since W' requires grad. That matmul's backward makes dW', W'-sized, which
+    baddbmm's backward reduces to the adapters' gradients. A layer's banks, in units of experts x ffn x hidden:
+    gate_up_proj 2, down_proj 1; backward runs down's node first (W'_gate_up + W'_down + dW'_down alive), then
+    gate_up's (W'_gate_up + dW'_gate_up). Without checkpointing every MoE layer keeps its W' until its backward;
+    with it only the block being recomputed has them (its first forward runs without grad and frees them).
+    Moments: fwd/head_bwd/blocks (before backward reaches the blocks), last (the last block's forward), bwd (a
+    block in backward), end (the first block's backward). peft 0.19-0.20 fold through an einsum delta in the
+    adapters' dtype first, a larger forward transient not priced here."""
+    gate_up, down, _ = adapted_banks(job.shape.family, job.facts.peft_banks)
+    if not (gate_up or down):
+        return {}  # the router's rebuilt (experts, hidden) weight is a few KiB
+    s, e = job.shape, job.train.compute_bytes
+    unit = s.moe.experts * s.moe.expert_ffn * s.hidden * e
+    # get_delta_factors hands baddbmm the adapters `.to(W.dtype)`, which baddbmm keeps: copies when they differ.
+    casts = sum(g.numel for g in _bank_adapters(job) if g.name.startswith("experts.")) * e \
+        if job.facts.adapter_bytes != e else 0
+    layer = (2 * gate_up + down) * unit + casts
+    in_backward = max(2 * gate_up + 2 * down, 4 * gate_up) * unit + casts
+    if ac == "none":
+        saved = s.moe_layers * layer
+        return {"fwd": saved, "head_bwd": saved, "blocks": saved, "last": saved,
+                "bwd": saved - layer + in_backward, "end": in_backward}
+    return {"bwd": in_backward, "end": in_backward, "last": layer}
 
 
 def _frozen_bytes(job: JobConfig, stored: bool = False) -> int:
@@ -549,6 +609,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
         cache_end = cast_block // max(L, 1) * e
     cache_note = ("torch autocast caches casts of leaf weights that require grad for the autocast region; "
                   "afterwards only the casts saved for backward live")
+    folds = _bank_folds(job, f.ac_policy)
     if t.base_quant != "none":
         biggest = max([i * o for _, i, o in shape.linear_shapes()]
                       + ([shape.vocab * shape.hidden] if f.quantize_head else []))
@@ -963,8 +1024,11 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
                              "the caching allocator keeps every segment until empty_cache()", where="pool")]
                        if gap > 0 else [])
 
-    def cache(label_bytes: int) -> list[Part]:
-        return [Part("params", "autocast weight cache", label_bytes, cache_note, transient=True)] if label_bytes else []
+    def cache(label_bytes: int, moment: str) -> list[Part]:
+        """The autocast casts alive at a moment, and peft's rebuilt expert banks (_bank_folds)."""
+        fold = [Part("params", FOLDED_BANKS, folds[moment], FOLDED_NOTE, transient=True)] if folds.get(moment) else []
+        return ([Part("params", "autocast weight cache", label_bytes, cache_note, transient=True)]
+                if label_bytes else []) + fold
 
     static = [params_resident] + quant_state + rope_caches + [optimizer] + paged_part + master
     fwd_grads = [unsynced] if no_sync else [full_grads] if grads_persist else []
@@ -984,9 +1048,9 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
                     transient=True)
         grad_in = Part("activations", "gradient of the block's input", T * shape.hidden * bf.stream,
                        f"{shape.hidden} x {bf.stream} B per token x {T:,}", transient=True)
-        candidate = phase("backward", static + [both] + fwd_params[1:] + cache(cache_bwd) + start_grads
+        candidate = phase("backward", static + [both] + fwd_params[1:] + cache(cache_bwd, "bwd") + start_grads
                           + kept_logits + [block_activations, grad_in])
-        in_block = phase("backward", static + fwd_params + cache(cache_bwd) + start_grads + kept_logits
+        in_block = phase("backward", static + fwd_params + cache(cache_bwd, "bwd") + start_grads + kept_logits
                          + [block_activations, in_backward])
         handoff = candidate if tensor_bytes(candidate) > tensor_bytes(in_block) else None
     # Where the loop computes the loss after the model's forward returns (Stack.loss_after_forward: litgpt's
@@ -1000,7 +1064,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
     # after the region has ended, beside only the casts autograd saved (cache_head_bwd), and leaves the
     # allocator's hole. (Liger's loss makes its gradients in forward: one moment.)
     at_the_loss = static + ([at_loss] + fwd_params[1:] if f.fsdp else fwd_params) + fwd_grads
-    forward_ends = [phase("forward-end", at_the_loss + cache(cache_fwd) + [activations, loss] + at_loss_previous
+    forward_ends = [phase("forward-end", at_the_loss + cache(cache_fwd, "fwd") + [activations, loss] + at_loss_previous
                           + (loss_hole if lg else []))]
     if previous and f.stack.loss_after_forward and not lg:
         # The forward returning: its logits, and where the loop's wrapper casts them (f.logits_fp32) the fp32
@@ -1008,7 +1072,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
         per = e + (4 if f.logits_fp32 else 0)
         returning = Part("loss", "the forward's logits as it returns" + (", cast to fp32" if f.logits_fp32 else ""),
                          int(per * logits), f"{per:g} B x {logits:,}", transient=True)
-        forward_ends.append(phase("forward-end", at_the_loss + cache(cache_fwd) + [activations, returning]
+        forward_ends.append(phase("forward-end", at_the_loss + cache(cache_fwd, "fwd") + [activations, returning]
                                   + previous))
     if not lg:
         # The casts freed when autocast's region ended stay cached in segments of a weight's size, which
@@ -1018,7 +1082,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
         unusable = [Part("overhead", "autocast casts freed at the region's end (cached)", freed_casts,
                          "weight-sized blocks, smaller than the loss's 4 B gradients", where="pool")] \
             if freed_casts and 4 * logits > biggest_cast else []
-        forward_ends.append(phase("forward-end", at_the_loss + cache(cache_head_bwd) + [activations, loss_bwd]
+        forward_ends.append(phase("forward-end", at_the_loss + cache(cache_head_bwd, "head_bwd") + [activations, loss_bwd]
                                   + at_loss_previous + loss_hole + unusable))
     # The blocks' casts saved in forward, once the head's matmul node has released its own (none yet
     # when checkpointed: no recompute has run).
@@ -1033,9 +1097,11 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
                            f"{e} B x vocab {shape.vocab:,} x {T:,} tokens", transient=True)
         head_mm = Part("grads", "the head's weight gradient being made", shape.vocab * shape.hidden * e,
                        f"vocab x hidden x {e} B", transient=True)
-        forward_ends.append(phase("forward-end", static + fwd_params + cache(cache_head_bwd) + fwd_grads + kept_logits
+        forward_ends.append(phase("forward-end", static + fwd_params + cache(cache_head_bwd, "head_bwd")
+                                  + fwd_grads + kept_logits
                                   + [activations, logits_grad, head_mm] + at_loss_previous))
-        forward_ends.append(phase("forward-end", static + fwd_params + cache(blocks_cast) + fwd_grads + kept_logits
+        forward_ends.append(phase("forward-end", static + fwd_params + cache(blocks_cast, "blocks")
+                                  + fwd_grads + kept_logits
                                   + [block_activations, head_accum] + at_loss_previous))
     # Cut Cross-Entropy's backward (cut_cross_entropy/cce_backward.py cce_backward_kernel) recomputes the
     # logits block by block on chip: de = zeros_like(e) and, when the head trains, dc = zeros_like(c), in
@@ -1049,7 +1115,8 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
                        f"{T:,} tokens x hidden x {ce} B (input gradient)"
                        + (f" + vocab x hidden x {ce} B (head gradient)" if dc else "")
                        + (f" + its cast to {grad_bytes} B" if dc_cast else ""), transient=True)
-        forward_ends.append(phase("forward-end", static + fwd_params + cache(cache_head_bwd) + fwd_grads + kept_logits
+        forward_ends.append(phase("forward-end", static + fwd_params + cache(cache_head_bwd, "head_bwd")
+                                  + fwd_grads + kept_logits
                                   + [activations, cce_bwd] + at_loss_previous))
     # With Liger's loss the gradient of the head's input is made in forward (with Cut Cross-Entropy's, in
     # the loss's backward); the final norm's backward then runs beside every saved activation (the head's
@@ -1063,7 +1130,8 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
         new_head_grad = [Part("grads", "the head's weight gradient", head_grad,
                               "made by the fused loss, now the head's .grad", transient=True)] \
             if head_grad and not grads_persist else []
-        forward_ends.append(phase("forward-end", static + fwd_params + cache(blocks_cast) + fwd_grads + new_head_grad
+        forward_ends.append(phase("forward-end", static + fwd_params + cache(blocks_cast, "blocks")
+                                  + fwd_grads + new_head_grad
                                   + [activations, norm_bwd] + at_loss_previous))
     # The last block's own forward holds more than the loss spike when the loss is small (fused or
     # chunked): the other blocks' saved activations beside that block's forward peak, its input included
@@ -1073,7 +1141,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
         last_block = Part("activations", "the last block's forward", int(((L - 1) * stored_pt + block_pt) * T),
                           f"{L - 1} blocks x {stored_pt:,.0f} B + that block's peak {block_pt:,.0f} B, per token "
                           f"x {T:,}", transient=True)
-        forward_ends.append(phase("forward-end", static + fwd_params + cache(cache_fwd) + fwd_grads
+        forward_ends.append(phase("forward-end", static + fwd_params + cache(cache_fwd, "last") + fwd_grads
                                   + [last_block] + previous))
     # backward-end is the largest of the moments after backward leaves the last block: the first block's
     # backward, and the two below.
@@ -1086,7 +1154,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
                         f"({L - 1} inputs + {L - 2} gradients) x {shape.hidden} x {bf.stream} B per token x {T:,}",
                         transient=True)] if f.fsdp1_keeps_block_inputs and L > 1 else []
     backward_ends = [phase("backward-end", static + ([end_params] if end_params else fwd_params[:1])
-                           + cache(cache_end) + end_grads + kept_logits + [first_block, in_backward] + kept_inputs)]
+                           + cache(cache_end, "end") + end_grads + kept_logits + [first_block, in_backward] + kept_inputs)]
     # The input embedding's backward, the last node: embedding_dense_backward makes a dense vocab x hidden
     # gradient beside every other, which becomes the .grad or is summed into the one accumulation keeps
     # (AccumulateGrad). A tied head's gradient waits in the weight's input buffer, and the engine adds the
@@ -1137,7 +1205,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
                  f"{root_stored:,} x {grad_bytes} B (the reduce dtype)", transient=True)]))
     phases = {
         "forward-end": window(forward_ends),
-        "backward": phase("backward", static + fwd_params + cache(cache_bwd) + start_grads + kept_logits
+        "backward": phase("backward", static + fwd_params + cache(cache_bwd, "bwd") + start_grads + kept_logits
                           + [block_activations, in_backward]),
         **({"backward": handoff} if handoff else {}),
         "backward-end": window(backward_ends),

@@ -308,37 +308,26 @@ def quantized_experts(job: JobConfig) -> CheckResult:
                        f"{experts / shape.params:.0%} of the weights", fix)
 
 
-# peft >= 0.19 maps the transformers 4.x names of these families' routed-expert and router linears onto transformers
-# 5.x's 3-D expert banks (LoRA through target_parameters: tuners/lora/layer.py ParamWrapper) and router module, and
-# from 0.20 resolves "all-linear" to them as well (peft utils/transformers_weight_conversion.py
-# _MOE_TARGET_MODULE_MAPPING, _resolve_string_target_modules; not in the 0.18.x wheels, all-linear from the 0.20.0 one).
-PEFT_MOE_TARGETS = {"mixtral": {"gate", "w1", "w3", "w2"}, "qwen2_moe": {"gate", "gate_proj", "up_proj", "down_proj"}}
-
-
 def lora_experts(job: JobConfig) -> CheckResult:
-    """LoRA on a transformers 5.x MoE model whose expert banks peft adapts, which the estimate does not price."""
+    """LoRA on a transformers 5.x MoE model whose expert banks and router peft adapts (JobFacts.peft_banks)."""
     t, shape, f = job.train, job.shape, job.facts
     if not t.lora_rank or not shape.moe:
         return CheckResult("lora.experts", SKIP, "no LoRA on a MoE model")
-    if shape.expert_linears or not f.stack.transformers_release:
-        return CheckResult("lora.experts", SKIP, "routed experts are nn.Linear modules or no peft: the targets are "
-                           "priced as named")
-    names = PEFT_MOE_TARGETS.get(shape.family, set())
-    raw = t.lora_targets
-    all_linear = raw == "all-linear" or (isinstance(raw, list) and "all-linear" in raw)
-    named = sorted(names & set(raw)) if isinstance(raw, list) else []
-    if not names or not (all_linear or named):
-        return CheckResult("lora.experts", PASS, "peft adapts no routed-expert bank of this job")
-    how = "resolves all-linear to" if all_linear else f"maps {', '.join(named)} onto"
-    release = "0.20" if all_linear else "0.19"
-    priced = ", ".join(f.lora_targets)
-    return CheckResult("lora.experts", WARN,
-                       f"peft >= {release} {how} this {shape.family} model's router and routed-expert banks "
-                       f"(transformers 5.x 3-D parameters): podkit prices adapters on {priced} only, not the banks' "
-                       "adapters, their gradients and optimizer states, nor the whole bank weight peft's ParamWrapper "
-                       "rebuilds from them in every forward, so the peak can be well above the prediction",
-                       "name the attention projections (lora_targets = ['q_proj', 'k_proj', 'v_proj', 'o_proj']) for a "
-                       "job podkit prices, or measure yours with bin/smoke -- COMMAND")
+    if not f.peft_banks:
+        return CheckResult("lora.experts", PASS, "peft adapts no routed-expert bank or router of this job"
+                           + ("" if shape.expert_linears or not f.stack.transformers_release
+                              else f" (targets: {', '.join(f.lora_targets)})"))
+    gate_up, down, router = stacks.adapted_banks(shape.family, f.peft_banks)
+    what = ", ".join(n for n, on in (("gate_up_proj", gate_up), ("down_proj", down), ("the router", router)) if on)
+    if f.lora_dropout:
+        # tuners/lora/layer.py ParamWrapper.__init__: `if config.lora_dropout: raise ValueError(...)`.
+        return CheckResult("lora.experts", FAIL, f"peft adapts {what} of every MoE layer through ParamWrapper, which "
+                           f"raises for lora_dropout != 0 (lora_dropout = {t.lora_dropout})",
+                           "set lora_dropout = 0, or target only the attention projections")
+    return CheckResult("lora.experts", PASS,
+                       f"peft (>= 0.20 for all-linear, 0.19 for listed names) moves {', '.join(f.peft_banks)} onto "
+                       f"{what} of every MoE layer: priced with their adapters and the banks peft's ParamWrapper "
+                       "rebuilds in every forward (peft >= 0.21; earlier releases also make a bank-sized delta)")
 
 
 def fsdp1_kept_inputs(job: JobConfig, est: MemoryEstimate) -> CheckResult:

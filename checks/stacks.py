@@ -400,6 +400,9 @@ class JobFacts:
     release of the hf and deepspeed stacks: transformers_facts)."""
     block_kernels: str = "torch"
     """What runs the blocks' norms, RoPE and gated activation (one of BLOCK_KERNELS)."""
+    peft_banks: tuple[str, ...] = ()
+    """The 4.x expert and router names peft moved onto the model's 3-D expert banks and router weight
+    (peft_bank_names): LoRA on every MoE layer's banks and router, through ParamWrapper."""
     expert_linears: bool = False
     """A MoE model's routed experts and router are nn.Linear modules in the job's code (Stack.expert_linears,
     or the transformers release of the hf and deepspeed stacks): JobConfig.shape is laid out so."""
@@ -462,6 +465,48 @@ def targeted(module: str, targets) -> bool:
     return any(module == t or module.endswith("." + t) for t in targets)
 
 
+# peft moves LoRA on a transformers 5.x MoE's routed experts and router onto the 3-D expert banks and the router's
+# weight (LoraConfig.target_parameters: tuners/lora/layer.py ParamWrapper) for the model types whose transformers
+# weight-conversion pattern is mixtral or qwen2_moe (peft utils/transformers_weight_conversion.py
+# _convert_peft_config_moe, _MOE_TARGET_MODULE_MAPPING; its _MODEL_TO_CONVERSION_PATTERN is transformers' own plus
+# mixtral, and transformers 5.23 conversion_mapping.py maps qwen3_moe, olmoe, deepseek_v2/v3 to qwen2_moe but has
+# no entry for qwen2_moe itself). The 4.x names it moves leave target_modules altogether, so a shared expert's or a
+# dense block's gate/up/down_proj loses its adapter too. Listed names from peft 0.19, all-linear from 0.20 (the
+# wheels); tests/test_lora_banks.py checks it on the installed peft and transformers.
+PEFT_BANK_PATTERN = {"mixtral": "mixtral", "qwen3_moe": "qwen2_moe", "olmoe": "qwen2_moe", "deepseek_v2": "qwen2_moe",
+                     "deepseek_v3": "qwen2_moe"}
+PEFT_BANK_NAMES = {"mixtral": ("gate", "w1", "w3", "w2"), "qwen2_moe": ("gate", "gate_proj", "up_proj", "down_proj")}
+PEFT_BANK_FUSED = {"mixtral": ("w1", "w3"), "qwen2_moe": ("gate_proj", "up_proj")}
+"""Fused into gate_up_proj: peft adapts both (at twice the rank) or raises for one alone."""
+
+
+def peft_bank_names(family: str, value: str | list) -> tuple[str, ...]:
+    """The 4.x expert and router names peft moves onto this model's banks for a lora_targets value; () for none."""
+    pattern = PEFT_BANK_PATTERN.get(family)
+    if not pattern:
+        return ()
+    names = PEFT_BANK_NAMES[pattern]
+    if value == "all-linear":
+        return names
+    moved = tuple(n for n in names if isinstance(value, list) and n in value)
+    fused = PEFT_BANK_FUSED[pattern]
+    if moved and 0 < sum(n in moved for n in fused) < len(fused):
+        from podkit.checks.errors import ConfigError
+
+        raise ConfigError("train.lora_targets", f"peft adapts {' and '.join(fused)} of this transformers 5 model "
+                          "together (fused into gate_up_proj) and refuses one alone", "list both, or neither")
+    return moved
+
+
+def adapted_banks(family: str, moved: tuple[str, ...]) -> tuple[bool, bool, bool]:
+    """Which of a MoE layer's gate_up_proj bank, down_proj bank and router weight peft adapts, given the names it
+    moved (JobFacts.peft_banks)."""
+    if not moved:
+        return False, False, False
+    router, fused_first, _, down = PEFT_BANK_NAMES[PEFT_BANK_PATTERN[family]]
+    return fused_first in moved, down in moved, router in moved
+
+
 def resolve_targets(value: str | list, linears: tuple[str, ...], default: tuple[str, ...]) -> tuple[str, ...]:
     """The LoRA target list: "stack" (its default), "all-linear" (peft: every block linear but the
     head, routed experts excluded), or names matched as peft matches them."""
@@ -488,6 +533,12 @@ def resolve_targets(value: str | list, linears: tuple[str, ...], default: tuple[
             raise ConfigError("train.lora_targets", f"{name!r} is not a linear of this model",
                               hint or "known: " + ", ".join(known))
     return tuple(dict.fromkeys(names))
+
+
+def lora_on_banks(stack: Stack, train, shape, expert_linears: bool, replica: bool) -> bool:
+    """peft's LoRA on a model whose routed experts are 3-D banks (transformers 5.x under the hf/deepspeed stacks)."""
+    return (train.lora_rank > 0 and stack.transformers_release and not replica and shape.moe is not None
+            and not expert_linears)
 
 
 def parse_version(text: str) -> tuple[int, ...]:
@@ -689,6 +740,16 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
     linears = tuple(dict.fromkeys(g.name for g in shape.linear_groups())) or (
         GPT2_LINEARS if arch == "gpt2" else LLAMA_LINEARS)
     default_targets = stack.lora_targets
+    # peft's LoRA on a transformers 5.x MoE's banks and router (peft_bank_names): the names it moves there are no
+    # module targets any more.
+    peft_banks = (peft_bank_names(shape.family, train.lora_targets)
+                  if lora_on_banks(stack, train, shape, expert_linears, replica) else ())
+    value = train.lora_targets
+    if peft_banks:
+        value = "all-linear" if value == "all-linear" else [n for n in value if n not in peft_banks]
+    lora_targets = () if not train.lora_rank or value == [] else resolve_targets(value, linears, default_targets)
+    if peft_banks:
+        lora_targets = tuple(t for t in lora_targets if t.rsplit(".", 1)[-1] not in peft_banks)
     if arch == "gpt2" and default_targets != ("all",):
         default_targets = ("c_attn",)  # peft's mapping for gpt2
     lora = train.lora_rank > 0
@@ -781,7 +842,8 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
         logits_kept=kept,
         ac_policy=ac,
         lora=lora,
-        lora_targets=resolve_targets(train.lora_targets, linears, default_targets) if lora else (),
+        lora_targets=lora_targets,
+        peft_banks=peft_banks,
         lora_dtype=lora_dtype,
         adapter_bytes=adapter,
         adapter_compute_bytes=(train.compute_bytes if adapter and ((fsdp and mixed) or stack.deepspeed_engine)

@@ -397,40 +397,19 @@ def test_a_gpt2_given_by_dimensions_has_learned_positions_too(job):
     assert default.shape.params - job(model=dims + "\nmax_position_embeddings = 512").shape.params == 512 * 256
 
 
-def test_lora_experts_warns_where_peft_adapts_expert_banks_podkit_does_not_price(job):
+def test_lora_experts_says_what_peft_adapts_and_fails_on_dropout(job):
     mixtral, tf5 = 'preset = "mixtral-8x7b"', "stack = 'hf'\ntransformers = '5.0.0'\nlora_rank = 16\n"
     assert rules.lora_experts(job(train="lora_rank = 16")).status == "skip"  # a dense model
-    # transformers 4.x: the experts are nn.Linear, adapted and priced as named.
+    # transformers 4.x: the experts are nn.Linear modules, adapted and priced as named.
     assert rules.lora_experts(job(model=mixtral, train=tf5.replace("5.0.0", "4.57.1")
-                                  + "lora_targets = 'all-linear'")).status == "skip"
+                                  + "lora_targets = 'all-linear'")).status == "pass"
     result = rules.lora_experts(job(model=mixtral, train=tf5 + "lora_targets = 'all-linear'"))
-    assert result.status == "warn" and result.message.startswith("peft >= 0.20 resolves all-linear to this mixtral")
-    assert "q_proj, k_proj, v_proj, o_proj only" in result.message
-    assert rules.lora_experts(job(model=mixtral, train=tf5)).status == "pass"  # the stack's q_proj, v_proj
-    # Qwen2-MoE: a listed down_proj (its shared expert's nn.Linear, which podkit prices) is mapped onto the banks too.
-    qwen = rules.lora_experts(job(model='preset = "qwen1.5-moe-a2.7b"',
-                                  train=tf5 + "lora_targets = ['q_proj', 'down_proj']"))
-    assert qwen.status == "warn" and qwen.message.startswith("peft >= 0.19 maps down_proj onto")
-    # A family peft has no mapping for (Qwen3-MoE): its banks stay unadapted.
-    assert rules.lora_experts(job(model='preset = "qwen3-30b-a3b"', train=tf5 + "lora_targets = 'all-linear'")).status \
-        == "pass"
-
-
-def test_peft_all_linear_adapts_transformers_5_expert_banks(tmp_path):
-    # The premise of lora.experts, on the installed peft and transformers 5.x: all-linear on a tiny Mixtral adapts
-    # the router and both expert banks besides the attention projections.
-    import json
-
-    import torch
-    peft = pytest.importorskip("peft")
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from test_fsdp2_padding import TINY_MIXTRAL
-
-    (tmp_path / "config.json").write_text(json.dumps(TINY_MIXTRAL))
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tmp_path))
-    model = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules="all-linear"))
-    adapted = {n.split(".layers.0.")[1].split(".lora_")[0] for n, p in model.named_parameters()
-               if p.requires_grad and ".layers.0." in n}
-    assert {"self_attn.q_proj", "mlp.gate", "mlp.experts", "mlp.experts.base_layer"} <= adapted
+    assert result.status == "pass" and "moves gate, w1, w3, w2 onto gate_up_proj, down_proj, the router" in \
+        result.message
+    # ParamWrapper raises for any lora_dropout.
+    failed = rules.lora_experts(job(model=mixtral, train=tf5 + "lora_targets = 'all-linear'\nlora_dropout = 0.05"))
+    assert failed.status == "fail" and "lora_dropout = 0.05" in failed.message
+    # The stack's q_proj, v_proj and Qwen2-MoE (no conversion pattern in transformers 5.23): no bank adapted.
+    assert "no routed-expert bank" in rules.lora_experts(job(model=mixtral, train=tf5)).message
+    assert "no routed-expert bank" in rules.lora_experts(job(model='preset = "qwen1.5-moe-a2.7b"',
+                                                             train=tf5 + "lora_targets = 'all-linear'")).message

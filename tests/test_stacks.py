@@ -643,11 +643,15 @@ def test_one_block_in_backward_is_a_block_the_model_has(job):
     assert part(estimate(d), "first block's saved activations", "backward-end") == int(max(kinds) * T)
 
 
-def test_moe_lora_targets_skip_routed_experts(job):
+def test_moe_lora_on_banks_keeps_no_per_token_adapter_outputs(job):
     j = job(model='preset = "mixtral-8x7b"', train="stack = 'hf'\nlora_rank = 8\nlora_targets = 'all-linear'\n"
                                                "base_quant = 'nf4'")
+    # peft adapts the 3-D banks and the router weight through ParamWrapper (tests/test_lora_banks.py): adapters,
+    # but folded into the weight, so no lora_A / lora_B outputs per token there.
     names = {g.name for g in trainable_groups(j)}
-    assert "q_proj.lora_A" in names and not any(n.startswith("experts.") for n in names)
+    assert {"q_proj.lora_A", "experts.gate_up_proj.lora_A", "experts.down_proj.lora_B", "router.lora_A"} <= names
+    assert not any(k.startswith("experts.") and "lora" in k
+                   for k in A.saved_per_token(A.block_facts(j), "none", moe_layer=True))
     # The routing weights still need a gradient (it reaches the hidden states through the frozen
     # router), so their product keeps the expert outputs: top_k bf16 copies of h per token.
     bf = A.block_facts(j)
@@ -681,9 +685,11 @@ def test_transformers_4_experts_are_linears_that_bitsandbytes_quantizes_and_peft
     attention = 2 * h * h + 2 * h * 1024
     expert = 3 * h * ffn
     router = h * experts
-    # Trained: adapters on attention, the router and every expert's three linears, A (in x r) + B (r x out).
+    # Trained: adapters on attention, the router and every expert's three linears, A (in x r) + B (r x out); in 5.x
+    # peft's ParamWrapper adapters on the banks (gate_up at rank 2r: r x experts rows each) and the router weight.
     adapters_old = r * layers * ((h + h) * 2 + (h + 1024) * 2 + (h + experts) + experts * ((h + ffn) * 3))
-    adapters_new = r * layers * ((h + h) * 2 + (h + 1024) * 2)
+    banks = 2 * r * experts * (h + 2 * ffn) + r * experts * (ffn + h) + r * (h + experts)
+    adapters_new = r * layers * ((h + h) * 2 + (h + 1024) * 2) + layers * banks
     assert trainable_params(old) == adapters_old and trainable_params(new) == adapters_new
     names = {g.name: g.count for g in trainable_groups(old)}
     assert names["experts.w1.lora_A"] == experts * layers and names["gate.lora_B"] == layers
@@ -712,8 +718,10 @@ def test_expert_target_names_are_the_releases_module_names(job):
     # peft matches names by suffix: Mixtral 4.x has no gate_proj, and no release has w1 once experts are banks.
     with pytest.raises(ConfigError, match="'gate_proj' is not a linear of this model"):
         targets("4.57.1", "['gate_proj']")
-    with pytest.raises(ConfigError, match="'w1' is not a linear of this model"):
+    # 5.x: peft moves w1, w3 (fused into gate_up_proj) onto the bank, both or neither (tests/test_lora_banks.py).
+    with pytest.raises(ConfigError, match="w1 and w3 of this transformers 5 model together"):
         targets("5.0.0", "['w1']")
+    assert targets("5.0.0", "['w1', 'w3', 'q_proj']") == ("q_proj",)
     # Qwen2-MoE's shared expert is a plain MLP in both: gate_proj adapts it, and the routed experts only in 4.x.
     for version, routed in (("4.57.1", True), ("5.0.0", False)):
         j = job(model='preset = "qwen1.5-moe-a2.7b"', train=f"stack = 'hf'\nlora_rank = 8\ntransformers = '{version}'\n"
