@@ -269,7 +269,7 @@ def _bank_folds(job: JobConfig, ac: str) -> dict[str, int]:
     baddbmm's backward reduces to the adapters' gradients. A layer's banks, in units of experts x ffn x hidden:
     gate_up_proj 2, down_proj 1; backward runs down's node first (W'_gate_up + W'_down + dW'_down alive), then
     gate_up's (W'_gate_up + dW'_gate_up). Without checkpointing every MoE layer keeps its W' until its backward;
-    with it only the block being recomputed has them (its first forward runs without grad and frees them).
+    with it only the block being recomputed has them (its first forward keeps none of them for backward).
     Moments: fwd/head_bwd/blocks (before backward reaches the blocks), last (the last block's forward), bwd (a
     block in backward), end (the first block's backward). peft 0.19-0.20 fold through an einsum delta in the
     adapters' dtype first, a larger forward transient not priced here."""
@@ -279,15 +279,18 @@ def _bank_folds(job: JobConfig, ac: str) -> dict[str, int]:
     s, e = job.shape, job.train.compute_bytes
     unit = s.moe.experts * s.moe.expert_ffn * s.hidden * e
     # get_delta_factors hands baddbmm the adapters `.to(W.dtype)`, which baddbmm keeps: copies when they differ.
+    # (FSDP's mixed-precision gather and DeepSpeed's engine already hand them over in the compute dtype).
     casts = sum(g.numel for g in _bank_adapters(job) if g.name.startswith("experts.")) * e \
-        if job.facts.adapter_bytes != e else 0
+        if (job.facts.adapter_compute_bytes or job.facts.adapter_bytes) != e else 0
     layer = (2 * gate_up + down) * unit + casts
     in_backward = max(2 * gate_up + 2 * down, 4 * gate_up) * unit + casts
+    # The first block's backward ends the step's: DeepSeek's first_k_dense_replace blocks, dense, come first.
+    end = 0 if s.family.startswith("deepseek") and s.moe.dense_layers else in_backward
     if ac == "none":
         saved = s.moe_layers * layer
         return {"fwd": saved, "head_bwd": saved, "blocks": saved, "last": saved,
-                "bwd": saved - layer + in_backward, "end": in_backward}
-    return {"bwd": in_backward, "end": in_backward, "last": layer}
+                "bwd": saved - layer + in_backward, "end": end}
+    return {"bwd": in_backward, "end": end, "last": layer}
 
 
 def _frozen_bytes(job: JobConfig, stored: bool = False) -> int:

@@ -480,6 +480,13 @@ PEFT_BANK_FUSED = {"mixtral": ("w1", "w3"), "qwen2_moe": ("gate_proj", "up_proj"
 """Fused into gate_up_proj: peft adapts both (at twice the rank) or raises for one alone."""
 
 
+def bank_name(family: str, target: str) -> str | None:
+    """The 4.x name a target is moved onto the banks as, matched as peft matches it (_convert_peft_config_moe: the
+    name itself or a dotted path ending in it, `mlp.gate_proj` too); None when it stays a module target."""
+    names = PEFT_BANK_NAMES.get(PEFT_BANK_PATTERN.get(family, ""), ())
+    return next((n for n in names if target == n or target.endswith("." + n)), None)
+
+
 def peft_bank_names(family: str, value: str | list) -> tuple[str, ...]:
     """The 4.x expert and router names peft moves onto this model's banks for a lora_targets value; () for none."""
     pattern = PEFT_BANK_PATTERN.get(family)
@@ -488,7 +495,8 @@ def peft_bank_names(family: str, value: str | list) -> tuple[str, ...]:
     names = PEFT_BANK_NAMES[pattern]
     if value == "all-linear":
         return names
-    moved = tuple(n for n in names if isinstance(value, list) and n in value)
+    listed = {bank_name(family, t) for t in value} if isinstance(value, list) else set()
+    moved = tuple(n for n in names if n in listed)
     fused = PEFT_BANK_FUSED[pattern]
     if moved and 0 < sum(n in moved for n in fused) < len(fused):
         from podkit.checks.errors import ConfigError
@@ -740,18 +748,21 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
     linears = tuple(dict.fromkeys(g.name for g in shape.linear_groups())) or (
         GPT2_LINEARS if arch == "gpt2" else LLAMA_LINEARS)
     default_targets = stack.lora_targets
-    # peft's LoRA on a transformers 5.x MoE's banks and router (peft_bank_names): the names it moves there are no
+    if arch == "gpt2" and default_targets != ("all",):
+        default_targets = ("c_attn",)  # peft's mapping for gpt2
+    # peft's LoRA on a transformers 5.x MoE's banks and router (peft_bank_names): the targets it moves there are no
     # module targets any more.
     peft_banks = (peft_bank_names(shape.family, train.lora_targets)
                   if lora_on_banks(stack, train, shape, expert_linears, replica) else ())
     value = train.lora_targets
+    if peft_banks and isinstance(value, list):
+        value = [t for t in value if not bank_name(shape.family, t)]
+    if not train.lora_rank or (peft_banks and value == []):
+        lora_targets = ()  # no LoRA, or every listed target went to the banks
+    else:
+        lora_targets = resolve_targets(value, linears, default_targets)
     if peft_banks:
-        value = "all-linear" if value == "all-linear" else [n for n in value if n not in peft_banks]
-    lora_targets = () if not train.lora_rank or value == [] else resolve_targets(value, linears, default_targets)
-    if peft_banks:
-        lora_targets = tuple(t for t in lora_targets if t.rsplit(".", 1)[-1] not in peft_banks)
-    if arch == "gpt2" and default_targets != ("all",):
-        default_targets = ("c_attn",)  # peft's mapping for gpt2
+        lora_targets = tuple(t for t in lora_targets if not bank_name(shape.family, t))
     lora = train.lora_rank > 0
     fsdp = cluster.sharding in ("zero2", "zero3")
     mixed = train.mixed

@@ -107,3 +107,77 @@ def test_half_a_fused_pair_is_refused(job):
     with pytest.raises(ConfigError, match="w1 and w3"):
         job(model='preset = "mixtral-8x7b"', train="stack = 'hf'\ntransformers = '5.0.0'\nlora_rank = 16\n"
             "lora_targets = ['q_proj', 'w1']")
+
+
+@pytest.mark.parametrize("family, targets", [("deepseek_v3", ["mlp.gate_proj", "mlp.up_proj"]),
+                                             ("deepseek_v3", ["q_proj", "mlp.down_proj"]),
+                                             ("mixtral", ["q_proj", "experts.w1", "experts.w3"])])
+def test_dotted_names_go_to_the_banks_as_peft_matches_them(job, tmp_path, family, targets):
+    # peft maps a target equal to a 4.x name or ending in "." + it: DeepSeek's mlp.gate_proj moves to the routed bank
+    # (and so leaves the dense block's mlp.gate_proj unadapted).
+    model, j = _model_and_job(job, tmp_path, family, targets)
+    assert j.facts.peft_banks
+    assert trainable_params(j) == sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def test_a_dense_first_block_holds_no_rebuilt_bank(job, tmp_path):
+    # DeepSeek's first_k_dense_replace blocks come first: the step's last backward (the first block's) has no bank.
+    _, deepseek = _model_and_job(job, tmp_path, "deepseek_v3", "all-linear")
+    assert _bank_folds(deepseek, "block")["end"] == 0 < _bank_folds(deepseek, "block")["bwd"]
+    (tmp_path / "m").mkdir()
+    _, mixtral = _model_and_job(job, tmp_path / "m", "mixtral", "all-linear")
+    assert _bank_folds(mixtral, "block")["end"] == _bank_folds(mixtral, "block")["bwd"] > 0
+
+
+def test_adapters_gathered_in_the_compute_dtype_are_not_copied(job):
+    # Under FSDP's mixed precision the adapters reach ParamWrapper in bf16 already: baddbmm takes them as they are.
+    j = job(model='preset = "mixtral-8x7b"', train="stack = 'hf'\ntransformers = '5.0.0'\nlora_rank = 16\n"
+            "lora_targets = 'all-linear'\ncheckpointing = 'full'", cluster="gpus_per_node = 8\nsharding = 'zero3'")
+    assert _bank_folds(j, "block")["bwd"] == 4 * 8 * 14336 * 4096 * 2
+
+
+@pytest.mark.parametrize("checkpointing", ["none", "full"])
+def test_rebuilt_banks_alive_in_backward(job, tmp_path, checkpointing):
+    # The tiny Mixtral in bf16 with LoRA on everything, forward and backward under a dispatch mode that follows every
+    # (experts, ., .) tensor that is not a parameter until it is freed: the most alive at once in backward is the
+    # estimate's "bwd" moment (a block's rebuilt banks, one bank's weight gradient, the adapters' casts, and without
+    # checkpointing every other MoE layer's kept banks); with checkpointing the forward's most is one block's banks.
+    import weakref
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    model, j = _model_and_job(job, tmp_path, "mixtral", "all-linear", dtype=torch.bfloat16)
+    j = job(model=f'hf_config = "{tmp_path / "config.json"}"', train="stack = 'hf'\ntransformers = '5.23.0'\n"
+            f"lora_rank = 4\nlora_targets = 'all-linear'\ncheckpointing = '{checkpointing}'")
+    if checkpointing == "full":
+        model.gradient_checkpointing_enable()  # transformers 5.23: use_reentrant=False
+        model.enable_input_require_grads()
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    live, peak, phase = {}, {"forward": 0, "backward": 0}, ["forward"]
+
+    def freed(key):
+        live[key][0] -= 1
+        if not live[key][0]:
+            del live[key]
+
+    class Banks(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor) and t.dim() == 3 and t.shape[0] == 8:
+                    key = t.untyped_storage().data_ptr()
+                    if key not in params:
+                        live.setdefault(key, [0, t.untyped_storage().nbytes()])[0] += 1
+                        weakref.finalize(t, freed, key)
+            peak[phase[0]] = max(peak[phase[0]], sum(n for _, n in live.values()))
+            return out
+
+    ids = torch.randint(0, 1000, (2, 16))
+    with Banks():
+        loss = model(input_ids=ids, labels=ids).loss
+        phase[0] = "backward"
+        loss.backward()
+    folds = _bank_folds(j, j.facts.ac_policy)
+    assert peak["backward"] == folds["bwd"]
+    assert peak["forward"] == (folds["fwd"] if checkpointing == "none" else folds["last"])

@@ -643,6 +643,14 @@ def test_one_block_in_backward_is_a_block_the_model_has(job):
     assert part(estimate(d), "first block's saved activations", "backward-end") == int(max(kinds) * T)
 
 
+def test_lora_targets_defaults_and_empty_lists(job):
+    # GPT-2's peft default is c_attn; an empty list is refused (for a MoE too, where peft may move names to banks).
+    assert job(model='preset = "gpt2-124m"', train="stack = 'hf'\nlora_rank = 8").facts.lora_targets == ("c_attn",)
+    for model in ('preset = "llama-3.2-1b"', 'preset = "mixtral-8x7b"'):
+        with pytest.raises(ConfigError, match="is empty"):
+            job(model=model, train="stack = 'hf'\ntransformers = '5.0.0'\nlora_rank = 8\nlora_targets = []")
+
+
 def test_moe_lora_on_banks_keeps_no_per_token_adapter_outputs(job):
     j = job(model='preset = "mixtral-8x7b"', train="stack = 'hf'\nlora_rank = 8\nlora_targets = 'all-linear'\n"
                                                "base_quant = 'nf4'")
