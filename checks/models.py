@@ -30,7 +30,8 @@ class ParamGroup:
     bank: bool = False
     """Not an nn.Linear but one 3-D Parameter holding a weight of every expert of a layer, as
     transformers 5.x builds routed experts (MixtralExperts gate_up_proj / down_proj): bitsandbytes leaves it unquantized (5.23.0 integrations/bitsandbytes.py replace_with_bnb_linear
-    converts `type(module) is nn.Linear` only) and peft's all-linear does not adapt it."""
+    converts `type(module) is nn.Linear` only) and peft adapts it only through ParamWrapper, where
+    stacks.peft_bank_names says it does (no module-level LoRA)."""
 
     @property
     def numel(self) -> int:

@@ -516,8 +516,8 @@ def adapted_banks(family: str, moved: tuple[str, ...]) -> tuple[bool, bool, bool
 
 
 def resolve_targets(value: str | list, linears: tuple[str, ...], default: tuple[str, ...]) -> tuple[str, ...]:
-    """The LoRA target list: "stack" (its default), "all-linear" (peft: every block linear but the
-    head, routed experts excluded), or names matched as peft matches them."""
+    """The LoRA module target list: "stack" (its default), "all-linear" (peft: every block nn.Linear but the
+    head; 3-D expert banks are no modules: peft_bank_names), or names matched as peft matches them."""
     from podkit.checks.errors import ConfigError, closest
 
     known = linears + ("lm_head",)
@@ -743,8 +743,8 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
     rope_buffers = rope_buffers and not replica  # the replica has none, whichever release decided them
     expert_linears = expert_linears and shape.moe is not None
     shape = shape.laid_out(expert_linears)
-    # The block linears LoRA can adapt, as named in the model (routed experts held as 3-D banks are
-    # not nn.Linear modules, so peft never adapts them).
+    # The block linears LoRA can adapt as modules, as named in the model (routed experts held as 3-D banks are
+    # not nn.Linear modules: peft adapts those through ParamWrapper, peft_bank_names below).
     linears = tuple(dict.fromkeys(g.name for g in shape.linear_groups())) or (
         GPT2_LINEARS if arch == "gpt2" else LLAMA_LINEARS)
     default_targets = stack.lora_targets
