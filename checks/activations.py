@@ -112,6 +112,7 @@ class BlockFacts:
     peft_quant_clone: bool = False  # peft's LoRA wrapper of a Linear4bit clones the base output
     expert_loop: str = ""  # routed experts run one by one: "index_add" (transformers 4.x), "index_put" (litgpt)
     lora_banks: frozenset = frozenset()  # 3-D banks and bare router weights peft's ParamWrapper adapts (bank_targets)
+    qk_norm: str = ""  # RMSNorm of q and k before RoPE: "head" (per head: Qwen3, Gemma 3), "full" (OLMoE), ""
 
 
 def block_facts(job, device: str = "cuda") -> BlockFacts:
@@ -157,6 +158,9 @@ def block_facts(job, device: str = "cuda") -> BlockFacts:
         # (`y[token_idx] += probs[...] * expert(x[token_idx])`). 5.x banks run grouped_mm over all at once.
         expert_loop="" if not shape.expert_linears else "index_put" if f.stack.name == "litgpt" else "index_add",
         lora_banks=bank_targets(job),
+        # Qwen3Attention (transformers 5.23 modeling_qwen3.py): q_norm(q_proj(x).view(..., head_dim)), the block's
+        # RMSNorm over each head; OLMoE's over the whole q and k. podkit's own replica has none (train/model.py).
+        qk_norm=shape.qk_norm if f.stack.name != "podkit" else "",
     )
 
 
@@ -213,35 +217,37 @@ class Trace:
         self.save(*saved)
 
     # ---- ops -----------------------------------------------------------------------------
-    def rmsnorm(self, x: Tensor, name: str) -> Tensor:
-        """LlamaRMSNorm: x.float(); x * rsqrt(mean(x^2) + eps); weight * x.to(input_dtype)."""
+    def rmsnorm(self, x: Tensor, name: str, width: float = 0, rows: float = 1) -> Tensor:
+        """LlamaRMSNorm: x.float(); x * rsqrt(mean(x^2) + eps); weight * x.to(input_dtype). `width`: values per token
+        (the hidden size, or q's or k's for a q/k norm), normalised in `rows` rows of their own (heads)."""
         f = self.facts
+        w = width or f.hidden
         if f.liger:
             # LigerRMSNormFunction (liger_kernel/ops/rms_norm.py): Y in X's dtype, an fp32 rstd per row,
             # ctx.save_for_backward(X, W, RSTD); backward with in_place=True (LigerRMSNorm's default, and
             # monkey_patch's for Llama/Mistral/Qwen) makes dX = dY: no new buffer; Gemma 2/3's in_place=False
             # allocates dX. Its fp32 dW partials (SMs x hidden) do not grow with tokens: < 5 MiB for a
             # hidden of 8192 on 132 SMs.
-            out = self.new(f"{name}: output (Liger)", f.hidden, x.dtype_bytes)
-            self.op([x], [out], saved=(x, self.new(f"{name}: rstd (Liger)", 1, 4, grad=False)),
+            out = self.new(f"{name}: output (Liger)", w, x.dtype_bytes)
+            self.op([x], [out], saved=(x, self.new(f"{name}: rstd (Liger)", rows, 4, grad=False)),
                     grad_alias=f.liger_norm_in_place)
             return out
-        xf = x if x.bytes == 4 * f.hidden else self.new(f"{name}: fp32 upcast", f.hidden, 4)
+        xf = x if x.bytes == 4 * w else self.new(f"{name}: fp32 upcast", w, 4)
         if xf is not x:
             self.op([x], [xf])
-        xn = self.new(f"{name}: normalised", f.hidden, 4)
+        xn = self.new(f"{name}: normalised", w, 4)
         # x * rsqrt(x.pow(2).mean() + eps): the product's and pow's backward each give x a gradient, one
         # alive beside the other until they are summed. At the most, PowBackward0 (torch/csrc/autograd/
         # FunctionsManual.cpp pow_backward: grad * (exponent * self.pow(exponent - 1))) makes three
         # x-sized tensors while MeanBackward's expanded gradient and the product's x-gradient live: five
         # x-sized tensors, two of which the replay counts (the output's gradient, then x's).
-        self.op([xf], [xn], saved=(xf, self.new(f"{name}: rsqrt", 1, 4, grad=False)), scratch=12 * f.hidden)
+        self.op([xf], [xn], saved=(xf, self.new(f"{name}: rsqrt", rows, 4, grad=False)), scratch=12 * w)
         # hidden_states.to(input_dtype): back to the input's dtype
-        xc = xn if x.dtype_bytes == 4 else self.new(f"{name}: normalised, cast back", f.hidden, x.dtype_bytes)
+        xc = xn if x.dtype_bytes == 4 else self.new(f"{name}: normalised, cast back", w, x.dtype_bytes)
         if xc is not xn:
             self.op([xn], [xc])
         out_bytes = max(x.dtype_bytes, f.norm_weight_bytes)  # type promotion of weight * x
-        out = self.new(f"{name}: output", f.hidden, out_bytes)
+        out = self.new(f"{name}: output", w, out_bytes)
         # weight * x saves x only for the weight's gradient; LlamaRMSNorm rebinds its local to the
         # normalised x, which lives until it returns.
         self.op([xc], [out], saved=(xc,) if f.weights_trainable else (), holds=(xn,))
@@ -349,6 +355,11 @@ class Trace:
         q0 = self.linear(y, h, qd, "q_proj")
         k0 = self.linear(y, h, kvd, "k_proj")
         v = self.linear(y, h, kvd, "v_proj")
+        if f.qk_norm:
+            per_head = f.qk_norm == "head"
+            d_head = qd / f.heads
+            q0 = self.rmsnorm(q0, "q_norm", qd, f.heads if per_head else 1)
+            k0 = self.rmsnorm(k0, "k_norm", kvd, kvd / d_head if per_head else 1)
         if f.liger and not f.fused_qkv:
             # LigerRopeFunction (liger_kernel/ops/rope.py rope_forward): q.transpose(1, 2).contiguous() is
             # the projection's own (b, s, heads, d) storage, rotated in place and returned as a view;
