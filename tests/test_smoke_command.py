@@ -339,18 +339,23 @@ def test_a_script_that_ends_early_or_steps_by_hand_is_told_what_to_do(tmp_path):
 
 PREFETCHING = """
 import queue, threading, torch
+torch.manual_seed(0)  # the same start and batches every run: the smoke's loss check must not pass by chance
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
 stop = threading.Event()
 batches = queue.Queue(maxsize=4)
+data = torch.Generator().manual_seed(0)
 def prefetch():  # a loader thread the script stops after its loop, as many do
+    batch = None
     while not stop.is_set():
+        batch = torch.randn(8, 4, generator=data) + 1 if batch is None else batch  # kept until it is queued
         try:
-            batches.put(torch.randn(8, 4), timeout=0.1)
+            batches.put(batch, timeout=0.1)
+            batch = None
         except queue.Full:
             pass
 loader = threading.Thread(target=prefetch, name="prefetch")
 loader.start()
-model = torch.nn.Linear(4, 1)
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
 for step in range(1000):
     loss = model(batches.get()).pow(2).mean()
     opt.zero_grad(); loss.backward(); opt.step()
