@@ -36,12 +36,13 @@ TINY = {
 }
 
 
-def _model_and_job(job, tmp_path, family, targets, dtype=None):
+def _model_and_job(job, tmp_path, family, targets, dtype=None, checkpointing="none"):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     (tmp_path / "config.json").write_text(json.dumps({**BASE, **TINY[family]}))
     j = job(model=f'hf_config = "{tmp_path / "config.json"}"',
-            train=f"stack = 'hf'\ntransformers = '5.23.0'\nlora_rank = 4\nlora_targets = {json.dumps(targets)}")
+            train=f"stack = 'hf'\ntransformers = '5.23.0'\nlora_rank = 4\nlora_targets = {json.dumps(targets)}\n"
+                  f"checkpointing = '{checkpointing}'")
     config = AutoConfig.from_pretrained(tmp_path)
     if dtype is None:
         with torch.device("meta"):
@@ -147,9 +148,7 @@ def test_rebuilt_banks_alive_in_backward(job, tmp_path, checkpointing):
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
 
-    model, j = _model_and_job(job, tmp_path, "mixtral", "all-linear", dtype=torch.bfloat16)
-    j = job(model=f'hf_config = "{tmp_path / "config.json"}"', train="stack = 'hf'\ntransformers = '5.23.0'\n"
-            f"lora_rank = 4\nlora_targets = 'all-linear'\ncheckpointing = '{checkpointing}'")
+    model, j = _model_and_job(job, tmp_path, "mixtral", "all-linear", dtype=torch.bfloat16, checkpointing=checkpointing)
     if checkpointing == "full":
         model.gradient_checkpointing_enable()  # transformers 5.23: use_reentrant=False
         model.enable_input_require_grads()
