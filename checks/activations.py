@@ -113,6 +113,7 @@ class BlockFacts:
     expert_loop: str = ""  # routed experts run one by one: "index_add" (transformers 4.x), "index_put" (litgpt)
     lora_banks: frozenset = frozenset()  # 3-D banks and bare router weights peft's ParamWrapper adapts (bank_targets)
     qk_norm: str = ""  # RMSNorm of q and k before RoPE: "head" (per head: Qwen3, Gemma 3), "full" (OLMoE), ""
+    mask_copy: bool = False  # SDPA saves its own (b, 1, s, s) copy of the attention mask (stacks.AttentionMask)
 
 
 def block_facts(job, device: str = "cuda") -> BlockFacts:
@@ -130,7 +131,7 @@ def block_facts(job, device: str = "cuda") -> BlockFacts:
     # The stack's k/v repeat happens before SDPA and eager attention; the flash-attn package takes grouped
     # k/v as they are (transformers 4.48 integrations/flash_attention.py passes key/value to
     # _flash_attention_forward unrepeated; the 4.3x-4.47 *FlashAttention2 classes alike).
-    repeat = shape.kv_heads != shape.heads and f.stack.repeat_kv and t.attention != "flash-attn"
+    repeat = shape.kv_heads != shape.heads and f.repeat_kv and t.attention != "flash-attn"
     return BlockFacts(
         hidden=shape.hidden, q_dim=shape.q_dim, kv_dim=shape.kv_dim, ffn=shape.dense_ffn, heads=shape.heads,
         moe=shape.moe,
@@ -161,6 +162,7 @@ def block_facts(job, device: str = "cuda") -> BlockFacts:
         # Qwen3Attention (transformers 5.23 modeling_qwen3.py): q_norm(q_proj(x).view(..., head_dim)), the block's
         # RMSNorm over each head; OLMoE's over the whole q and k. podkit's own replica has none (train/model.py).
         qk_norm=shape.qk_norm if f.stack.name != "podkit" else "",
+        mask_copy=bool(f.attn_mask and f.attn_mask.layer_copy),
     )
 
 
@@ -396,7 +398,11 @@ class Trace:
             # flash-attn 2 mha_bwd (csrc/flash_attn/flash_api.cpp, vendored by torch) allocates softmax_d
             # (heads) and dq_accum (q width) in fp32, and under GQA dk/dv expanded to every query head.
             scratch = 4 * (f.heads + qd) + (2 * qd * f.e if f.gqa else 0) if f.kernel == "flash" else 0
-            self.op([q, k, v], [out], saved=(q, k, kept_v, out, lse), scratch=scratch)
+            # A mask SDPA converts or autocast casts at this call is this layer's own, and the kernel keeps it
+            # (stacks.AttentionMask.layer_copy): seq_len values per token.
+            mask = (self.new("attention mask in the query's dtype (b, 1, s, s)", f.seq_len, f.e, grad=False),) \
+                if f.mask_copy else ()
+            self.op([q, k, v], [out], saved=(q, k, kept_v, out, lse) + mask, scratch=scratch)
             self.attention_out += [out, lse]
         elif f.kernel == "math":
             # aten _scaled_dot_product_attention_math: k/v repeated to every head for GQA, q and k

@@ -245,6 +245,11 @@ class TrainConfig:
     SFTTrainer runs it, a QLoRA base not sharded by FSDP, with bf16-mixed or fp16-mixed) | "on" | "off". It
     makes every 16-bit parameter fp32 and TRL casts the embeddings and head back under bf16, so the norms
     stay fp32 and the residual stream turns fp32 after the first block (stacks.JobFacts.kbit_prepared)."""
+    padding: str = "stack"
+    """Whether a batch's sequences are padded to its longest, so the model gets an attention mask with zeros
+    (hf and deepspeed stacks: a transformers model under SDPA then builds a (batch, 1, seq, seq) mask and SDPA
+    cannot run its flash kernel): "stack" (padded when micro_batch > 1: the Trainer's and TRL's collators pad
+    to the longest) | "padded" | "none" (one sequence per batch, equal lengths, or packing without a mask)."""
     optimizer_impl: str = "stack"
     """torch optimizer kernel: "stack" | fused | foreach | for-loop (foreach keeps full-size temporaries)."""
     optimizer_block: int = 0
@@ -289,6 +294,7 @@ class TrainConfig:
         _choice("train", "lora_dtype", self.lora_dtype, ("stack",) + stacks.LORA_DTYPES)
         _choice("train", "previous_outputs", self.previous_outputs, ("stack", "kept", "freed"))
         _choice("train", "kbit_prepare", self.kbit_prepare, ("stack", "on", "off"))
+        _choice("train", "padding", self.padding, ("stack", "padded", "none"))
         if not 0 <= self.lora_dropout < 1:
             raise ConfigError("train.lora_dropout", f"must be in [0, 1), got {self.lora_dropout}", "e.g. 0.05")
         if self.bitsandbytes and not stacks.parse_version(self.bitsandbytes):

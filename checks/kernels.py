@@ -3,7 +3,7 @@
 The choice changes memory: the flash and memory-efficient kernels save the output and a
 logsumexp, the math kernel saves the full s x s attention weights. The rules are torch's own
 (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, torch 2.5 - 2.13), for dense causal inputs
-without a mask, tried in torch's priority order flash -> memory-efficient -> math:
+(with a mask, flash is out: sdpa_backend's `masked`), tried in torch's priority order flash -> memory-efficient -> math:
 
   flash      fp16/bf16 only (check_tensor_dtype with flash_dtypes); sm80 to sm121
              (check_flash_attention_hardware_support); head dim <= 256 and a multiple of 8
@@ -23,13 +23,17 @@ from __future__ import annotations
 from podkit.checks.gpus import GpuSpec
 
 
-def sdpa_backend(gpu: GpuSpec, dtype_bytes: int, head_dim: int, gqa: bool, bf16: bool = False) -> str:
-    """'flash' | 'efficient' | 'math' for a causal training SDPA call of this dtype and head layout."""
+def sdpa_backend(gpu: GpuSpec, dtype_bytes: int, head_dim: int, gqa: bool, bf16: bool = False,
+                 masked: bool = False) -> str:
+    """'flash' | 'efficient' | 'math' for a causal training SDPA call of this dtype and head layout; `masked`:
+    with an attn_mask, which the flash kernel does not take (sdp_utils.cpp use_flash_attention:
+    check_for_attn_mask), so the memory-efficient kernel runs it where it can."""
     half, cc = dtype_bytes == 2, gpu.compute_capability
     if bf16 and cc < (8, 0):
         return "math"  # no fused kernel takes bf16 before Ampere
     training_d_ok = not (cc in ((8, 6), (8, 9), (12, 0)) and head_dim > 192)
-    if half and (8, 0) <= cc <= (12, 1) and head_dim <= 256 and head_dim % 8 == 0 and training_d_ok:
+    if (half and not masked and (8, 0) <= cc <= (12, 1) and head_dim <= 256 and head_dim % 8 == 0
+            and training_d_ok):
         return "flash"
     if cc >= (5, 0) and not gqa and head_dim % (8 if half else 4) == 0:
         return "efficient"
@@ -52,5 +56,6 @@ def attention_kernel(job, device: str = "cuda") -> str:
         return "eager"
     shape = job.shape
     compute = t.compute_bytes
-    gqa = shape.kv_heads != shape.heads and not job.facts.stack.repeat_kv  # repeated k/v: plain MHA
-    return sdpa_backend(job.gpu, compute, shape.d_head, gqa, bf16=t.dtype == "bf16")
+    gqa = shape.kv_heads != shape.heads and not job.facts.repeat_kv  # repeated k/v: plain MHA
+    return sdpa_backend(job.gpu, compute, shape.d_head, gqa, bf16=t.dtype == "bf16",
+                        masked=job.facts.attn_mask is not None)

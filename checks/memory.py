@@ -785,6 +785,19 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
     # A base prepared for k-bit training turns the stream fp32 only from the first block's output on: that
     # block's checkpointed input is the 16-bit embedding (activations.block_facts).
     first_input_pt = -(bf.stream - e) * shape.hidden if f.kbit_prepared and f.ac_policy != "none" else 0
+    # The attention mask the model builds once per forward (stacks.AttentionMask), shared by every layer. It
+    # lives through the blocks' forward, and on through backward where a checkpoint keeps it as a block input
+    # or each layer's kernel saves it itself (no per-layer copy); a boolean mask nothing saves dies with the
+    # decoder's forward, before the loss (transformers' ForCausalLM computes it after self.model returns).
+    am = f.attn_mask
+    mask_pt = am.shared_elems_per_token(t.seq_len, t.micro_batch, shape.rope_positions) * am.elem_bytes if am else 0.0
+    mask_kept_pt = mask_pt if am and (f.ac_policy != "none" or not am.layer_copy) else 0.0
+    mask_text = f" + attention mask {mask_kept_pt:,.0f} B" if mask_kept_pt else ""
+    if bf.mask_copy and f.ac_policy == "none" and bf.kernel in ("flash", "efficient"):
+        copies = L * T * t.seq_len * e
+        notes.append(f"padded batches: every layer keeps its own {e}-byte copy of the (batch, 1, seq, seq) attention "
+                     f"mask for backward, {copies / 2**30:.2f} GiB over {L} layers; equal-length or packed batches "
+                     "(padding = 'none'), checkpointing, or attention = 'flash-attn' avoid it.")
     # A checkpointed block recomputes its forward with grad enabled: bitsandbytes < 0.43.2 then keeps
     # every 4-bit matmul's input on its ctx (MatMul4Bit.forward `ctx.tensors = (A, B)`, 0.43.0
     # autograd/_functions.py l.522-523) until the block's backward is done, reentrant or not.
@@ -799,20 +812,22 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
         "activations",
         f"saved activations ({t.checkpointing} checkpointing"
         + (f": {f.ac_policy}" if t.checkpointing != "none" else "") + ")",
-        int((L * stored_pt + first_input_pt + head_pt) * T),
+        int((L * stored_pt + first_input_pt + head_pt + mask_kept_pt) * T),
         f"({L} blocks x {stored_pt:,.0f} B" + (f" - {-first_input_pt:,.0f} B (first block's 16-bit input)"
                                                if first_input_pt else "")
-        + f" + head {head_pt:,.0f} B) per token x {T:,} tokens",
+        + f" + head {head_pt:,.0f} B{mask_text}) per token x {T:,} tokens",
         transient=True,
     )
     # Once backward reaches the blocks, the head's and the final norm's nodes have run and released
     # their saved tensors (torch/csrc/autograd/engine.cpp: without retain_graph, a node's
     # release_variables() runs right after it): only the blocks' remain.
-    block_activations = Part("activations", "blocks' saved activations", int((L * stored_pt + first_input_pt) * T),
-                             f"{L} blocks x {stored_pt:,.0f} B per token x {T:,} tokens "
+    block_activations = Part("activations", "blocks' saved activations",
+                             int((L * stored_pt + first_input_pt + mask_kept_pt) * T),
+                             f"({L} blocks x {stored_pt:,.0f} B{mask_text}) per token x {T:,} tokens "
                              "(the head's were released by its backward)", transient=True)
-    first_block = Part("activations", "first block's saved activations", int((one_block_pt + first_input_pt) * T),
-                       f"{one_block_pt:,.0f} B per token x {T:,}", transient=True)
+    first_block = Part("activations", "first block's saved activations",
+                       int((one_block_pt + first_input_pt + mask_kept_pt) * T),
+                       f"({one_block_pt:,.0f} B{mask_text}) per token x {T:,}", transient=True)
     # A checkpointed block's backward starts with its recompute, whose last ops hold their own
     # intermediates beside nearly every saved tensor; then the backward itself (gradients), by which time a
     # selective policy's outputs that autograd does not save are gone (activations.sac_released_per_token).
@@ -1141,9 +1156,11 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
     # (activations.forward_peak_per_token; a checkpointed block's first forward keeps nothing of its own).
     if f.ac_policy in ("none", "block") and not f.fsdp:
         block_pt = max(A.forward_peak_per_token(bf, m, keep_saved=f.ac_policy == "none") for m, _ in kinds)
-        last_block = Part("activations", "the last block's forward", int(((L - 1) * stored_pt + block_pt) * T),
-                          f"{L - 1} blocks x {stored_pt:,.0f} B + that block's peak {block_pt:,.0f} B, per token "
-                          f"x {T:,}", transient=True)
+        last_block = Part("activations", "the last block's forward",
+                          int(((L - 1) * stored_pt + block_pt + mask_pt) * T),
+                          f"{L - 1} blocks x {stored_pt:,.0f} B + that block's peak {block_pt:,.0f} B"
+                          + (f" + attention mask {mask_pt:,.0f} B" if mask_pt else "") + f", per token x {T:,}",
+                          transient=True)
         forward_ends.append(phase("forward-end", static + fwd_params + cache(cache_fwd, "last") + fwd_grads
                                   + [last_block] + previous))
     # backward-end is the largest of the moments after backward leaves the last block: the first block's

@@ -449,6 +449,11 @@ class JobFacts:
     model's forward). On CUDA cross_entropy is on no autocast list and runs as nll_loss(log_softmax(x, dim,
     x.dtype)) (aten LossNLL.cpp cross_entropy_loss), and nll_loss is on the fp32 list (autocast_mode.h
     AT_FORALL_FP32): on 16-bit logits it saves an fp32 cast of the log-softmax output beside it."""
+    repeat_kv: bool = False
+    """Grouped-query k/v are copied out to every head before attention (Stack.repeat_kv, or the transformers
+    release of the hf and deepspeed stacks and whether a mask reaches SDPA: repeats_kv)."""
+    attn_mask: AttentionMask | None = None
+    """The attention mask the model builds for SDPA (attention_mask); None: SDPA runs causal without one."""
     rs_input_on_rs_stream: bool = False
     """FSDP2 before torch 2.5: foreach_reduce allocated the fp32 reduce-scatter input inside `with
     torch.cuda.stream(reduce_scatter_stream)`, so that stream's pool caches the largest inputs too."""
@@ -561,6 +566,81 @@ def parse_version(text: str) -> tuple[int, ...]:
 # The oldest transformers release train.transformers accepts: Llama 2's (4.31.0). Before it Llama's
 # rotary tables were built in fp32 whatever the model's dtype (4.28-4.30 modeling_llama.py: no .to(dtype)).
 TRANSFORMERS_OLDEST = (4, 31)
+
+
+@dataclass(frozen=True)
+class AttentionMask:
+    """The attention mask a transformers model builds for SDPA, and what it costs (JobFacts.attn_mask)."""
+
+    elem_bytes: int
+    """Bytes per value of the mask built once per forward: 1 for transformers >= 4.53's boolean mask
+    (masking_utils.py sdpa_mask: a (b, 1, q, kv) bool tensor), else the embeddings' dtype (the additive mask
+    of min_dtype values: 4.40-4.52 _update_causal_mask / modeling_attn_mask_utils.py
+    _prepare_4d_causal_attention_mask_for_sdpa, `dtype=inputs_embeds.dtype`)."""
+    shape: str
+    """"batch": (b, 1, s, s), the padding folded in; "positions": (b, 1, P, P) over max_position_embeddings P
+    (4.38's LlamaModel._update_causal_mask: `self.causal_mask[None, None, :, :].repeat(batch_size, 1, 1, 1)
+    .to(dtype) * min_dtype` from a P x P bool buffer); "single": one (s, s) mask expanded over the batch, no
+    attention_mask given (fsdp_qlora's loop passes attention_mask=None; 4.39's _update_causal_mask then builds
+    `torch.full((sequence_length, target_length), ...)` and only expands it)."""
+    layer_copy: bool
+    """Every layer's SDPA call makes its own (b, 1, s, s) copy in the query's dtype and its kernel saves it
+    for backward: torch converts a boolean mask to an additive one at every call (aten attention.cpp
+    scaled_dot_product_attention: convert_boolean_attn_mask, `at::where(mask, 0.0, -inf)` in the query's
+    dtype), autocast casts an fp32 mask to the compute dtype at every call (scaled_dot_product_attention is
+    on autocast's lower_precision_fp list), and 4.38 indexes the mask with cache_position in each layer
+    (`causal_mask[:, :, cache_position, : key_states.shape[-2]]`, a copy). The memory-efficient kernel
+    saves it (derivatives.yaml _scaled_dot_product_efficient_attention: attn_bias), as the CPU's flash
+    kernel does (checked in tests/test_attention_mask.py)."""
+
+    def shared_elems_per_token(self, seq_len: int, micro_batch: int, positions: int) -> float:
+        """Values of the once-per-forward mask per token of the micro-batch."""
+        if self.shape == "positions":
+            p = max(positions, seq_len)
+            return p * p / seq_len
+        return seq_len / micro_batch if self.shape == "single" else seq_len
+
+
+def attention_mask(stack: Stack, train, family: str, arch: str, autocast: bool, lora: bool) -> AttentionMask | None:
+    """The mask the job's transformers model hands SDPA; None where SDPA runs causal without one (is_causal).
+
+    Only the stacks that run a transformers model build one (hf, deepspeed, fsdp_qlora); podkit's replica,
+    torchtitan, litgpt and torchtune call SDPA with is_causal and no padding mask. A transformers model skips
+    the mask when no token is padded (4.40-4.52 AttentionMaskConverter._ignore_causal_mask_sdpa, >= 4.53
+    masking_utils._ignore_causal_mask_sdpa: `padding_mask is None or padding_mask.all()`, query length equal
+    to the key length) and builds it otherwise. Llama and Gemma of 4.38-4.39 build it always
+    (_update_causal_mask has no skip before 4.40). Sliding-window masks (Mistral v0.1 past 4096 tokens) and
+    the eager path's are not modelled; GPT-2 keeps its own mask buffer.
+    """
+    if train.attention != "sdpa" or arch != "llama" or not (stack.transformers_release or stack.name == "fsdp_qlora"):
+        return None
+    e = train.compute_bytes
+    emb = 4 if autocast and not lora else e  # inputs_embeds' dtype: fp32 weights under autocast, else the model's
+    if stack.name == "fsdp_qlora":
+        # fsdp_qlora train.py 50efa1e l.824 `model(batch['input_ids'], labels=..., attention_mask=None)` on
+        # transformers 4.39 (its Stack): one (s, s) mask, expanded.
+        return AttentionMask(emb, "single", emb != e)
+    v = parse_version(train.transformers) if train.transformers else (99,)
+    padded = train.padding == "padded" or (train.padding == "stack" and train.micro_batch > 1)
+    always = (4, 38) <= v < (4, 40) and family in ("", "llama", "gemma")
+    if not (padded or always):
+        return None
+    if v >= (4, 53):
+        return AttentionMask(1, "batch", True)
+    if (4, 38) <= v < (4, 39) and always:
+        return AttentionMask(emb, "positions", True)
+    return AttentionMask(emb, "batch", emb != e)
+
+
+def repeats_kv(stack: Stack, train, mask: AttentionMask | None) -> bool:
+    """Whether grouped-query k/v are copied out to every head before attention. transformers >= 4.54 hands SDPA
+    the grouped k/v with enable_gqa=True when there is no mask and torch >= 2.5 (integrations/sdpa_attention.py
+    use_gqa_in_sdpa, PR #39412); with a mask, on older releases and on the eager path it repeats them (repeat_kv)."""
+    if not stack.transformers_release:
+        return stack.repeat_kv
+    v = parse_version(train.transformers) if train.transformers else (99,)
+    t = parse_version(train.torch) if train.torch else (99,)
+    return not (train.attention == "sdpa" and v >= (4, 54) and t >= (2, 5) and mask is None)
 
 
 @dataclass(frozen=True)
@@ -843,6 +923,13 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
     around = fsdp and fsdp_version == 1 and ac == "block" and reentrant and around_unit
     adapter = (0 if not lora else 4 if lora_dtype == "fp32" or train.compute_bytes == 4
                else 2 if lora_dtype == "compute" or train.pure_16bit else 4)
+    if train.padding != "stack" and not stack.transformers_release and not replica:
+        from podkit.checks.errors import ConfigError
+
+        raise ConfigError("train.padding", f"stack {stack.name!r} calls attention without a padding mask "
+                          "(is_causal), so padding does not change its memory",
+                          "remove it (it applies to the hf and deepspeed stacks)")
+    mask = attention_mask(stack, train, hf_family(shape), arch, autocast, lora)
     return JobFacts(
         stack=stack,
         loss=loss,
@@ -911,4 +998,6 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
         loss_autocast=loss_autocast and train.compute_bytes != 4,
         fsdp1_keeps_block_inputs=(around and lora and stack.lora_units
                                   and (not train.torch or parse_version(train.torch) >= (2, 1))),
+        repeat_kv=repeats_kv(stack, train, mask),
+        attn_mask=mask,  # the replica builds it too (train/model.py ModelOptions.attn_mask)
     )

@@ -112,13 +112,10 @@ def test_dense_block_saves_what_podkit_prices(job, tmp_path, lora):
     assert (podkit_block, podkit_head) == (block, head)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "An unpadded batch under SDPA: transformers >= 4.54 (PR #39412; 5.23 integrations/sdpa_attention.py "
-    "use_gqa_in_sdpa) passes grouped-query k/v unrepeated with enable_gqa=True when there is no mask, and an "
-    "unpadded batch's causal mask is skipped (masking_utils.py _ignore_causal_mask_sdpa). podkit prices the padded "
-    "path, which repeats k and v to every head (a padded batch gets a mask; the published peft MetaMathQA rows "
-    "pad each batch of 4), so here it is 128 B per token and block over (2328 vs 2200 measured, LoRA 3656 vs "
-    "3528). Pricing it needs a job fact for padded batches."))
+# An unpadded batch under SDPA: transformers >= 4.54 (PR #39412; 5.23 integrations/sdpa_attention.py use_gqa_in_sdpa)
+# passes grouped-query k/v unrepeated with enable_gqa=True when there is no mask, and an unpadded batch's causal mask
+# is skipped (masking_utils.py _ignore_causal_mask_sdpa); a batch of one is unpadded (train.padding "stack").
+# tests/test_attention_mask.py checks the padded path.
 @pytest.mark.parametrize("lora", [False, True])
 def test_unpadded_sdpa_takes_kv_unrepeated(job, tmp_path, lora):
     podkit_block, podkit_head, block, head = _per_token(job, tmp_path, "llama", lora, "sdpa")

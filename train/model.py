@@ -33,6 +33,7 @@ LORA_ALPHA = 16
 
 ATTENTION = ("sdpa", "flash-attn", "eager")
 SDPA_KERNELS = ("auto", "flash", "efficient", "math")
+ATTN_MASKS = ("", "bool", "float", "single", "positions")
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
 # torchtune CEWithChunkedOutputLoss(num_output_chunks=8) (torchtune/modules/loss/ce_chunked_output_loss.py).
 DEFAULT_LOSS_CHUNKS = 8
@@ -91,13 +92,22 @@ class ModelOptions:
     block_kernels: str = "torch"
     """torch (transformers' RMSNorm, RoPE and SwiGLU in PyTorch ops) or liger (Liger-Kernel's Functions,
     emulated in train/liger.py: what they save and what they write in place)."""
+    attn_mask: str = ""
+    """The causal mask a transformers model hands SDPA (checks/stacks.py AttentionMask), built once per forward
+    and passed to every block: "" (none: is_causal) | "bool" (>= 4.53's boolean mask, which SDPA converts in every
+    layer) | "float" (an additive mask in the embeddings' dtype, which autocast casts in every layer when it is
+    fp32) | "single" (one additive (s, s) mask expanded over the batch) | "positions" (4.38: an additive mask over
+    attn_mask_positions that every layer indexes, a copy)."""
+    attn_mask_positions: int = 0
+    """For "positions": max_position_embeddings, the side of the mask 4.38 builds."""
 
     def __post_init__(self):
         for name, value, choices in (("attention", self.attention, ATTENTION), ("loss", self.loss, LOSSES),
                                      ("ac_policy", self.ac_policy, AC_POLICIES),
                                      ("lora_dtype", self.lora_dtype, LORA_DTYPES),
                                      ("sdpa_kernel", self.sdpa_kernel, SDPA_KERNELS),
-                                     ("block_kernels", self.block_kernels, BLOCK_KERNELS)):
+                                     ("block_kernels", self.block_kernels, BLOCK_KERNELS),
+                                     ("attn_mask", self.attn_mask, ATTN_MASKS)):
             if value not in choices:
                 raise ValueError(f"ModelOptions.{name}: {value!r} is not one of {', '.join(choices)}")
         unknown = set(self.lora_targets) - set(LORA_TARGETS)
@@ -189,13 +199,15 @@ class Attention(nn.Module):
         self.heads, self.kv_heads, self.d_head = shape.heads, shape.kv_heads, shape.d_head
         self.attention, self.kernel, self.repeat_kv = opts.attention, opts.sdpa_kernel, opts.repeat_kv
         self.liger_kernel = opts.block_kernels == "liger"
+        self.index_mask = opts.attn_mask == "positions"
         h = shape.hidden
         self.q_proj = linear("q_proj", h, shape.q_dim, bias=shape.qkv_bias)
         self.k_proj = linear("k_proj", h, shape.kv_dim, bias=shape.qkv_bias)
         self.v_proj = linear("v_proj", h, shape.kv_dim, bias=shape.qkv_bias)
         self.o_proj = linear("o_proj", shape.q_dim, h, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
         b, s, _ = x.shape
         q = self.q_proj(x).view(b, s, self.heads, self.d_head).transpose(1, 2)
         k = self.k_proj(x).view(b, s, self.kv_heads, self.d_head).transpose(1, 2)
@@ -212,6 +224,9 @@ class Attention(nn.Module):
             out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
             out = out.reshape(b, s, -1)
         else:
+            if mask is not None and self.index_mask:
+                # transformers 4.38: `causal_mask[:, :, cache_position, : key_states.shape[-2]]`, a copy per layer.
+                mask = mask[:, :, torch.arange(s, device=mask.device), :s]
             if self.attention == "eager":
                 out = _eager_attention(q, k, v, self.heads // self.kv_heads)
             elif self.repeat_kv and self.heads != self.kv_heads:
@@ -219,19 +234,33 @@ class Attention(nn.Module):
                 groups = self.heads // self.kv_heads
                 k, v = (t[:, :, None].expand(b, self.kv_heads, groups, s, self.d_head).reshape(b, self.heads, s, -1)
                         for t in (k, v))
-                out = _sdpa(q, k, v, self.kernel, False)
+                out = _sdpa(q, k, v, self.kernel, False, mask)
             else:
                 # The flash backend on CUDA (fp16/bf16), memory-efficient or math otherwise; no
                 # s x s matrix is kept, and GQA needs no repeated k/v.
-                out = _sdpa(q, k, v, self.kernel, self.heads != self.kv_heads)
+                out = _sdpa(q, k, v, self.kernel, self.heads != self.kv_heads, mask)
             out = out.transpose(1, 2).reshape(b, s, -1)
         return self.o_proj(out)
 
 
-def _sdpa(q, k, v, kernel: str, gqa: bool) -> torch.Tensor:
+def _sdpa(q, k, v, kernel: str, gqa: bool, mask: torch.Tensor | None = None) -> torch.Tensor:
     """Causal SDPA through torch's dispatch, or straight through one aten kernel. The fused kernels
-    save out and logsumexp; math saves the s x s attention weights."""
+    save out and logsumexp; math saves the s x s attention weights. With a mask: is_causal off, as transformers
+    calls it, and the mask in the query's dtype as torch's scaled_dot_product_attention hands it to a kernel
+    (attention.cpp convert_boolean_attn_mask; autocast has cast a float one already)."""
     aten = torch.ops.aten
+    if mask is not None:
+        if mask.dtype not in (torch.bool, q.dtype):
+            mask = mask.to(q.dtype)  # autocast's cast of an fp32 mask (scaled_dot_product_attention: lower_precision_fp)
+        if kernel == "auto":
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False, enable_gqa=gqa)
+        if mask.dtype == torch.bool:
+            mask = torch.where(mask, 0.0, float("-inf")).to(q.dtype)
+        mask = mask.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+        if kernel == "math":
+            return aten._scaled_dot_product_attention_math(q, k, v, mask, 0.0, False, None, enable_gqa=gqa)[0]
+        # The flash kernel takes no mask (sdp_utils.cpp check_for_attn_mask): the memory-efficient one runs it.
+        return aten._scaled_dot_product_efficient_attention(q, k, v, mask, True, 0.0, False)[0]
     if kernel == "flash":
         return aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True, False)[0]
     if kernel == "efficient":
@@ -276,8 +305,9 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(shape.hidden, liger_kernel=lk, liger_in_place=in_place)
         self.mlp = MLP(shape, linear, lk)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -354,8 +384,10 @@ class Decoder(nn.Module):
             # A reentrant checkpoint only backpropagates into inputs that require grad: with a frozen
             # embedding (LoRA), HF's enable_input_require_grads marks the embedding output.
             x.requires_grad_(True)
+        mask = self._attention_mask(x)
         for block in self.layers:
-            x = self._run_block(block, x)
+            x = self._run_block(block, x, mask)
+        del mask  # the decoder's forward returns here in transformers: what no node saved dies before the loss
         if self.on_blocks_backward is not None and x.requires_grad:
             x.register_hook(self._blocks_backward)
         x = self.norm(x)
@@ -402,21 +434,35 @@ class Decoder(nn.Module):
         """Drop what the forward's output kept (the step calls this after backward)."""
         self.kept_logits = None
 
-    def _run_block(self, block: Block, x: torch.Tensor) -> torch.Tensor:
+    def _attention_mask(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The causal mask ModelOptions.attn_mask says the stack's model builds (True / 0.0: attend)."""
+        kind = self.opts.attn_mask
+        if not kind:
+            return None
+        b, s = x.shape[:2]
+        n = max(self.opts.attn_mask_positions, s) if kind == "positions" else s
+        causal = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()
+        if kind == "bool":
+            return causal.expand(b, 1, n, n).clone()  # masking_utils.sdpa_mask: (b, 1, s, s) bool
+        additive = torch.zeros(n, n, dtype=x.dtype, device=x.device).masked_fill_(~causal, torch.finfo(x.dtype).min)
+        return additive.expand(b, 1, n, n) if kind == "single" else additive.expand(b, 1, n, n).clone()
+
+    def _run_block(self, block: Block, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         policy = self.opts.ac_policy
+        extra = () if mask is None else (mask,)
         if policy == "none":
-            return block(x, self.rope_cos, self.rope_sin)
+            return block(x, self.rope_cos, self.rope_sin, *extra)
         from torch.utils.checkpoint import checkpoint
 
         if self.opts.reentrant:
-            return checkpoint(block, x, self.rope_cos, self.rope_sin, use_reentrant=True)
+            return checkpoint(block, x, self.rope_cos, self.rope_sin, *extra, use_reentrant=True)
         kwargs = {}
         if policy == "matmuls":
             kwargs["context_fn"] = _selective_context(_matmuls_policy)
         elif policy == "op-sac":
             kwargs["context_fn"] = _selective_context(_op_sac_policy)
         # Non-reentrant: works with autocast, FSDP2 hooks and inputs that need no grad.
-        return checkpoint(block, x, self.rope_cos, self.rope_sin, use_reentrant=False, **kwargs)
+        return checkpoint(block, x, self.rope_cos, self.rope_sin, *extra, use_reentrant=False, **kwargs)
 
     @torch.no_grad()
     def init_weights(self, seed: int) -> None:

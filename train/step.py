@@ -28,9 +28,18 @@ def model_options(job: JobConfig) -> model_mod.ModelOptions:
         attention=t.attention, ac_policy=f.ac_policy, loss=f.loss, lora_rank=t.lora_rank,
         lora_targets=f.lora_targets or model_mod.ModelOptions.lora_targets, lora_dropout=f.lora_dropout,
         lora_dtype=f.lora_dtype, base_quant=t.base_quant, max_seq_len=t.seq_len,
-        loss_upcast=f.loss_upcast, logits_kept=f.logits_kept, logits_fp32=f.logits_fp32, repeat_kv=f.stack.repeat_kv,
+        loss_upcast=f.loss_upcast, logits_kept=f.logits_kept, logits_fp32=f.logits_fp32, repeat_kv=f.repeat_kv,
         reentrant=f.reentrant and f.ac_policy == "block", adapter_input_cast=f.stack.adapter_input_cast,
-        block_kernels=f.block_kernels, **kwargs)
+        block_kernels=f.block_kernels, **_mask_options(job), **kwargs)
+
+
+def _mask_options(job: JobConfig) -> dict:
+    """The replica's attention mask, as the job's model builds it (checks/stacks.py AttentionMask)."""
+    m = job.facts.attn_mask
+    if m is None:
+        return {}
+    kind = "bool" if m.elem_bytes == 1 else m.shape if m.shape in ("single", "positions") else "float"
+    return {"attn_mask": kind, "attn_mask_positions": job.shape.rope_positions if kind == "positions" else 0}
 
 
 def autocast_context(enabled: bool, device_type: str, precision: str):

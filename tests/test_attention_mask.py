@@ -1,0 +1,247 @@
+"""The attention mask a transformers model hands SDPA for a padded batch (stacks.AttentionMask), priced and checked.
+
+A batch padded to its longest sequence gives the model an attention_mask with zeros. transformers >= 4.53 then builds
+a boolean (b, 1, s, s) mask (masking_utils.sdpa_mask); torch's SDPA converts it to an additive mask in the query's
+dtype at every call, and the kernel saves that copy for backward; with a mask, k/v are repeated to every head
+(sdpa_attention.py use_gqa_in_sdpa) and the flash kernel is out. Without padding the mask is skipped and, from 4.54,
+grouped k/v go to SDPA unrepeated (enable_gqa). The real-model checks run transformers 5.23 tiny Llamas in pure bf16
+on the CPU, whose SDPA kernel saves the converted mask as CUDA's memory-efficient kernel does (aten
+ScaledDotProductEfficientAttentionBackward0 keeps attn_bias_).
+"""
+
+import gc
+import json
+import weakref
+
+import pytest
+
+from podkit.checks import activations as A
+from podkit.checks.errors import ConfigError
+from podkit.checks.gpus import lookup
+from podkit.checks.kernels import attention_kernel, sdpa_backend
+from podkit.checks.memory import estimate
+from podkit.checks.stacks import AttentionMask
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": 1000,
+        "max_position_embeddings": 512, "tie_word_embeddings": False}
+BATCH, SEQ = 2, 64
+
+
+def _tiny(tmp_path, checkpointing=False):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    (tmp_path / "config.json").write_text(json.dumps(TINY))
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tmp_path), dtype=torch.bfloat16,
+                                             attn_implementation="sdpa").train()
+    if checkpointing:
+        model.gradient_checkpointing_enable()
+    return model
+
+
+def _batch(padded: bool):
+    torch.manual_seed(1)
+    ids = torch.randint(0, TINY["vocab_size"], (BATCH, SEQ))
+    mask = torch.ones(BATCH, SEQ, dtype=torch.long)
+    if padded:
+        mask[1, SEQ // 2:] = 0  # the second sequence right-padded to the first's length
+    return ids, mask
+
+
+def _last_layer_saved(model, padded: bool) -> int:
+    """Bytes autograd saves under the last decoder layer in one forward, parameters aside, once per storage (the
+    rotary cos/sin, shared by every layer, are first saved by the first)."""
+    last = model.model.layers[-1]
+    inside = []
+    pre = last.register_forward_pre_hook(lambda m, a: inside.append(1))
+    post = last.register_forward_hook(lambda m, a, o: inside.pop() and None)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen, total = set(), []
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params | seen:
+            seen.add(storage.data_ptr())
+            if inside:
+                total.append(storage.nbytes())
+        return t
+
+    ids, mask = _batch(padded)
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(input_ids=ids, attention_mask=mask)
+    finally:
+        pre.remove()
+        post.remove()
+    return sum(total)
+
+
+def _podkit_block(job, tmp_path, padding: str) -> float:
+    (tmp_path / "config.json").write_text(json.dumps(TINY))
+    j = job(model=f'hf_config = "{tmp_path / "config.json"}"',
+            train=f"stack = 'hf'\ntransformers = '5.23.0'\nprecision = 'bf16'\nseq_len = {SEQ}\n"
+                  f"micro_batch = {BATCH}\npadding = '{padding}'")
+    bf = A.block_facts(j, device="cpu")
+    return sum(A.saved_per_token(bf, "none", False).values()) * BATCH * SEQ
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_a_block_saves_what_podkit_prices_padded_or_not(job, tmp_path, padded):
+    # Padded: k and v repeated to every head, and the layer's own bf16 (b, 1, s, s) mask, which SDPA made from the
+    # boolean one. Unpadded: no mask, k and v unrepeated (enable_gqa).
+    model = _tiny(tmp_path)
+    measured = _last_layer_saved(model, padded)
+    assert _podkit_block(job, tmp_path, "padded" if padded else "none") == measured
+
+
+def test_padding_costs_the_mask_copy_and_the_repeated_kv_by_hand(job, tmp_path):
+    model = _tiny(tmp_path)
+    extra = _last_layer_saved(model, True) - _last_layer_saved(model, False)
+    q_dim, kv_dim = 64, 32  # 4 heads and 2 kv heads of 16
+    by_hand = BATCH * SEQ * SEQ * 2 + 2 * BATCH * SEQ * (q_dim - kv_dim) * 2
+    assert extra == by_hand == _podkit_block(job, tmp_path, "padded") - _podkit_block(job, tmp_path, "none")
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_the_boolean_mask_lives_as_long_as_podkit_says(tmp_path, checkpointing):
+    # Nothing saves the boolean mask without checkpointing (each layer keeps its own converted copy), so it dies
+    # when the decoder's forward returns; a checkpointed layer keeps its inputs, the mask among them, until
+    # backward (memory.estimate's mask_kept_pt).
+    model = _tiny(tmp_path, checkpointing)
+    refs = []
+    hook = model.model.layers[0].register_forward_pre_hook(
+        lambda m, a, kw: refs.append(weakref.ref(kw["attention_mask"])) or None, with_kwargs=True)
+    ids, mask = _batch(True)
+    out = model(input_ids=ids, attention_mask=mask, labels=ids)
+    hook.remove()
+    gc.collect()
+    assert refs[0]() is not None if checkpointing else refs[0]() is None
+    if checkpointing:
+        assert refs[0]().dtype == torch.bool and tuple(refs[0]().shape) == (BATCH, 1, SEQ, SEQ)
+    out.loss.backward()
+    del out
+    gc.collect()
+    assert refs[0]() is None
+
+
+def _saved(est, label, phase):
+    [p] = [p for p in est.phase_parts[phase] if p.label.startswith(label)]
+    return p.bytes
+
+
+# Llama 2 7B: 32 heads = 32 kv heads (padding does not change the k/v repeat), L = 32.
+@pytest.mark.parametrize("transformers_release, precision, lora, checkpointing, blocks_extra, kept_extra", [
+    # >= 4.53: a bool mask; each layer saves a bf16 copy (2 B x s per token); the bool one is kept only by a
+    # checkpoint (1 B x s per token).
+    ("5.23.0", "bf16", True, "none", 32 * 2, 0),
+    ("5.23.0", "bf16", True, "full", 0, 1),
+    # 4.40-4.52: an additive mask in the embeddings' dtype, shared; every layer's kernel saves that one tensor.
+    ("4.52.4", "bf16", True, "none", 0, 2),
+    # ... in fp32 under autocast (a full fine-tune's fp32 embedding): each layer saves autocast's bf16 cast.
+    ("4.52.4", "bf16-mixed", False, "none", 32 * 2, 0),
+])
+def test_estimate_prices_the_mask_by_hand(job, transformers_release, precision, lora, checkpointing, blocks_extra,
+                                          kept_extra):
+    def est(padding):
+        return estimate(job(model='preset = "llama-2-7b"',
+                            train=f"stack = 'hf'\ntransformers = '{transformers_release}'\nprecision = '{precision}'\n"
+                                  f"micro_batch = 4\nseq_len = 1024\ncheckpointing = '{checkpointing}'\n"
+                                  f"padding = '{padding}'\n" + ("lora_rank = 16\n" if lora else ""),
+                            cluster="gpu = 'H100-80GB'"))
+
+    T, s = 4 * 1024, 1024
+    padded, plain = est("padded"), est("none")
+    label = "blocks' saved activations"
+    assert _saved(padded, label, "backward") - _saved(plain, label, "backward") == (blocks_extra + kept_extra) * s * T
+    if checkpointing != "none":
+        # The block in backward recomputes its forward: its own bf16 copy of the mask.
+        in_bwd = "one block in backward"
+        assert _saved(padded, in_bwd, "backward") - _saved(plain, in_bwd, "backward") == 2 * s * T
+
+
+def test_stack_default_pads_batches_of_more_than_one(job):
+    def facts(micro_batch, transformers_release="4.57.1"):
+        return job(model='preset = "llama-3.1-8b"', train=f"stack = 'hf'\ntransformers = '{transformers_release}'\n"
+                                                          f"micro_batch = {micro_batch}").facts
+
+    assert facts(1).attn_mask is None and not facts(1).repeat_kv  # enable_gqa from 4.54
+    assert facts(4).attn_mask == AttentionMask(1, "batch", True) and facts(4).repeat_kv
+    assert facts(1, "4.53.3").repeat_kv  # enable_gqa came in 4.54
+    # 4.38-4.39 Llama builds its mask whether or not a token is padded; 4.38 from its P x P buffer, copied per layer.
+    # bf16-mixed full fine-tune: fp32 embeddings, so an fp32 mask that autocast casts to bf16 in every layer.
+    assert facts(1, "4.39.3").attn_mask == AttentionMask(4, "batch", True)
+    assert facts(1, "4.38.2").attn_mask.shape == "positions"
+
+
+def test_fsdp_qlora_passes_no_attention_mask_but_gets_one_causal_mask(job):
+    # fsdp_qlora's loop calls the model with attention_mask=None; transformers 4.39 still builds one (s, s) mask.
+    j = job(model='preset = "llama-2-7b"', train="stack = 'fsdp_qlora'\nprecision = 'bf16'\nlora_rank = 8\n"
+                                                 "micro_batch = 4\nseq_len = 2048")
+    assert j.facts.attn_mask == AttentionMask(2, "single", False)
+    assert j.facts.attn_mask.shared_elems_per_token(2048, 4, 4096) == 2048 / 4
+
+
+def test_a_mask_keeps_sdpa_off_the_flash_kernel(job):
+    h100 = lookup("H100-80GB")
+    assert sdpa_backend(h100, 2, 128, gqa=False) == "flash"
+    assert sdpa_backend(h100, 2, 128, gqa=False, masked=True) == "efficient"
+    padded = job(model='preset = "llama-3.1-8b"', train="stack = 'hf'\nmicro_batch = 2", cluster="gpu = 'H100-80GB'")
+    unpadded = job(model='preset = "llama-3.1-8b"', train="stack = 'hf'\nmicro_batch = 2\npadding = 'none'",
+                   cluster="gpu = 'H100-80GB'")
+    assert (attention_kernel(padded), attention_kernel(unpadded)) == ("efficient", "flash")
+
+
+def test_padding_on_a_stack_without_a_mask_is_refused(job):
+    with pytest.raises(ConfigError, match="train.padding"):
+        job(train="stack = 'litgpt'\npadding = 'padded'").facts
+
+
+@pytest.mark.parametrize("train", [
+    "transformers = '5.23.0'\nprecision = 'bf16'\nlora_rank = 8",  # bool mask, a bf16 copy per layer
+    "transformers = '5.23.0'\nprecision = 'bf16'\nlora_rank = 8\ncheckpointing = 'full'",  # kept by the checkpoint
+    "transformers = '4.52.4'\nprecision = 'bf16-mixed'",  # an fp32 mask, autocast's bf16 cast per layer
+    "transformers = '4.52.4'\nprecision = 'bf16'\nlora_rank = 8",  # one bf16 mask every layer saves
+], ids=["bool", "bool-checkpointed", "fp32-autocast", "shared"])
+def test_the_replica_builds_the_mask_the_prediction_prices(train):
+    # bin/smoke's replica (train/model.py ModelOptions.attn_mask) builds the job's mask and calls SDPA with it; its
+    # traced step (fake tensors, counted per storage) grows by what the prediction adds for padding, to the byte.
+    from podkit.checks.config import parse_job
+    from podkit.train.traced import trace
+
+    def peaks(padding):
+        j = parse_job(f'[model]\npreset = "tiny"\n[train]\nstack = "hf"\nmicro_batch = 4\nseq_len = 128\n{train}\n'
+                      f'padding = "{padding}"\n[cluster]\n')
+        traced = trace(j, device_kind="cpu")
+        est = estimate(j, device="cpu")
+        analytic = [max(sum(p.bytes for p in est.phase_parts[m] if p.term != "overhead") for m in moments)
+                    for moments in (("forward-end",), ("backward", "backward-end"))]
+        return [traced.phases["forward"].peak, traced.phases["backward"].peak], analytic
+
+    (traced_plain, analytic_plain), (traced_padded, analytic_padded) = peaks("none"), peaks("padded")
+    grown = [p - q for p, q in zip(traced_padded, traced_plain)]
+    assert grown == [p - q for p, q in zip(analytic_padded, analytic_plain)]
+    assert min(grown) > 0
+
+
+def test_transformers_4_38_copies_its_position_sized_mask_in_every_layer():
+    # 4.38's Llama builds its mask over max_position_embeddings whether or not a token is padded, and every layer
+    # indexes it with cache_position (a copy): the replica does the same, and its trace grows as the prediction.
+    from podkit.checks.config import parse_job
+    from podkit.train.traced import trace
+
+    def peaks(release):
+        j = parse_job('[model]\nhidden = 128\nlayers = 2\nheads = 4\nkv_heads = 2\nffn = 344\nvocab = 512\n'
+                      'max_position_embeddings = 256\n[train]\nstack = "hf"\nprecision = "bf16"\nlora_rank = 8\n'
+                      f'micro_batch = 2\nseq_len = 128\ntransformers = "{release}"\n[cluster]\n')
+        est = estimate(j, device="cpu")
+        return trace(j, device_kind="cpu").phases["forward"].peak, \
+            sum(p.bytes for p in est.phase_parts["forward-end"] if p.term != "overhead"), j.facts.attn_mask
+
+    traced_39, analytic_39, mask_39 = peaks("4.39.3")
+    traced_38, analytic_38, mask_38 = peaks("4.38.2")
+    assert mask_38 == AttentionMask(2, "positions", True) and mask_39 == AttentionMask(2, "batch", False)
+    assert traced_38 - traced_39 == analytic_38 - analytic_39 > 0
