@@ -1,11 +1,14 @@
-"""What a padded batch costs an HF Trainer job under SDPA, by transformers release: preflight's prediction, padded
-against unpadded (train.padding), for Llama 3.1 8B LoRA r16 (q, v) at bf16-mixed on an H100, 4 x 4096 tokens.
+"""What a padded batch costs an HF Trainer job under SDPA, by transformers release: preflight's prediction, padded and
+padding-free (TRL's flattened rows) against unpadded (train.padding), for Llama 3.1 8B LoRA r16 (q, v) at bf16-mixed
+on an H100, 4 x 4096 tokens.
 
 A padded batch gives the model an attention_mask with zeros, so it builds a (b, 1, s, s) mask (checks/stacks.py
 AttentionMask): 4.40-4.52 an additive one in the embeddings' dtype, shared by every layer; 4.53 on a boolean one
 that SDPA converts to a bf16 copy in every layer, which the memory-efficient kernel keeps for backward. From 4.54 an
-unpadded batch hands SDPA grouped k/v unrepeated (enable_gqa), a padded one repeats them. tests/test_attention_mask.py
-checks each against a real transformers forward and the replica's traced step.
+unpadded batch hands SDPA grouped k/v unrepeated (enable_gqa), a padded one repeats them; a padding-free batch (TRL's
+padding_free, or packing with its default 'bfd' strategy: one row of 16,384 tokens) gets a block-causal mask over the
+whole row (with torch >= 2.6). tests/test_attention_mask.py checks each against a real transformers forward and the
+replica's traced step.
 
     .venv/bin/python benchmarks/padding.py     # writes benchmarks/results/padding.{md,json}
 """
@@ -47,7 +50,7 @@ def main() -> int:
     for checkpointing in ("none", "full"):
         for release in RELEASES:
             row = {"checkpointing": checkpointing, "transformers": release}
-            for padding in ("none", "padded"):
+            for padding in ("none", "padded", "flattened"):
                 job = parse_job(JOB.format(checkpointing=checkpointing, release=release, padding=padding))
                 est = estimate(job)
                 row[padding] = {"allocated": est.allocated, "kernel": attention_kernel(job),
@@ -56,16 +59,18 @@ def main() -> int:
     lines = [f"# A padded batch under SDPA, by transformers release ({datetime.date.today()})", "",
              "Llama 3.1 8B, LoRA r16 on q and v, bf16-mixed, 4 x 4096 tokens on an H100 (`benchmarks/padding.py`): "
              "preflight's allocated peak.", "",
-             "| checkpointing | transformers | unpadded GiB | kernel, k/v | padded GiB | kernel, k/v | padding costs |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+             "| checkpointing | transformers | unpadded GiB | kernel, k/v | padded GiB | kernel, k/v | padding costs "
+             "| flattened GiB | kernel, k/v | flattening costs |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
-        a, b = r["none"], r["padded"]
+        a, b, c = r["none"], r["padded"], r["flattened"]
 
         def how(x):
             return f"{x['kernel']}, {'repeated' if x['k/v repeated'] else 'grouped'}"
 
         lines.append(f"| {r['checkpointing']} | {r['transformers']} | {a['allocated'] / GIB:.2f} | {how(a)} | "
-                     f"{b['allocated'] / GIB:.2f} | {how(b)} | {(b['allocated'] - a['allocated']) / GIB:+.2f} GiB |")
+                     f"{b['allocated'] / GIB:.2f} | {how(b)} | {(b['allocated'] - a['allocated']) / GIB:+.2f} GiB | "
+                     f"{c['allocated'] / GIB:.2f} | {how(c)} | {(c['allocated'] - a['allocated']) / GIB:+.2f} GiB |")
     text = "\n".join(lines) + "\n"
     print(text)
     out = ROOT / "benchmarks" / "results"

@@ -113,7 +113,7 @@ class BlockFacts:
     expert_loop: str = ""  # routed experts run one by one: "index_add" (transformers 4.x), "index_put" (litgpt)
     lora_banks: frozenset = frozenset()  # 3-D banks and bare router weights peft's ParamWrapper adapts (bank_targets)
     qk_norm: str = ""  # RMSNorm of q and k before RoPE: "head" (per head: Qwen3, Gemma 3), "full" (OLMoE), ""
-    mask_copy: bool = False  # SDPA saves its own (b, 1, s, s) copy of the attention mask (stacks.AttentionMask)
+    mask_values: int = 0  # values per token of the mask copy each layer's SDPA saves (stacks.AttentionMask), or 0
 
 
 def block_facts(job, device: str = "cuda") -> BlockFacts:
@@ -162,7 +162,7 @@ def block_facts(job, device: str = "cuda") -> BlockFacts:
         # Qwen3Attention (transformers 5.23 modeling_qwen3.py): q_norm(q_proj(x).view(..., head_dim)), the block's
         # RMSNorm over each head; OLMoE's over the whole q and k. podkit's own replica has none (train/model.py).
         qk_norm=shape.qk_norm if f.stack.name != "podkit" else "",
-        mask_copy=bool(f.attn_mask and f.attn_mask.layer_copy),
+        mask_values=f.attn_mask.layer_values_per_token(t.seq_len, t.micro_batch) if f.attn_mask else 0,
     )
 
 
@@ -399,9 +399,9 @@ class Trace:
             # (heads) and dq_accum (q width) in fp32, and under GQA dk/dv expanded to every query head.
             scratch = 4 * (f.heads + qd) + (2 * qd * f.e if f.gqa else 0) if f.kernel == "flash" else 0
             # A mask SDPA converts or autocast casts at this call is this layer's own, and the kernel keeps it
-            # (stacks.AttentionMask.layer_copy): seq_len values per token.
-            mask = (self.new("attention mask in the query's dtype (b, 1, s, s)", f.seq_len, f.e, grad=False),) \
-                if f.mask_copy else ()
+            # (stacks.AttentionMask.layer_copy): a row of the mask per token.
+            mask = (self.new("attention mask in the query's dtype", f.mask_values, f.e, grad=False),) \
+                if f.mask_values else ()
             self.op([q, k, v], [out], saved=(q, k, kept_v, out, lse) + mask, scratch=scratch)
             self.attention_out += [out, lse]
         elif f.kernel == "math":

@@ -249,7 +249,10 @@ class TrainConfig:
     """Whether a batch's sequences are padded to its longest, so the model gets an attention mask with zeros
     (hf and deepspeed stacks: a transformers model under SDPA then builds a (batch, 1, seq, seq) mask and SDPA
     cannot run its flash kernel): "stack" (padded when micro_batch > 1: the Trainer's and TRL's collators pad
-    to the longest) | "padded" | "none" (one sequence per batch, equal lengths, or packing without a mask)."""
+    to the longest) | "padded" | "none" (one sequence per batch, equal lengths, or packed rows with an all-ones
+    attention_mask) | "flattened" (TRL's padding-free batches, padding_free or packing with its default 'bfd'
+    strategy: the micro-batch flattened into one row with position_ids, for which transformers >= 4.54 builds a
+    block-causal mask over all its tokens)."""
     optimizer_impl: str = "stack"
     """torch optimizer kernel: "stack" | fused | foreach | for-loop (foreach keeps full-size temporaries)."""
     optimizer_block: int = 0
@@ -294,7 +297,7 @@ class TrainConfig:
         _choice("train", "lora_dtype", self.lora_dtype, ("stack",) + stacks.LORA_DTYPES)
         _choice("train", "previous_outputs", self.previous_outputs, ("stack", "kept", "freed"))
         _choice("train", "kbit_prepare", self.kbit_prepare, ("stack", "on", "off"))
-        _choice("train", "padding", self.padding, ("stack", "padded", "none"))
+        _choice("train", "padding", self.padding, ("stack", "padded", "none", "flattened"))
         if not 0 <= self.lora_dropout < 1:
             raise ConfigError("train.lora_dropout", f"must be in [0, 1), got {self.lora_dropout}", "e.g. 0.05")
         if self.bitsandbytes and not stacks.parse_version(self.bitsandbytes):

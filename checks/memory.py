@@ -793,11 +793,15 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
     mask_pt = am.shared_elems_per_token(t.seq_len, t.micro_batch, shape.rope_positions) * am.elem_bytes if am else 0.0
     mask_kept_pt = mask_pt if am and (f.ac_policy != "none" or not am.layer_copy) else 0.0
     mask_text = f" + attention mask {mask_kept_pt:,.0f} B" if mask_kept_pt else ""
-    if bf.mask_copy and f.ac_policy == "none" and bf.kernel in ("flash", "efficient"):
-        copies = L * T * t.seq_len * e
-        notes.append(f"padded batches: every layer keeps its own {e}-byte copy of the (batch, 1, seq, seq) attention "
-                     f"mask for backward, {copies / 2**30:.2f} GiB over {L} layers; equal-length or packed batches "
-                     "(padding = 'none'), checkpointing, or attention = 'flash-attn' avoid it.")
+    if bf.mask_values and f.ac_policy == "none" and bf.kernel in ("flash", "efficient"):
+        copies = L * T * bf.mask_values * e
+        flat = am.shape == "flat"
+        notes.append(f"{'padding-free (flattened)' if flat else 'padded'} batches: every layer keeps its own {e}-byte "
+                     f"copy of the {'(1, 1, tokens, tokens)' if flat else '(batch, 1, seq, seq)'} attention mask for "
+                     f"backward, {copies / 2**30:.2f} GiB over {L} layers; "
+                     + ("attention = 'flash-attn' (which TRL asks for with padding-free batches) or checkpointing "
+                        "avoid it." if flat else
+                        "equal-length batches (padding = 'none'), checkpointing, or attention = 'flash-attn' avoid it."))
     # A checkpointed block recomputes its forward with grad enabled: bitsandbytes < 0.43.2 then keeps
     # every 4-bit matmul's input on its ctx (MatMul4Bit.forward `ctx.tensors = (A, B)`, 0.43.0
     # autograd/_functions.py l.522-523) until the block's backward is done, reentrant or not.

@@ -578,7 +578,8 @@ class AttentionMask:
     of min_dtype values: 4.40-4.52 _update_causal_mask / modeling_attn_mask_utils.py
     _prepare_4d_causal_attention_mask_for_sdpa, `dtype=inputs_embeds.dtype`)."""
     shape: str
-    """"batch": (b, 1, s, s), the padding folded in; "positions": (b, 1, P, P) over max_position_embeddings P
+    """"batch": (b, 1, s, s), the padding folded in; "flat": (1, 1, T, T) over the micro-batch's T = b x s tokens
+    flattened into one row (padding-free batches: a block-causal mask from the position_ids); "positions": (b, 1, P, P) over max_position_embeddings P
     (4.38's LlamaModel._update_causal_mask: `self.causal_mask[None, None, :, :].repeat(batch_size, 1, 1, 1)
     .to(dtype) * min_dtype` from a P x P bool buffer); "single": one (s, s) mask expanded over the batch, no
     attention_mask given (fsdp_qlora's loop passes attention_mask=None; 4.39's _update_causal_mask then builds
@@ -598,7 +599,13 @@ class AttentionMask:
         if self.shape == "positions":
             p = max(positions, seq_len)
             return p * p / seq_len
-        return seq_len / micro_batch if self.shape == "single" else seq_len
+        return {"single": seq_len / micro_batch, "flat": seq_len * micro_batch}.get(self.shape, seq_len)
+
+    def layer_values_per_token(self, seq_len: int, micro_batch: int) -> int:
+        """Values per token of the (b, 1, s, s) mask SDPA sees in a layer (its copy, where layer_copy): a row."""
+        if not self.layer_copy:
+            return 0
+        return seq_len * micro_batch if self.shape == "flat" else seq_len
 
 
 def attention_mask(stack: Stack, train, family: str, arch: str, autocast: bool, lora: bool) -> AttentionMask | None:
@@ -621,6 +628,14 @@ def attention_mask(stack: Stack, train, family: str, arch: str, autocast: bool, 
         # transformers 4.39 (its Stack): one (s, s) mask, expanded.
         return AttentionMask(emb, "single", emb != e)
     v = parse_version(train.transformers) if train.transformers else (99,)
+    if train.padding == "flattened":
+        # TRL's padding-free collator (sft_trainer.py DataCollatorForLanguageModeling padding_free: one row, position_ids,
+        # no attention_mask) and SFTTrainer.compute_loss's use_cache=False: >= 4.54 masking_utils
+        # _preprocess_mask_arguments then reads the packed sequences off the position_ids (find_packed_sequence_indices)
+        # and create_causal_mask builds their block-causal mask with allow_is_causal_skip=False, on torch >= 2.6 (which
+        # and_masks needs). Before, SDPA runs causal over the whole row.
+        t = parse_version(train.torch) if train.torch else (99,)
+        return AttentionMask(1, "flat", True) if v >= (4, 54) and t >= (2, 6) else None
     padded = train.padding == "padded" or (train.padding == "stack" and train.micro_batch > 1)
     always = (4, 38) <= v < (4, 40) and family in ("", "llama", "gemma")
     if not (padded or always):

@@ -52,7 +52,13 @@ def _batch(padded: bool):
     return ids, mask
 
 
-def _last_layer_saved(model, padded: bool) -> int:
+def _flattened_batch():
+    """TRL's padding-free batch of the same sequences: one row, position_ids restarting at each, no attention_mask."""
+    ids, _ = _batch(False)
+    return ids.reshape(1, -1), torch.arange(SEQ).repeat(BATCH)[None]
+
+
+def _last_layer_saved(model, padded: bool, flattened: bool = False) -> int:
     """Bytes autograd saves under the last decoder layer in one forward, parameters aside, once per storage (the
     rotary cos/sin, shared by every layer, are first saved by the first)."""
     last = model.model.layers[-1]
@@ -71,9 +77,14 @@ def _last_layer_saved(model, padded: bool) -> int:
         return t
 
     ids, mask = _batch(padded)
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    if flattened:
+        ids, positions = _flattened_batch()
+        # TRL's SFTTrainer.compute_loss passes use_cache=False (sft_trainer.py `inputs["use_cache"] = False`)
+        inputs = {"input_ids": ids, "position_ids": positions, "use_cache": False}
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            model(input_ids=ids, attention_mask=mask)
+            model(**inputs)
     finally:
         pre.remove()
         post.remove()
@@ -89,13 +100,14 @@ def _podkit_block(job, tmp_path, padding: str) -> float:
     return sum(A.saved_per_token(bf, "none", False).values()) * BATCH * SEQ
 
 
-@pytest.mark.parametrize("padded", [False, True])
-def test_a_block_saves_what_podkit_prices_padded_or_not(job, tmp_path, padded):
+@pytest.mark.parametrize("padding", ["none", "padded", "flattened"])
+def test_a_block_saves_what_podkit_prices_padded_or_not(job, tmp_path, padding):
     # Padded: k and v repeated to every head, and the layer's own bf16 (b, 1, s, s) mask, which SDPA made from the
-    # boolean one. Unpadded: no mask, k and v unrepeated (enable_gqa).
+    # boolean one. Unpadded: no mask, k and v unrepeated (enable_gqa). Flattened (padding-free): one row of b x s
+    # tokens under a block-causal (1, 1, b s, b s) mask read off the position_ids, copied in bf16 by every layer.
     model = _tiny(tmp_path)
-    measured = _last_layer_saved(model, padded)
-    assert _podkit_block(job, tmp_path, "padded" if padded else "none") == measured
+    measured = _last_layer_saved(model, padding == "padded", padding == "flattened")
+    assert _podkit_block(job, tmp_path, padding) == measured
 
 
 def test_padding_costs_the_mask_copy_and_the_repeated_kv_by_hand(job, tmp_path):
@@ -163,6 +175,25 @@ def test_estimate_prices_the_mask_by_hand(job, transformers_release, precision, 
         assert _saved(padded, in_bwd, "backward") - _saved(plain, in_bwd, "backward") == 2 * s * T
 
 
+def test_a_flattened_batch_costs_a_mask_over_all_its_tokens_by_hand(job, tmp_path):
+    model = _tiny(tmp_path)
+    extra = _last_layer_saved(model, False, flattened=True) - _last_layer_saved(model, False)
+    tokens, q_dim, kv_dim = BATCH * SEQ, 64, 32
+    by_hand = tokens * tokens * 2 + 2 * tokens * (q_dim - kv_dim) * 2  # the bf16 mask copy; k and v repeated
+    assert extra == by_hand == _podkit_block(job, tmp_path, "flattened") - _podkit_block(job, tmp_path, "none")
+
+
+def test_flattened_batches_get_their_mask_from_transformers_4_54_and_torch_2_6(job):
+    def mask(release, torch_release=""):
+        return job(model='preset = "llama-3.1-8b"',
+                   train=f"stack = 'hf'\ntransformers = '{release}'\ntorch = '{torch_release}'\nmicro_batch = 4\n"
+                         "padding = 'flattened'").facts.attn_mask
+
+    assert mask("4.57.1") == AttentionMask(1, "flat", True)
+    assert mask("4.57.1").shared_elems_per_token(2048, 4, 0) == 4 * 2048
+    assert mask("4.53.3") is None and mask("4.57.1", "2.5.1") is None
+
+
 def test_stack_default_pads_batches_of_more_than_one(job):
     def facts(micro_batch, transformers_release="4.57.1"):
         return job(model='preset = "llama-3.1-8b"', train=f"stack = 'hf'\ntransformers = '{transformers_release}'\n"
@@ -200,13 +231,15 @@ def test_padding_on_a_stack_without_a_mask_is_refused(job):
         job(train="stack = 'litgpt'\npadding = 'padded'").facts
 
 
-@pytest.mark.parametrize("train", [
-    "transformers = '5.23.0'\nprecision = 'bf16'\nlora_rank = 8",  # bool mask, a bf16 copy per layer
-    "transformers = '5.23.0'\nprecision = 'bf16'\nlora_rank = 8\ncheckpointing = 'full'",  # kept by the checkpoint
-    "transformers = '4.52.4'\nprecision = 'bf16-mixed'",  # an fp32 mask, autocast's bf16 cast per layer
-    "transformers = '4.52.4'\nprecision = 'bf16'\nlora_rank = 8",  # one bf16 mask every layer saves
-], ids=["bool", "bool-checkpointed", "fp32-autocast", "shared"])
-def test_the_replica_builds_the_mask_the_prediction_prices(train):
+@pytest.mark.parametrize("train, padding", [
+    ("transformers = '5.23.0'\nprecision = 'bf16'\nlora_rank = 8", "padded"),  # bool mask, a bf16 copy per layer
+    ("transformers = '5.23.0'\nprecision = 'bf16'\nlora_rank = 8\ncheckpointing = 'full'", "padded"),  # kept by the
+    # checkpoint
+    ("transformers = '4.52.4'\nprecision = 'bf16-mixed'", "padded"),  # an fp32 mask, autocast's bf16 cast per layer
+    ("transformers = '4.52.4'\nprecision = 'bf16'\nlora_rank = 8", "padded"),  # one bf16 mask every layer saves
+    ("transformers = '5.23.0'\nprecision = 'bf16'\nlora_rank = 8", "flattened"),  # one row, a T x T mask
+], ids=["bool", "bool-checkpointed", "fp32-autocast", "shared", "flattened"])
+def test_the_replica_builds_the_mask_the_prediction_prices(train, padding):
     # bin/smoke's replica (train/model.py ModelOptions.attn_mask) builds the job's mask and calls SDPA with it; its
     # traced step (fake tensors, counted per storage) grows by what the prediction adds for padding, to the byte.
     from podkit.checks.config import parse_job
@@ -221,9 +254,9 @@ def test_the_replica_builds_the_mask_the_prediction_prices(train):
                     for moments in (("forward-end",), ("backward", "backward-end"))]
         return [traced.phases["forward"].peak, traced.phases["backward"].peak], analytic
 
-    (traced_plain, analytic_plain), (traced_padded, analytic_padded) = peaks("none"), peaks("padded")
-    grown = [p - q for p, q in zip(traced_padded, traced_plain)]
-    assert grown == [p - q for p, q in zip(analytic_padded, analytic_plain)]
+    (traced_plain, analytic_plain), (traced_masked, analytic_masked) = peaks("none"), peaks(padding)
+    grown = [p - q for p, q in zip(traced_masked, traced_plain)]
+    assert grown == [p - q for p, q in zip(analytic_masked, analytic_plain)]
     assert min(grown) > 0
 
 

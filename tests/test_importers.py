@@ -59,6 +59,8 @@ def test_sft_config_yaml_maps_batch_precision_optimizer_and_checkpointing(tmp_pa
     assert (t.micro_batch, t.grad_accum, t.seq_len) == (2, 8, 4096)
     assert (t.precision, t.optimizer, t.checkpointing, t.stack) == ("bf16-mixed", "paged_adamw8bit", "full", "hf")
     assert c.sharding == "zero3"
+    # packing with TRL's default 'bfd' strategy: padding-free rows (sft_trainer.py padding_free)
+    assert t.padding == "flattened"
     trainer = imp.files[0]
     assert any("logging_steps" in i for i in trainer.ignored)
     assert any("fsdp_config.transformer_layer_cls_to_wrap" in i for i in trainer.ignored)
@@ -433,6 +435,7 @@ def test_seed_deepspeed_zero3_job_predicted_through_from():
         grad_accum = 4
         seq_len = 2048
         checkpointing = "full"
+        padding = "flattened"  # TRL packing ('bfd'): padding-free rows
         [cluster]
         gpu = "A10G"
         gpus_per_node = 4
@@ -588,6 +591,11 @@ def test_a_trl_sftconfig_gets_its_own_defaults(tmp_path):
     assert (t.precision, t.checkpointing, t.seq_len) == ("fp16-mixed", "none", 512)
     plain = job(per_device_train_batch_size=2).job.train
     assert (plain.precision, plain.checkpointing) == ("fp32", "none")
+    # Padding-free batches (TRL's collator: padding_free, or packing with a 'bfd' strategy) vs 'wrapped' packing's
+    # full rows vs the Trainer's padded batches.
+    assert job(padding_free=True).job.train.padding == "flattened"
+    assert job(packing=True, packing_strategy="wrapped").job.train.padding == "none"
+    assert plain.padding == "stack"
 
 
 def test_training_arguments_precision_overrides_accelerates(tmp_path):

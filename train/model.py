@@ -33,7 +33,7 @@ LORA_ALPHA = 16
 
 ATTENTION = ("sdpa", "flash-attn", "eager")
 SDPA_KERNELS = ("auto", "flash", "efficient", "math")
-ATTN_MASKS = ("", "bool", "float", "single", "positions")
+ATTN_MASKS = ("", "bool", "float", "single", "positions", "flat")
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
 # torchtune CEWithChunkedOutputLoss(num_output_chunks=8) (torchtune/modules/loss/ce_chunked_output_loss.py).
 DEFAULT_LOSS_CHUNKS = 8
@@ -97,7 +97,8 @@ class ModelOptions:
     and passed to every block: "" (none: is_causal) | "bool" (>= 4.53's boolean mask, which SDPA converts in every
     layer) | "float" (an additive mask in the embeddings' dtype, which autocast casts in every layer when it is
     fp32) | "single" (one additive (s, s) mask expanded over the batch) | "positions" (4.38: an additive mask over
-    attn_mask_positions that every layer indexes, a copy)."""
+    attn_mask_positions that every layer indexes, a copy) | "flat" (padding-free batches: the micro-batch runs as
+    one row of all its tokens, RoPE by each sequence's positions, under a boolean mask over the whole row)."""
     attn_mask_positions: int = 0
     """For "positions": max_position_embeddings, the side of the mask 4.38 builds."""
 
@@ -207,14 +208,22 @@ class Attention(nn.Module):
         self.o_proj = linear("o_proj", shape.q_dim, h, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                mask: torch.Tensor | None = None) -> torch.Tensor:
+                mask: torch.Tensor | None = None, rows: int = 1) -> torch.Tensor:
         b, s, _ = x.shape
         q = self.q_proj(x).view(b, s, self.heads, self.d_head).transpose(1, 2)
         k = self.k_proj(x).view(b, s, self.kv_heads, self.d_head).transpose(1, 2)
         v = self.v_proj(x).view(b, s, self.kv_heads, self.d_head).transpose(1, 2)
-        cos, sin = cos[:s].to(q.dtype), sin[:s].to(q.dtype)
+        # A flattened row holds `rows` sequences, each from position 0 (padding-free batches' position_ids).
+        row = s // rows
+        cos, sin = cos[:row].to(q.dtype), sin[:row].to(q.dtype)
         if self.liger_kernel:
+            if rows > 1:
+                cos, sin = cos.repeat(rows, 1), sin.repeat(rows, 1)
             q, k = liger.RopeFunction.apply(q, k, cos, sin)
+        elif rows > 1:
+            q, k = (t.unflatten(2, (rows, row)) for t in (q, k))  # views: the same ops and bytes, per sequence
+            q = (q * cos + rotate_half(q) * sin).flatten(2, 3)
+            k = (k * cos + rotate_half(k) * sin).flatten(2, 3)
         else:
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
@@ -306,8 +315,8 @@ class Block(nn.Module):
         self.mlp = MLP(shape, linear, lk)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                mask: torch.Tensor | None = None) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
+                mask: torch.Tensor | None = None, rows: int = 1) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, rows)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -384,10 +393,17 @@ class Decoder(nn.Module):
             # A reentrant checkpoint only backpropagates into inputs that require grad: with a frozen
             # embedding (LoRA), HF's enable_input_require_grads marks the embedding output.
             x.requires_grad_(True)
+        rows = 1
+        if self.opts.attn_mask == "flat":
+            # Padding-free batches: the micro-batch's sequences concatenated into one row (a view).
+            rows = x.shape[0]
+            x = x.reshape(1, -1, x.shape[-1])
         mask = self._attention_mask(x)
         for block in self.layers:
-            x = self._run_block(block, x, mask)
+            x = self._run_block(block, x, mask, rows)
         del mask  # the decoder's forward returns here in transformers: what no node saved dies before the loss
+        if rows > 1:
+            x = x.reshape(rows, -1, x.shape[-1])
         if self.on_blocks_backward is not None and x.requires_grad:
             x.register_hook(self._blocks_backward)
         x = self.norm(x)
@@ -442,14 +458,15 @@ class Decoder(nn.Module):
         b, s = x.shape[:2]
         n = max(self.opts.attn_mask_positions, s) if kind == "positions" else s
         causal = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()
-        if kind == "bool":
-            return causal.expand(b, 1, n, n).clone()  # masking_utils.sdpa_mask: (b, 1, s, s) bool
+        if kind in ("bool", "flat"):
+            # masking_utils.sdpa_mask: (b, 1, s, s) bool; a flattened row's is block-causal, the same bytes.
+            return causal.expand(b, 1, n, n).clone()
         additive = torch.zeros(n, n, dtype=x.dtype, device=x.device).masked_fill_(~causal, torch.finfo(x.dtype).min)
         return additive.expand(b, 1, n, n) if kind == "single" else additive.expand(b, 1, n, n).clone()
 
-    def _run_block(self, block: Block, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def _run_block(self, block: Block, x: torch.Tensor, mask: torch.Tensor | None = None, rows: int = 1) -> torch.Tensor:
         policy = self.opts.ac_policy
-        extra = () if mask is None else (mask,)
+        extra = () if mask is None else (mask, rows)
         if policy == "none":
             return block(x, self.rope_cos, self.rope_sin, *extra)
         from torch.utils.checkpoint import checkpoint

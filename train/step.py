@@ -38,7 +38,7 @@ def _mask_options(job: JobConfig) -> dict:
     m = job.facts.attn_mask
     if m is None:
         return {}
-    kind = "bool" if m.elem_bytes == 1 else m.shape if m.shape in ("single", "positions") else "float"
+    kind = m.shape if m.shape in ("single", "positions", "flat") else "bool" if m.elem_bytes == 1 else "float"
     return {"attn_mask": kind, "attn_mask_positions": job.shape.rope_positions if kind == "positions" else 0}
 
 

@@ -207,6 +207,18 @@ def read_trainer(path: Path, data: dict, sft: bool = False) -> Imported:
     if data.get("max_length") is not None or data.get("max_seq_length") is not None:
         if not truthy(data.get("packing", False)):
             imp.warnings.append("seq_len is the maximum length: without packing, shorter batches use less")
+    # TRL's collator flattens each micro-batch into one row with position_ids and no attention_mask when
+    # `padding_free or (packing and packing_strategy in {"bfd", "bfd_split"})` (sft_trainer.py; SFTConfig's
+    # packing_strategy is "bfd" by default, "bfd-requeue" becomes "bfd_split"); 'wrapped' packing cuts full rows.
+    handled |= {"padding_free", "packing_strategy"}
+    strategy = str(data.get("packing_strategy", "bfd"))
+    if truthy(data.get("padding_free", False)):
+        imp.set("padding_free", data["padding_free"], "train", "padding", "flattened")
+    elif truthy(data.get("packing", False)):
+        flattened = strategy in ("bfd", "bfd_split", "bfd-requeue")
+        how = strategy if "packing_strategy" in data else f"{strategy}, SFTConfig's default"
+        imp.set(f"packing (packing_strategy {how})", data["packing"], "train", "padding",
+                "flattened" if flattened else "none")
     take("learning_rate", "train", "lr", lambda v: real(path, "learning_rate", v))
     take("warmup_steps", "train", "warmup_steps", num("warmup_steps"))
     take("weight_decay", "train", "weight_decay", lambda v: real(path, "weight_decay", v))
