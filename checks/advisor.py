@@ -1,7 +1,8 @@
 """The fit advisor: which levers make a job fit, and what each costs in speed.
 
 Levers, from least to most intrusive: micro-batch (grad_accum raised to keep the effective
-batch), Liger's kernels for a Hugging Face Trainer job (TrainingArguments use_liger_kernel: its fused
+batch), flash-attn for a transformers model whose SDPA would get a padding mask, Liger's kernels for a Hugging Face
+Trainer job (TrainingArguments use_liger_kernel: its fused
 loss and block kernels, the same model and maths), activation checkpointing, an 8-bit optimizer (bitsandbytes', or
 torchao's where FSDP2 shards the states), a higher sharding stage, CPU offload,
 LoRA / QLoRA (changes what is trained), and the sequence length (changes the data) last.
@@ -46,6 +47,8 @@ class Suggestion:
         text = ", ".join(f"{name} {old} -> {new}" for name, old, new in self.changes)
         if any(name == "train.block_kernels" and new == "liger" for name, _, new in self.changes):
             text += " (TrainingArguments use_liger_kernel=True, pip install liger-kernel)"
+        if any(name == "train.attention" and new == "flash-attn" for name, _, new in self.changes):
+            text += " (attn_implementation='flash_attention_2'; make deploy installs flash-attn)"
         return text
 
 
@@ -87,17 +90,25 @@ def _options(job: JobConfig, allow_seq: bool):
     # no step-time cost is counted, though Liger reports its kernels faster than transformers' own.
     ligers = [False] + ([True] if job.facts.stack.name == "hf" and job.shape.arch == "llama"
                         and (job.facts.loss, job.facts.block_kernels) != ("liger", "liger") else [])
+    # flash-attn for a transformers model whose SDPA gets a mask (stacks.AttentionMask): its flash_attention_2 path
+    # unpads a padded batch (modeling_flash_attention_utils _upad_input) and takes packed rows by their position_ids,
+    # so no mask is built or copied; where the GPU, precision and head size allow it (rules.flash_attention).
+    attentions = [t.attention]
+    if job.facts.attn_mask and t.dtype != "fp32" and job.gpu.compute_capability >= (8, 0) \
+            and job.shape.d_head <= 256 and job.shape.d_head % 8 == 0:
+        attentions.append("flash-attn")
     seqs = [t.seq_len]
     if allow_seq:
         while seqs[-1] > 256:
             seqs.append(seqs[-1] // 2)
-    for ck, sh, off, opt, (rank, quant), seq, lg in itertools.product(ckpts, shardings, offloads, optimizers, loras,
-                                                                      seqs, ligers):
+    for ck, sh, off, opt, (rank, quant), seq, lg, attn in itertools.product(ckpts, shardings, offloads, optimizers,
+                                                                            loras, seqs, ligers, attentions):
         if off == "all" and sh != "zero3":
             continue  # parameter offload needs ZeRO-3 gathering
         if lg and ck == "selective" and job.facts.stack.selective in ("matmuls", "op-sac"):
             continue  # Liger's in-place RoPE under a selective checkpoint: refused (stacks.resolve)
-        train = {"checkpointing": ck, "optimizer": opt, "lora_rank": rank, "base_quant": quant, "seq_len": seq}
+        train = {"checkpointing": ck, "optimizer": opt, "lora_rank": rank, "base_quant": quant, "seq_len": seq,
+                 "attention": attn}
         if lg:
             train |= {"loss": "liger", "block_kernels": "liger"}
         yield train, {"sharding": sh, "offload": off}
@@ -296,8 +307,8 @@ def _changes(old: JobConfig, new: JobConfig) -> tuple[tuple[str, object, object]
     out = []
     for section in ("train", "cluster"):
         a, b = getattr(old, section), getattr(new, section)
-        for key in ("micro_batch", "grad_accum", "loss", "block_kernels", "checkpointing", "optimizer", "lora_rank",
-                    "base_quant", "seq_len", "sharding", "offload"):
+        for key in ("micro_batch", "grad_accum", "attention", "loss", "block_kernels", "checkpointing", "optimizer",
+                    "lora_rank", "base_quant", "seq_len", "sharding", "offload"):
             if hasattr(a, key) and getattr(a, key) != getattr(b, key):
                 out.append((f"{section}.{key}", getattr(a, key), getattr(b, key)))
     return tuple(out)

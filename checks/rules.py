@@ -234,7 +234,18 @@ def flash_attention(job: JobConfig) -> CheckResult:
                                "use precision = 'bf16-mixed' on sm80+ (flash kernel)" if gpu.supports_bf16
                                else "use a sm80+ GPU (flash kernel), or a model without GQA" if t.dtype == "fp16"
                                else "use precision = 'fp16-mixed' with a model without GQA, or a sm80+ GPU")
-        return CheckResult("attention.kernel", PASS, f"sdpa: the {kernel} kernel on {gpu.name}, no s x s matrix")
+        mask = job.facts.attn_mask
+        if mask and mask.layer_copy and job.facts.ac_policy == "none":
+            # stacks.AttentionMask: SDPA converts (or autocast casts) the mask in every layer and the kernel keeps it.
+            per_layer = mask.layer_values_per_token(t.seq_len, t.micro_batch) * t.seq_len * t.micro_batch * t.compute_bytes
+            return CheckResult("attention.kernel", WARN,
+                               f"sdpa with the {t.padding if t.padding != 'stack' else 'padded'} batches' attention "
+                               f"mask: the {kernel} kernel on {gpu.name}, and every layer keeps its own copy of the "
+                               f"mask, {gib(per_layer)} per layer",
+                               "use attention = 'flash-attn' where the GPU has it (transformers unpads the batch for it), "
+                               "or equal-length batches (padding = 'none')")
+        return CheckResult("attention.kernel", PASS, f"sdpa: the {kernel} kernel on {gpu.name}, no s x s matrix"
+                           + (" (a padding mask rules flash out)" if job.facts.attn_mask and kernel == "efficient" else ""))
     # flash-attn 2 ships kernels for Ampere, Ada and Hopper (its README: sm80 and newer).
     if gpu.compute_capability < (8, 0):
         return CheckResult("attention.kernel", FAIL,

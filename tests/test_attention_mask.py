@@ -278,3 +278,21 @@ def test_transformers_4_38_copies_its_position_sized_mask_in_every_layer():
     traced_38, analytic_38, mask_38 = peaks("4.38.2")
     assert mask_38 == AttentionMask(2, "positions", True) and mask_39 == AttentionMask(2, "batch", False)
     assert traced_38 - traced_39 == analytic_38 - analytic_39 > 0
+
+
+def test_preflight_warns_and_the_advisor_offers_flash_attn_for_a_padded_sdpa_job(job):
+    from podkit.checks.advisor import advise
+    from podkit.checks.rules import flash_attention
+
+    padded = job(model='preset = "llama-3.1-8b"', train="stack = 'hf'\nmicro_batch = 4\nseq_len = 4096\nlora_rank = 16",
+                 cluster="gpu = 'H100-80GB'")
+    check = flash_attention(padded)
+    per_layer = 4 * 4096 * 4096 * 2  # the (b, 1, s, s) bf16 copy every layer keeps
+    assert check.status == "warn" and f"{per_layer / 2**30:.1f} GiB per layer" in check.message
+    [first, *_] = advise(padded)
+    assert ("train.attention", "sdpa", "flash-attn") in first.changes
+    assert "flash_attention_2" in first.describe()
+    # Unpadded: no mask, nothing to warn of; flash-attn is no lever there (nor on a GPU without it).
+    assert flash_attention(padded.replace(train={"padding": "none"})).status == "pass"
+    t4 = padded.replace(cluster={"gpu": "T4"})
+    assert all(c[0] != "train.attention" for s in advise(t4) for c in s.changes)
