@@ -568,6 +568,12 @@ def parse_version(text: str) -> tuple[int, ...]:
 TRANSFORMERS_OLDEST = (4, 31)
 
 
+# The families whose 4.38-4.39 model builds its SDPA mask whatever the attention_mask (LlamaModel and GemmaModel
+# _update_causal_mask; "" is a model of explicit dimensions, built as a Llama). Mistral, Mixtral and Qwen2 of those
+# releases go through _prepare_4d_causal_attention_mask_for_sdpa, which skips an unpadded or absent one.
+MASK_ALWAYS_4_38 = ("", "llama", "gemma")
+
+
 @dataclass(frozen=True)
 class AttentionMask:
     """The attention mask a transformers model builds for SDPA, and what it costs (JobFacts.attn_mask)."""
@@ -625,8 +631,11 @@ def attention_mask(stack: Stack, train, family: str, arch: str, autocast: bool, 
     emb = 4 if autocast and not lora else e  # inputs_embeds' dtype: fp32 weights under autocast, else the model's
     if stack.name == "fsdp_qlora":
         # fsdp_qlora train.py 50efa1e l.824 `model(batch['input_ids'], labels=..., attention_mask=None)` on
-        # transformers 4.39 (its Stack): one (s, s) mask, expanded.
-        return AttentionMask(emb, "single", emb != e)
+        # transformers 4.39 (its Stack): Llama's _update_causal_mask builds one (s, s) mask and expands it; Mistral's
+        # model (train.py wraps MistralDecoderLayer too) calls _prepare_4d_causal_attention_mask_for_sdpa, which
+        # returns None for attention_mask=None at equal query and key lengths (4.39.3 modeling_attn_mask_utils.py
+        # l.319-356, modeling_mistral.py l.1004): SDPA runs causal.
+        return AttentionMask(emb, "single", emb != e) if family in MASK_ALWAYS_4_38 else None
     v = parse_version(train.transformers) if train.transformers else (99,)
     if train.padding == "flattened":
         # TRL's padding-free collator (sft_trainer.py DataCollatorForLanguageModeling padding_free: one row, position_ids,
@@ -637,7 +646,7 @@ def attention_mask(stack: Stack, train, family: str, arch: str, autocast: bool, 
         t = parse_version(train.torch) if train.torch else (99,)
         return AttentionMask(1, "flat", True) if v >= (4, 54) and t >= (2, 6) else None
     padded = train.padding == "padded" or (train.padding == "stack" and train.micro_batch > 1)
-    always = (4, 38) <= v < (4, 40) and family in ("", "llama", "gemma")
+    always = (4, 38) <= v < (4, 40) and family in MASK_ALWAYS_4_38
     if not (padded or always):
         return None
     if v >= (4, 53):

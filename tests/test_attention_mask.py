@@ -216,6 +216,15 @@ def test_fsdp_qlora_passes_no_attention_mask_but_gets_one_causal_mask(job):
     assert j.facts.attn_mask.shared_elems_per_token(2048, 4, 4096) == 2048 / 4
 
 
+def test_fsdp_qlora_mistral_gets_no_mask_and_the_flash_kernel(job):
+    # transformers 4.39's MistralModel goes through _prepare_4d_causal_attention_mask_for_sdpa, which returns None for
+    # attention_mask=None at equal query and key lengths: SDPA runs causal, on the flash kernel of an RTX 3090.
+    j = job(model='preset = "mistral-7b"', train="stack = 'fsdp_qlora'\nprecision = 'bf16'\nlora_rank = 8\n"
+                                                  "micro_batch = 4\nseq_len = 2048", cluster="gpu = 'RTX3090'")
+    assert j.facts.attn_mask is None
+    assert attention_kernel(j) == "flash"
+
+
 def test_a_mask_keeps_sdpa_off_the_flash_kernel(job):
     h100 = lookup("H100-80GB")
     assert sdpa_backend(h100, 2, 128, gqa=False) == "flash"
