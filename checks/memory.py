@@ -34,7 +34,7 @@ from podkit.checks.allocator import round_size, segment_size
 from podkit.checks.config import JobConfig
 from podkit.checks.gpus import GpuSpec
 from podkit.checks.models import ParamGroup
-from podkit.checks.stacks import TORCHAO_OPTIMIZERS, adapted_banks, targeted
+from podkit.checks.stacks import TORCHAO_OPTIMIZERS, adapted_banks, parse_version, targeted
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -793,6 +793,19 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
     mask_pt = am.shared_elems_per_token(t.seq_len, t.micro_batch, shape.rope_positions) * am.elem_bytes if am else 0.0
     mask_kept_pt = mask_pt if am and (f.ac_policy != "none" or not am.layer_copy) else 0.0
     mask_text = f" + attention mask {mask_kept_pt:,.0f} B" if mask_kept_pt else ""
+    # transformers 4.53-4.57 checkpoint each layer reentrantly (the Trainer's default use_reentrant=True) through
+    # GradientCheckpointingLayer, which hands the mask over as a keyword: `partial(super().__call__, **kwargs)`
+    # (4.57.1 modeling_layers.py). CheckpointFunction keeps that partial as ctx.run_function, which no node's
+    # release frees, so the mask outlives the blocks' backward until the graph goes with the loss (measured in
+    # tests/test_attention_mask.py). 4.38-4.52 pass it positionally (save_for_backward: released with the first
+    # block's node), a non-reentrant checkpoint drops it with its frame, and FSDP1's checkpoint_wrapper around the
+    # unit packs keywords into positional inputs.
+    mask_held = [Part("activations", "attention mask held by the reentrant checkpoints' partial", int(mask_pt * T),
+                      f"{mask_pt:,.0f} B per token x {T:,} (4.53+ GradientCheckpointingLayer keyword)",
+                      transient=True)] if (
+        am and f.stack.transformers_release and f.ac_policy == "block" and f.reentrant
+        and not f.fsdp1_checkpoint_around_unit and (not t.transformers or parse_version(t.transformers) >= (4, 53))
+    ) else []
     if bf.mask_values and f.ac_policy == "none" and bf.kernel in ("flash", "efficient"):
         copies = L * T * bf.mask_values * e
         flat = am.shape == "flat"
@@ -1209,20 +1222,20 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
             grads_now = blocks_all + root_early  # every block's gradient reduce-scattered by then
         else:
             grads_now = [g for g in end_grads if g.label != "weight gradient being accumulated"]
-        backward_ends.append(phase("backward-end", static + grads_now + kept_logits + emb_parts))
+        backward_ends.append(phase("backward-end", static + grads_now + kept_logits + emb_parts + mask_held))
         if fsdp1_root:
             # split_with_sizes_backward concatenates the root's weight gradients into its flat gradient while
             # they are alive (the embedding's, the head's, the final norm's).
             root_flat = Part("grads", "unsharded root flat gradient (its weights' gradients concatenated)",
                              root_trainable * e, f"{root_trainable:,} x {e} B", transient=True)
             backward_ends.append(phase("backward-end", static + grads_now + kept_logits + emb_parts[:1]
-                                       + emb_parts[2:] + [root_flat]))
+                                       + emb_parts[2:] + [root_flat] + mask_held))
     # FSDP2's root post-backward, when backward ends: the root resharded, its unsharded gradients copied
     # into the reduce-scatter input, in the reduce dtype (fp32 under mixed precision), and freed only
     # after that copy (_fsdp_collectives.py foreach_reduce: foreach_reduce_scatter_copy_in, then
     # unsharded_grads.clear()); every block's gradients are sharded by then.
     if fsdp2 and root_trainable:
-        backward_ends.append(phase("backward-end", static + blocks_all + kept_logits + [
+        backward_ends.append(phase("backward-end", static + blocks_all + kept_logits + mask_held + [
             Part("grads", "unsharded root gradients", root_trainable * e, f"{root_trainable:,} x {e} B",
                  transient=True),
             Part("grads", ROOT_RS_INPUT, root_stored * grad_bytes,

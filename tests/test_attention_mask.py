@@ -140,6 +140,38 @@ def test_the_boolean_mask_lives_as_long_as_podkit_says(tmp_path, checkpointing):
     assert refs[0]() is None
 
 
+@pytest.mark.parametrize("reentrant, transformers_release", [(True, "4.57.1"), (False, "5.23.0")])
+def test_a_reentrant_checkpoint_holds_the_keyword_mask_past_the_blocks_backward(job, tmp_path, reentrant,
+                                                                                transformers_release):
+    # GradientCheckpointingLayer (4.53-4.57 and 5.23 alike) checkpoints `partial(forward, **kwargs)`, the mask among
+    # the keywords. A reentrant CheckpointFunction keeps that partial as ctx.run_function, so the mask is still alive
+    # when backward reaches the embedding (4.x's default use_reentrant=True: 4.57.1); a non-reentrant one (5.x's
+    # default) has dropped it by then. Measured on a real 5.23 model with each kind, then podkit's embedding-backward
+    # moment for the release that runs it: padded grows by the bool (b, 1, s, s) mask exactly where it is held.
+    model = _tiny(tmp_path)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    refs, at_embedding = [], []
+    model.model.layers[0].register_forward_pre_hook(
+        lambda m, a, kw: refs.append(weakref.ref(kw["attention_mask"])) or None, with_kwargs=True)
+    model.model.embed_tokens.register_forward_hook(
+        lambda m, a, out: out.register_hook(lambda g: at_embedding.append(refs[0]() is not None)) and None)
+    ids, mask = _batch(True)
+    model(input_ids=ids, attention_mask=mask, labels=ids).loss.backward()
+    [held] = at_embedding
+    assert held == reentrant
+
+    def backward_end(padding):
+        est = estimate(job(model='preset = "llama-3.2-1b"',
+                           train=f"stack = 'hf'\ntransformers = '{transformers_release}'\nprecision = 'bf16'\n"
+                                 f"micro_batch = {BATCH}\nseq_len = {SEQ}\ncheckpointing = 'full'\npadding = '{padding}'",
+                           cluster="gpu = 'H100-80GB'"))
+        parts = est.phase_parts["backward-end"]
+        assert any(p.label.startswith("gradient of the embedding's output") for p in parts)  # the moment measured
+        return sum(p.bytes for p in parts if p.term != "overhead")
+
+    assert backward_end("padded") - backward_end("none") == BATCH * SEQ * SEQ * held
+
+
 def _saved(est, label, phase):
     [p] = [p for p in est.phase_parts[phase] if p.label.startswith(label)]
     return p.bytes
