@@ -162,7 +162,8 @@ def block_facts(job, device: str = "cuda") -> BlockFacts:
         # Qwen3Attention (transformers 5.23 modeling_qwen3.py): q_norm(q_proj(x).view(..., head_dim)), the block's
         # RMSNorm over each head; OLMoE's over the whole q and k. podkit's own replica has none (train/model.py).
         qk_norm=shape.qk_norm if f.stack.name != "podkit" else "",
-        mask_values=f.attn_mask.layer_values_per_token(t.seq_len, t.micro_batch) if f.attn_mask else 0,
+        mask_values=(f.attn_mask.layer_values_per_token(t.seq_len, t.micro_batch, attention_kernel(job, device))
+                     if f.attn_mask else 0),
     )
 
 
@@ -394,7 +395,11 @@ class Trace:
         # The s x s weights' gradient and the scores' gradient computed from it (softmax backward).
         scores_grad = f.heads * f.seq_len * (4 + f.e)
         if f.kernel in ("flash", "efficient"):
-            lse = self.new("attention logsumexp", f.heads, 4, grad=False)
+            # The memory-efficient kernel's logsumexp is (b, heads, ceil(s / 32) * 32) fp32 (aten
+            # _efficient_attention_forward's kAlignLSE; torch/_meta_registrations.py
+            # meta__scaled_dot_product_efficient_attention: math.ceil(M / 32) * 32), flash's (b, heads, s).
+            rows = -(-f.seq_len // 32) * 32 / f.seq_len if f.kernel == "efficient" and f.seq_len else 1
+            lse = self.new("attention logsumexp", f.heads * rows, 4, grad=False)
             # flash-attn 2 mha_bwd (csrc/flash_attn/flash_api.cpp, vendored by torch) allocates softmax_d
             # (heads) and dq_accum (q width) in fp32, and under GQA dk/dv expanded to every query head.
             scratch = 4 * (f.heads + qd) + (2 * qd * f.e if f.gqa else 0) if f.kernel == "flash" else 0

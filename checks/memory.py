@@ -791,7 +791,10 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
     # decoder's forward, before the loss (transformers' ForCausalLM computes it after self.model returns).
     am = f.attn_mask
     mask_pt = am.shared_elems_per_token(t.seq_len, t.micro_batch, shape.rope_positions) * am.elem_bytes if am else 0.0
-    mask_kept_pt = mask_pt if am and (f.ac_policy != "none" or not am.layer_copy) else 0.0
+    # Without checkpointing the shared mask outlives the forward only where the kernels save it themselves: the
+    # fused kernels with no copy of their own (the math kernel adds it to the scores, which saves nothing of it).
+    kernels_keep_it = not bf.mask_values and bf.kernel in ("flash", "efficient")
+    mask_kept_pt = mask_pt if am and (f.ac_policy != "none" or kernels_keep_it) else 0.0
     mask_text = f" + attention mask {mask_kept_pt:,.0f} B" if mask_kept_pt else ""
     # transformers 4.53-4.57 checkpoint each layer reentrantly (the Trainer's default use_reentrant=True) through
     # GradientCheckpointingLayer, which hands the mask over as a keyword: `partial(super().__call__, **kwargs)`

@@ -607,11 +607,19 @@ class AttentionMask:
             return p * p / seq_len
         return {"single": seq_len / micro_batch, "flat": seq_len * micro_batch}.get(self.shape, seq_len)
 
-    def layer_values_per_token(self, seq_len: int, micro_batch: int) -> int:
-        """Values per token of the (b, 1, s, s) mask SDPA sees in a layer (its copy, where layer_copy): a row."""
-        if not self.layer_copy:
-            return 0
+    def row(self, seq_len: int, micro_batch: int) -> int:
+        """Values per token of the (b, 1, s, s) mask SDPA sees in a layer: one row (of a flattened row's T tokens)."""
         return seq_len * micro_batch if self.shape == "flat" else seq_len
+
+    def layer_values_per_token(self, seq_len: int, micro_batch: int, kernel: str = "") -> int:
+        """Values per token of the mask copy each layer's SDPA keeps, 0 for none: its own conversion or cast
+        (layer_copy), or, on CUDA's memory-efficient kernel, a copy padded to rows of a multiple of 8 values where
+        the mask's rows are not (aten attention.cpp preprocess_mask: `if (!aligned_tensor<8>(mask)) pad_bias`, an
+        at::pad then a slice, made inside scaled_dot_product_attention and saved as the kernel's attn_bias)."""
+        row = self.row(seq_len, micro_batch)
+        if kernel == "efficient" and row % 8:
+            return row + (-row % 8)
+        return row if self.layer_copy else 0
 
 
 def attention_mask(stack: Stack, train, family: str, arch: str, autocast: bool, lora: bool) -> AttentionMask | None:

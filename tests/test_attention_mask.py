@@ -337,3 +337,27 @@ def test_preflight_warns_and_the_advisor_offers_flash_attn_for_a_padded_sdpa_job
     assert flash_attention(padded.replace(train={"padding": "none"})).status == "pass"
     t4 = padded.replace(cluster={"gpu": "T4"})
     assert all(c[0] != "train.attention" for s in advise(t4) for c in s.changes)
+
+
+@pytest.mark.parametrize("seq_len", [100, 128])
+def test_cuda_pads_a_mask_whose_rows_are_not_8_aligned_in_every_layer(job, seq_len):
+    # torch's scaled_dot_product_attention hands the memory-efficient kernel a mask padded to rows of a multiple of
+    # 8 when they are not (attention.cpp preprocess_mask: pad_bias), a copy per layer that the kernel saves; so even
+    # 4.40-4.52's shared bf16 mask costs a copy per layer at 100 tokens (rows of 104), none at 128. The replica pads
+    # alike, and its traced step on the H100's kernels grows as the prediction does.
+    from podkit.checks.config import parse_job
+    from podkit.train.traced import trace
+
+    def run(padding):
+        j = parse_job(f'[model]\npreset = "tiny"\n[train]\nstack = "hf"\nprecision = "bf16"\nlora_rank = 8\n'
+                      f'micro_batch = 4\nseq_len = {seq_len}\ntransformers = "4.52.4"\npadding = "{padding}"\n'
+                      '[cluster]\ngpu = "H100-80GB"\n')
+        est = estimate(j)
+        analytic = sum(p.bytes for p in est.phase_parts["forward-end"] if p.term != "overhead")
+        return j, trace(j).phases["forward"].peak, analytic
+
+    padded, traced_padded, analytic_padded = run("padded")
+    _, traced_plain, analytic_plain = run("none")
+    assert attention_kernel(padded) == "efficient"
+    assert A.block_facts(padded).mask_values == (104 if seq_len == 100 else 0)
+    assert traced_padded - traced_plain == analytic_padded - analytic_plain > 0

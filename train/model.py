@@ -265,6 +265,10 @@ def _sdpa(q, k, v, kernel: str, gqa: bool, mask: torch.Tensor | None = None) -> 
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False, enable_gqa=gqa)
         if mask.dtype == torch.bool:
             mask = torch.where(mask, 0.0, float("-inf")).to(q.dtype)
+        if kernel == "efficient" and (any(st % 8 for st in mask.stride()[:-1]) or mask.stride(-1) != 1):
+            # aten attention.cpp preprocess_mask: pad_bias to rows of a multiple of 8, then a slice (a copy).
+            n = mask.shape[-1]
+            mask = F.pad(mask, (0, 8 - n % 8))[..., :n]
         mask = mask.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
         if kernel == "math":
             return aten._scaled_dot_product_attention_math(q, k, v, mask, 0.0, False, None, enable_gqa=gqa)[0]
