@@ -101,9 +101,15 @@ def segments(job, device: str = "cuda") -> Replay | None:
         return None
     t, shape = job.train, job.shape
     bf = A.block_facts(job, device)
+    tokens = t.micro_batch * t.seq_len
+    # The attention mask the model builds after the embedding (stacks.AttentionMask): a reentrant checkpoint keeps it
+    # as every block's input, to the first block's backward (4.38-4.52) or to the graph's end (4.53+'s keyword).
+    am = job.facts.attn_mask
+    mask = int(am.shared_elems_per_token(t.seq_len, t.micro_batch, shape.rope_positions) * am.elem_bytes * tokens) \
+        if am else 0
     return _replay(bf, shape.layers, shape.vocab, shape.hidden, t.compute_bytes, t.micro_batch,
-                   t.micro_batch * t.seq_len, A.shifted_copy_bytes(job) > 0, block_routing(job, bf), head_loss(job.facts),
-                   job.facts.loss_upcast)
+                   tokens, A.shifted_copy_bytes(job) > 0, block_routing(job, bf), head_loss(job.facts),
+                   job.facts.loss_upcast, mask)
 
 
 def head_loss(f) -> str:
@@ -422,19 +428,24 @@ def backward_events(inputs: list, loss_live: tuple, tokens: int, vocab: int, hid
 @functools.lru_cache(maxsize=64)
 def _replay(bf: A.BlockFacts, layers: int, vocab: int, hidden: int, e: int, batch: int, tokens: int,
             shift_copy: bool = True, routing: tuple | None = None, loss: str = "fp32-upcast-shifted",
-            amp: bool = False) -> Replay:
+            amp: bool = False, mask: int = 0) -> Replay:
     """Two steps; `routing`: per block, each routed expert's rows (routed_tokens) where the experts run in a loop,
-    else None; both steps route alike; `loss` and `amp` as head_events takes them."""
+    else None; both steps route alike; `loss` and `amp` as head_events takes them; `mask`: the bytes of the
+    attention mask built after the embedding and kept through the step."""
     # reentrant (applies): each output gradient held
     recompute, bwd, _ = backward_replay(bf, True)
     zero: set = set()
     step = [("a", ("x", 0), hidden * e * tokens)]  # the embedding's output: the first block's input
+    if mask:
+        step.append(("a", ("mask",), mask))
     for i in range(layers):
         step += forward_events(bf, i, ("x", i), ("x", i + 1), tokens, zero, routing[i] if routing else None)
     head, names = head_events(tokens, batch, vocab, hidden, e, loss, shift_copy, amp=amp)
     step += head + backward_events([("x", i) for i in range(layers + 1)], names["loss"], tokens, vocab, hidden, e,
                                    names["sliced"], (recompute, bwd, True), head_frees=names["head_frees"],
                                    experts=backward_experts(bf, True), routing=routing, cast_back=names["cast_back"])
+    if mask:
+        step.append(("f", ("mask",)))
     alloc = CachingAllocator()
     for _ in range(2):
         replay(step, alloc)
