@@ -809,6 +809,13 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
         am and f.stack.transformers_release and f.ac_policy == "block" and f.reentrant
         and not f.fsdp1_checkpoint_around_unit and (not t.transformers or parse_version(t.transformers) >= (4, 53))
     ) else []
+    if (f.stack.transformers_release and t.attention == "sdpa" and shape.family in ("gemma2", "gemma3_text", "gemma3")
+            and f.ac_policy == "none"):
+        # transformers >= 4.53 masking_utils.sdpa_mask skips a sliding-window layer's mask only while
+        # kv_length < local_size (_ignore_causal_mask_sdpa): past the window those layers get a (b, 1, s, s) mask
+        # even unpadded. ModelShape does not carry the window or which layers slide.
+        notes.append("sliding-window layers (Gemma 2/3) get an attention mask past their window even when nothing "
+                     "is padded, copied by SDPA in each of them: not priced here; checkpointing makes it one layer's.")
     if bf.mask_values and f.ac_policy == "none" and bf.kernel in ("flash", "efficient"):
         copies = L * T * bf.mask_values * e
         flat = am.shape == "flat"
