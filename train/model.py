@@ -101,6 +101,9 @@ class ModelOptions:
     one row of all its tokens, RoPE by each sequence's positions, under a boolean mask over the whole row)."""
     attn_mask_positions: int = 0
     """For "positions": max_position_embeddings, the side of the mask 4.38 builds."""
+    qk_norm: str = ""
+    """An RMSNorm of q and k before RoPE (ModelShape.qk_norm): "head" (over each head, Qwen3's and Gemma 3's
+    q_norm/k_norm on q_proj(x).view(..., head_dim)), "full" (over the whole q and k, OLMoE) or ""."""
 
     def __post_init__(self):
         for name, value, choices in (("attention", self.attention, ATTENTION), ("loss", self.loss, LOSSES),
@@ -108,7 +111,8 @@ class ModelOptions:
                                      ("lora_dtype", self.lora_dtype, LORA_DTYPES),
                                      ("sdpa_kernel", self.sdpa_kernel, SDPA_KERNELS),
                                      ("block_kernels", self.block_kernels, BLOCK_KERNELS),
-                                     ("attn_mask", self.attn_mask, ATTN_MASKS)):
+                                     ("attn_mask", self.attn_mask, ATTN_MASKS),
+                                     ("qk_norm", self.qk_norm, ("", "head", "full"))):
             if value not in choices:
                 raise ValueError(f"ModelOptions.{name}: {value!r} is not one of {', '.join(choices)}")
         unknown = set(self.lora_targets) - set(LORA_TARGETS)
@@ -201,6 +205,12 @@ class Attention(nn.Module):
         self.attention, self.kernel, self.repeat_kv = opts.attention, opts.sdpa_kernel, opts.repeat_kv
         self.liger_kernel = opts.block_kernels == "liger"
         self.index_mask = opts.attn_mask == "positions"
+        self.qk_norm = opts.qk_norm
+        if opts.qk_norm:
+            q_w, k_w = (shape.d_head, shape.d_head) if opts.qk_norm == "head" else (shape.q_dim, shape.kv_dim)
+            lk, in_place = opts.block_kernels == "liger", liger_norm_in_place(shape.family)
+            self.q_norm = RMSNorm(q_w, liger_kernel=lk, liger_in_place=in_place)
+            self.k_norm = RMSNorm(k_w, liger_kernel=lk, liger_in_place=in_place)
         h = shape.hidden
         self.q_proj = linear("q_proj", h, shape.q_dim, bias=shape.qkv_bias)
         self.k_proj = linear("k_proj", h, shape.kv_dim, bias=shape.qkv_bias)
@@ -210,8 +220,15 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 mask: torch.Tensor | None = None, rows: int = 1) -> torch.Tensor:
         b, s, _ = x.shape
-        q = self.q_proj(x).view(b, s, self.heads, self.d_head).transpose(1, 2)
-        k = self.k_proj(x).view(b, s, self.kv_heads, self.d_head).transpose(1, 2)
+        q, k = self.q_proj(x), self.k_proj(x)
+        if self.qk_norm == "full":
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.view(b, s, self.heads, self.d_head)
+        k = k.view(b, s, self.kv_heads, self.d_head)
+        if self.qk_norm == "head":
+            # Qwen3Attention: self.q_norm(self.q_proj(hidden_states).view(hidden_shape)).transpose(1, 2)
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(x).view(b, s, self.kv_heads, self.d_head).transpose(1, 2)
         # A flattened row holds `rows` sequences, each from position 0 (padding-free batches' position_ids).
         row = s // rows
