@@ -84,7 +84,7 @@ class BlockFacts:
     kv_dim: int
     ffn: int
     heads: int
-    seq_len: int
+    seq_len: int  # tokens in one attention row: train.seq_len, or all the micro-batch's in a flattened one
     e: int  # compute dtype bytes: matmul inputs and outputs
     stream: int  # residual stream dtype bytes
     weights_trainable: bool  # full fine-tune: every linear and norm trains
@@ -135,7 +135,7 @@ def block_facts(job, device: str = "cuda") -> BlockFacts:
     return BlockFacts(
         hidden=shape.hidden, q_dim=shape.q_dim, kv_dim=shape.kv_dim, ffn=shape.dense_ffn, heads=shape.heads,
         moe=shape.moe,
-        seq_len=t.seq_len, e=e, stream=stream,
+        seq_len=attention_row(job), e=e, stream=stream,
         weights_trainable=not lora, quantized=t.base_quant != "none",
         quant_saves_input=f.quant_saves_input, autocast=f.autocast,
         # The dtype the norm weight is used in: fp32 masters only where autocast runs on fp32 weights, or
@@ -165,6 +165,17 @@ def block_facts(job, device: str = "cuda") -> BlockFacts:
         mask_values=(f.attn_mask.layer_values_per_token(t.seq_len, t.micro_batch, attention_kernel(job, device))
                      if f.attn_mask else 0),
     )
+
+
+def attention_row(job) -> int:
+    """Tokens one attention call spans per row. A padding-free batch (train.padding 'flattened': TRL's collator
+    concatenates the micro-batch into one (1, b x s) row with position_ids) is attended as one row by SDPA and eager
+    whatever mask keeps its sequences apart: eager's and the math kernel's scores, and the memory-efficient kernel's
+    32-aligned logsumexp, span all T = b x s tokens (checked on a transformers 5.23 forward in
+    tests/test_attention_mask.py). flash-attn runs each sequence alone (varlen from the position_ids), and nothing
+    it keeps grows with the row."""
+    t = job.train
+    return t.seq_len * t.micro_batch if t.padding == "flattened" else t.seq_len
 
 
 def bank_targets(job) -> frozenset:

@@ -31,13 +31,13 @@ TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_si
 BATCH, SEQ = 2, 64
 
 
-def _tiny(tmp_path, checkpointing=False):
+def _tiny(tmp_path, checkpointing=False, attention="sdpa"):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     (tmp_path / "config.json").write_text(json.dumps(TINY))
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tmp_path), dtype=torch.bfloat16,
-                                             attn_implementation="sdpa").train()
+                                             attn_implementation=attention).train()
     if checkpointing:
         model.gradient_checkpointing_enable()
     return model
@@ -91,11 +91,11 @@ def _last_layer_saved(model, padded: bool, flattened: bool = False) -> int:
     return sum(total)
 
 
-def _podkit_block(job, tmp_path, padding: str) -> float:
+def _podkit_block(job, tmp_path, padding: str, attention: str = "sdpa") -> float:
     (tmp_path / "config.json").write_text(json.dumps(TINY))
     j = job(model=f'hf_config = "{tmp_path / "config.json"}"',
             train=f"stack = 'hf'\ntransformers = '5.23.0'\nprecision = 'bf16'\nseq_len = {SEQ}\n"
-                  f"micro_batch = {BATCH}\npadding = '{padding}'")
+                  f"micro_batch = {BATCH}\npadding = '{padding}'\nattention = '{attention}'")
     bf = A.block_facts(j, device="cpu")
     return sum(A.saved_per_token(bf, "none", False).values()) * BATCH * SEQ
 
@@ -108,6 +108,16 @@ def test_a_block_saves_what_podkit_prices_padded_or_not(job, tmp_path, padding):
     model = _tiny(tmp_path)
     measured = _last_layer_saved(model, padding == "padded", padding == "flattened")
     assert _podkit_block(job, tmp_path, padding) == measured
+
+
+def test_eager_attention_over_a_flattened_row_spans_all_its_tokens(job, tmp_path):
+    # A padding-free batch is one row of b x s tokens: eager's fp32 softmax and its bf16 cast are (1, heads, T, T),
+    # heads x T values per token, not heads x s (activations.attention_row).
+    model = _tiny(tmp_path, attention="eager")
+    measured = _last_layer_saved(model, False, flattened=True)
+    assert _podkit_block(job, tmp_path, "flattened", "eager") == measured
+    tokens, heads = BATCH * SEQ, 4
+    assert measured - _last_layer_saved(model, False) == tokens * heads * (tokens - SEQ) * (4 + 2)
 
 
 def test_padding_costs_the_mask_copy_and_the_repeated_kv_by_hand(job, tmp_path):
@@ -361,6 +371,28 @@ def test_cuda_pads_a_mask_whose_rows_are_not_8_aligned_in_every_layer(job, seq_l
     assert attention_kernel(padded) == "efficient"
     assert A.block_facts(padded).mask_values == (104 if seq_len == 100 else 0)
     assert traced_padded - traced_plain == analytic_padded - analytic_plain > 0
+
+
+@pytest.mark.parametrize("seq_len", [40, 104])
+def test_a_flattened_rows_efficient_logsumexp_is_aligned_over_all_its_tokens(seq_len):
+    # The memory-efficient kernel's logsumexp is (1, heads, ceil(T / 32) * 32) for a flattened row of T = b x s
+    # tokens (4 x 40 = 160 and 4 x 104 = 416, both 32-aligned), not ceil(s / 32) * 32 per sequence. Every tensor
+    # here is a whole number of 512-byte blocks, so the replica's traced step (which runs the row as one) grows by
+    # the prediction's bytes exactly.
+    from podkit.checks.config import parse_job
+    from podkit.train.traced import trace
+
+    def run(padding):
+        j = parse_job(f'[model]\npreset = "tiny"\n[train]\nstack = "hf"\nprecision = "bf16"\nlora_rank = 8\n'
+                      f'micro_batch = 4\nseq_len = {seq_len}\ntransformers = "5.23.0"\npadding = "{padding}"\n'
+                      '[cluster]\ngpu = "H100-80GB"\n')
+        analytic = sum(p.bytes for p in estimate(j).phase_parts["forward-end"] if p.term != "overhead")
+        return j, trace(j).phases["forward"].peak, analytic
+
+    flat, traced_flat, analytic_flat = run("flattened")
+    _, traced_plain, analytic_plain = run("none")
+    assert attention_kernel(flat) == "efficient" and A.block_facts(flat).seq_len == 4 * seq_len
+    assert traced_flat - traced_plain == analytic_flat - analytic_plain > 0
 
 
 def test_the_single_gpu_step_replay_holds_the_mask_through_the_step(job):
