@@ -598,6 +598,31 @@ def test_a_trl_sftconfig_gets_its_own_defaults(tmp_path):
     assert plain.padding == "stack"
 
 
+def test_trl_padding_free_rows_by_release(tmp_path):
+    # trl/trainer/sft_trainer.py: padding-free when `packing_strategy == "ffd"` (v0.19, its default), `== "bfd"`
+    # (v0.20-v0.29), `in {"bfd", "bfd_split"}` (v1.0 on, where "bfd-requeue" is renamed "bfd_split"); before v0.19
+    # packing cut full rows. compute_loss passes use_cache=False from v0.22 only: without checkpointing an older
+    # trl leaves the model a cache, and transformers then builds no packed-sequence mask.
+    def imported(**args):
+        f = tmp_path / "args.json"
+        f.write_text(json.dumps({"output_dir": "o", **args}))
+        built = build_job(None, [str(f)], model_preset="llama-3.2-1b")
+        return built.job.train.padding, " ".join(built.files[0].warnings)
+
+    padding, warned = imported(packing=True, packing_strategy="ffd")
+    assert padding == "flattened" and "trl 0.18 and older" not in warned
+    padding, warned = imported(packing=True)
+    assert padding == "flattened" and "trl 0.18 and older pack full rows" in warned
+    padding, warned = imported(packing=True, packing_strategy="bfd-requeue")
+    assert padding == "flattened" and "trl 0.29 pads its packed rows" in warned
+    padding, warned = imported(padding_free=True, gradient_checkpointing=False)
+    assert padding == "flattened" and "use_cache=False" in warned
+    padding, warned = imported(padding_free=True)
+    assert padding == "flattened" and "use_cache=False" not in warned
+    padding, warned = imported(packing=True, packing_strategy="wrapped", gradient_checkpointing=False)
+    assert padding == "none" and "use_cache=False" not in warned
+
+
 def test_training_arguments_precision_overrides_accelerates(tmp_path):
     # transformers training_args.py __post_init__: mixed_precision is read from ACCELERATE_MIXED_PRECISION (what
     # accelerate launch exports from its config) and then replaced by fp16 / bf16 when either is set. So the two

@@ -164,6 +164,40 @@ def attention(imp: Imported, key: str, value: Any, name: str = "") -> None:
         imp.ignore(f"{key} = {name!r}", "not an attention kernel podkit prices: train.attention keeps its value")
 
 
+def _padding_free(imp: Imported, data: dict) -> None:
+    """TRL's collator flattens each micro-batch into one row with position_ids and no attention_mask (train.padding
+    'flattened') when `padding_free or (packing and packing_strategy in {"bfd", "bfd_split"})` (sft_trainer.py
+    v1.0-v1.9; "bfd-requeue" becomes "bfd_split" in SFTConfig.__post_init__), `packing_strategy == "bfd"` in
+    v0.20-v0.29 and `== "ffd"` in v0.19, each then the default strategy; 'wrapped' packing cuts full rows. The file
+    does not say which TRL reads it: mapped as the current one, with what an older one does differently."""
+    strategy = str(data.get("packing_strategy", "bfd"))
+    if truthy(data.get("padding_free", False)):
+        imp.set("padding_free", data["padding_free"], "train", "padding", "flattened")
+    elif truthy(data.get("packing", False)):
+        how = strategy if "packing_strategy" in data else f"{strategy}, SFTConfig's default"
+        flattened = strategy in ("bfd", "bfd_split", "bfd-requeue", "ffd")
+        imp.set(f"packing (packing_strategy {how})", data["packing"], "train", "padding",
+                "flattened" if flattened else "none")
+        if not flattened:
+            return
+        if "packing_strategy" not in data:
+            # trl <= 0.14 ConstantLengthDataset, 0.15-0.18 pack_examples / pack_dataset: rows of max_length tokens.
+            imp.warnings.append("packing without packing_strategy: padding-free rows as trl >= 0.19 packs them; trl "
+                                "0.18 and older pack full rows of max_length (set train.padding = 'none')")
+        elif strategy == "bfd-requeue":
+            imp.warnings.append("packing_strategy = 'bfd-requeue': padding-free rows as trl >= 1.0 runs it "
+                                "('bfd_split'); trl 0.29 pads its packed rows instead (set train.padding = 'stack')")
+    else:
+        return
+    if not truthy(data.get("gradient_checkpointing", True)):
+        # trl >= 0.22 SFTTrainer.compute_loss `inputs["use_cache"] = False`; before, the model's config.use_cache
+        # holds, so without checkpointing transformers >= 4.54 makes a DynamicCache in training and skips the
+        # packed-sequence mask (masking_utils _preprocess_mask_arguments: only `past_key_values is None`).
+        imp.warnings.append("padding-free rows without gradient checkpointing: priced with the block-causal mask "
+                            "trl >= 0.22 gets (it passes use_cache=False); under an older trl the model keeps a "
+                            "cache and builds no mask (set train.padding = 'none')")
+
+
 def read_trainer(path: Path, data: dict, sft: bool = False) -> Imported:
     """`sft`: the arguments are parsed as TRL's SFTConfig whatever fields they hold (`trl sft`, trl/scripts/sft.py)."""
     imp = Imported(path, "TrainingArguments")
@@ -207,18 +241,8 @@ def read_trainer(path: Path, data: dict, sft: bool = False) -> Imported:
     if data.get("max_length") is not None or data.get("max_seq_length") is not None:
         if not truthy(data.get("packing", False)):
             imp.warnings.append("seq_len is the maximum length: without packing, shorter batches use less")
-    # TRL's collator flattens each micro-batch into one row with position_ids and no attention_mask when
-    # `padding_free or (packing and packing_strategy in {"bfd", "bfd_split"})` (sft_trainer.py; SFTConfig's
-    # packing_strategy is "bfd" by default, "bfd-requeue" becomes "bfd_split"); 'wrapped' packing cuts full rows.
     handled |= {"padding_free", "packing_strategy"}
-    strategy = str(data.get("packing_strategy", "bfd"))
-    if truthy(data.get("padding_free", False)):
-        imp.set("padding_free", data["padding_free"], "train", "padding", "flattened")
-    elif truthy(data.get("packing", False)):
-        flattened = strategy in ("bfd", "bfd_split", "bfd-requeue")
-        how = strategy if "packing_strategy" in data else f"{strategy}, SFTConfig's default"
-        imp.set(f"packing (packing_strategy {how})", data["packing"], "train", "padding",
-                "flattened" if flattened else "none")
+    _padding_free(imp, data)
     take("learning_rate", "train", "lr", lambda v: real(path, "learning_rate", v))
     take("warmup_steps", "train", "warmup_steps", num("warmup_steps"))
     take("weight_decay", "train", "weight_decay", lambda v: real(path, "weight_decay", v))
