@@ -114,6 +114,7 @@ class BlockFacts:
     lora_banks: frozenset = frozenset()  # 3-D banks and bare router weights peft's ParamWrapper adapts (bank_targets)
     qk_norm: str = ""  # RMSNorm of q and k before RoPE: "head" (per head: Qwen3, Gemma 3), "full" (OLMoE), ""
     mask_values: int = 0  # values per token of the mask copy each layer's SDPA saves (stacks.AttentionMask), or 0
+    flash_repad: bool = False  # the attention output is padded back into a new tensor (JobFacts.flash_repad)
 
 
 def block_facts(job, device: str = "cuda") -> BlockFacts:
@@ -164,6 +165,7 @@ def block_facts(job, device: str = "cuda") -> BlockFacts:
         qk_norm=shape.qk_norm if f.stack.name != "podkit" else "",
         mask_values=(f.attn_mask.layer_values_per_token(t.seq_len, t.micro_batch, attention_kernel(job, device))
                      if f.attn_mask else 0),
+        flash_repad=f.flash_repad,
     )
 
 
@@ -441,6 +443,9 @@ class Trace:
         o_in = out
         if f.kernel not in ("flash", "efficient"):
             o_in = self.new("attention output made contiguous", qd, f.e)
+            self.op([out], [o_in])
+        elif f.flash_repad:
+            o_in = self.new("attention output padded back (flash-attn pad_input)", qd, f.e)
             self.op([out], [o_in])
         res = self.linear(o_in, qd, h, "o_proj")
         self.hold(y)

@@ -454,6 +454,11 @@ class JobFacts:
     release of the hf and deepspeed stacks and whether a mask reaches SDPA: repeats_kv)."""
     attn_mask: AttentionMask | None = None
     """The attention mask the model builds for SDPA (attention_mask); None: SDPA runs causal without one."""
+    flash_repad: bool = False
+    """transformers' flash-attn path unpads a padded batch and pads the output back into a new tensor
+    (modeling_flash_attention_utils._flash_attention_forward: `pad_fn(out, indices_q, batch_size, query_length)`,
+    flash_attn.bert_padding.pad_input's IndexPutFirstAxis: zeros, then index_put): o_proj's input is a copy, not a
+    view of what the varlen kernel saved."""
     rs_input_on_rs_stream: bool = False
     """FSDP2 before torch 2.5: foreach_reduce allocated the fp32 reduce-scatter input inside `with
     torch.cuda.stream(reduce_scatter_stream)`, so that stream's pool caches the largest inputs too."""
@@ -653,7 +658,7 @@ def attention_mask(stack: Stack, train, family: str, arch: str, autocast: bool, 
         # and_masks needs). Before, SDPA runs causal over the whole row.
         t = parse_version(train.torch) if train.torch else (99,)
         return AttentionMask(1, "flat", True) if v >= (4, 54) and t >= (2, 6) else None
-    padded = train.padding == "padded" or (train.padding == "stack" and train.micro_batch > 1)
+    padded = padded_batches(train)
     always = (4, 38) <= v < (4, 40) and family in MASK_ALWAYS_4_38
     if not (padded or always):
         return None
@@ -662,6 +667,12 @@ def attention_mask(stack: Stack, train, family: str, arch: str, autocast: bool, 
     if (4, 38) <= v < (4, 39) and always:
         return AttentionMask(emb, "positions", True)
     return AttentionMask(emb, "batch", emb != e)
+
+
+def padded_batches(train) -> bool:
+    """The micro-batch's sequences are padded to its longest (train.padding; "stack": the Trainer's and TRL's
+    collators pad a batch of more than one)."""
+    return train.padding == "padded" or (train.padding == "stack" and train.micro_batch > 1)
 
 
 def repeats_kv(stack: Stack, train, mask: AttentionMask | None) -> bool:
@@ -1032,4 +1043,5 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
                                   and (not train.torch or parse_version(train.torch) >= (2, 1))),
         repeat_kv=repeats_kv(stack, train, mask),
         attn_mask=mask,  # the replica builds it too (train/model.py ModelOptions.attn_mask)
+        flash_repad=(stack.transformers_release and train.attention == "flash-attn" and padded_batches(train)),
     )

@@ -424,3 +424,32 @@ def test_sliding_window_masks_are_named_as_not_priced(job):
     assert any("sliding-window layers" in n for n in notes("gemma-3-1b", "none"))
     assert not any("sliding-window layers" in n for n in notes("gemma-3-1b", "full"))
     assert not any("sliding-window layers" in n for n in notes("llama-3.2-1b", "none"))
+
+
+def test_flash_attn_pads_a_padded_batchs_output_back_into_a_copy(job):
+    # transformers' flash-attn path unpads a padded batch for the varlen kernel, which saves its (total, heads, d)
+    # output, and pads that back into a new zeros tensor for o_proj (_pad_input; flash_attn.bert_padding.pad_input
+    # alike): o_proj keeps that copy where its weight trains. The replica copies alike; its traced step on the
+    # H100's kernels grows as the prediction does.
+    from transformers.modeling_flash_attention_utils import _pad_input
+
+    from podkit.checks.config import parse_job
+    from podkit.train.traced import trace
+
+    out = torch.randn(6, 4, 8)
+    padded_back = _pad_input(out, torch.tensor([0, 1, 2, 4, 5, 6]), 2, 4)
+    assert padded_back.untyped_storage().data_ptr() != out.untyped_storage().data_ptr()
+
+    def run(padding):
+        j = parse_job('[model]\npreset = "tiny"\n[train]\nstack = "hf"\nprecision = "bf16"\nattention = "flash-attn"\n'
+                      f'micro_batch = 4\nseq_len = 128\npadding = "{padding}"\n[cluster]\ngpu = "H100-80GB"\n')
+        est = estimate(j)
+        analytic = sum(p.bytes for p in est.phase_parts["forward-end"] if p.term != "overhead")
+        block = sum(A.saved_per_token(A.block_facts(j), "none", False).values())
+        return j, trace(j).phases["forward"].peak, analytic, block
+
+    padded, traced_padded, analytic_padded, block_padded = run("padded")
+    _, traced_plain, analytic_plain, block_plain = run("none")
+    assert padded.facts.flash_repad and padded.facts.attn_mask is None
+    assert block_padded - block_plain == padded.shape.q_dim * 2  # o_proj's bf16 input, a copy of its own
+    assert traced_padded - traced_plain == analytic_padded - analytic_plain > 0

@@ -101,6 +101,9 @@ class ModelOptions:
     one row of all its tokens, RoPE by each sequence's positions, under a boolean mask over the whole row)."""
     attn_mask_positions: int = 0
     """For "positions": max_position_embeddings, the side of the mask 4.38 builds."""
+    attn_output_copy: bool = False
+    """The attention output is copied into a new tensor before o_proj, as transformers' flash-attn path pads a
+    padded batch's output back (checks/stacks.py JobFacts.flash_repad)."""
     qk_norm: str = ""
     """An RMSNorm of q and k before RoPE (ModelShape.qk_norm): "head" (over each head, Qwen3's and Gemma 3's
     q_norm/k_norm on q_proj(x).view(..., head_dim)), "full" (over the whole q and k, OLMoE) or ""."""
@@ -205,7 +208,7 @@ class Attention(nn.Module):
         self.attention, self.kernel, self.repeat_kv = opts.attention, opts.sdpa_kernel, opts.repeat_kv
         self.liger_kernel = opts.block_kernels == "liger"
         self.index_mask = opts.attn_mask == "positions"
-        self.qk_norm = opts.qk_norm
+        self.qk_norm, self.output_copy = opts.qk_norm, opts.attn_output_copy
         if opts.qk_norm:
             q_w, k_w = (shape.d_head, shape.d_head) if opts.qk_norm == "head" else (shape.q_dim, shape.kv_dim)
             lk, in_place = opts.block_kernels == "liger", liger_norm_in_place(shape.family)
@@ -248,7 +251,7 @@ class Attention(nn.Module):
             from flash_attn import flash_attn_func  # (b, s, heads, d) layout; GQA native
 
             out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
-            out = out.reshape(b, s, -1)
+            out = (out.clone() if self.output_copy else out).reshape(b, s, -1)
         else:
             if mask is not None and self.index_mask:
                 # transformers 4.38: `causal_mask[:, :, cache_position, : key_states.shape[-2]]`, a copy per layer.
@@ -265,6 +268,8 @@ class Attention(nn.Module):
                 # The flash backend on CUDA (fp16/bf16), memory-efficient or math otherwise; no
                 # s x s matrix is kept, and GQA needs no repeated k/v.
                 out = _sdpa(q, k, v, self.kernel, self.heads != self.kv_heads, mask)
+            if self.output_copy:
+                out = out.clone()  # keeps the kernel's layout: the reshape below stays a view of the copy
             out = out.transpose(1, 2).reshape(b, s, -1)
         return self.o_proj(out)
 
