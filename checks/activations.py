@@ -160,13 +160,19 @@ def block_facts(job, device: str = "cuda") -> BlockFacts:
         # (`y[token_idx] += probs[...] * expert(x[token_idx])`). 5.x banks run grouped_mm over all at once.
         expert_loop="" if not shape.expert_linears else "index_put" if f.stack.name == "litgpt" else "index_add",
         lora_banks=bank_targets(job),
-        # Qwen3Attention (transformers 5.23 modeling_qwen3.py): q_norm(q_proj(x).view(..., head_dim)), the block's
-        # RMSNorm over each head; OLMoE's over the whole q and k. podkit's own replica has none (train/model.py).
-        qk_norm=shape.qk_norm if f.stack.name != "podkit" else "",
+        qk_norm=qk_norm(job),
         mask_values=(f.attn_mask.layer_values_per_token(t.seq_len, t.micro_batch, attention_kernel(job, device))
                      if f.attn_mask else 0),
         flash_repad=f.flash_repad,
     )
+
+
+def qk_norm(job) -> str:
+    """The RMSNorm of q and k before RoPE, as the job's model has it: Qwen3Attention (transformers 5.23
+    modeling_qwen3.py) q_norm(q_proj(x).view(..., head_dim)), the block's RMSNorm over each head ("head"); OLMoE's
+    over the whole q and k ("full"). The podkit stack's own model (train/model.py) has none; bin/smoke's replica of
+    another stack builds the job's (ModelOptions.qk_norm)."""
+    return job.shape.qk_norm if job.facts.stack.name != "podkit" else ""
 
 
 def attention_row(job) -> int:

@@ -21,6 +21,7 @@ from podkit.checks.gpus import lookup
 from podkit.checks.kernels import attention_kernel, sdpa_backend
 from podkit.checks.memory import estimate
 from podkit.checks.stacks import AttentionMask
+from tests.saved_bytes import saved_under
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -61,34 +62,14 @@ def _flattened_batch():
 def _last_layer_saved(model, padded: bool, flattened: bool = False) -> int:
     """Bytes autograd saves under the last decoder layer in one forward, parameters aside, once per storage (the
     rotary cos/sin, shared by every layer, are first saved by the first)."""
-    last = model.model.layers[-1]
-    inside = []
-    pre = last.register_forward_pre_hook(lambda m, a: inside.append(1))
-    post = last.register_forward_hook(lambda m, a, o: inside.pop() and None)
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen, total = set(), []
-
-    def pack(t):
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in params | seen:
-            seen.add(storage.data_ptr())
-            if inside:
-                total.append(storage.nbytes())
-        return t
-
     ids, mask = _batch(padded)
     inputs = {"input_ids": ids, "attention_mask": mask}
     if flattened:
         ids, positions = _flattened_batch()
         # TRL's SFTTrainer.compute_loss passes use_cache=False (sft_trainer.py `inputs["use_cache"] = False`)
         inputs = {"input_ids": ids, "position_ids": positions, "use_cache": False}
-    try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            model(**inputs)
-    finally:
-        pre.remove()
-        post.remove()
-    return sum(total)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    return saved_under(model.model.layers[-1], params, lambda: model(**inputs))
 
 
 def _podkit_block(job, tmp_path, padding: str, attention: str = "sdpa") -> float:

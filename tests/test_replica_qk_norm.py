@@ -7,6 +7,7 @@ import pytest
 
 from podkit.checks import activations as A
 from podkit.checks.config import parse_job
+from tests.saved_bytes import saved_under
 
 torch = pytest.importorskip("torch")
 
@@ -26,24 +27,10 @@ def _replica_block_saved(tmp_path, model_type: str) -> tuple[float, float]:
                     'micro_batch = 2\nseq_len = 128\npadding = "none"\n[cluster]\n').as_replica()
     model = model_mod.materialize(model_mod.build(job.shape, step_mod.model_options(job), "bf16"),
                                   torch.device("cpu"), 0)
-    last, inside = model.layers[-1], []
-    last.register_forward_pre_hook(lambda m, a: inside.append(1))
-    last.register_forward_hook(lambda m, a, o: inside.pop() and None)
-    skip = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen, total = set(), []
-
-    def pack(t):
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in skip | seen:
-            seen.add(storage.data_ptr())
-            if inside:
-                total.append(storage.nbytes())
-        return t
-
     tokens = torch.randint(0, TINY["vocab_size"], (2, 128))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(tokens, tokens)
-    return sum(total) / tokens.numel(), sum(A.saved_per_token(A.block_facts(job, "cpu"), "none", False).values())
+    skip = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved = saved_under(model.layers[-1], skip, lambda: model(tokens, tokens))
+    return saved / tokens.numel(), sum(A.saved_per_token(A.block_facts(job, "cpu"), "none", False).values())
 
 
 def test_the_replica_saves_what_podkit_prices_for_q_k_norms(tmp_path):

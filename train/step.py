@@ -31,7 +31,7 @@ def model_options(job: JobConfig) -> model_mod.ModelOptions:
         lora_dtype=f.lora_dtype, base_quant=t.base_quant, max_seq_len=t.seq_len,
         loss_upcast=f.loss_upcast, logits_kept=f.logits_kept, logits_fp32=f.logits_fp32, repeat_kv=f.repeat_kv,
         reentrant=f.reentrant and f.ac_policy == "block", adapter_input_cast=f.stack.adapter_input_cast,
-        block_kernels=f.block_kernels, qk_norm=A.block_facts(job, "cpu").qk_norm, attn_output_copy=f.flash_repad,
+        block_kernels=f.block_kernels, qk_norm=A.qk_norm(job), attn_output_copy=f.flash_repad,
         **_mask_options(job), **kwargs)
 
 
