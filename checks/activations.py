@@ -113,7 +113,7 @@ class BlockFacts:
     expert_loop: str = ""  # routed experts run one by one: "index_add" (transformers 4.x), "index_put" (litgpt)
     lora_banks: frozenset = frozenset()  # 3-D banks and bare router weights peft's ParamWrapper adapts (bank_targets)
     qk_norm: str = ""  # RMSNorm of q and k before RoPE: "head" (per head: Qwen3, Gemma 3), "full" (OLMoE), ""
-    mask_values: int = 0  # values per token of the mask copy each layer's SDPA saves (stacks.AttentionMask), or 0
+    mask_values: int = 0  # values per token of the mask copy each layer's fused SDPA kernel keeps, or 0
     flash_repad: bool = False  # the attention output is padded back into a new tensor (JobFacts.flash_repad)
 
 
@@ -133,6 +133,11 @@ def block_facts(job, device: str = "cuda") -> BlockFacts:
     # k/v as they are (transformers 4.48 integrations/flash_attention.py passes key/value to
     # _flash_attention_forward unrepeated; the 4.3x-4.47 *FlashAttention2 classes alike).
     repeat = shape.kv_heads != shape.heads and f.repeat_kv and t.attention != "flash-attn"
+    kernel = attention_kernel(job, device)
+    # The mask copy a layer's fused kernel keeps for backward (the math kernel adds the mask to its scores and keeps
+    # none of it).
+    mask_values = (f.attn_mask.layer_values_per_token(t.seq_len, t.micro_batch, kernel)
+                   if f.attn_mask and kernel in ("flash", "efficient") else 0)
     return BlockFacts(
         hidden=shape.hidden, q_dim=shape.q_dim, kv_dim=shape.kv_dim, ffn=shape.dense_ffn, heads=shape.heads,
         moe=shape.moe,
@@ -145,7 +150,7 @@ def block_facts(job, device: str = "cuda") -> BlockFacts:
         norm_weight_bytes=4 if f.kbit_prepared else stream,
         targets=frozenset(f.lora_targets), lora_rank=t.lora_rank, lora_dropout=f.lora_dropout > 0,
         adapter_bytes=adapter, adapter_input_cast=f.stack.adapter_input_cast,
-        kernel=attention_kernel(job, device), gqa=shape.kv_heads != shape.heads and not repeat,
+        kernel=kernel, gqa=shape.kv_heads != shape.heads and not repeat,
         repeat_kv=repeat,
         fused_qkv=f.stack.fused_qkv, liger=f.block_kernels == "liger",
         liger_norm_in_place=liger_norm_in_place(shape.family),
@@ -161,8 +166,7 @@ def block_facts(job, device: str = "cuda") -> BlockFacts:
         expert_loop="" if not shape.expert_linears else "index_put" if f.stack.name == "litgpt" else "index_add",
         lora_banks=bank_targets(job),
         qk_norm=qk_norm(job),
-        mask_values=(f.attn_mask.layer_values_per_token(t.seq_len, t.micro_batch, attention_kernel(job, device))
-                     if f.attn_mask else 0),
+        mask_values=mask_values,
         flash_repad=f.flash_repad,
     )
 

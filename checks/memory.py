@@ -790,7 +790,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
     # or each layer's kernel saves it itself (no per-layer copy); a boolean mask nothing saves dies with the
     # decoder's forward, before the loss (transformers' ForCausalLM computes it after self.model returns).
     am = f.attn_mask
-    mask_pt = am.shared_elems_per_token(t.seq_len, t.micro_batch, shape.rope_positions) * am.elem_bytes if am else 0.0
+    mask_pt = am.shared_bytes_per_token(t.seq_len, t.micro_batch, shape.rope_positions) if am else 0.0
     # Without checkpointing the shared mask outlives the forward only where the kernels save it themselves: the
     # fused kernels with no copy of their own (the math kernel adds it to the scores, which saves nothing of it).
     kernels_keep_it = not bf.mask_values and bf.kernel in ("flash", "efficient")
@@ -816,7 +816,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
         # even unpadded. ModelShape does not carry the window or which layers slide.
         notes.append("sliding-window layers (Gemma 2/3) get an attention mask past their window even when nothing "
                      "is padded, copied by SDPA in each of them: not priced here; checkpointing makes it one layer's.")
-    if bf.mask_values and f.ac_policy == "none" and bf.kernel in ("flash", "efficient"):
+    if bf.mask_values and f.ac_policy == "none":
         copies = L * T * bf.mask_values * e
         flat = am.shape == "flat"
         notes.append(f"{'padding-free (flattened)' if flat else 'padded'} batches: every layer keeps its own {e}-byte "

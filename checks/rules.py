@@ -235,10 +235,10 @@ def flash_attention(job: JobConfig) -> CheckResult:
                                else "use a sm80+ GPU (flash kernel), or a model without GQA" if t.dtype == "fp16"
                                else "use precision = 'fp16-mixed' with a model without GQA, or a sm80+ GPU")
         mask = job.facts.attn_mask
-        if mask and mask.layer_values_per_token(t.seq_len, t.micro_batch, kernel) and job.facts.ac_policy == "none":
+        values = mask.layer_values_per_token(t.seq_len, t.micro_batch, kernel) if mask else 0
+        if values and job.facts.ac_policy == "none":
             # stacks.AttentionMask: SDPA converts (or autocast casts) the mask in every layer and the kernel keeps it.
-            per_layer = mask.layer_values_per_token(t.seq_len, t.micro_batch, kernel) * t.seq_len * t.micro_batch \
-                * t.compute_bytes
+            per_layer = values * t.seq_len * t.micro_batch * t.compute_bytes
             return CheckResult("attention.kernel", WARN,
                                f"sdpa with the {t.padding if t.padding != 'stack' else 'padded'} batches' attention "
                                f"mask: the {kernel} kernel on {gpu.name}, and every layer keeps its own copy of the "

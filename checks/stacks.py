@@ -612,6 +612,10 @@ class AttentionMask:
             return p * p / seq_len
         return {"single": seq_len / micro_batch, "flat": seq_len * micro_batch}.get(self.shape, seq_len)
 
+    def shared_bytes_per_token(self, seq_len: int, micro_batch: int, positions: int) -> float:
+        """Bytes of the once-per-forward mask per token of the micro-batch."""
+        return self.shared_elems_per_token(seq_len, micro_batch, positions) * self.elem_bytes
+
     def row(self, seq_len: int, micro_batch: int) -> int:
         """Values per token of the (b, 1, s, s) mask SDPA sees in a layer: one row (of a flattened row's T tokens)."""
         return seq_len * micro_batch if self.shape == "flat" else seq_len

@@ -105,8 +105,7 @@ def segments(job, device: str = "cuda") -> Replay | None:
     # The attention mask the model builds after the embedding (stacks.AttentionMask): a reentrant checkpoint keeps it
     # as every block's input, to the first block's backward (4.38-4.52) or to the graph's end (4.53+'s keyword).
     am = job.facts.attn_mask
-    mask = int(am.shared_elems_per_token(t.seq_len, t.micro_batch, shape.rope_positions) * am.elem_bytes * tokens) \
-        if am else 0
+    mask = int(am.shared_bytes_per_token(t.seq_len, t.micro_batch, shape.rope_positions) * tokens) if am else 0
     return _replay(bf, shape.layers, shape.vocab, shape.hidden, t.compute_bytes, t.micro_batch,
                    tokens, A.shifted_copy_bytes(job) > 0, block_routing(job, bf), head_loss(job.facts),
                    job.facts.loss_upcast, mask)
