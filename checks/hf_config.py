@@ -172,7 +172,47 @@ def _decoder(k: _Keys, mt: str, name: str) -> ModelShape:
         moe=moe,
         mla=mla,
         rope_positions=k.get("max_position_embeddings", 0),
+        **_sliding(k.cfg, mt, layers),
     )
+
+
+# configuration_*.py's sliding_window default where config.json leaves the key out (transformers 5.23.0: Mistral,
+# Gemma 2, Gemma3TextConfig, Qwen2/Qwen3/their MoE 4096; Mixtral, Phi-3 None). A key given as null means no window.
+_WINDOW_DEFAULT = {"mistral": 4096, "gemma2": 4096, "gemma3_text": 4096, "qwen2": 4096, "qwen3": 4096,
+                   "qwen2_moe": 4096, "qwen3_moe": 4096}
+# The families whose decoder picks each layer's mask by config.layer_types (modeling_*.py `causal_mask_mapping[
+# self.config.layer_types[i]]`); Mistral, Mixtral, Phi-3 and Qwen3-MoE give every layer the sliding mask once a
+# window is set (`mask_function = create_causal_mask if self.config.sliding_window is None else
+# create_sliding_window_causal_mask`).
+_LAYER_TYPED = ("gemma2", "gemma3_text", "qwen2", "qwen3", "qwen2_moe")
+
+
+def _sliding(cfg: dict, mt: str, layers: int) -> dict:
+    """The sliding-window layers and their window, as transformers 5.23.0's configuration_*.py derives
+    layer_types from config.json when the file does not list them."""
+    if mt not in _WINDOW_DEFAULT and mt not in ("mixtral", "phi3"):
+        return {}  # Llama, Gemma, OLMoE, DeepSeek: no sliding window in their modeling files
+    window = cfg["sliding_window"] if "sliding_window" in cfg else _WINDOW_DEFAULT.get(mt)
+    if mt.startswith("qwen") and not cfg.get("use_sliding_window", False):
+        window = None  # Qwen*Config: `self.sliding_window = self.sliding_window if self.use_sliding_window else None`
+    if not window:
+        return {}
+    types = cfg.get("layer_types")
+    mwl = cfg.get("max_window_layers", 28)
+    if mt in _LAYER_TYPED and isinstance(types, list):
+        sliding = [i for i, kind in enumerate(types[:layers]) if kind == "sliding_attention"]
+    elif mt == "gemma2":
+        sliding = [i for i in range(layers) if (i + 1) % 2]  # Gemma2Config: `bool((i + 1) % 2)`
+    elif mt == "gemma3_text":
+        # Gemma3TextConfig: `bool((i + 1) % self._sliding_window_pattern)`, the pattern 6 unless config.json says
+        sliding = [i for i in range(layers) if (i + 1) % cfg.get("sliding_window_pattern", 6)]
+    elif mt in ("qwen2", "qwen3"):
+        sliding = [i for i in range(layers) if i >= mwl]  # `i >= self.max_window_layers`
+    elif mt == "qwen2_moe":
+        sliding = [i for i in range(layers) if (i + 1) % 2 and i < mwl]
+    else:
+        sliding = list(range(layers))
+    return {"sliding_window": int(window), "sliding_layers": tuple(sliding)} if sliding else {}
 
 
 def _qwen_moe(k: _Keys, mt: str, layers: int) -> MoeSpec | None:

