@@ -117,8 +117,10 @@ class BlockFacts:
     flash_repad: bool = False  # the attention output is padded back into a new tensor (JobFacts.flash_repad)
 
 
-def block_facts(job, device: str = "cuda") -> BlockFacts:
-    t, f, shape = job.train, job.facts, job.shape
+def block_facts(job, device: str = "cuda", sliding: bool = False) -> BlockFacts:
+    """What one block saves and makes, as the job's stack runs it; `sliding`: one of its sliding-window layers
+    (ModelShape.sliding_layers), with that layer's own mask, kernel and k/v repeat (JobFacts.layer)."""
+    t, f, shape = job.train, job.facts.layer(sliding), job.shape
     e = t.compute_bytes
     lora = f.lora
     # The residual stream is fp32 when the embedding weight is fp32 and nothing casts it down:
@@ -133,7 +135,7 @@ def block_facts(job, device: str = "cuda") -> BlockFacts:
     # k/v as they are (transformers 4.48 integrations/flash_attention.py passes key/value to
     # _flash_attention_forward unrepeated; the 4.3x-4.47 *FlashAttention2 classes alike).
     repeat = shape.kv_heads != shape.heads and f.repeat_kv and t.attention != "flash-attn"
-    kernel = attention_kernel(job, device)
+    kernel = attention_kernel(job, device, sliding)
     # The mask copy a layer's fused kernel keeps for backward (the math kernel adds the mask to its scores and keeps
     # none of it).
     mask_values = (f.attn_mask.layer_values_per_token(t.seq_len, t.micro_batch, kernel)
@@ -169,6 +171,12 @@ def block_facts(job, device: str = "cuda") -> BlockFacts:
         mask_values=mask_values,
         flash_repad=f.flash_repad,
     )
+
+
+def main_block_facts(job, device: str = "cuda") -> BlockFacts:
+    """The facts of most of the job's blocks, sliding-window or full attention: the block the allocator's replays
+    walk (checks/step_replay.py)."""
+    return block_facts(job, device, sliding=2 * len(job.shape.sliding_layers) > job.shape.layers)
 
 
 def qk_norm(job) -> str:

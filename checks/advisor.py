@@ -94,7 +94,7 @@ def _options(job: JobConfig, allow_seq: bool):
     # unpads a padded batch (modeling_flash_attention_utils _upad_input) and takes packed rows by their position_ids,
     # so no mask is built or copied; where the GPU, precision and head size allow it (rules.flash_attention).
     attentions = [t.attention]
-    if job.facts.attn_mask and t.dtype != "fp32" and job.gpu.compute_capability >= (8, 0) \
+    if job.facts.masks and t.dtype != "fp32" and job.gpu.compute_capability >= (8, 0) \
             and job.shape.d_head <= 256 and job.shape.d_head % 8 == 0:
         attentions.append("flash-attn")
     seqs = [t.seq_len]

@@ -40,8 +40,9 @@ def sdpa_backend(gpu: GpuSpec, dtype_bytes: int, head_dim: int, gqa: bool, bf16:
     return "math"
 
 
-def attention_kernel(job, device: str = "cuda") -> str:
-    """The kernel a job's attention runs: flash-attn's own, eager, or SDPA's pick on the job's GPU.
+def attention_kernel(job, device: str = "cuda", sliding: bool = False) -> str:
+    """The kernel a job's attention runs: flash-attn's own, eager, or SDPA's pick on the job's GPU; `sliding`: in
+    its sliding-window layers, which may get a mask where the others do not (JobFacts.layer).
 
     On a CPU (the smoke run's CPU mode, the tracer) SDPA runs _scaled_dot_product_flash_attention_for_cpu,
     which accepts fp32 and grouped-query attention (sdp_utils_cpp.cpp use_flash_attention_cpp) and,
@@ -56,6 +57,6 @@ def attention_kernel(job, device: str = "cuda") -> str:
         return "eager"
     shape = job.shape
     compute = t.compute_bytes
-    gqa = shape.kv_heads != shape.heads and not job.facts.repeat_kv  # repeated k/v: plain MHA
-    return sdpa_backend(job.gpu, compute, shape.d_head, gqa, bf16=t.dtype == "bf16",
-                        masked=job.facts.attn_mask is not None)
+    f = job.facts.layer(sliding)
+    gqa = shape.kv_heads != shape.heads and not f.repeat_kv  # repeated k/v: plain MHA
+    return sdpa_backend(job.gpu, compute, shape.d_head, gqa, bf16=t.dtype == "bf16", masked=f.attn_mask is not None)

@@ -34,7 +34,7 @@ from podkit.checks.allocator import round_size, segment_size
 from podkit.checks.config import JobConfig
 from podkit.checks.gpus import GpuSpec
 from podkit.checks.models import ParamGroup
-from podkit.checks.stacks import TORCHAO_OPTIMIZERS, adapted_banks, parse_version, targeted
+from podkit.checks.stacks import TORCHAO_OPTIMIZERS, adapted_banks, padded_batches, parse_version, targeted
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -772,12 +772,21 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
     # on its own (the first block's saved set, the block in backward) is taken at the larger kind: the
     # config gives how many blocks are dense, not always where (DeepSeek's first_k_dense_replace are the
     # first, Qwen's mlp_only_layers any), as for the last block's forward below.
+    # Sliding-window layers (ModelShape.sliding_layers) are a kind of their own where they get a mask the others do
+    # not (JobFacts.layer): their mask copy, kernel and k/v repeat. Where a model has both, the sliding share of each
+    # dense/MoE kind is taken as the model's (Qwen2-MoE's use_sliding_window alone mixes them).
     n_moe = shape.moe_layers
-    kinds = [(m, n) for m, n in ((False, L - n_moe), (True, n_moe)) if n]  # (MoE?, blocks of that kind)
+    bf_slide = A.block_facts(job, device, sliding=True) if shape.sliding_layers else bf
+    n_slide = len(shape.sliding_layers) if bf_slide != bf else 0
+    kinds = []  # (the block's facts, MoE?, blocks of that kind)
+    for m, count in ((False, L - n_moe), (True, n_moe)):
+        slid = round(count * n_slide / L)
+        kinds += [(kbf, m, n) for kbf, n in ((bf, count - slid), (bf_slide, slid)) if n]
+    bf_main = A.main_block_facts(job, device)  # for the allocator's replays of one block
     stored = {}
     one_block_pt = 0.0
-    for moe_layer, count in kinds:
-        saved = A.saved_per_token(bf, f.ac_policy, moe_layer)
+    for kbf, moe_layer, count in kinds:
+        saved = A.saved_per_token(kbf, f.ac_policy, moe_layer)
         one_block_pt = max(one_block_pt, sum(saved.values()))
         for label, b in saved.items():
             stored[label] = stored.get(label, 0) + b * count / L
@@ -789,12 +798,20 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
     # lives through the blocks' forward, and on through backward where a checkpoint keeps it as a block input
     # or each layer's kernel saves it itself (no per-layer copy); a boolean mask nothing saves dies with the
     # decoder's forward, before the loss (transformers' ForCausalLM computes it after self.model returns).
-    am = f.attn_mask
-    mask_pt = am.shared_bytes_per_token(t.seq_len, t.micro_batch, shape.rope_positions) if am else 0.0
-    # Without checkpointing the shared mask outlives the forward only where the kernels save it themselves: the
-    # fused kernels with no copy of their own (the math kernel adds it to the scores, which saves nothing of it).
-    kernels_keep_it = not bf.mask_values and bf.kernel in ("flash", "efficient")
-    mask_kept_pt = mask_pt if am and (f.ac_policy != "none" or kernels_keep_it) else 0.0
+    # A model with sliding-window layers builds their mask too (JobFacts.sliding_mask).
+    am, sm = f.attn_mask, f.sliding_mask
+
+    def shared_pt(m) -> float:
+        return m.shared_bytes_per_token(t.seq_len, t.micro_batch, shape.rope_positions) if m else 0.0
+
+    def kept_pt(m, kbf) -> float:
+        # Without checkpointing a shared mask outlives the forward only where the kernels save it themselves: the
+        # fused kernels with no copy of their own (the math kernel adds it to the scores, which saves nothing of it).
+        kernels_keep_it = not kbf.mask_values and kbf.kernel in ("flash", "efficient")
+        return shared_pt(m) if m and (f.ac_policy != "none" or kernels_keep_it) else 0.0
+
+    mask_pt = shared_pt(am) + shared_pt(sm)
+    mask_kept_pt = kept_pt(am, bf) + kept_pt(sm, bf_slide)
     mask_text = f" + attention mask {mask_kept_pt:,.0f} B" if mask_kept_pt else ""
     # transformers 4.53-4.57 checkpoint each layer reentrantly (the Trainer's default use_reentrant=True) through
     # GradientCheckpointingLayer, which hands the mask over as a keyword: `partial(super().__call__, **kwargs)`
@@ -806,32 +823,40 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
     mask_held = [Part("activations", "attention mask held by the reentrant checkpoints' partial", int(mask_pt * T),
                       f"{mask_pt:,.0f} B per token x {T:,} (4.53+ GradientCheckpointingLayer keyword)",
                       transient=True)] if (
-        am and f.stack.transformers_release and f.ac_policy == "block" and f.reentrant
+        f.masks and f.stack.transformers_release and f.ac_policy == "block" and f.reentrant
         and not f.fsdp1_checkpoint_around_unit and (not t.transformers or parse_version(t.transformers) >= (4, 53))
     ) else []
-    if (f.stack.transformers_release and t.attention == "sdpa" and shape.family in ("gemma2", "gemma3_text", "gemma3")
-            and f.ac_policy == "none"):
-        # transformers >= 4.53 masking_utils.sdpa_mask skips a sliding-window layer's mask only while
-        # kv_length < local_size (_ignore_causal_mask_sdpa): past the window those layers get a (b, 1, s, s) mask
-        # even unpadded. ModelShape does not carry the window or which layers slide.
-        notes.append("sliding-window layers (Gemma 2/3) get an attention mask past their window even when nothing "
-                     "is padded, copied by SDPA in each of them: not priced here; checkpointing makes it one layer's.")
-    if bf.mask_values and f.ac_policy == "none":
-        copies = L * T * bf.mask_values * e
-        flat = am.shape == "flat"
-        notes.append(f"{'padding-free (flattened)' if flat else 'padded'} batches: every layer keeps its own {e}-byte "
-                     f"copy of the {'(1, 1, tokens, tokens)' if flat else '(batch, 1, seq, seq)'} attention mask for "
-                     f"backward, {copies / 2**30:.2f} GiB over {L} layers; "
+    if (shape.sliding_layers and f.stack.transformers_release and t.attention == "sdpa" and t.transformers
+            and parse_version(t.transformers) < (4, 53)):
+        # Before masking_utils (4.53) each family built its sliding mask its own way (Gemma 2's decoder layer
+        # `torch.where(sliding_window_mask, min_dtype, attention_mask)`, Mistral's _update_causal_mask): not modelled.
+        notes.append(f"sliding-window layers ({len(shape.sliding_layers)} of {L}, window {shape.sliding_window}): "
+                     f"transformers {t.transformers} builds their mask in its own way, not priced here; 4.53 and "
+                     "later are.")
+    masked = [(kbf, n) for kbf, _, n in kinds if kbf.mask_values]
+    if masked and f.ac_policy == "none":
+        copies = T * e * sum(kbf.mask_values * n for kbf, n in masked)
+        layers = sum(n for _, n in masked)
+        flat = (am or sm).shape == "flat"
+        padded = padded_batches(t) or am is not None  # 4.38-4.39's always-built mask reads as padded
+        why = ("padding-free (flattened) batches" if flat else "padded batches" if padded
+               else f"sliding-window layers past their window ({shape.sliding_window} tokens)")
+        notes.append(f"{why}: every layer with a mask keeps its own {e}-byte copy of the "
+                     f"{'(1, 1, tokens, tokens)' if flat else '(batch, 1, seq, seq)'} attention mask for "
+                     f"backward, {copies / 2**30:.2f} GiB over {layers} layers; "
                      + ("attention = 'flash-attn' (which TRL asks for with padding-free batches) or checkpointing "
                         "avoid it." if flat else
+                        "checkpointing or attention = 'flash-attn' avoid it." if not padded else
                         "equal-length batches (padding = 'none'), checkpointing, or attention = 'flash-attn' avoid it."))
     # A checkpointed block recomputes its forward with grad enabled: bitsandbytes < 0.43.2 then keeps
     # every 4-bit matmul's input on its ctx (MatMul4Bit.forward `ctx.tensors = (A, B)`, 0.43.0
     # autograd/_functions.py l.522-523) until the block's backward is done, reentrant or not.
-    bf_re = dataclasses.replace(bf, quant_saves_input=True) if f.quant_input_in_recompute else bf
+    def bf_re(kbf):
+        return dataclasses.replace(kbf, quant_saves_input=True) if f.quant_input_in_recompute else kbf
+
     # What the recompute saves again: autograd's saved set less what the policy kept (by tensor).
-    recompute_by_kind = {m: A.recomputed_per_token(bf_re, f.ac_policy, m, ctx_kept=bf.quant_saves_input)
-                         if f.ac_policy != "none" else 0.0 for m, _ in kinds}
+    recompute_by_kind = [A.recomputed_per_token(bf_re(kbf), f.ac_policy, m, ctx_kept=bf.quant_saves_input)
+                         if f.ac_policy != "none" else 0.0 for kbf, m, _ in kinds]
     head = A.head_saved_per_token(bf, not lora, f.quantize_head,
                                   input_saved={"liger": "never", "fused": "always"}.get(f.loss, "for-grads"))
     head_pt = sum(head.values())
@@ -858,22 +883,23 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
     # A checkpointed block's backward starts with its recompute, whose last ops hold their own
     # intermediates beside nearly every saved tensor; then the backward itself (gradients), by which time a
     # selective policy's outputs that autograd does not save are gone (activations.sac_released_per_token).
-    released = {m: A.sac_released_per_token(bf, f.ac_policy, m) for m, _ in kinds}
-    released_pt = max(released.values())
+    released = [A.sac_released_per_token(kbf, f.ac_policy, m) for kbf, m, _ in kinds]
+    released_pt = max(released)
     sac = f.ac_policy in ("matmuls", "op-sac")
 
-    def recompute_transient(m: bool) -> float:
+    def recompute_transient(kbf, m: bool) -> float:
         if f.ac_policy == "none":
             return 0.0
         if sac:
-            return A.sac_recompute_transient_per_token(bf_re, f.ac_policy, m)
-        return A.recompute_transient_per_token(bf_re, m, f.reentrant)
+            return A.sac_recompute_transient_per_token(bf_re(kbf), f.ac_policy, m)
+        return A.recompute_transient_per_token(bf_re(kbf), m, f.reentrant)
 
-    def in_backward_pt(m: bool) -> tuple[float, float]:
-        return recompute_by_kind[m], max(A.backward_intermediates_per_token(bf, m) - released[m],
-                                         recompute_transient(m))
+    def in_backward_pt(i: int) -> tuple[float, float]:
+        kbf, m, _ = kinds[i]
+        return recompute_by_kind[i], max(A.backward_intermediates_per_token(kbf, m) - released[i],
+                                         recompute_transient(kbf, m))
 
-    recompute_pt, grad_inter_pt = max((in_backward_pt(m) for m, _ in kinds), key=sum)
+    recompute_pt, grad_inter_pt = max((in_backward_pt(i) for i in range(len(kinds))), key=sum)
     in_backward = Part("activations", "one block in backward", int((recompute_pt + grad_inter_pt) * T),
                        (f"recomputed block {recompute_pt:,.0f} B + " if recompute_pt else "")
                        + f"gradient intermediates {grad_inter_pt:,.0f} B, per token x {T:,}"
@@ -899,7 +925,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
     # whatever its nodes hold outside saved tensors (bitsandbytes < 0.43.2's ctx.tensors inputs).
     previous = []
     if f.previous_outputs_kept:
-        ctx_held = sum(A.ctx_kept_per_token(bf, m) * n for m, n in kinds)
+        ctx_held = sum(A.ctx_kept_per_token(kbf, m) * n for kbf, m, n in kinds)
         if f.quantize_head:
             ctx_held += shape.hidden * e  # the 4-bit LM head's input (its chunks are views of it)
         held = lb.kept * logits + (ctx_held * T if f.quant_saves_input else 0)
@@ -946,14 +972,14 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
                 else ((), ())
             # A full fine-tune's weight gradients and flat gradients (step_replay.backward_events).
             trained = bf.weights_trainable
-            block = step_replay.backward_replay(bf, f.reentrant, trained) if f.ac_policy == "block" else None
+            block = step_replay.backward_replay(bf_main, f.reentrant, trained) if f.ac_policy == "block" else None
             vocab_grad = shape.vocab * shape.hidden * e  # the head's weight gradient, and the embedding's
             unit_grad, root_grads = ((sum(units[0][0]), (vocab_grad, vocab_grad, sum(units[-1][0]))) if trained
                                      else (0, (0, 0, 0)))
             moe = None
             if shape.moe:
-                routing = step_replay.block_routing(job, bf)
-                moe = (bf, step_replay.backward_experts(bf, f.reentrant, trained) if block and routing else (),
+                routing = step_replay.block_routing(job, bf_main)
+                moe = (bf_main, step_replay.backward_experts(bf_main, f.reentrant, trained) if block and routing else (),
                        routing)
             if block:
                 replayed = "first two steps" + (" and the optimizer step between them" if step[0] else "")
@@ -1001,7 +1027,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
     # (The loss's own hole is loss_hole above.)
     holes_pt = 0.0
     if f.ac_policy == "block" and f.loss not in ("chunked", "fused", "liger"):
-        holes_pt = A.block_forward_transient_per_token(bf)
+        holes_pt = A.block_forward_transient_per_token(bf_main)
     holes = Part("overhead", "freed blocks too small for the logits (cached, empty)", int(holes_pt * T),
                  f"{holes_pt:,.0f} B per token: the checkpointed blocks' no-grad temporaries", where="pool")
 
@@ -1182,7 +1208,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
     # chunked): the other blocks' saved activations beside that block's forward peak, its input included
     # (activations.forward_peak_per_token; a checkpointed block's first forward keeps nothing of its own).
     if f.ac_policy in ("none", "block") and not f.fsdp:
-        block_pt = max(A.forward_peak_per_token(bf, m, keep_saved=f.ac_policy == "none") for m, _ in kinds)
+        block_pt = max(A.forward_peak_per_token(kbf, m, keep_saved=f.ac_policy == "none") for kbf, m, _ in kinds)
         last_block = Part("activations", "the last block's forward",
                           int(((L - 1) * stored_pt + block_pt + mask_pt) * T),
                           f"{L - 1} blocks x {stored_pt:,.0f} B + that block's peak {block_pt:,.0f} B"

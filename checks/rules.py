@@ -219,7 +219,11 @@ def flash_attention(job: JobConfig) -> CheckResult:
                            f"eager attention stores s x s scores: {gib(scores)} per layer",
                            "use attention = 'sdpa'")
     if t.attention != "flash-attn":
-        kernel = attention_kernel(job)
+        # Sliding-window layers may get a mask, and with it another kernel, where the others do not (JobFacts.layer).
+        n_slide = len(shape.sliding_layers)
+        kinds = [(s, n, attention_kernel(job, sliding=s))
+                 for s, n in ((False, shape.layers - n_slide), (True, n_slide)) if n]
+        kernel = "math" if any(k == "math" for *_, k in kinds) else max(kinds, key=lambda k: k[1])[2]
         if kernel == "math":
             # torch's SDPA falls back to its math kernel (sdp_utils.cpp): no flash for fp32 or
             # pre-sm80, no memory-efficient kernel for grouped-query attention.
@@ -234,19 +238,28 @@ def flash_attention(job: JobConfig) -> CheckResult:
                                "use precision = 'bf16-mixed' on sm80+ (flash kernel)" if gpu.supports_bf16
                                else "use a sm80+ GPU (flash kernel), or a model without GQA" if t.dtype == "fp16"
                                else "use precision = 'fp16-mixed' with a model without GQA, or a sm80+ GPU")
-        mask = job.facts.attn_mask
-        values = mask.layer_values_per_token(t.seq_len, t.micro_batch, kernel) if mask else 0
-        if values and job.facts.ac_policy == "none":
-            # stacks.AttentionMask: SDPA converts (or autocast casts) the mask in every layer and the kernel keeps it.
+        # stacks.AttentionMask: SDPA converts (or autocast casts) the mask in every layer and the kernel keeps it.
+        copies = [(s, n, k, job.facts.layer(s).attn_mask.layer_values_per_token(t.seq_len, t.micro_batch, k))
+                  for s, n, k in kinds if job.facts.layer(s).attn_mask]
+        copies = [c for c in copies if c[3]]
+        if copies and job.facts.ac_policy == "none":
+            sliding, n, k, values = copies[0]
             per_layer = values * t.seq_len * t.micro_batch * t.compute_bytes
+            if sliding and not stacks.padded_batches(t) and t.padding != "flattened":
+                return CheckResult("attention.kernel", WARN,
+                                   f"sdpa in the {n} sliding-window layers, past their {shape.sliding_window}-token "
+                                   f"window: each gets a mask, runs the {k} kernel on {gpu.name} and keeps its own "
+                                   f"copy of the mask, {gib(per_layer)} per layer",
+                                   "use attention = 'flash-attn' where the GPU has it (it takes the window without a "
+                                   "mask), or checkpointing")
             return CheckResult("attention.kernel", WARN,
                                f"sdpa with the {t.padding if t.padding != 'stack' else 'padded'} batches' attention "
-                               f"mask: the {kernel} kernel on {gpu.name}, and every layer keeps its own copy of the "
+                               f"mask: the {k} kernel on {gpu.name}, and every layer keeps its own copy of the "
                                f"mask, {gib(per_layer)} per layer",
                                "use attention = 'flash-attn' where the GPU has it (transformers unpads the batch for it), "
                                "or equal-length batches (padding = 'none')")
         return CheckResult("attention.kernel", PASS, f"sdpa: the {kernel} kernel on {gpu.name}, no s x s matrix"
-                           + (" (a padding mask rules flash out)" if job.facts.attn_mask and kernel == "efficient" else ""))
+                           + (" (a padding mask rules flash out)" if job.facts.masks and kernel == "efficient" else ""))
     # flash-attn 2 ships kernels for Ampere, Ada and Hopper (its README: sm80 and newer).
     if gpu.compute_capability < (8, 0):
         return CheckResult("attention.kernel", FAIL,

@@ -453,7 +453,15 @@ class JobFacts:
     """Grouped-query k/v are copied out to every head before attention (Stack.repeat_kv, or the transformers
     release of the hf and deepspeed stacks and whether a mask reaches SDPA: repeats_kv)."""
     attn_mask: AttentionMask | None = None
-    """The attention mask the model builds for SDPA (attention_mask); None: SDPA runs causal without one."""
+    """The attention mask the model builds for SDPA's full-attention layers (attention_mask); None: SDPA runs
+    causal without one, or every layer slides (sliding_mask)."""
+    sliding_own: bool = False
+    """The model's sliding-window layers (ModelShape.sliding_layers) get a mask of their own, priced as such
+    (sliding_attention_mask: transformers >= 4.53 under SDPA); elsewhere they are priced as the other layers."""
+    sliding_mask: AttentionMask | None = None
+    """With sliding_own, the mask the sliding-window layers get; None: they run causal without one."""
+    sliding_repeat_kv: bool = False
+    """repeat_kv as a sliding-window layer sees it (with a mask, SDPA gets k/v repeated to every head)."""
     flash_repad: bool = False
     """transformers' flash-attn path unpads a padded batch and pads the output back into a new tensor
     (modeling_flash_attention_utils._flash_attention_forward: `pad_fn(out, indices_q, batch_size, query_length)`,
@@ -462,6 +470,17 @@ class JobFacts:
     rs_input_on_rs_stream: bool = False
     """FSDP2 before torch 2.5: foreach_reduce allocated the fp32 reduce-scatter input inside `with
     torch.cuda.stream(reduce_scatter_stream)`, so that stream's pool caches the largest inputs too."""
+
+    def layer(self, sliding: bool) -> "JobFacts":
+        """The facts as one kind of layer sees them: a sliding-window layer has its own mask and k/v repeat."""
+        if not (sliding and self.sliding_own):
+            return self
+        return dataclasses.replace(self, attn_mask=self.sliding_mask, repeat_kv=self.sliding_repeat_kv)
+
+    @property
+    def masks(self) -> tuple[AttentionMask, ...]:
+        """The attention masks the model builds once per forward: the full-attention layers', the sliding ones'."""
+        return tuple(m for m in (self.attn_mask, self.sliding_mask if self.sliding_own else None) if m)
 
     @property
     def bnb_unsupported(self) -> bool:
@@ -671,6 +690,40 @@ def attention_mask(stack: Stack, train, family: str, arch: str, autocast: bool, 
     if (4, 38) <= v < (4, 39) and always:
         return AttentionMask(emb, "positions", True)
     return AttentionMask(emb, "batch", emb != e)
+
+
+def sliding_own_mask(stack: Stack, train, shape) -> bool:
+    """Whether the job's sliding-window layers get a mask of their own as modelled here (JobFacts.sliding_own):
+    transformers >= 4.53 under SDPA. flash-attn takes the window as an argument, no mask; eager's full-size mask
+    is not priced either way; podkit's, litgpt's, torchtune's and torchtitan's models are run without a window."""
+    if not shape.sliding_layers or train.attention != "sdpa" or shape.arch != "llama" or not stack.transformers_release:
+        return False
+    return (parse_version(train.transformers) if train.transformers else (99,)) >= (4, 53)
+
+
+def sliding_attention_mask(train, shape) -> AttentionMask | None:
+    """The mask a transformers >= 4.53 model builds for its sliding-window layers (ModelShape.sliding_layers), where
+    sliding_own_mask; None where they run causal without one.
+
+    masking_utils.create_sliding_window_causal_mask hands sdpa_mask local_size=sliding_window, and
+    _ignore_causal_mask_sdpa skips the mask only while `kv_length < local_attention_size` (4.53.0 l.214 through
+    5.23.0 l.301): from seq_len = window on, a sliding layer gets a boolean (b, 1, s, s) mask even when nothing is
+    padded: the collators' all-ones attention_mask is folded in (sdpa_mask: `and_masks(mask_function,
+    padding_mask_function(padding_mask))`), measured in tests/test_sliding_window.py. A batch given no attention_mask at
+    all gets one (1, 1, s, s) mask expanded over the batch instead, priced here as the larger. A padding-free row gets
+    it over all its T tokens. SDPA converts it in every layer that takes it (AttentionMask.layer_copy). Releases before 4.53 (Gemma 2's own sliding mask in its decoder layer, Mistral's
+    _update_causal_mask with sliding_window) are not modelled here: memory.estimate says so."""
+    v = parse_version(train.transformers) if train.transformers else (99,)
+    if train.padding == "flattened":
+        t = parse_version(train.torch) if train.torch else (99,)
+        # >= 4.54 with torch >= 2.6 reads the packed sequences off position_ids and builds the mask with
+        # allow_is_causal_skip=False; before, the row of T tokens is one sequence to it, masked past the window.
+        if (v >= (4, 54) and t >= (2, 6)) or train.seq_len * train.micro_batch >= shape.sliding_window:
+            return AttentionMask(1, "flat", True)
+        return None
+    if padded_batches(train):
+        return AttentionMask(1, "batch", True)
+    return AttentionMask(1, "batch", True) if train.seq_len >= shape.sliding_window else None
 
 
 def padded_batches(train) -> bool:
@@ -977,6 +1030,10 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
                           "(is_causal), so padding does not change its memory",
                           "remove it (it applies to the hf and deepspeed stacks)")
     mask = attention_mask(stack, train, hf_family(shape), arch, autocast, lora)
+    sliding_own = sliding_own_mask(stack, train, shape)
+    sliding = sliding_attention_mask(train, shape) if sliding_own else None
+    if sliding_own and len(shape.sliding_layers) == shape.layers:
+        mask = None  # Mistral-style: every layer takes the sliding mask (or none below the window), no full one
     return JobFacts(
         stack=stack,
         loss=loss,
@@ -1047,5 +1104,8 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
                                   and (not train.torch or parse_version(train.torch) >= (2, 1))),
         repeat_kv=repeats_kv(stack, train, mask),
         attn_mask=mask,  # the replica builds it too (train/model.py ModelOptions.attn_mask)
+        sliding_own=sliding_own,
+        sliding_mask=sliding,
+        sliding_repeat_kv=repeats_kv(stack, train, sliding),
         flash_repad=(stack.transformers_release and train.attention == "flash-attn" and padded_batches(train)),
     )

@@ -100,12 +100,12 @@ def segments(job, device: str = "cuda") -> Replay | None:
     if device != "cuda" or not applies(job):
         return None
     t, shape = job.train, job.shape
-    bf = A.block_facts(job, device)
+    bf = A.main_block_facts(job, device)
     tokens = t.micro_batch * t.seq_len
-    # The attention mask the model builds after the embedding (stacks.AttentionMask): a reentrant checkpoint keeps it
-    # as every block's input, to the first block's backward (4.38-4.52) or to the graph's end (4.53+'s keyword).
-    am = job.facts.attn_mask
-    mask = int(am.shared_bytes_per_token(t.seq_len, t.micro_batch, shape.rope_positions) * tokens) if am else 0
+    # The attention masks the model builds after the embedding (stacks.AttentionMask): a reentrant checkpoint keeps
+    # them as every block's input, to the first block's backward (4.38-4.52) or to the graph's end (4.53+'s keyword).
+    mask = int(sum(m.shared_bytes_per_token(t.seq_len, t.micro_batch, shape.rope_positions)
+                   for m in job.facts.masks) * tokens)
     return _replay(bf, shape.layers, shape.vocab, shape.hidden, t.compute_bytes, t.micro_batch,
                    tokens, A.shifted_copy_bytes(job) > 0, block_routing(job, bf), head_loss(job.facts),
                    job.facts.loss_upcast, mask)

@@ -15,6 +15,7 @@ The model is created on the meta device and materialised once, straight on the t
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -104,6 +105,14 @@ class ModelOptions:
     attn_output_copy: bool = False
     """The attention output is copied into a new tensor before o_proj, as transformers' flash-attn path pads a
     padded batch's output back (checks/stacks.py JobFacts.flash_repad)."""
+    sliding_layers: tuple = ()
+    """The layers that attend within sliding_window (ModelShape.sliding_layers) and get their own mask, kernel and
+    k/v repeat (checks/stacks.py JobFacts.sliding_own): sliding_mask, sliding_sdpa_kernel, sliding_repeat_kv."""
+    sliding_window: int = 0
+    sliding_mask: str = ""
+    """The sliding layers' mask, as attn_mask's kinds: "" (none: is_causal), "bool" or "flat"."""
+    sliding_repeat_kv: bool = False
+    sliding_sdpa_kernel: str = "auto"
     qk_norm: str = ""
     """An RMSNorm of q and k before RoPE (ModelShape.qk_norm): "head" (over each head, Qwen3's and Gemma 3's
     q_norm/k_norm on q_proj(x).view(..., head_dim)), "full" (over the whole q and k, OLMoE) or ""."""
@@ -115,6 +124,8 @@ class ModelOptions:
                                      ("sdpa_kernel", self.sdpa_kernel, SDPA_KERNELS),
                                      ("block_kernels", self.block_kernels, BLOCK_KERNELS),
                                      ("attn_mask", self.attn_mask, ATTN_MASKS),
+                                     ("sliding_mask", self.sliding_mask, ("", "bool", "flat")),
+                                     ("sliding_sdpa_kernel", self.sliding_sdpa_kernel, SDPA_KERNELS),
                                      ("qk_norm", self.qk_norm, ("", "head", "full"))):
             if value not in choices:
                 raise ValueError(f"ModelOptions.{name}: {value!r} is not one of {', '.join(choices)}")
@@ -123,6 +134,8 @@ class ModelOptions:
             raise ValueError(f"ModelOptions.lora_targets: unknown {sorted(unknown)}; known {', '.join(LORA_TARGETS)}")
         if self.lora_rank and not self.lora_targets:
             raise ValueError("ModelOptions.lora_targets: LoRA needs at least one target linear")
+        if self.sliding_layers and self.sliding_window <= 0:
+            raise ValueError("ModelOptions.sliding_window: sliding layers need a positive window")
         if not 0 <= self.lora_dropout < 1:
             raise ValueError(f"ModelOptions.lora_dropout: must be in [0, 1), got {self.lora_dropout}")
         if self.loss_chunks < 1:
@@ -131,6 +144,13 @@ class ModelOptions:
             raise ValueError("ModelOptions.reentrant: op-level checkpoint policies need the non-reentrant checkpoint")
         if self.loss in ("fused", "liger") and self.lora_rank and "lm_head" in self.lora_targets:
             raise ValueError(f"ModelOptions.loss: the {self.loss} loss needs a plain head weight, not a LoRA lm_head")
+
+    def for_layer(self, i: int) -> "ModelOptions":
+        """The options layer i runs with: a sliding-window layer's own mask kind, kernel and k/v repeat."""
+        if i not in self.sliding_layers:
+            return self
+        return dataclasses.replace(self, attn_mask=self.sliding_mask, sdpa_kernel=self.sliding_sdpa_kernel,
+                                   repeat_kv=self.sliding_repeat_kv)
 
 
 class RMSNorm(nn.Module):
@@ -401,7 +421,7 @@ class Decoder(nn.Module):
         super().__init__()
         self.shape, self.opts = shape, opts
         self.embed_tokens = nn.Embedding(shape.vocab, shape.hidden)
-        self.layers = nn.ModuleList(Block(shape, opts, linear) for _ in range(shape.layers))
+        self.layers = nn.ModuleList(Block(shape, opts.for_layer(i), linear) for i in range(shape.layers))
         self.norm = RMSNorm(shape.hidden, liger_kernel=opts.block_kernels == "liger",
                             liger_in_place=liger_norm_in_place(shape.family))
         self.lm_head = None if shape.tie_embeddings else linear("lm_head", shape.hidden, shape.vocab, bias=False)
@@ -425,9 +445,10 @@ class Decoder(nn.Module):
             rows = x.shape[0]
             x = x.reshape(1, -1, x.shape[-1])
         mask = self._attention_mask(x)
-        for block in self.layers:
-            x = self._run_block(block, x, mask, rows)
-        del mask  # the decoder's forward returns here in transformers: what no node saved dies before the loss
+        sliding = self._sliding_mask(x) if self.opts.sliding_layers else None
+        for i, block in enumerate(self.layers):
+            x = self._run_block(block, x, sliding if i in self.opts.sliding_layers else mask, rows)
+        del mask, sliding  # the decoder's forward returns here in transformers: what no node saved dies before the loss
         if rows > 1:
             x = x.reshape(rows, -1, x.shape[-1])
         if self.on_blocks_backward is not None and x.requires_grad:
@@ -489,6 +510,17 @@ class Decoder(nn.Module):
             return causal.expand(b, 1, n, n).clone()
         additive = torch.zeros(n, n, dtype=x.dtype, device=x.device).masked_fill_(~causal, torch.finfo(x.dtype).min)
         return additive.expand(b, 1, n, n) if kind == "single" else additive.expand(b, 1, n, n).clone()
+
+    def _sliding_mask(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The sliding-window layers' boolean mask (masking_utils sliding_window_causal_mask_function: a query attends
+        to the sliding_window keys up to itself), as ModelOptions.sliding_mask says it is built."""
+        kind = self.opts.sliding_mask
+        if not kind:
+            return None
+        b, s = x.shape[:2]
+        ones = torch.ones(s, s, dtype=torch.bool, device=x.device)
+        window = ones.tril() & ones.triu(-(self.opts.sliding_window - 1))
+        return window.expand(b, 1, s, s).clone()  # (b, 1, s, s): the padding mask folded in
 
     def _run_block(self, block: Block, x: torch.Tensor, mask: torch.Tensor | None = None, rows: int = 1) -> torch.Tensor:
         policy = self.opts.ac_policy

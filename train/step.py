@@ -35,13 +35,22 @@ def model_options(job: JobConfig) -> model_mod.ModelOptions:
         **_mask_options(job), **kwargs)
 
 
-def _mask_options(job: JobConfig) -> dict:
-    """The replica's attention mask, as the job's model builds it (checks/stacks.py AttentionMask)."""
-    m = job.facts.attn_mask
+def _mask_kind(m) -> str:
     if m is None:
-        return {}
-    kind = m.shape if m.shape in ("single", "positions", "flat") else "bool" if m.elem_bytes == 1 else "float"
-    return {"attn_mask": kind, "attn_mask_positions": job.shape.rope_positions if kind == "positions" else 0}
+        return ""
+    return m.shape if m.shape in ("single", "positions", "flat") else "bool" if m.elem_bytes == 1 else "float"
+
+
+def _mask_options(job: JobConfig) -> dict:
+    """The replica's attention masks, as the job's model builds them (checks/stacks.py AttentionMask): the full
+    layers' and, where they have their own (JobFacts.sliding_own), the sliding-window layers'."""
+    f, shape = job.facts, job.shape
+    kind = _mask_kind(f.attn_mask)
+    out = {"attn_mask": kind, "attn_mask_positions": shape.rope_positions if kind == "positions" else 0}
+    if f.sliding_own:
+        out.update(sliding_layers=shape.sliding_layers, sliding_window=shape.sliding_window,
+                   sliding_mask=_mask_kind(f.sliding_mask), sliding_repeat_kv=f.sliding_repeat_kv)
+    return out
 
 
 def autocast_context(enabled: bool, device_type: str, precision: str):

@@ -354,7 +354,7 @@ def trace(job: JobConfig, steps: int = 2, device_kind: str = "cuda",
     elif cuda and opts.attention == "sdpa" and opts.sdpa_kernel == "auto":
         # The kernel the prediction assumes, decided once (checks/kernels.py, after sdp_utils.cpp).
         kernel = attention_kernel(job)
-        opts = _replace(opts, sdpa_kernel=kernel)
+        opts = _replace(opts, sdpa_kernel=kernel, sliding_sdpa_kernel=attention_kernel(job, sliding=True))
         sdpa = {kernel: f"{t.precision} on {job.gpu.name} (sm{job.gpu.sm}), head_dim {job.shape.d_head}"
                 + (", k/v repeated" if opts.repeat_kv and job.shape.kv_heads != job.shape.heads else
                    ", grouped-query" if job.shape.kv_heads != job.shape.heads else "")}
