@@ -776,9 +776,9 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
     # not (JobFacts.layer): their mask copy, kernel and k/v repeat. Where a model has both, the sliding share of each
     # dense/MoE kind is taken as the model's (Qwen2-MoE's use_sliding_window alone mixes them). The block in backward
     # is taken at the larger kind with every block's input still held, as if backward began in it: where the last
-    # layer attends fully (Gemma 2; Gemma 3 12B's 48th), the first sliding one comes a block later, with that block's
-    # input freed, so the backward peak reads high by at most one block input (checked in tests/test_sliding_window.py
-    # with a sliding last layer).
+    # layer attends fully (Gemma 2; Gemma 3 12B's 48th), the first sliding one comes a block later, with what that
+    # block kept freed, so the backward peak reads high by at most the sliding kind's extra (a checkpointed block: one
+    # block input less; tests/test_sliding_window.py checks it exact with a sliding last layer).
     n_moe = shape.moe_layers
     bf_slide = A.block_facts(job, device, sliding=True) if shape.sliding_layers else bf
     n_slide = len(shape.sliding_layers) if bf_slide != bf else 0
