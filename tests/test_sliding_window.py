@@ -207,3 +207,69 @@ def test_preflight_warns_of_the_sliding_layers_copies_and_not_below_the_window(j
     assert f"{per_layer / 2**30:.1f} GiB per layer" in check.message and "flash-attn" in check.fix
     assert flash_attention(j.replace(train={"seq_len": 1024 - 1})).status == "pass"
     assert flash_attention(j.replace(train={"checkpointing": "full"})).status == "pass"
+
+
+def test_gemma2_under_sdpa_is_refused_by_transformers_5(job):
+    # transformers 5.23 modeling_gemma2.py `_supports_sdpa = False  # sdpa does not support softcapping` (and
+    # integrations/sdpa_attention.py raises on a softcap): from_pretrained(attn_implementation="sdpa") raises, so
+    # preflight cannot price Gemma 2's sliding masks under SDPA there, nor offer checkpointing as the way out.
+    # (4.57.1 still loads it and silently drops the soft-capping.)
+    j = job(model='preset = "gemma-2-9b"',
+            train="stack = 'hf'\ntransformers = '5.23.0'\nmicro_batch = 2\nseq_len = 8192\nlora_rank = 16\n"
+                  "padding = 'none'", cluster="gpu = 'H100-80GB'")
+    assert flash_attention(j).status == "fail"
+
+
+@pytest.mark.parametrize("padding", ["padded", "flattened"])
+def test_equal_length_batches_are_offered_only_where_they_avoid_the_copies(job, padding):
+    # Gemma 3 27B at 4096 tokens is past its 1024-token window: with padding = 'none' its 52 sliding layers still get
+    # a mask each and keep a copy, so neither the check nor the estimate's note may offer equal-length batches as
+    # what avoids the copies.
+    j = job(model='preset = "gemma-3-27b"',
+            train=f"stack = 'hf'\ntransformers = '5.23.0'\nmicro_batch = 2\nseq_len = 4096\nlora_rank = 16\n"
+                  f"padding = '{padding}'", cluster="gpu = 'H100-80GB'")
+    equal = j.replace(train={"padding": "none"})
+    assert flash_attention(equal).status == "warn"  # the sliding layers' copies stay
+    assert "padding = 'none'" not in flash_attention(j).fix
+    assert not [n for n in estimate(j).notes if "copy of the" in n and "padding = 'none'" in n]
+
+
+def test_a_checkpointed_unpadded_job_is_not_told_of_a_padding_mask(job):
+    # Past the window an unpadded Gemma 3 job's sliding layers take the efficient kernel for their window's mask:
+    # nothing is padded.
+    j = job(model='preset = "gemma-3-27b"',
+            train="stack = 'hf'\ntransformers = '5.23.0'\nmicro_batch = 2\nseq_len = 4096\nlora_rank = 16\n"
+                  "padding = 'none'\ncheckpointing = 'full'", cluster="gpu = 'H100-80GB'")
+    check = flash_attention(j)
+    assert check.status == "pass" and "padding mask" not in check.message
+
+
+def _qwen2_moe(tmp_path, **changes):
+    cfg = {"model_type": "qwen2_moe", "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 8,
+           "num_key_value_heads": 2, "intermediate_size": 512, "vocab_size": 1000, "num_experts": 4,
+           "num_experts_per_tok": 2, "moe_intermediate_size": 128, "shared_expert_intermediate_size": 256,
+           "use_sliding_window": True, "sliding_window": 64, "max_window_layers": 1, **changes}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+def test_qwen2_moe_before_transformers_5_is_not_priced_by_5_23s_layer_types(job, tmp_path):
+    # transformers 4.53-4.57 modeling_qwen2_moe.py builds no masking_utils mask and has no layer_types: its
+    # _update_causal_mask makes one additive mask for every layer (the window folded in by
+    # _prepare_4d_causal_attention_mask_with_cache_position), and only flash-attn slides, from max_window_layers on.
+    # 5.23's rule (every other layer below max_window_layers, a boolean mask of their own) does not apply.
+    j = job(model=f"hf_config = '{_qwen2_moe(tmp_path)}'",
+            train="stack = 'hf'\ntransformers = '4.57.1'\nprecision = 'bf16'\nmicro_batch = 2\nseq_len = 256\n"
+                  "padding = 'none'", cluster="gpu = 'H100-80GB'")
+    assert not j.facts.sliding_own
+
+
+def test_every_sliding_layer_is_priced_where_dense_and_moe_blocks_mix(job, tmp_path):
+    # One sliding layer (layer 0) in 4 blocks, 2 dense (mlp_only_layers) and 2 MoE: splitting the sliding share
+    # round(2 x 1 / 4) per kind rounds it away in both, and its mask copy goes unpriced.
+    j = job(model=f"hf_config = '{_qwen2_moe(tmp_path, mlp_only_layers=[0, 1])}'",
+            train="stack = 'hf'\ntransformers = '5.23.0'\nprecision = 'bf16'\nmicro_batch = 2\nseq_len = 256\n"
+                  "padding = 'none'", cluster="gpu = 'H100-80GB'")
+    assert j.shape.sliding_layers == (0,) and j.facts.sliding_mask is not None
+    assert any("over 1 layers" in n for n in estimate(j).notes)
