@@ -34,7 +34,8 @@ from podkit.checks.allocator import round_size, segment_size
 from podkit.checks.config import JobConfig
 from podkit.checks.gpus import GpuSpec
 from podkit.checks.models import ParamGroup
-from podkit.checks.stacks import TORCHAO_OPTIMIZERS, adapted_banks, padded_batches, parse_version, targeted
+from podkit.checks.stacks import (TORCHAO_OPTIMIZERS, adapted_banks, padded_batches, parse_version, past_window,
+                                  targeted)
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -782,9 +783,10 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
     n_moe = shape.moe_layers
     bf_slide = A.block_facts(job, device, sliding=True) if shape.sliding_layers else bf
     n_slide = len(shape.sliding_layers) if bf_slide != bf else 0
+    # The MoE blocks' sliding share, rounded, within what each kind can hold; the dense blocks take the rest.
+    slid_moe = min(n_moe, n_slide, max(n_slide - (L - n_moe), round(n_moe * n_slide / L)))
     kinds = []  # (the block's facts, MoE?, blocks of that kind)
-    for m, count in ((False, L - n_moe), (True, n_moe)):
-        slid = round(count * n_slide / L)
+    for m, count, slid in ((False, L - n_moe, n_slide - slid_moe), (True, n_moe, slid_moe)):
         kinds += [(kbf, m, n) for kbf, n in ((bf, count - slid), (bf_slide, slid)) if n]
     bf_main = A.main_block_facts(job, device)  # for the allocator's replays of one block
     stored = {}
@@ -850,7 +852,8 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
                      f"backward, {copies / 2**30:.2f} GiB over {layers} layers; "
                      + ("attention = 'flash-attn' (which TRL asks for with padding-free batches) or checkpointing "
                         "avoid it." if flat else
-                        "checkpointing or attention = 'flash-attn' avoid it." if not padded else
+                        "checkpointing or attention = 'flash-attn' avoid it."
+                        if not padded or (f.sliding_own and past_window(t, shape)) else
                         "equal-length batches (padding = 'none'), checkpointing, or attention = 'flash-attn' avoid it."))
     # A checkpointed block recomputes its forward with grad enabled: bitsandbytes < 0.43.2 then keeps
     # every 4-bit matmul's input on its ctx (MatMul4Bit.forward `ctx.tensors = (A, B)`, 0.43.0

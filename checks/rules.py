@@ -218,6 +218,14 @@ def flash_attention(job: JobConfig) -> CheckResult:
         return CheckResult("attention.kernel", WARN,
                            f"eager attention stores s x s scores: {gib(scores)} per layer",
                            "use attention = 'sdpa'")
+    if (t.attention == "sdpa" and shape.attn_softcap and job.facts.stack.transformers_release
+            and (stacks.parse_version(t.transformers) if t.transformers else (99,)) >= (5, 21)):
+        # transformers 5.21.0 modeling_gemma2.py `_supports_sdpa = False  # sdpa does not support softcapping`
+        # (5.20.0: True): from_pretrained(attn_implementation="sdpa") refuses the model.
+        return CheckResult("attention.kernel", FAIL,
+                           f"transformers {t.transformers or '5.21+'} runs {shape.family or 'this model'}'s attention "
+                           "soft-capping only under eager or flash-attn: it refuses attn_implementation='sdpa'",
+                           "use attention = 'eager' or 'flash-attn', or pin train.transformers before 5.21")
     if t.attention != "flash-attn":
         # Sliding-window layers may get a mask, and with it another kernel, where the others do not (JobFacts.layer).
         n_slide = len(shape.sliding_layers)
@@ -252,14 +260,18 @@ def flash_attention(job: JobConfig) -> CheckResult:
                                    f"copy of the mask, {gib(per_layer)} per layer",
                                    "use attention = 'flash-attn' where the GPU has it (it takes the window without a "
                                    "mask), or checkpointing")
+            # Past the window the sliding layers keep their copies with equal-length batches too.
+            window_too = job.facts.sliding_own and stacks.past_window(t, shape)
             return CheckResult("attention.kernel", WARN,
                                f"sdpa with the {t.padding if t.padding != 'stack' else 'padded'} batches' attention "
-                               f"mask: the {k} kernel on {gpu.name}, and every layer keeps its own copy of the "
-                               f"mask, {gib(per_layer)} per layer",
-                               "use attention = 'flash-attn' where the GPU has it (transformers unpads the batch for it), "
-                               "or equal-length batches (padding = 'none')")
+                               f"mask: the {k} kernel on {gpu.name}, and every layer with a mask keeps its own copy "
+                               f"of it, {gib(per_layer)} per layer",
+                               "use attention = 'flash-attn' where the GPU has it (transformers unpads the batch for it)"
+                               + (", or checkpointing" if window_too else ", or equal-length batches (padding = 'none')"))
+        why = (" (a padding mask rules flash out)" if job.facts.attn_mask or stacks.padded_batches(t)
+               else " (the sliding window's mask rules flash out)")
         return CheckResult("attention.kernel", PASS, f"sdpa: the {kernel} kernel on {gpu.name}, no s x s matrix"
-                           + (" (a padding mask rules flash out)" if job.facts.masks and kernel == "efficient" else ""))
+                           + (why if job.facts.masks and kernel == "efficient" else ""))
     # flash-attn 2 ships kernels for Ampere, Ada and Hopper (its README: sm80 and newer).
     if gpu.compute_capability < (8, 0):
         return CheckResult("attention.kernel", FAIL,

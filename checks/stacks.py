@@ -698,7 +698,16 @@ def sliding_own_mask(stack: Stack, train, shape) -> bool:
     is not priced either way; podkit's, litgpt's, torchtune's and torchtitan's models are run without a window."""
     if not shape.sliding_layers or train.attention != "sdpa" or shape.arch != "llama" or not stack.transformers_release:
         return False
-    return (parse_version(train.transformers) if train.transformers else (99,)) >= (4, 53)
+    # Qwen2-MoE moved to masking_utils and layer_types only in 5.0.0 (4.53-4.57 modeling_qwen2_moe.py builds one
+    # additive mask for every layer, the window folded in, in its own _update_causal_mask).
+    first = (5, 0) if shape.family == "qwen2_moe" else (4, 53)
+    return (parse_version(train.transformers) if train.transformers else (99,)) >= first
+
+
+def past_window(train, shape) -> bool:
+    """The sequence reaches the sliding window, where a sliding layer gets a mask even unpadded (sliding_attention_mask);
+    read with JobFacts.sliding_own."""
+    return bool(shape.sliding_layers) and train.seq_len >= shape.sliding_window
 
 
 def sliding_attention_mask(train, shape) -> AttentionMask | None:
@@ -723,7 +732,7 @@ def sliding_attention_mask(train, shape) -> AttentionMask | None:
         return None
     if padded_batches(train):
         return AttentionMask(1, "batch", True)
-    return AttentionMask(1, "batch", True) if train.seq_len >= shape.sliding_window else None
+    return AttentionMask(1, "batch", True) if past_window(train, shape) else None
 
 
 def padded_batches(train) -> bool:
