@@ -1,4 +1,5 @@
-"""What autograd saves under one module of a real forward: the count the activation checks compare with podkit's."""
+"""What autograd saves under one module of a real forward, and the traced and estimated step peaks of a job: the counts
+the activation and mask checks compare with podkit's."""
 
 from __future__ import annotations
 
@@ -28,3 +29,16 @@ def saved_under(module, skip: set, run) -> int:
         pre.remove()
         post.remove()
     return sum(total)
+
+
+def step_peaks(job) -> tuple[list[int], list[int]]:
+    """The replica's traced forward and backward peaks of `job` on fake CPU tensors, and the estimate's at the same
+    moments (tensors only): what the mask tests compare, job against job."""
+    from podkit.checks.memory import estimate
+    from podkit.train.traced import trace
+
+    traced = trace(job, device_kind="cpu")
+    est = estimate(job, device="cpu")
+    analytic = [max(sum(p.bytes for p in est.phase_parts[m] if p.term != "overhead") for m in moments)
+                for moments in (("forward-end",), ("backward", "backward-end"))]
+    return [traced.phases["forward"].peak, traced.phases["backward"].peak], analytic

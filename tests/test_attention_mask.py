@@ -275,16 +275,11 @@ def test_the_replica_builds_the_mask_the_prediction_prices(train, padding):
     # bin/smoke's replica (train/model.py ModelOptions.attn_mask) builds the job's mask and calls SDPA with it; its
     # traced step (fake tensors, counted per storage) grows by what the prediction adds for padding, to the byte.
     from podkit.checks.config import parse_job
-    from podkit.train.traced import trace
+    from tests.saved_bytes import step_peaks
 
     def peaks(padding):
-        j = parse_job(f'[model]\npreset = "tiny"\n[train]\nstack = "hf"\nmicro_batch = 4\nseq_len = 128\n{train}\n'
-                      f'padding = "{padding}"\n[cluster]\n')
-        traced = trace(j, device_kind="cpu")
-        est = estimate(j, device="cpu")
-        analytic = [max(sum(p.bytes for p in est.phase_parts[m] if p.term != "overhead") for m in moments)
-                    for moments in (("forward-end",), ("backward", "backward-end"))]
-        return [traced.phases["forward"].peak, traced.phases["backward"].peak], analytic
+        return step_peaks(parse_job(f'[model]\npreset = "tiny"\n[train]\nstack = "hf"\nmicro_batch = 4\n'
+                                    f'seq_len = 128\n{train}\npadding = "{padding}"\n[cluster]\n'))
 
     (traced_plain, analytic_plain), (traced_masked, analytic_masked) = peaks("none"), peaks(padding)
     grown = [p - q for p, q in zip(traced_masked, traced_plain)]

@@ -177,18 +177,13 @@ def test_the_replica_builds_the_sliding_mask_the_prediction_prices(tmp_path, ext
     # the first and last sliding (pattern 2), so backward starts in one, as the prediction assumes.
     pytest.importorskip("torch")
     from podkit.checks.config import parse_job
-    from podkit.train.traced import trace
+    from tests.saved_bytes import step_peaks
 
     def peaks(window):
         path = _config(tmp_path, num_hidden_layers=3, hidden_size=128, intermediate_size=344, vocab_size=512,
                        head_dim=32, sliding_window=window)
-        j = parse_job(f'[model]\nhf_config = "{path}"\n[train]\nstack = "hf"\nmicro_batch = 4\nseq_len = 128\n'
-                      f'precision = "bf16"\nlora_rank = 8\n{extra}\n[cluster]\n')
-        traced = trace(j, device_kind="cpu")
-        est = estimate(j, device="cpu")
-        analytic = [max(sum(p.bytes for p in est.phase_parts[m] if p.term != "overhead") for m in moments)
-                    for moments in (("forward-end",), ("backward", "backward-end"))]
-        return [traced.phases["forward"].peak, traced.phases["backward"].peak], analytic
+        return step_peaks(parse_job(f'[model]\nhf_config = "{path}"\n[train]\nstack = "hf"\nmicro_batch = 4\n'
+                                    f'seq_len = 128\nprecision = "bf16"\nlora_rank = 8\n{extra}\n[cluster]\n'))
 
     (traced_in, analytic_in), (traced_past, analytic_past) = peaks(4096), peaks(64)
     grown = [p - q for p, q in zip(traced_past, traced_in)]
