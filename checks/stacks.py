@@ -720,8 +720,9 @@ def sliding_attention_mask(train, shape) -> AttentionMask | None:
     padded: the collators' all-ones attention_mask is folded in (sdpa_mask: `and_masks(mask_function,
     padding_mask_function(padding_mask))`), measured in tests/test_sliding_window.py. A batch given no attention_mask at
     all gets one (1, 1, s, s) mask expanded over the batch instead, priced here as the larger. A padding-free row gets
-    it over all its T tokens. SDPA converts it in every layer that takes it (AttentionMask.layer_copy). Releases before 4.53 (Gemma 2's own sliding mask in its decoder layer, Mistral's
-    _update_causal_mask with sliding_window) are not modelled here: memory.estimate says so."""
+    it over all its T tokens. SDPA converts it in every layer that takes it (AttentionMask.layer_copy). Releases
+    before 4.53 (Gemma 2's own sliding mask in its decoder layer, Mistral's _update_causal_mask with sliding_window)
+    are not modelled here: memory.estimate says so."""
     v = parse_version(train.transformers) if train.transformers else (99,)
     if train.padding == "flattened":
         t = parse_version(train.torch) if train.torch else (99,)
@@ -730,9 +731,7 @@ def sliding_attention_mask(train, shape) -> AttentionMask | None:
         if (v >= (4, 54) and t >= (2, 6)) or train.seq_len * train.micro_batch >= shape.sliding_window:
             return AttentionMask(1, "flat", True)
         return None
-    if padded_batches(train):
-        return AttentionMask(1, "batch", True)
-    return AttentionMask(1, "batch", True) if past_window(train, shape) else None
+    return AttentionMask(1, "batch", True) if padded_batches(train) or past_window(train, shape) else None
 
 
 def padded_batches(train) -> bool:
