@@ -965,7 +965,22 @@ def shifted_copy_bytes(job) -> int:
 
 
 def loss_bytes(job, tokens_per_sequence: int) -> LossBytes:
-    """Per logit, from how the stack computes the loss (job.facts.loss)."""
+    """Per logit, from how the stack computes the loss (job.facts.loss), and the model's logit soft-cap."""
+    lb = _loss_bytes(job, tokens_per_sequence)
+    if not job.facts.logit_softcap:
+        return lb
+    # `logits / cap`, `tanh`, `* cap` on the head's output (JobFacts.logit_softcap): TanhBackward0 saves its
+    # output, a compute-dtype tensor of every logit, which lives through the loss's forward and its backward
+    # until TanhBackward0 runs, right after them (MulBackward0 and DivBackward0 by a number save nothing). The
+    # logits the loss sees are the product; the head's output and the quotient are freed as each next op is
+    # made, so the chain's own moment (two of them) stays under the loss's. Where the loop keeps logits, it
+    # keeps the product: `kept` and the allocator hole are the loss's as before.
+    e = job.train.compute_bytes
+    return dataclasses.replace(lb, forward=lb.forward + e, backward=lb.backward + e,
+                               how=lb.how + f", logits soft-capped (tanh's {e} B output saved)")
+
+
+def _loss_bytes(job, tokens_per_sequence: int) -> LossBytes:
     f = job.facts
     e = job.train.compute_bytes
     if f.loss == "fused":

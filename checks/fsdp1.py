@@ -313,11 +313,12 @@ def _block(ops: _Ops, x: str, T: int, s, e: int, targets, quant: bool, flash: bo
 
 def forward_events(s, T: int, e: int, targets, quant: bool, lsm: int = 4, flash: bool = False,
                    loss: str = "fp32-logits-kept", shift_copy: bool = True, names: dict | None = None, *,
-                   batch: int, norm_trains: bool = False, moe=None, routing: tuple | None = None) -> list[tuple]:
+                   batch: int, norm_trains: bool = False, moe=None, routing: tuple | None = None,
+                   softcap: bool = False) -> list[tuple]:
     """The default stream's allocations of one step of an HF Llama (transformers 4.39 decoder layers),
     up to the loss peak: embedding output, every checkpointed block under no_grad, then the final norm, the
     head and the loss, and backward through the loss to log_softmax's gradient, as the single-GPU replay runs
-    them (step_replay.head_events: `loss`, `shift_copy`, `lsm`, `batch` sequences, `norm_trains`).
+    them (step_replay.head_events: `loss`, `shift_copy`, `lsm`, `batch` sequences, `norm_trains`, `softcap`).
     names, when given, receives the blocks' inputs ("inputs": the embedding's output, then each block's
     output) and what head_events names, for backward_events.
 
@@ -337,7 +338,8 @@ def forward_events(s, T: int, e: int, targets, quant: bool, lsm: int = 4, flash:
             x = ("block output", i)
             ops.events += step_replay.forward_events(moe, i, inputs[i], x, T, zero, routing[i] if routing else None)
         inputs.append(x)
-    head, head_names = step_replay.head_events(T, batch, s.vocab, s.hidden, e, loss, shift_copy, lsm, norm_trains)
+    head, head_names = step_replay.head_events(T, batch, s.vocab, s.hidden, e, loss, shift_copy, lsm, norm_trains,
+                                               softcap=softcap)
     if names is not None:
         names.update(head_names, inputs=inputs)
     return ops.events + head
@@ -357,7 +359,8 @@ def backward_events(names: dict, s, T: int, e: int, block: tuple[tuple, tuple, b
     ev = step_replay.backward_events(names["inputs"], names["loss"], T, s.vocab, s.hidden, e, names["sliced"], block,
                                      kept, head_frees=names["head_frees"], unit_grad=unit_grad,
                                      root_grads=root_grads, tied=s.tie_embeddings, around_unit=around_unit,
-                                     experts=experts, routing=routing, cast_back=names["cast_back"])
+                                     experts=experts, routing=routing, cast_back=names["cast_back"],
+                                     softcap=names["softcap"])
     return ev + ([("f", names["logits"])] if names["logits"] else [])
 
 
@@ -404,11 +407,11 @@ def _step_replay(units: tuple[Unit, ...], world: int, sync: bool, offload: bool,
     root = quantized_load(alloc, list(units[-1][0]), list(load), load_root) if load else None
     _wrap(alloc, units, world, sync, offload, buffers_share_dtype, nccl_events, root)
     init_large = alloc.reserved_large
-    shape, T, batch, e, targets, quant, lsm, flash, loss, shift_copy, norm_trains = block_key
+    shape, T, batch, e, targets, quant, lsm, flash, loss, shift_copy, norm_trains, softcap = block_key
     names: dict = {}
     bf, experts, routing = moe or (None, (), None)
     events = forward_events(shape, T, e, targets, quant, lsm, flash, loss, shift_copy, names, batch=batch,
-                            norm_trains=norm_trains, moe=bf, routing=routing)
+                            norm_trains=norm_trains, moe=bf, routing=routing, softcap=softcap)
     if block is not None:
         events = events + backward_events(names, shape, T, e, block, kept, *grads, experts=experts, routing=routing)
     live: dict = {}
@@ -433,7 +436,7 @@ def step_reserved(units: list[Unit], world: int, shape, tokens: int, e: int, tar
                   block: tuple[tuple, tuple, bool] | None = None, kept: bool = False, *, batch: int,
                   norm_trains: bool = False, unit_grad: int = 0,
                   root_grads: tuple[int, int, int] = (0, 0, 0), around_unit: bool = True,
-                  moe: tuple | None = None, load_root: bool = True) -> tuple[int, int]:
+                  moe: tuple | None = None, load_root: bool = True, softcap: bool = False) -> tuple[int, int]:
     """(large-pool bytes reserved after the wrap, and at the end of the replay) on one rank's default stream:
     the wrap's replay followed by the step in the same allocator, so the step reuses what the wrap left
     cached where the sizes allow; without `block` or `step`, the first step's forward up to the loss's
@@ -451,9 +454,11 @@ def step_reserved(units: list[Unit], world: int, shape, tokens: int, e: int, tar
     fine-tune's flat gradients, with `block` from step_replay.backward_replay's weight_grads) and `around_unit`
     as there.
     `moe`: for MoE blocks, their activations.BlockFacts (forward_events' `moe`), the routed expert beside each of
-    `block`'s events (step_replay.backward_experts) and each block's routing (step_replay.block_routing)."""
+    `block`'s events (step_replay.backward_experts) and each block's routing (step_replay.block_routing).
+    `softcap`: the model soft-caps its logits (step_replay.head_events)."""
     return _step_replay(tuple((tuple(p), tuple(b)) for p, b in units), world, sync, offload,
-                        (shape, tokens, batch, e, frozenset(targets), quant, lsm, flash, loss, shift_copy, norm_trains),
+                        (shape, tokens, batch, e, frozenset(targets), quant, lsm, flash, loss, shift_copy, norm_trains,
+                         softcap),
                         tuple(load),
                         buffers_share_dtype, nccl_events, (tuple(step[0]), tuple(step[1])), block, kept,
                         (unit_grad, tuple(root_grads), around_unit), moe, load_root)

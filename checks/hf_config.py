@@ -167,8 +167,8 @@ def _decoder(k: _Keys, mt: str, name: str) -> ModelShape:
         fused_proj=mt == "phi3",
         qk_norm={"qwen3": "head", "qwen3_moe": "head", "gemma3_text": "head", "olmoe": "full"}.get(mt, ""),
         norms_per_layer=4 if mt in ("gemma2", "gemma3_text") else 2,
-        logit_softcap=float(k.get("final_logit_softcapping", 30.0 if mt == "gemma2" else 0.0)),
-        attn_softcap=float(k.get("attn_logit_softcapping", 50.0 if mt == "gemma2" else 0.0)),
+        logit_softcap=_softcap(k.cfg, "final_logit_softcapping", 30.0 if mt == "gemma2" else 0.0),
+        attn_softcap=_softcap(k.cfg, "attn_logit_softcapping", 50.0 if mt == "gemma2" else 0.0),
         moe=moe,
         mla=mla,
         rope_positions=k.get("max_position_embeddings", 0),
@@ -185,6 +185,12 @@ _WINDOW_DEFAULT = {"mistral": 4096, "gemma2": 4096, "gemma3_text": 4096, "qwen2"
 # window is set (`mask_function = create_causal_mask if self.config.sliding_window is None else
 # create_sliding_window_causal_mask`).
 _LAYER_TYPED = ("gemma2", "gemma3_text", "qwen2", "qwen3", "qwen2_moe")
+
+
+def _softcap(cfg: dict, key: str, family_default: float) -> float:
+    """A soft-cap from config.json: an explicit null is none (the models test `is not None`), an absent key the
+    configuration class's default (Gemma2Config: final_logit_softcapping=30.0, attn_logit_softcapping=50.0)."""
+    return float(cfg[key] or 0.0) if key in cfg else family_default
 
 
 def _sliding(cfg: dict, mt: str, layers: int) -> dict:

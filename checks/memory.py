@@ -1003,7 +1003,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
                                                norm_trains=trained, unit_grad=unit_grad,
                                                root_grads=root_grads,
                                                around_unit=f.fsdp1_checkpoint_around_unit, moe=moe,
-                                               load_root=f.quantized_load_16bit_on_gpu)
+                                               load_root=f.quantized_load_16bit_on_gpu, softcap=f.logit_softcap > 0)
     # FSDP1 makes the shard it all-gathers inside `with stream(pre_unshard_stream)` (_runtime_utils.py
     # _unshard -> FlatParamHandle.pre_unshard) when it is not the resident one: CPU offload copies it to
     # the GPU (flat_param_to(device)), mixed precision casts an fp32 shard to the compute dtype

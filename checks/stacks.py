@@ -210,6 +210,13 @@ class Stack:
     bf16-true, amp.py MixedPrecision for bf16-mixed, bitsandbytes.py BitsandbytesPrecision for QLoRA). The
     16-bit logits die with the forward's frame (ToCopyBackward0 saves no tensor); the loss and what the loop
     keeps are fp32 (JobFacts.logits_fp32)."""
+    logit_softcap: bool = True
+    """The model soft-caps its logits where the model's config asks (ModelShape.logit_softcap, Gemma 2's
+    final_logit_softcapping): `logits / cap`, `tanh`, `* cap` on the head's output, and TanhBackward0 saves
+    its output (transformers 5.23 modeling_gemma2.py Gemma2ForCausalLM.forward, the same since 4.42; litgpt
+    model.py GPT.forward `clamp_head` = do_softcapping per head chunk). False: torchtune caps the final norm's
+    hidden-sized output instead, before the head (models/gemma2/_component_builders.py Gemma2FinalNorm,
+    pytorch/torchtune@00c242b), and torchtitan has no Gemma."""
     precisions: tuple[str, ...] = ()
     """The train.precision values the stack's loop can run (empty: all of config.PRECISIONS). torchtune's
     recipes build the model in cfg.dtype with no autocast (training/precision.py get_dtype) and refuse
@@ -279,7 +286,8 @@ STACK_FACTS: dict[str, Stack] = {
         # (torchtitan/components/loss.py); optimizer.implementation = "fused" by default.
         # Sharding is fully_shard per block and on the root (parallelize.py apply_fsdp).
         Stack("torchtitan", "fp32-upcast", 0, 0, True, False, "op-sac", ("all",), "compute", "fused", False, True, False,
-              "torchtitan components/loss.py, models/llama3/infra/parallelize.py, config/job_config.py", fsdp2=True),
+              "torchtitan components/loss.py, models/llama3/infra/parallelize.py, config/job_config.py", fsdp2=True,
+              logit_softcap=False),
         # litgpt finetune/lora.py: logits = model(input_ids, lm_head_chunk_size=128), a list of
         # 128-token chunks that fit() keeps referenced through fabric.backward, and
         # chunked_cross_entropy on the chunks without upcast (litgpt/utils.py), which Fabric's wrapper
@@ -324,7 +332,7 @@ STACK_FACTS: dict[str, Stack] = {
         Stack("torchtune", "chunked", 0, 8, True, False, "block",
               ("q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"), "compute", "fused", False, True, False,
               "torchtune modules/loss/ce_chunked_output_loss.py, recipes/configs/llama3_1; training/_distributed.py "
-              "shard_model (fully_shard)", fsdp2=True, precisions=("bf16", "fp32")),
+              "shard_model (fully_shard)", fsdp2=True, precisions=("bf16", "fp32"), logit_softcap=False),
     ]
 }
 
@@ -442,6 +450,10 @@ class JobFacts:
     """The logits reach the loss as fp32 because the loop's wrapper casts the model's outputs
     (Stack.outputs_fp32), at a 16-bit compute dtype, for a loss the loop computes from them (chunked, native,
     fp32-upcast): the log-softmax is fp32, no per-chunk copy is made, and kept logits are 4 B."""
+    logit_softcap: float = 0.0
+    """The cap the model's forward soft-caps the logits with before the loss (Stack.logit_softcap and the
+    model's ModelShape.logit_softcap; 0: none). A fused or Liger loss takes the cap inside its kernel and makes
+    no logits (Liger's LigerForCausalLMLoss `softcap`, Cut Cross-Entropy's `softcap`)."""
     loss_autocast: bool = False
     """The loss's cross-entropy runs under autocast: in the model's forward under accelerate's native AMP
     (a transformers model at a -mixed precision, DeepSpeed's engine aside: accelerate 1.0.1 accelerator.py
@@ -1107,6 +1119,7 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
         fsdp1_checkpoint_around_unit=around,
         quantized_load_16bit_on_gpu=load_16bit_on_gpu and train.base_quant == "nf4",
         logits_fp32=logits_fp32,
+        logit_softcap=shape.logit_softcap if stack.logit_softcap and loss not in ("fused", "liger") else 0.0,
         loss_autocast=loss_autocast and train.compute_bytes != 4,
         fsdp1_keeps_block_inputs=(around and lora and stack.lora_units
                                   and (not train.torch or parse_version(train.torch) >= (2, 1))),

@@ -108,7 +108,7 @@ def segments(job, device: str = "cuda") -> Replay | None:
                    for m in job.facts.masks) * tokens)
     return _replay(bf, shape.layers, shape.vocab, shape.hidden, t.compute_bytes, t.micro_batch,
                    tokens, A.shifted_copy_bytes(job) > 0, block_routing(job, bf), head_loss(job.facts),
-                   job.facts.loss_upcast, mask)
+                   job.facts.loss_upcast, mask, job.facts.logit_softcap > 0)
 
 
 def head_loss(f) -> str:
@@ -265,7 +265,8 @@ def _sized(events: tuple, tokens: int, experts: tuple, rows: tuple | None) -> tu
 
 
 def head_events(tokens: int, batch: int, vocab: int, hidden: int, e: int, loss: str, shift_copy: bool,
-                lsm: int = 4, norm_trains: bool = False, amp: bool = False) -> tuple[list[tuple], dict]:
+                lsm: int = 4, norm_trains: bool = False, amp: bool = False,
+                softcap: bool = False) -> tuple[list[tuple], dict]:
     """The final norm, the head and the loss's forward, then backward through the loss to log_softmax's input
     gradient (the loss's peak), as allocator.replay events, after the last block's output: for this replay and
     FSDP1's (checks/fsdp1.py). transformers' LlamaRMSNorm (4.39-4.48) runs with grad: `hidden_states.to(float32)`
@@ -302,6 +303,12 @@ def head_events(tokens: int, batch: int, vocab: int, hidden: int, e: int, loss: 
           ("a", "norm product", 4 * h), ("a", "norm cast", e * h), ("f", "norm product"),
           ("a", "norm output", e * h)] + ([] if norm_trains else [("f", "norm cast")])
     ev += [("a", "logits", e * full)]
+    if softcap:
+        # The model's logit soft-cap (JobFacts.logit_softcap): the quotient, tanh's output (saved for its backward:
+        # backward_events frees it) and the product, each made before the one before it dies; the product is the
+        # logits the loss sees.
+        ev += [("a", "cap quotient", e * full), ("f", "logits"), ("a", "cap tanh", e * full), ("f", "cap quotient"),
+               ("a", "logits", e * full)]
     kept = None
     if loss in ("fp32-logits-kept", "fp32-model-upcast"):
         kept = "fp32 logits"
@@ -326,7 +333,7 @@ def head_events(tokens: int, batch: int, vocab: int, hidden: int, e: int, loss: 
         ev += [("a", "lsm_grad", e * shifted)]
         frees = ("norm fp32 input",) + (("norm cast", "norm output") if norm_trains else ())
         return ev, {"loss": ("nll_grad", "log_softmax", "lsm_grad"), "head_frees": frees, "sliced": True,
-                    "logits": None, "cast_back": False}
+                    "logits": None, "cast_back": False, "softcap": softcap}
     else:
         ev += [("a", "fp32", 4 * full)]
         copy = loss == "fp32-upcast-shifted" and shift_copy
@@ -336,20 +343,21 @@ def head_events(tokens: int, batch: int, vocab: int, hidden: int, e: int, loss: 
     ev += [("a", "nll_grad", lsm * shifted), ("a", "lsm_grad", lsm * shifted)]
     frees = ("norm fp32 input",) + (("norm cast", "norm output") if norm_trains else ())
     return ev, {"loss": ("nll_grad", "log_softmax", "lsm_grad"), "head_frees": frees,
-                "sliced": loss != "fp32-upcast", "logits": kept, "cast_back": True}
+                "sliced": loss != "fp32-upcast", "logits": kept, "cast_back": True, "softcap": softcap}
 
 
 def backward_events(inputs: list, loss_live: tuple, tokens: int, vocab: int, hidden: int, e: int, sliced: bool,
                     block: tuple[tuple, tuple, bool], kept: bool = False, head_frees: tuple = (),
                     unit_grad: int = 0, root_grads: tuple[int, int, int] = (0, 0, 0), tied: bool = False,
                     around_unit: bool = True, experts: tuple = (), routing: tuple | None = None,
-                    cast_back: bool = True) -> list[tuple]:
+                    cast_back: bool = True, softcap: bool = False) -> list[tuple]:
     """A step from log_softmax's backward peak to the end of backward, as allocator.replay events, for this
     replay and FSDP1's (checks/fsdp1.py). `inputs`: the keys of the embedding's output and of each block's
     output (L + 1); `loss_live`: nll_loss's gradient, log_softmax's output and log_softmax's input gradient
     (just made). Then: SliceBackward0's full-size zeros where the loss shifted a slice (`sliced`), the slice
     copied in; ToCopyBackward0's 16-bit gradient of the logits (`cast_back`: head_events'; else the gradient is
-    already in the compute dtype); the head's input gradient, the last block's
+    already in the compute dtype); through the logit soft-cap where head_events made one (`softcap`); the head's
+    input gradient, the last block's
     output gradient (`head_frees`: what the final norm and the head saved, freed with the logits' gradient; the
     norm's own backward temporaries are left out); each block in reverse, its recompute and its backward
     (`block`: backward_replay's), after which its input dies, and a held output gradient too, unless FSDP1 keeps
@@ -386,6 +394,14 @@ def backward_events(inputs: list, loss_live: tuple, tokens: int, vocab: int, hid
     if cast_back:
         ev += [("a", "logits grad", e * vocab * tokens), ("f", grad)]
         grad = "logits grad"
+    if softcap:
+        # MulBackward0 and DivBackward0 by a number and TanhBackward0 each make a new gradient before their input
+        # gradient goes; the engine releases TanhBackward0's saved output after the call (engine.cpp
+        # evaluate_function: call_function, then release_variables).
+        n = e * vocab * tokens
+        ev += [("a", "cap grad mul", n), ("f", grad), ("a", "cap grad tanh", n), ("f", "cap grad mul"),
+               ("f", "cap tanh"), ("a", "cap grad div", n), ("f", "cap grad tanh")]
+        grad = "cap grad div"
     # MmBackward0 computes mat2's (the weight's) gradient before self's (torchgen load_derivatives.py emits the
     # formulas in sorted order).
     ev += [("a", "head weight grad", head_grad)] if head_grad else []
@@ -427,7 +443,7 @@ def backward_events(inputs: list, loss_live: tuple, tokens: int, vocab: int, hid
 @functools.lru_cache(maxsize=64)
 def _replay(bf: A.BlockFacts, layers: int, vocab: int, hidden: int, e: int, batch: int, tokens: int,
             shift_copy: bool = True, routing: tuple | None = None, loss: str = "fp32-upcast-shifted",
-            amp: bool = False, mask: int = 0) -> Replay:
+            amp: bool = False, mask: int = 0, softcap: bool = False) -> Replay:
     """Two steps; `routing`: per block, each routed expert's rows (routed_tokens) where the experts run in a loop,
     else None; both steps route alike; `loss` and `amp` as head_events takes them; `mask`: the bytes of the
     attention mask built after the embedding and kept through the step."""
@@ -439,10 +455,11 @@ def _replay(bf: A.BlockFacts, layers: int, vocab: int, hidden: int, e: int, batc
         step.append(("a", ("mask",), mask))
     for i in range(layers):
         step += forward_events(bf, i, ("x", i), ("x", i + 1), tokens, zero, routing[i] if routing else None)
-    head, names = head_events(tokens, batch, vocab, hidden, e, loss, shift_copy, amp=amp)
+    head, names = head_events(tokens, batch, vocab, hidden, e, loss, shift_copy, amp=amp, softcap=softcap)
     step += head + backward_events([("x", i) for i in range(layers + 1)], names["loss"], tokens, vocab, hidden, e,
                                    names["sliced"], (recompute, bwd, True), head_frees=names["head_frees"],
-                                   experts=backward_experts(bf, True), routing=routing, cast_back=names["cast_back"])
+                                   experts=backward_experts(bf, True), routing=routing, cast_back=names["cast_back"],
+                                   softcap=softcap)
     if mask:
         step.append(("f", ("mask",)))
     alloc = CachingAllocator()

@@ -75,6 +75,9 @@ class ModelOptions:
     logits_fp32: bool = False
     """The logits are cast to fp32 before the loss, the 16-bit ones dropped, as Fabric's wrapper casts the
     model's outputs for litgpt's loop (checks/stacks.py JobFacts.logits_fp32)."""
+    logit_softcap: float = 0.0
+    """Soft-cap the head's logits as the model's forward does (checks/stacks.py JobFacts.logit_softcap): divide,
+    tanh, multiply; 0: none."""
     lora_rank: int = 0
     lora_targets: tuple[str, ...] = LORA_TARGETS[:-1]
     """Linears that carry adapters (podkit: every block linear)."""
@@ -138,6 +141,8 @@ class ModelOptions:
             raise ValueError("ModelOptions.sliding_window: sliding layers need a positive window")
         if not 0 <= self.lora_dropout < 1:
             raise ValueError(f"ModelOptions.lora_dropout: must be in [0, 1), got {self.lora_dropout}")
+        if self.logit_softcap < 0:
+            raise ValueError(f"ModelOptions.logit_softcap: must be 0 (none) or positive, got {self.logit_softcap}")
         if self.loss_chunks < 1:
             raise ValueError(f"ModelOptions.loss_chunks: must be at least 1, got {self.loss_chunks}")
         if self.reentrant and self.ac_policy in ("matmuls", "op-sac"):
@@ -491,7 +496,15 @@ class Decoder(nn.Module):
         self.on_blocks_backward()
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.embed_tokens.weight) if self.lm_head is None else self.lm_head(x)
+        logits = F.linear(x, self.embed_tokens.weight) if self.lm_head is None else self.lm_head(x)
+        cap = self.opts.logit_softcap
+        if cap:
+            # Gemma2ForCausalLM.forward's three statements, each rebinding `logits` (the quotient and the head's
+            # output die as the next is made; tanh saves its output for backward)
+            logits = logits / cap
+            logits = torch.tanh(logits)
+            logits = logits * cap
+        return logits
 
     def release_outputs(self) -> None:
         """Drop what the forward's output kept (the step calls this after backward)."""

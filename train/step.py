@@ -29,7 +29,8 @@ def model_options(job: JobConfig) -> model_mod.ModelOptions:
         attention=t.attention, ac_policy=f.ac_policy, loss=f.loss, lora_rank=t.lora_rank,
         lora_targets=f.lora_targets or model_mod.ModelOptions.lora_targets, lora_dropout=f.lora_dropout,
         lora_dtype=f.lora_dtype, base_quant=t.base_quant, max_seq_len=t.seq_len,
-        loss_upcast=f.loss_upcast, logits_kept=f.logits_kept, logits_fp32=f.logits_fp32, repeat_kv=f.repeat_kv,
+        loss_upcast=f.loss_upcast, logits_kept=f.logits_kept, logits_fp32=f.logits_fp32, logit_softcap=f.logit_softcap,
+        repeat_kv=f.repeat_kv,
         reentrant=f.reentrant and f.ac_policy == "block", adapter_input_cast=f.stack.adapter_input_cast,
         block_kernels=f.block_kernels, qk_norm=A.qk_norm(job), attn_output_copy=f.flash_repad,
         **_mask_options(job), **kwargs)
