@@ -115,6 +115,7 @@ class BlockFacts:
     qk_norm: str = ""  # RMSNorm of q and k before RoPE: "head" (per head: Qwen3, Gemma 3), "full" (OLMoE), ""
     mask_values: int = 0  # values per token of the mask copy each layer's fused SDPA kernel keeps, or 0
     flash_repad: bool = False  # the attention output is padded back into a new tensor (JobFacts.flash_repad)
+    attn_softcap: bool = False  # eager attention soft-caps its scores (ModelShape.attn_softcap): tanh keeps s x s
 
 
 def block_facts(job, device: str = "cuda", sliding: bool = False) -> BlockFacts:
@@ -153,6 +154,10 @@ def block_facts(job, device: str = "cuda", sliding: bool = False) -> BlockFacts:
         targets=frozenset(f.lora_targets), lora_rank=t.lora_rank, lora_dropout=f.lora_dropout > 0,
         adapter_bytes=adapter, adapter_input_cast=f.stack.adapter_input_cast,
         kernel=kernel, gqa=shape.kv_heads != shape.heads and not repeat,
+        # transformers' eager_attention_forward (Gemma 2, 4.42-5.23) divides the scores by the cap, takes tanh and
+        # multiplies back before the mask and softmax; litgpt's and torchtune's Gemma 2 attention do the same in
+        # their explicit paths. flash-attn takes the cap inside its kernel; SDPA has none.
+        attn_softcap=bool(shape.attn_softcap) and kernel == "eager",
         repeat_kv=repeat,
         fused_qkv=f.stack.fused_qkv, liger=f.block_kernels == "liger",
         liger_norm_in_place=liger_norm_in_place(shape.family),
@@ -452,6 +457,8 @@ class Trace:
             rep_k = self.new("k repeated", qd, f.e, grad=False) if f.gqa else k
             rep_v = self.new("v repeated", qd, f.e, grad=False) if f.gqa else kept_v
             saved = [q, rep_k, rep_v, self.new("softmax output fp32 (s x s)", f.heads * f.seq_len, 4, grad=False)]
+            if f.attn_softcap:  # TanhBackward0 keeps its output; the scaled scores, quotient and product die
+                saved.append(self.new("soft-capped scores' tanh (s x s)", f.heads * f.seq_len, f.e, grad=False))
             if f.e != 4:
                 saved.append(self.new("attention weights cast back (s x s)", f.heads * f.seq_len, f.e, grad=False))
             self.op([q, k, v], [out], saved=saved, scratch=scores_grad)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from podkit.checks import activations as A
 from podkit.checks import ledger, stacks
 from podkit.checks.advisor import HEADROOM, Suggestion
 from podkit.checks.config import PRECISION, PRECISIONS, JobConfig
@@ -214,10 +215,15 @@ def loss_scaling(job: JobConfig) -> CheckResult:
 def flash_attention(job: JobConfig) -> CheckResult:
     t, gpu, shape = job.train, job.gpu, job.shape
     if t.attention == "eager":
-        scores = shape.heads * t.seq_len * t.seq_len * t.micro_batch * 6
+        # What a block's eager attention saves per token for its s x s weights (activations: the fp32 softmax
+        # output, its cast back, a soft-cap's tanh output), over the micro-batch's tokens.
+        saved = A.saved_per_token(A.block_facts(job), "none")
+        scores = sum(v for k, v in saved.items() if k.endswith("(s x s)")) * t.micro_batch * t.seq_len
         return CheckResult("attention.kernel", WARN,
                            f"eager attention stores s x s scores: {gib(scores)} per layer",
-                           "use attention = 'sdpa'")
+                           # SDPA has no soft-cap: transformers before 5.21 drops it there, 5.21+ refuses SDPA
+                           "use attention = 'flash-attn' (it soft-caps inside its kernel)" if shape.attn_softcap
+                           else "use attention = 'sdpa'")
     if (t.attention == "sdpa" and shape.attn_softcap and job.facts.stack.transformers_release
             and (stacks.parse_version(t.transformers) if t.transformers else (99,)) >= (5, 21)):
         # transformers 5.21.0 modeling_gemma2.py `_supports_sdpa = False  # sdpa does not support softcapping`

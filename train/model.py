@@ -230,6 +230,7 @@ class Attention(nn.Module):
     def __init__(self, shape: ModelShape, opts: ModelOptions, linear):
         super().__init__()
         self.heads, self.kv_heads, self.d_head = shape.heads, shape.kv_heads, shape.d_head
+        self.softcap = shape.attn_softcap
         self.attention, self.kernel, self.repeat_kv = opts.attention, opts.sdpa_kernel, opts.repeat_kv
         self.liger_kernel = opts.block_kernels == "liger"
         self.index_mask = opts.attn_mask == "positions"
@@ -282,7 +283,7 @@ class Attention(nn.Module):
                 # transformers 4.38: `causal_mask[:, :, cache_position, : key_states.shape[-2]]`, a copy per layer.
                 mask = mask[:, :, torch.arange(s, device=mask.device), :s]
             if self.attention == "eager":
-                out = _eager_attention(q, k, v, self.heads // self.kv_heads)
+                out = _eager_attention(q, k, v, self.heads // self.kv_heads, self.softcap)
             elif self.repeat_kv and self.heads != self.kv_heads:
                 # transformers' repeat_kv: expand then reshape, a full-width copy of k and of v.
                 groups = self.heads // self.kv_heads
@@ -330,12 +331,17 @@ def _sdpa(q, k, v, kernel: str, gqa: bool, mask: torch.Tensor | None = None) -> 
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
 
 
-def _eager_attention(q, k, v, groups: int) -> torch.Tensor:
-    """HF's eager path: repeat k/v to every head, fp32 softmax over the full s x s scores."""
+def _eager_attention(q, k, v, groups: int, softcap: float = 0.0) -> torch.Tensor:
+    """HF's eager path: repeat k/v to every head, fp32 softmax over the full s x s scores, soft-capped first where
+    the model says (Gemma 2's attn_logit_softcapping: divide, tanh, multiply; tanh keeps its output)."""
     if groups > 1:
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     s = q.shape[-2]
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    if softcap:
+        scores = scores / softcap
+        scores = torch.tanh(scores)
+        scores = scores * softcap
     mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
     scores = scores.masked_fill(mask, float("-inf"))
     probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)

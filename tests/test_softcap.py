@@ -1,8 +1,10 @@
-"""Gemma 2's final logit soft-cap: `logits / cap`, `tanh`, `* cap` on the head's output before the loss.
+"""Gemma 2's soft-caps: `x / cap`, `tanh`, `* cap`, on the head's output before the loss and on eager attention's scores.
 
-TanhBackward0 saves its output, a compute-dtype tensor of every logit, which lives through the loss's forward and its
-backward (JobFacts.logit_softcap, activations.loss_bytes): e B per logit more at both of the loss's peaks. The real-model
-check runs a transformers 5.23 tiny Gemma2ForCausalLM on the CPU with and without `final_logit_softcapping`.
+TanhBackward0 saves its output. For the logits that is a compute-dtype tensor of every logit, which lives through the
+loss's forward and its backward (JobFacts.logit_softcap, activations.loss_bytes): e B per logit more at both of the
+loss's peaks. In eager attention it is an s x s tensor per head that every layer keeps for backward
+(BlockFacts.attn_softcap). The real-model checks run a transformers 5.23 tiny Gemma2ForCausalLM on the CPU with and
+without `final_logit_softcapping` and `attn_logit_softcapping`.
 """
 
 import json
@@ -169,3 +171,65 @@ def test_the_allocator_replay_holds_tanhs_output(job, tmp_path):
 
     capped, plain = replayed(30.0), replayed(None)
     assert capped.peak_allocated - plain.peak_allocated == 2 * 2 * 512 * VOCAB
+
+
+@pytest.mark.parametrize("precision,e", [("bf16", 2), ("bf16-mixed", 2), ("fp32", 4)])
+def test_eager_attention_keeps_the_capped_scores_tanh(job, tmp_path, precision, e):
+    """transformers' eager_attention_forward soft-caps the scores before the mask and the fp32 softmax: the layer saves
+    tanh's (b, heads, s, s) output more, as podkit's eager block says."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from tests.saved_bytes import saved_under
+
+    def saved(cap):
+        path = _config(tmp_path, attn_logit_softcapping=cap, final_logit_softcapping=None, num_attention_heads=4,
+                       num_key_value_heads=2)
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path.parent), attn_implementation="eager",
+                                                 dtype=torch.bfloat16 if precision == "bf16" else torch.float32).train()
+        ids = torch.randint(VOCAB, (BATCH, SEQ))
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+
+        def run():
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
+                model(input_ids=ids, labels=ids)
+
+        j = job(model=f'hf_config = "{path}"', train=f"stack = 'hf'\nprecision = '{precision}'\nseq_len = {SEQ}\n"
+                                                     f"micro_batch = {BATCH}\nattention = 'eager'")
+        podkit = sum(A.saved_per_token(A.block_facts(j, "cpu"), "none", False).values()) * BATCH * SEQ
+        return saved_under(model.model.layers[0].self_attn, params, run), podkit
+
+    (real_plain, podkit_plain), (real_capped, podkit_capped) = saved(None), saved(50.0)
+    assert real_capped - real_plain == podkit_capped - podkit_plain == e * BATCH * 4 * SEQ * SEQ
+
+
+def test_the_replicas_eager_attention_soft_caps_and_the_trace_matches_the_estimate(tmp_path):
+    """bin/smoke's replica caps its eager scores as the model does (train/model.py _eager_attention): the traced step
+    and the estimate grow alike, by every layer's tanh output at the forward's end."""
+    pytest.importorskip("torch")
+    from podkit.checks.config import parse_job
+    from tests.saved_bytes import step_peaks
+
+    def peaks(cap):
+        path = _config(tmp_path, attn_logit_softcapping=cap, final_logit_softcapping=None, vocab_size=512,
+                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+        return step_peaks(parse_job(f'[model]\nhf_config = "{path}"\n[train]\nstack = "hf"\nmicro_batch = 2\n'
+                                    f'seq_len = 256\nprecision = "bf16"\nlora_rank = 8\nattention = "eager"\n[cluster]\n'))
+
+    (traced_plain, analytic_plain), (traced_capped, analytic_capped) = peaks(None), peaks(50.0)
+    grown = [c - p for c, p in zip(traced_capped, traced_plain)]
+    assert grown == [c - p for c, p in zip(analytic_capped, analytic_plain)]
+    assert grown[0] == 2 * 2 * 2 * 4 * 256 * 256  # two layers' bf16 (2, 4, 256, 256) tanh outputs
+
+
+def test_the_eager_warning_counts_the_tanh_and_points_to_flash_attn(job):
+    from podkit.checks.rules import flash_attention, gib
+
+    train = "stack = 'hf'\nprecision = 'bf16'\nmicro_batch = 2\nseq_len = 4096\nattention = 'eager'"
+    gemma2, llama = (flash_attention(job(model=f'preset = "{p}"', train=train)) for p in ("gemma-2-9b", "llama-3.2-1b"))
+    s2 = 2 * 4096 * 4096
+    # fp32 softmax output + its bf16 cast (+ the bf16 tanh): Gemma 2 9B has 16 heads, Llama 3.2 1B 32
+    assert f"{gib(16 * s2 * (4 + 2 + 2))} per layer" in gemma2.message and "flash-attn" in gemma2.fix
+    assert f"{gib(32 * s2 * (4 + 2))} per layer" in llama.message and llama.fix == "use attention = 'sdpa'"
