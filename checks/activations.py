@@ -116,6 +116,8 @@ class BlockFacts:
     mask_values: int = 0  # values per token of the mask copy each layer's fused SDPA kernel keeps, or 0
     flash_repad: bool = False  # the attention output is padded back into a new tensor (JobFacts.flash_repad)
     attn_softcap: bool = False  # eager attention soft-caps its scores (ModelShape.attn_softcap): tanh keeps s x s
+    gemma_norm: bool = False  # GemmaRMSNorm: scaled in fp32 by (1 + weight), cast after (ModelShape.gemma_norm)
+    sandwich_norms: bool = False  # the attention's and the MLP's outputs normed before each residual add
 
 
 def block_facts(job, device: str = "cuda", sliding: bool = False) -> BlockFacts:
@@ -158,6 +160,7 @@ def block_facts(job, device: str = "cuda", sliding: bool = False) -> BlockFacts:
         # multiplies back before the mask and softmax; litgpt's and torchtune's Gemma 2 attention do the same in
         # their explicit paths. flash-attn takes the cap inside its kernel; SDPA has none.
         attn_softcap=bool(shape.attn_softcap) and kernel == "eager",
+        gemma_norm=shape.gemma_norm, sandwich_norms=shape.sandwich_norms,
         repeat_kv=repeat,
         fused_qkv=f.stack.fused_qkv, liger=f.block_kernels == "liger",
         liger_norm_in_place=liger_norm_in_place(shape.family),
@@ -281,6 +284,16 @@ class Trace:
         # x-sized tensors while MeanBackward's expanded gradient and the product's x-gradient live: five
         # x-sized tensors, two of which the replay counts (the output's gradient, then x's).
         self.op([xf], [xn], saved=(xf, self.new(f"{name}: rsqrt", rows, 4, grad=False)), scratch=12 * w)
+        if f.gemma_norm:
+            # GemmaRMSNorm: `output * (1.0 + self.weight.float())` in fp32, whose MulBackward0 saves the normalised
+            # x for the weight's gradient, then `.type_as(x)` (a no-op for an fp32 input).
+            xs = self.new(f"{name}: scaled in fp32", w, 4)
+            self.op([xn], [xs], saved=(xn,) if f.weights_trainable else ())
+            if x.dtype_bytes == 4:
+                return xs
+            out = self.new(f"{name}: output", w, x.dtype_bytes)
+            self.op([xs], [out])
+            return out
         # hidden_states.to(input_dtype): back to the input's dtype
         xc = xn if x.dtype_bytes == 4 else self.new(f"{name}: normalised, cast back", w, x.dtype_bytes)
         if xc is not xn:
@@ -568,10 +581,14 @@ def _walk_block(facts: BlockFacts, moe_layer: bool = False) -> tuple[Trace, Tens
     tr = Trace(facts)
     x = tr.new("block input (residual stream)", facts.hidden, facts.stream)
     attn = tr.attention(tr.rmsnorm(x, "input_layernorm"))
+    if facts.sandwich_norms:  # Gemma2DecoderLayer: post_attention_layernorm on the attention's output
+        attn = tr.rmsnorm(attn, "post_attention_layernorm")
     x2 = tr.new("residual stream after attention", facts.hidden, facts.stream)
     tr.op([x, attn], [x2], grad_alias=True)
-    y2 = tr.rmsnorm(x2, "post_attention_layernorm")
+    y2 = tr.rmsnorm(x2, "pre_feedforward_layernorm" if facts.sandwich_norms else "post_attention_layernorm")
     mlp = tr.moe_mlp(y2) if moe_layer else tr.mlp(y2)
+    if facts.sandwich_norms:
+        mlp = tr.rmsnorm(mlp, "post_feedforward_layernorm")
     tr.output = tr.new("block output (residual stream)", facts.hidden, facts.stream)
     tr.op([x2, mlp], [tr.output], grad_alias=True)
     return tr, x

@@ -501,6 +501,19 @@ class ModelShape:
         return ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
 
     @property
+    def gemma_norm(self) -> bool:
+        """The RMSNorm scales in fp32 by (1 + weight) and casts after (GemmaRMSNorm, Gemma 1-3: `output * (1.0 +
+        self.weight.float())`, then `.type_as(x)`), where LlamaRMSNorm casts back first and scales in the input's
+        dtype (transformers 5.23 modeling_gemma.py / modeling_gemma2.py / modeling_gemma3.py)."""
+        return self.family in ("gemma", "gemma2", "gemma3", "gemma3_text")
+
+    @property
+    def sandwich_norms(self) -> bool:
+        """The block norms the attention's and the MLP's outputs too, before each residual add (Gemma 2/3's
+        post_attention_layernorm and post_feedforward_layernorm: norms_per_layer 4)."""
+        return self.norms_per_layer == 4
+
+    @property
     def moe_module(self) -> str:
         """The decoder layer's MoE module, its checkpoint keys' prefix: transformers 4.x MixtralDecoderLayer's
         `block_sparse_moe` (modeling_mixtral.py), `mlp` in Qwen2/3-MoE, OLMoE and DeepSeek layers."""

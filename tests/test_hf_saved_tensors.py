@@ -29,6 +29,11 @@ TINY = {  # the MoE ones as tests/test_lora_banks.py builds them
     "qwen3_moe": {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "intermediate_size": 128,
                   "moe_intermediate_size": 48, "num_experts": 8, "decoder_sparse_step": 1, "mlp_only_layers": [],
                   "head_dim": 16},
+    "gemma": {"architectures": ["GemmaForCausalLM"], "model_type": "gemma", "intermediate_size": 96, "head_dim": 16},
+    "gemma2": {"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "intermediate_size": 96, "head_dim": 16,
+               "final_logit_softcapping": None, "attn_logit_softcapping": None},
+    "gemma3_text": {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "intermediate_size": 96,
+                    "head_dim": 16},
 }
 SEQS = (64, 128)
 TOP_K = BASE["num_experts_per_tok"]
@@ -139,3 +144,44 @@ def test_qk_norm_is_priced(job, tmp_path, family, lora):
     # 4 x 2 + 2 x 32 = 600 B per token and block here, which podkit once left out (7520 measured vs 6920).
     podkit_block, podkit_head, block, head = _per_token(job, tmp_path, family, lora, "eager")
     assert block - podkit_block == ROUTING_BOOKKEEPING.get(family, 0) and podkit_head == head
+
+
+@pytest.mark.parametrize("family", ["gemma", "gemma2", "gemma3_text"])
+@pytest.mark.parametrize("lora", [False, True])
+def test_gemma_norms_are_priced(job, tmp_path, family, lora):
+    # GemmaRMSNorm (transformers 5.23 modeling_gemma*.py) scales by (1 + weight) in fp32 and casts after: where the
+    # weight trains it saves the fp32 normalised x (4 B) for the weight's gradient, not LlamaRMSNorm's 16-bit cast
+    # (+128 B per token and norm here). Gemma 2 and 3 also norm the attention's and the MLP's outputs before each
+    # residual add (post_attention_layernorm, post_feedforward_layernorm): two more norms per block, each saving its
+    # fp32 input and rsqrt (2 x (4 x 64 + 4) = 520 B per token with LoRA). podkit once priced a Llama block for them
+    # (gemma2: 6920 against 8208 measured, 8120 against 8640 with LoRA). The sliding window (4096) is beyond the
+    # sequences, so no layer here takes a mask.
+    podkit_block, podkit_head, block, head = _per_token(job, tmp_path, family, lora, "eager")
+    assert (podkit_block, podkit_head) == (block, head)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma", "gemma2", "gemma3_text"])
+def test_the_replicas_gemma_block_saves_what_podkit_prices(job, tmp_path, family, lora=False):
+    """bin/smoke's replica builds Gemma's norms and Gemma 2/3's sandwich norms too (train/model.py RMSNorm `gemma`,
+    Block `sandwich`): its last block saves per token what podkit prices for the same job, a full fine-tune (where
+    the norms' weights train). (With the podkit stack's LoRA the replica's CPU block saves 64 B per token more than
+    priced here, Llama's too: not these norms.)"""
+    from podkit.train import model as model_mod
+    from podkit.train.step import model_options
+
+    from tests.saved_bytes import saved_under
+
+    (tmp_path / "config.json").write_text(json.dumps({**BASE, **TINY[family]}))
+    per_seq = {}
+    for seq in SEQS:
+        j = job(model=f'hf_config = "{tmp_path / "config.json"}"',
+                train=f"precision = 'bf16'\ncheckpointing = 'none'\nseq_len = {seq}\nattention = 'sdpa'\n"
+                      + ("lora_rank = 4\n" if lora else ""))
+        torch.manual_seed(0)
+        model = model_mod.materialize(model_mod.build(j.shape, model_options(j), "bf16"), torch.device("cpu"), 0)
+        ids = torch.randint(0, BASE["vocab_size"], (1, seq))
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        saved = saved_under(model.layers[-1], params, lambda: model(ids, ids))
+        per_seq[seq] = (saved, sum(A.saved_per_token(A.block_facts(j, "cpu"), "none").values()) * seq)
+    (lo_real, lo_podkit), (hi_real, hi_podkit) = per_seq[SEQS[0]], per_seq[SEQS[1]]
+    assert hi_real - lo_real == hi_podkit - lo_podkit

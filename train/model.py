@@ -159,17 +159,24 @@ class ModelOptions:
 
 
 class RMSNorm(nn.Module):
-    """HF LlamaRMSNorm: normalise in fp32, cast back, then scale (or Liger's LigerRMSNorm)."""
+    """HF LlamaRMSNorm: normalise in fp32, cast back, then scale; GemmaRMSNorm (`gemma`): scale by (1 + weight) in
+    fp32, then cast (ModelShape.gemma_norm); or Liger's LigerRMSNorm."""
 
-    def __init__(self, dim: int, eps: float = 1e-5, liger_kernel: bool = False, liger_in_place: bool = True):
+    def __init__(self, dim: int, eps: float = 1e-5, liger_kernel: bool = False, liger_in_place: bool = True,
+                 gemma: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(dim))
         self.eps = eps
-        self.liger_kernel, self.liger_in_place = liger_kernel, liger_in_place
+        self.liger_kernel, self.liger_in_place, self.gemma = liger_kernel, liger_in_place, gemma
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.liger_kernel:
             return liger.RMSNormFunction.apply(x, self.weight, self.eps, self.liger_in_place)
+        if self.gemma:
+            out = x.float()
+            out = out * torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + self.eps)
+            out = out * (1.0 + self.weight.float())
+            return out.type_as(x)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -237,9 +244,7 @@ class Attention(nn.Module):
         self.qk_norm, self.output_copy = opts.qk_norm, opts.attn_output_copy
         if opts.qk_norm:
             q_w, k_w = (shape.d_head, shape.d_head) if opts.qk_norm == "head" else (shape.q_dim, shape.kv_dim)
-            lk, in_place = opts.block_kernels == "liger", liger_norm_in_place(shape.family)
-            self.q_norm = RMSNorm(q_w, liger_kernel=lk, liger_in_place=in_place)
-            self.k_norm = RMSNorm(k_w, liger_kernel=lk, liger_in_place=in_place)
+            self.q_norm, self.k_norm = _rms_norm(shape, opts, q_w), _rms_norm(shape, opts, k_w)
         h = shape.hidden
         self.q_proj = linear("q_proj", h, shape.q_dim, bias=shape.qkv_bias)
         self.k_proj = linear("k_proj", h, shape.kv_dim, bias=shape.qkv_bias)
@@ -362,17 +367,30 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+def _rms_norm(shape: ModelShape, opts: ModelOptions, dim: int) -> RMSNorm:
+    return RMSNorm(dim, liger_kernel=opts.block_kernels == "liger", liger_in_place=liger_norm_in_place(shape.family),
+                   gemma=shape.gemma_norm)
+
+
 class Block(nn.Module):
     def __init__(self, shape: ModelShape, opts: ModelOptions, linear):
         super().__init__()
-        lk, in_place = opts.block_kernels == "liger", liger_norm_in_place(shape.family)
-        self.input_layernorm = RMSNorm(shape.hidden, liger_kernel=lk, liger_in_place=in_place)
+        self.input_layernorm = _rms_norm(shape, opts, shape.hidden)
         self.self_attn = Attention(shape, opts, linear)
-        self.post_attention_layernorm = RMSNorm(shape.hidden, liger_kernel=lk, liger_in_place=in_place)
-        self.mlp = MLP(shape, linear, lk)
+        self.post_attention_layernorm = _rms_norm(shape, opts, shape.hidden)
+        self.sandwich = shape.sandwich_norms
+        if self.sandwich:
+            # Gemma2DecoderLayer's names: post_attention_layernorm norms the attention's output, pre_ and
+            # post_feedforward_layernorm the MLP's input and output.
+            self.pre_feedforward_layernorm = _rms_norm(shape, opts, shape.hidden)
+            self.post_feedforward_layernorm = _rms_norm(shape, opts, shape.hidden)
+        self.mlp = MLP(shape, linear, opts.block_kernels == "liger")
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 mask: torch.Tensor | None = None, rows: int = 1) -> torch.Tensor:
+        if self.sandwich:
+            x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin, mask, rows))
+            return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, rows)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -433,8 +451,7 @@ class Decoder(nn.Module):
         self.shape, self.opts = shape, opts
         self.embed_tokens = nn.Embedding(shape.vocab, shape.hidden)
         self.layers = nn.ModuleList(Block(shape, opts.for_layer(i), linear) for i in range(shape.layers))
-        self.norm = RMSNorm(shape.hidden, liger_kernel=opts.block_kernels == "liger",
-                            liger_in_place=liger_norm_in_place(shape.family))
+        self.norm = _rms_norm(shape, opts, shape.hidden)
         self.lm_head = None if shape.tie_embeddings else linear("lm_head", shape.hidden, shape.vocab, bias=False)
         # RoPE tables: recomputed by init_weights after materialisation, never saved.
         self.register_buffer("rope_cos", torch.empty(opts.max_seq_len, shape.d_head), persistent=False)
@@ -569,7 +586,8 @@ class Decoder(nn.Module):
             if name.endswith("lora_B.weight"):
                 local.zero_()  # LoRA starts as the identity update
             elif local.dim() == 1:
-                local.fill_(1.0) if "norm" in name else local.zero_()
+                # A norm's identity scale: 1, or 0 for GemmaRMSNorm, which scales by (1 + weight)
+                local.fill_(float(not self.shape.gemma_norm)) if "norm" in name else local.zero_()
             else:
                 local.normal_(0.0, 0.02, generator=_gen_for(local, gen))
         d = self.shape.d_head
