@@ -2,7 +2,9 @@
 bin/preflight's echo of a launch command both read it). In a smoke run the values of HF_TOKEN, WANDB_API_KEY
 and the like are replaced by "[HF_TOKEN redacted]" wherever podkit writes text it did not compose itself: the command's output in
 smoke.log (and its echo), the command line, and the errors in summary.json and ranks/; in the built-in run
-every line of smoke.log (and smoke.rank<N>.log, and their echo) and the text of summary.json. A user's script
+every line of smoke.log (and smoke.rank<N>.log, and their echo) and the text of summary.json. A detached job's
+output (bin/pod run) passes through it on the pod (redact_stream.py) before logs/jobs/<id>/output.log, so what
+`bin/pod attach` streams and fetch-logs copies has them replaced too. A user's script
 that prints its environment, or an error (a traceback, a path) with a token in it, must not put the token into
 files that fetch-logs copies to a laptop and people paste into issues.
 

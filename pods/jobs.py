@@ -1,7 +1,8 @@
 """Detached remote runs: a command started on the pod that outlives the SSH session.
 
 The command runs under setsid/nohup with its output in logs/jobs/<id>/output.log and its exit
-code written to logs/jobs/<id>/exit_code when it ends. Attaching streams that log (`tail -F`
+code written to logs/jobs/<id>/exit_code when it ends; the output reaches that log through a filter of the
+secrets the pod's env file exports (envsetup/redact_stream.py). Attaching streams that log (`tail -F`
 until the process is gone); a dropped or killed client stops only the tail, never the job, and
 `attach` picks it up again later. fetch-logs brings logs/jobs/ back with the runs.
 """
@@ -21,6 +22,17 @@ from podkit.pods.errors import PodError
 from podkit.pods.remote_stop import stop_script
 
 JOBS_DIR = "logs/jobs"
+# The job's output on its way to output.log (envsetup/redact_stream.py): secrets out of the log, attach's stream
+# and fetch-logs' copy. It runs under the job's own `python3`, which the env file sourced just before makes the
+# project venv's (envfile.render puts its bin first on PATH), with podkit found in the deployed project as
+# bin/smoke finds it (PYTHONPATH). A pod with no python3 (deploy.py syncs, then skips envsetup) gets the output
+# unfiltered, said at its top, rather than a job that cannot write. The filter ignores stop's signals (ignored
+# stays ignored across exec: POSIX exec()) and ends at the end of its input, after the command's last words. It is
+# untagged, so that `jobs` does not count it as left running beside what the command left writing into it; `stop`
+# finds it by the job's session while the job runs.
+_REDACT = ("unset PODKIT_JOB_ID; trap '' TERM INT HUP; export PYTHONPATH=\"$PWD${PYTHONPATH:+:$PYTHONPATH}\"; "
+           "python3 -c 'import podkit.envsetup.redact_stream' 2>/dev/null && exec python3 -m podkit.envsetup.redact_stream; "
+           "echo 'podkit: no python to filter secrets with; output is unfiltered'; exec cat")
 _ID = re.compile(r"[A-Za-z0-9_.-]{1,100}")
 
 
@@ -111,11 +123,19 @@ def start(conn: PodConnection, command: str, job_id: str | None = None, *, again
     # command's processes still get the default) lets it wait for the command and pass on the command's own exit
     # code (bin/smoke's 130), not bash's 143.
     # A wrapper that cannot record its pid (a full disk) does not run the command: `stop` could not find that job.
+    # The command's output reaches output.log through _REDACT, in a process substitution (of a `{ }` group: a
+    # subshell's own redirection would be made in its child, and leave the wrapper no $! to wait for) so that `rc`
+    # stays the command's own. The wrapper waits for the filter to end, i.e. to have written all the command's
+    # output, before it records the code and exits (attach's `tail --pid` reads on until then); 2 s at most: a
+    # process the command left running in the background (`server &`) keeps the filter's input open, and the job
+    # has exited all the same. ($! names a process substitution from bash 4.4, Linux commit da4288b95baa; checked on
+    # bash 5.2.15. An older bash leaves it empty, and the wrapper does not wait.)
     inner = (f'jobdir="$PWD/{d}"\n{{ echo $$ > "$jobdir/pid.wrapper" && mv -f "$jobdir/pid.wrapper" "$jobdir/pid"; }} '
              '|| { echo "podkit: cannot record the job\'s pid in $jobdir: not starting it" >&2; exit 1; }\n'
              f'[ -r .podkit/env ] && . .podkit/env\n{exports}'
-             '( trap : TERM; eval "$(cat "$jobdir/command")" )\n'
-             'rc=$?; echo $rc > "$jobdir/exit_code.tmp" && mv "$jobdir/exit_code.tmp" "$jobdir/exit_code"')
+             f'{{ ( trap : TERM; eval "$(cat "$jobdir/command")" ); }} > >({_REDACT}) 2>&1\n'
+             f'rc=$? redact=$!; i=0; while kill -0 "$redact" 2>/dev/null && [ $i -lt 40 ]; do sleep 0.05; i=$((i+1)); done\n'
+             'echo $rc > "$jobdir/exit_code.tmp" && mv "$jobdir/exit_code.tmp" "$jobdir/exit_code"')
     wrapper_start = (
         # The tag before `env` too: the wrapper's own environment carries it from its first exec (attach waits for it)
         f"PODKIT_JOB_ID={job_id} env -u PODKIT_SESSION -u PODKIT_SHELL setsid nohup bash --noprofile --norc -c {shlex.quote(inner)} "

@@ -101,6 +101,89 @@ def test_a_one_string_command_that_moves_replaces_or_exits_keeps_its_exit_code(w
     assert "without an exit code" not in out.stderr
 
 
+@contextmanager
+def pod_secret(world, name: str):
+    """A secret exported by the pod's env file, as deploy writes HF_TOKEN there, while the block runs: its value."""
+    env = Path(world.pod.remote_dir) / ".podkit" / "env"
+    before = env.read_text()
+    value = f"s3cr3t{uuid.uuid4().hex}"
+    env.write_text(before + f"export {name}={value}\n")
+    try:
+        yield value
+    finally:
+        env.write_text(before)
+
+
+def _in_session(sid: int) -> list[int]:
+    """Live processes (zombies aside) of session `sid`: a job's wrapper leads its own."""
+    found = []
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(") ", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and fields[3] == str(sid):
+            found.append(int(p))
+    return found
+
+
+# Writes the pod's HF_TOKEN to stdout and stderr; bytes that are not UTF-8 and a line of 300,000 characters; the
+# value split between two writes half a second apart; no newline at the end; exit 3.
+_PRINTS_ITS_TOKEN = r"""import os, sys, time
+v, out = os.environ["HF_TOKEN"].encode(), sys.stdout.buffer
+out.write(b"token=" + v + b"\n" + bytes(range(256)) + b"x" * 300000 + b"\n"); out.flush()
+sys.stderr.write("on stderr " + v.decode() + "\n"); sys.stderr.flush()
+out.write(v[:5]); out.flush(); time.sleep(0.5); out.write(v[5:] + b" and no newline"); out.flush()
+sys.exit(3)"""
+
+
+def test_a_secret_a_job_prints_reaches_neither_its_log_nor_attach(world):
+    """A command that printed a secret the pod's env file exports (`env`, a traceback quoting a token) put it
+    verbatim into output.log, the stream `run` and `attach` show, and what fetch-logs copies. It reads
+    "[HF_TOKEN redacted]" there now, and nothing else of the output changes; the exit code is the command's."""
+    jid = f"redact-{uuid.uuid4().hex[:8]}"
+    with pod_secret(world, "HF_TOKEN") as value:
+        ran = cli(world, "run", *args(world), "--id", jid, world.pod.spec, "--", "python", "-c", _PRINTS_ITS_TOKEN)
+    assert ran.returncode == 3, ran.stdout + ran.stderr
+    assert value not in ran.stdout + ran.stderr
+    assert "token=[HF_TOKEN redacted]" in ran.stdout and "on stderr [HF_TOKEN redacted]" in ran.stdout, ran.stdout
+    assert ran.stdout.rstrip().endswith("[HF_TOKEN redacted] and no newline"), ran.stdout[-200:]
+    log = (Path(world.pod.remote_dir) / "logs" / "jobs" / jid / "output.log").read_bytes()
+    assert log == (b"token=[HF_TOKEN redacted]\n" + bytes(range(256)) + b"x" * 300000 + b"\n"
+                   b"on stderr [HF_TOKEN redacted]\n[HF_TOKEN redacted] and no newline"), log[:100] + b"..." + log[-100:]
+    attached = cli(world, "attach", world.pod.spec, *args(world), jid)
+    assert attached.returncode == 3 and "token=[HF_TOKEN redacted]" in attached.stdout, attached.stderr
+    assert value not in attached.stdout + attached.stderr
+
+
+def test_stop_keeps_what_a_job_says_on_sigterm_and_leaves_nothing_running(world):
+    """The filter between the job and its log is in the job's session, which `stop` signals whole: it outlives the
+    SIGTERM, so the command's last words (bin/smoke's summary) still reach output.log, redacted, and ends with the
+    command, so that the stop reports it stopped and nothing is left running."""
+    jid = f"lastwords-{uuid.uuid4().hex[:8]}"
+    log = Path(world.pod.remote_dir) / "logs" / "jobs" / jid / "output.log"
+    with pod_secret(world, "HF_TOKEN") as value:
+        started = cli(world, "run", *args(world), "--id", jid, "-d", world.pod.spec, "--", "bash", "-c",
+                      "trap 'echo \"last words $HF_TOKEN\"; exit 7' TERM; echo started; while :; do sleep 0.1; done")
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        assert wait_for(lambda: log.exists() and b"started" in log.read_bytes(), 30)
+        wrapper = int(log.with_name("pid").read_text())
+        stopped = cli(world, "stop", world.pod.spec, *args(world), jid, "--grace", "10", "--json")
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert re.fullmatch(r"stopped \d+", _strict(stopped.stdout)["result"]), stopped.stdout
+        lines = log.read_text().splitlines()  # between them perhaps bash's "Terminated" of its sleep
+        assert (lines[0], lines[-1]) == ("started", "last words [HF_TOKEN redacted]"), lines
+        assert value not in log.read_text()
+        job = next(j for j in _strict(cli(world, "jobs", world.pod.spec, *args(world), "--json").stdout)["jobs"]
+                   if j["id"] == jid)
+        assert (job["state"], job["exit_code"], job["left_running"]) == ("stopped", 7, 0), job
+        assert wait_for(lambda: not _in_session(wrapper), 5), f"still running on the pod: {_in_session(wrapper)}"
+    finally:
+        for pid in with_env(f"PODKIT_JOB_ID={jid}"):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_stop_ends_a_two_process_smoke_and_everything_it_started(world):
     remote = Path(world.pod.remote_dir)
     job = tiny_job(remote / "jobs", cluster={"gpus_per_node": 2}, smoke={"steps": 100000})  # made on the pod
