@@ -128,8 +128,8 @@ def start(conn: PodConnection, command: str, job_id: str | None = None, *, again
     # stays the command's own. The wrapper waits for the filter to end, i.e. to have written all the command's
     # output, before it records the code and exits (attach's `tail --pid` reads on until then); 2 s at most: a
     # process the command left running in the background (`server &`) keeps the filter's input open, and the job
-    # has exited all the same. ($! names a process substitution from bash 4.4, Linux commit da4288b95baa; checked on
-    # bash 5.2.15. An older bash leaves it empty, and the wrapper does not wait.)
+    # has exited all the same. ($! names the process substitution here, checked on bash 5.2.15; where a bash leaves
+    # it empty, the wrapper does not wait.)
     inner = (f'jobdir="$PWD/{d}"\n{{ echo $$ > "$jobdir/pid.wrapper" && mv -f "$jobdir/pid.wrapper" "$jobdir/pid"; }} '
              '|| { echo "podkit: cannot record the job\'s pid in $jobdir: not starting it" >&2; exit 1; }\n'
              f'[ -r .podkit/env ] && . .podkit/env\n{exports}'
