@@ -117,6 +117,7 @@ class BlockFacts:
     flash_repad: bool = False  # the attention output is padded back into a new tensor (JobFacts.flash_repad)
     attn_softcap: bool = False  # eager attention soft-caps its scores (ModelShape.attn_softcap): tanh keeps s x s
     gemma_norm: bool = False  # GemmaRMSNorm: scaled in fp32 by (1 + weight), cast after (ModelShape.gemma_norm)
+    fused_proj: bool = False  # one qkv_proj and one gate_up_proj, sliced into views (JobFacts.fused_proj)
     sandwich_norms: bool = False  # the attention's and the MLP's outputs normed before each residual add
 
 
@@ -160,7 +161,7 @@ def block_facts(job, device: str = "cuda", sliding: bool = False) -> BlockFacts:
         # multiplies back before the mask and softmax; litgpt's and torchtune's Gemma 2 attention do the same in
         # their explicit paths. flash-attn takes the cap inside its kernel; SDPA has none.
         attn_softcap=bool(shape.attn_softcap) and kernel == "eager",
-        gemma_norm=shape.gemma_norm, sandwich_norms=shape.sandwich_norms,
+        gemma_norm=shape.gemma_norm, sandwich_norms=shape.sandwich_norms, fused_proj=f.fused_proj,
         repeat_kv=repeat,
         fused_qkv=f.stack.fused_qkv, liger=f.block_kernels == "liger",
         liger_norm_in_place=liger_norm_in_place(shape.family),
@@ -254,7 +255,9 @@ class Trace:
            grads_in_saved: bool = False, weight_grad: float = 0.0) -> None:
         if self.expert >= 0:
             self.expert_of[("op", len(self.ops))] = self.expert
-        self.ops.append(Op(tuple(inputs), tuple(outputs), tuple(saved), scratch, grad_alias, tuple(holds),
+        # A tensor an op takes twice (views of one fused output: Phi-3's q, k and v) gets one gradient buffer here.
+        inputs = tuple({id(t): t for t in inputs}.values())
+        self.ops.append(Op(inputs, tuple(outputs), tuple(saved), scratch, grad_alias, tuple(holds),
                            grads_in_saved, weight_grad))
         self.save(*saved)
 
@@ -404,15 +407,20 @@ class Trace:
         f = self.facts
         h, qd, kvd = f.hidden, f.q_dim, f.kv_dim
         self.qkv_dropout = None  # (its input, its output): the fused qkv adapter's one dropout
-        q0 = self.linear(y, h, qd, "q_proj")
-        k0 = self.linear(y, h, kvd, "k_proj")
-        v = self.linear(y, h, kvd, "v_proj")
+        if f.fused_proj:
+            # Phi3Attention (transformers 5.23 modeling_phi3.py): qkv = self.qkv_proj(x), and q, k, v are slices of it,
+            # views of one storage (each slice's gradient a full-width SliceBackward0 zeros).
+            q0 = k0 = v = self.linear(y, h, qd + 2 * kvd, "qkv_proj")
+        else:
+            q0 = self.linear(y, h, qd, "q_proj")
+            k0 = self.linear(y, h, kvd, "k_proj")
+            v = self.linear(y, h, kvd, "v_proj")
         if f.qk_norm:
             per_head = f.qk_norm == "head"
             d_head = qd / f.heads
             q0 = self.rmsnorm(q0, "q_norm", qd, f.heads if per_head else 1)
             k0 = self.rmsnorm(k0, "k_norm", kvd, kvd / d_head if per_head else 1)
-        if f.liger and not f.fused_qkv:
+        if f.liger and not (f.fused_qkv or f.fused_proj):
             # LigerRopeFunction (liger_kernel/ops/rope.py rope_forward): q.transpose(1, 2).contiguous() is
             # the projection's own (b, s, heads, d) storage, rotated in place and returned as a view;
             # backward rotates dq and dk in place too. (Only under the math and eager kernels is dq a
@@ -420,7 +428,8 @@ class Trace:
             q, k = q0, k0
         else:
             # RoPE (q * cos + rotate_half(q) * sin) saves only cos/sin, shared buffers; its backward sums
-            # two gradients of q. (Liger's .contiguous() copies views of a fused qkv output first.)
+            # two gradients of q. (Liger's .contiguous() copies views of a fused qkv output first: litgpt's, and
+            # Phi-3's under liger_rotary_pos_emb.)
             q = self.new("q after RoPE", qd, q0.dtype_bytes)
             self.op([q0], [q], scratch=0 if f.liger else qd * q0.dtype_bytes)
             k = self.new("k after RoPE", kvd, k0.dtype_bytes)
@@ -496,8 +505,12 @@ class Trace:
         f = self.facts
         ffn = ffn or f.ffn
         gate_name, up_name, down_name = names
-        gate = self.linear(y, f.hidden * per_token, ffn * per_token, prefix + gate_name, per_token, module)
-        up = self.linear(y, f.hidden * per_token, ffn * per_token, prefix + up_name, per_token, module)
+        if f.fused_proj and not prefix:
+            # Phi3MLP: gate_up_proj's output chunked into gate and up, two views of one storage.
+            gate = up = self.linear(y, f.hidden, 2 * ffn, "gate_up_proj")
+        else:
+            gate = self.linear(y, f.hidden * per_token, ffn * per_token, prefix + gate_name, per_token, module)
+            up = self.linear(y, f.hidden * per_token, ffn * per_token, prefix + up_name, per_token, module)
         prod = self.new(prefix + "silu(gate) * up", ffn * per_token, max(gate.dtype_bytes, up.dtype_bytes))
         if f.liger:
             # LigerSiLUMulFunction (liger_kernel/ops/swiglu.py): c = empty_like(a), ctx.save_for_backward(a, b);

@@ -450,6 +450,9 @@ class JobFacts:
     """The logits reach the loss as fp32 because the loop's wrapper casts the model's outputs
     (Stack.outputs_fp32), at a 16-bit compute dtype, for a loss the loop computes from them (chunked, native,
     fp32-upcast): the log-softmax is fp32, no per-chunk copy is made, and kept logits are 4 B."""
+    fused_proj: bool = False
+    """The model's fused projections run as such (ModelShape.fused_proj, Phi-3's qkv_proj and gate_up_proj): one
+    adapter each, and q, k, v and gate, up are views of their outputs. bin/smoke's replica runs five linears."""
     logit_softcap: float = 0.0
     """The cap the model's forward soft-caps the logits with before the loss (Stack.logit_softcap and the
     model's ModelShape.logit_softcap; 0: none). A fused or Liger loss takes the cap inside its kernel and makes
@@ -916,6 +919,8 @@ def left_out(train, cluster, facts: JobFacts) -> list[str]:
                 name == "fsdp_no_sync" and train.grad_accum == 1):
             continue
         out.append(f"{name}: {text}")
+    if facts.fused_proj:
+        out.append("fused_proj: Phi-3's qkv_proj and gate_up_proj run as five linears, each with its own adapter")
     if cluster.offload == "optimizer":
         out.append("offload 'optimizer': FSDP2's CPUOffloadPolicy offloads the parameters too (run as 'all')")
     return out
@@ -1120,6 +1125,7 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
         quantized_load_16bit_on_gpu=load_16bit_on_gpu and train.base_quant == "nf4",
         logits_fp32=logits_fp32,
         logit_softcap=shape.logit_softcap if stack.logit_softcap and loss not in ("fused", "liger") else 0.0,
+        fused_proj=shape.fused_proj and not replica,
         loss_autocast=loss_autocast and train.compute_bytes != 4,
         fsdp1_keeps_block_inputs=(around and lora and stack.lora_units
                                   and (not train.torch or parse_version(train.torch) >= (2, 1))),

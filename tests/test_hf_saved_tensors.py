@@ -14,6 +14,7 @@ import re
 import pytest
 
 from podkit.checks import activations as A
+from podkit.checks import stacks
 
 torch = pytest.importorskip("torch")
 peft = pytest.importorskip("peft")
@@ -29,6 +30,10 @@ TINY = {  # the MoE ones as tests/test_lora_banks.py builds them
     "qwen3_moe": {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "intermediate_size": 128,
                   "moe_intermediate_size": 48, "num_experts": 8, "decoder_sparse_step": 1, "mlp_only_layers": [],
                   "head_dim": 16},
+    # use_cache off as the 5.23 Trainer sets it (trainer.py `self.model.config.use_cache = self.args.use_cache`,
+    # TrainingArguments.use_cache False): with a DynamicCache, its torch.cat would copy v out of the fused qkv output.
+    "phi3": {"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "intermediate_size": 96, "pad_token_id": 0,
+             "bos_token_id": 1, "eos_token_id": 2, "sliding_window": None, "use_cache": False},
     "gemma": {"architectures": ["GemmaForCausalLM"], "model_type": "gemma", "intermediate_size": 96, "head_dim": 16},
     "gemma2": {"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "intermediate_size": 96, "head_dim": 16,
                "final_logit_softcapping": None, "attn_logit_softcapping": None},
@@ -157,6 +162,19 @@ def test_gemma_norms_are_priced(job, tmp_path, family, lora):
     # (gemma2: 6920 against 8208 measured, 8120 against 8640 with LoRA). The sliding window (4096) is beyond the
     # sequences, so no layer here takes a mask.
     podkit_block, podkit_head, block, head = _per_token(job, tmp_path, family, lora, "eager")
+    assert (podkit_block, podkit_head) == (block, head)
+
+
+@pytest.mark.parametrize("lora, attention", [(False, "eager"), (True, "eager"), (True, "sdpa")])
+def test_phi3_fused_projections_are_priced(job, tmp_path, lora, attention):
+    # Phi3Attention and Phi3MLP (transformers 5.23 modeling_phi3.py) run one qkv_proj and one gate_up_proj and slice
+    # them: LoRA on all-linear adapts each once (its fp32 input copy, 256 B per token here, and its lora_A output),
+    # and under SDPA without a k/v repeat the saved v, a view, keeps the whole qkv output. podkit once priced three
+    # and two linears named q/k/v_proj and gate/up_proj, which all-linear's qkv_proj and gate_up_proj never matched:
+    # 6760 against 7304 measured (eager, LoRA), 2168 against 2904 (SDPA, LoRA).
+    j = job(model='preset = "phi-3-mini"', train="stack = 'hf'")
+    assert j.facts.fused_proj and "fused_proj" in [x.split(":")[0] for x in stacks.left_out(j.train, j.cluster, j.facts)]
+    podkit_block, podkit_head, block, head = _per_token(job, tmp_path, "phi3", lora, attention)
     assert (podkit_block, podkit_head) == (block, head)
 
 
