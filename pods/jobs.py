@@ -19,7 +19,7 @@ from typing import Callable
 
 from podkit.pods.connection import PodConnection
 from podkit.pods.errors import PodError
-from podkit.pods.remote_stop import stop_script
+from podkit.pods.remote_stop import owners_script, stop_script
 
 JOBS_DIR = "logs/jobs"
 # The job's output on its way to output.log (envsetup/redact_stream.py): secrets out of the log, attach's stream
@@ -323,8 +323,9 @@ def newest(conn: PodConnection, running: bool = False) -> Job | None:
 def list_jobs(conn: PodConnection) -> list[Job]:
     script = (
         f"[ -d {JOBS_DIR} ] || exit 0\n{_OURS}"
-        # every live process's job tag, once: what a job that no longer runs left running
-        "tags=$(grep -zh '^PODKIT_JOB_ID=' /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n')\n"
+        # every live process's tags, once, by stop's rule (its own, or its parent's where it cleared its
+        # environment): what a job that no longer runs left running is what `stop` ends
+        f"tags=$( ({owners_script()}) )\n"
         f"for d in {JOBS_DIR}/*/; do id=$(basename $d); pid=$(cat $d/pid 2>/dev/null)\n"
         f"  if [ -r $d/exit_code ] && [ -e $d/stopped ]; then st=\"stopped $(cat $d/exit_code)\"; elif [ -r $d/exit_code ]; then st=\"exited $(cat $d/exit_code)\"; elif ours \"$pid\" \"$id\"; then st=running; else st=lost; fi\n"
         f"  n=0; [ \"$st\" = running ] || n=$(printf '%s\\n' \"$tags\" | grep -cxF \"PODKIT_JOB_ID=$id\")\n"

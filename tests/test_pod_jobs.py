@@ -642,6 +642,118 @@ def test_stop_ends_what_an_exited_job_left_running_and_jobs_shows_it(world):
             os.kill(pid, signal.SIGKILL)
 
 
+def _alive(pid: int) -> bool:
+    """`pid` is a process, not gone nor a zombie (its parent yet to reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _tree(roots: list[int]) -> set[int]:
+    """`roots` and every process under them, by parent pid."""
+    found, todo = set(), list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo += _children(pid)
+    return found
+
+
+def _escaping(marker: str) -> str:
+    """A command that leaves the job's environment and session both (as sudo under `Defaults use_pty` does) and
+    ignores SIGTERM, `sleep MARKER` in the end."""
+    return "setsid env -i bash -c " + shlex.quote(f'trap "" TERM; sleep {marker}')
+
+
+def test_stop_ends_what_left_the_jobs_session_with_a_cleared_environment_and_nothing_beside_it(world):
+    """Review 2026-11-25: a process that both cleared its environment and left the job's session (sudo with
+    use_pty, `setsid env -i`) carried neither the tag nor the session stop looks for: stop killed its parent and it
+    ran on under PID 1, seen by nobody. Stop now takes what the job's processes started too, before any signal. An
+    unrelated process beside it under PID 1 (the same parent, once the job's is killed) is not touched."""
+    jid, marker, other = f"escape-{uuid.uuid4().hex[:8]}", _marker(), _marker()
+    started = cli(world, "run", *args(world), "--id", jid, "-d", world.pod.spec, "--", "sh", "-c",
+                  f"{_escaping(marker)} & wait")
+    assert started.returncode == 0, started.stderr
+    subprocess.run(["sh", "-c", f"sleep {other} </dev/null >/dev/null 2>&1 &"], check=True)  # left to PID 1
+    try:
+        assert wait_for(lambda: _sleeps(marker) and _sleeps(other), 30), (_sleeps(marker), _sleeps(other))
+        [escaped] = _sleeps(marker)
+        assert escaped not in with_env(f"PODKIT_JOB_ID={jid}")  # neither the tag nor the session: its parent's
+        stopped = cli(world, "stop", world.pod.spec, *args(world), jid, "--grace", "2", "--json")
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert _strict(stopped.stdout)["result"].startswith("killed "), stopped.stdout  # SIGTERM was ignored
+        assert wait_for(lambda: not _alive(escaped), 10), f"still running on the pod: {escaped}"
+        assert _sleeps(other), "stop killed a process that was not the job's"
+    finally:
+        for pid in {*with_env(f"PODKIT_JOB_ID={jid}"), *_sleeps(marker), *_sleeps(other)}:
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_an_exited_job_lists_and_stop_ends_what_it_left_with_a_cleared_environment(world):
+    """Review 2026-11-25: a job that exited leaving a tagged process whose child cleared its environment and left
+    the session: `jobs` counted the tagged one alone, and stop killed it and left the child running unseen."""
+    jid, marker = f"leftesc-{uuid.uuid4().hex[:8]}", _marker()
+    keeper = "sh -c " + shlex.quote(f"{_escaping(marker)} & wait")
+    ran = cli(world, "run", *args(world), "--id", jid, world.pod.spec, "--", "sh", "-c", f"{keeper} & exit 0")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    try:
+        assert wait_for(lambda: _sleeps(marker), 10), "the escaping process did not start"
+        [escaped] = _sleeps(marker)
+        left = _tree(with_env(f"PODKIT_JOB_ID={jid}"))
+        assert escaped in left and escaped not in with_env(f"PODKIT_JOB_ID={jid}"), left
+        job = next(j for j in _strict(cli(world, "jobs", world.pod.spec, *args(world), "--json").stdout)["jobs"]
+                   if j["id"] == jid)
+        assert (job["state"], job["left_running"]) == ("exited", len(left)), (job, left)
+        stopped = cli(world, "stop", world.pod.spec, *args(world), jid, "--grace", "2", "--json")
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert _strict(stopped.stdout)["result"] == f"already exited 0; of what it left running: killed {len(left)}"
+        assert wait_for(lambda: not _alive(escaped), 10), f"still running on the pod: {escaped}"
+        job = next(j for j in _strict(cli(world, "jobs", world.pod.spec, *args(world), "--json").stdout)["jobs"]
+                   if j["id"] == jid)
+        assert job["left_running"] == 0, job
+    finally:
+        for pid in {*with_env(f"PODKIT_JOB_ID={jid}"), *_sleeps(marker)}:
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_stop_keeps_a_pid_only_while_it_is_the_same_process_and_never_takes_another_tags(tmp_path):
+    """The stop's look at the pod (its `tagged`, run here on this machine's /proc, as on a pod's): a pid found by an
+    earlier look (its parent SIGKILLed since) is still the tag's while its start time is the one recorded, never
+    once the pid is another process's. What a tagged process started is the tag's when it cleared its environment,
+    not when it carries a tag of its own (a detached job, the cost guard, started from an invocation's shell)."""
+    from podkit.pods.remote_stop import stop_script
+
+    mark, other, handoff = _marker(), _marker(), _marker()
+    lone = subprocess.Popen(["sleep", other])  # no tag, no tagged parent: only an earlier look could name it
+    tree = subprocess.Popen(["bash", "-c", f"env -i sleep {mark} & env -u PODKIT_SESSION PODKIT_JOB_ID=handoff "
+                             f"sh -c 'env -i sleep {handoff} & wait' & wait"],
+                            env={**os.environ, "PODKIT_SESSION": "reuse-test"})
+    started = set()
+    try:
+        assert wait_for(lambda: _sleeps(mark) and _sleeps(handoff), 10)
+        started = _tree([tree.pid])  # all of it, for the cleanup: a stop would leave the sleeps to PID 1
+        start = Path(f"/proc/{lone.pid}/stat").read_text().rsplit(") ", 1)[1].split()[19]  # field 22
+
+        def tagged(kept: str) -> set[int]:
+            look = stop_script("PODKIT_SESSION=reuse-test", 1).split("\npids()")[0]
+            out = subprocess.run(["bash", "-c", f"{look}\nkept={shlex.quote(kept)}\ntagged"], capture_output=True,
+                                 text=True, timeout=30).stdout
+            return {int(w) for line in out.splitlines() for w in line.split()[:1] if w.isdigit()}
+
+        ours = {tree.pid, *_sleeps(mark)}
+        assert tagged("") == ours
+        assert tagged(f"{lone.pid} {start}") == ours | {lone.pid}
+        assert tagged(f"{lone.pid} {int(start) - 1}") == ours  # that pid's process started later: a reused pid
+    finally:
+        for pid in _tree([tree.pid]) | started | {lone.pid}:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        tree.wait()
+        lone.wait()
+
+
 def test_stop_without_an_id_stops_the_running_job_not_a_later_one_that_exited(world):
     """Review 2026-11-25: `bin/pod run -d HOST -- train`, then a quick `bin/pod run HOST -- nvidia-smi` beside it, then
     `bin/pod stop HOST`: the default was the newest job, the finished check ('already exited 0', exit 0), and the
