@@ -1100,7 +1100,9 @@ def test_a_later_command_past_its_timeout_leaves_the_job_its_shell_started_runni
             running = set(with_env(f"PODKIT_JOB_ID={jid}"))
             with pytest.raises(PodError, match="ran past 1 s and was stopped"):
                 conn.run("sleep 30", timeout=1)
-            assert set(with_env(f"PODKIT_JOB_ID={jid}")) == running, "the timed-out command's stop ended the job"
+            # alive, not still tagged: the output filter drops the tag when it execs python (jobs._REDACT), which
+            # may come after `running` was read
+            assert all(os.path.exists(f"/proc/{pid}") for pid in running), "the timed-out command's stop ended the job"
             assert jobs.start_state(conn, jid) == "running"
     finally:
         for pid in with_env(f"PODKIT_JOB_ID={jid}"):
