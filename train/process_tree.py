@@ -31,11 +31,12 @@ def _parents() -> dict[int, int]:
         if not entry.isdigit():
             continue
         try:
-            with open(f"/proc/{entry}/stat") as f:
+            # bytes: comm is any 15 bytes a process named itself, a multi-byte character cut in two included
+            with open(f"/proc/{entry}/stat", "rb") as f:
                 stat = f.read()
         except OSError:
             continue
-        fields = stat[stat.rfind(")") + 2:].split()  # comm may hold spaces and ')'
+        fields = stat[stat.rfind(b")") + 2:].split()  # comm may hold spaces and ')'
         out[int(entry)] = int(fields[1])
     return out
 
@@ -86,11 +87,11 @@ def _alive(pids: list[int]) -> list[int]:
     live = []
     for p in pids:
         try:
-            with open(f"/proc/{p}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
+            with open(f"/proc/{p}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
         except OSError:
             continue
-        if state != "Z":
+        if state != b"Z":
             live.append(p)
     return live
 
