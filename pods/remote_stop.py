@@ -34,7 +34,11 @@ _TAGS = ("PODKIT_SESSION", "PODKIT_SHELL", "PODKIT_JOB_ID", "PODKIT_GUARD")
 # each process's tags one a line. Never the stop's own shell ($$) or anything under it (its pipeline), nor
 # `spare`, nor a zombie (state Z: dead, its parent yet to reap it; no process to stop, and it would read as one
 # left running). The depth limit guards against a loop in a snapshot read while pids were reused.
-_DEFS = r'''_procs() {{ grep -s -H '' /proc/[0-9]*/stat | sed -n 's|^/proc/\([0-9]*\)/stat:.*) |P \1 |p'
+# LC_ALL=C: under a UTF-8 locale GNU grep takes a file with a byte sequence that is no UTF-8 (a comm the kernel cut
+# inside a character, a Latin-1 environment value) for binary and prints no line of it (grep 3.8), and sed's `.`
+# matches no such byte: that process would be no process here.
+_DEFS = r'''export LC_ALL=C
+_procs() {{ grep -s -H '' /proc/[0-9]*/stat | sed -n 's|^/proc/\([0-9]*\)/stat:.*) |P \1 |p'
   grep -s -H -z {tags} /proc/[0-9]*/environ | tr '\0' '\n' | sed -n 's|^/proc/\([0-9]*\)/environ:|T \1 |p'; }}
 _owned='
 function add(p, t) {{ if (index(tags[p] SUBSEP, SUBSEP t SUBSEP) == 0) tags[p] = tags[p] SUBSEP t }}
@@ -52,7 +56,7 @@ END {{ for (p in was) if (p in start && start[p] == was[p]) add(p, want)
 
 # `kept` holds the "PID START" lines of the last look, so each look keeps what the one before found (see _owned).
 _SCRIPT = r'''
-{session}{defs}kept=
+{defs}{session}kept=
 tagged() {{ {{ _procs; in_session | sed 's/^/S /'; printf '%s\n' "$kept" | sed -n 's/^[0-9]/K &/p'; }} | awk -v want={tag} -v self=$$ -v spare={spare} "$_owned"; }}
 pids() {{ printf '%s\n' "$kept" | cut -d' ' -f1 | sort -n; }}
 kept=$(tagged); [ -z "$kept" ] && {{ echo "stopped 0"; exit 0; }}

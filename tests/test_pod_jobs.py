@@ -754,6 +754,41 @@ def test_a_stop_keeps_a_pid_only_while_it_is_the_same_process_and_never_takes_an
         lone.wait()
 
 
+def test_stop_and_jobs_see_a_tagged_process_whose_name_or_environment_is_not_utf8(tmp_path):
+    """Review 2026-11-26: under a UTF-8 locale (LANG=C.UTF-8, as on most pods and in their Docker images), GNU grep
+    takes a file holding a byte sequence that is no UTF-8 for binary and prints "binary file matches" instead of its
+    lines (grep 3.8). The stop's look reads every /proc/PID/stat and environ by grep's lines (remote_stop._DEFS): a
+    command whose name the kernel truncated inside a UTF-8 character (comm is 15 bytes: a script named in Chinese),
+    or whose environment holds a Latin-1 value, was no process to it, and `stop` said "stopped 0" and left it
+    running; the grep -l of the look before it found them."""
+    from podkit.pods.remote_stop import owners_script, stop_script
+
+    tag = f"utf8-{uuid.uuid4().hex[:8]}"
+    named = tmp_path / "a训练脚本训练"  # 16 bytes: the comm keeps 15, cut inside the last character
+    named.write_bytes(Path("/bin/sleep").read_bytes())
+    named.chmod(0o755)
+    env = {**os.environ, "PODKIT_SESSION": tag}
+    procs = [subprocess.Popen([str(named), "600"], env=env),
+             subprocess.Popen(["sleep", "600"], env={**env, "PODKIT_REVIEW_LATIN1": "caf\udce9"})]
+    utf8 = {**os.environ, "LC_ALL": "C.UTF-8"}
+    try:
+        assert wait_for(lambda: all(f"PODKIT_SESSION={tag}".encode() in Path(f"/proc/{p.pid}/environ").read_bytes()
+                                    for p in procs), 10)
+        assert Path(f"/proc/{procs[0].pid}/comm").read_bytes() == "a训练脚本训练".encode()[:15] + b"\n"
+        listed = subprocess.run(["bash", "-c", owners_script()], capture_output=True, env=utf8, timeout=30).stdout
+        assert listed.split().count(f"PODKIT_SESSION={tag}".encode()) == 2, listed
+        stopped = subprocess.run(["bash", "-c", stop_script(f"PODKIT_SESSION={tag}", 1)], capture_output=True,
+                                 text=True, env=utf8, timeout=30)
+        assert stopped.stdout.strip() == "stopped 2", stopped.stdout + stopped.stderr
+        for p in procs:
+            assert p.wait(timeout=10) == -signal.SIGTERM
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
 def test_stop_without_an_id_stops_the_running_job_not_a_later_one_that_exited(world):
     """Review 2026-11-25: `bin/pod run -d HOST -- train`, then a quick `bin/pod run HOST -- nvidia-smi` beside it, then
     `bin/pod stop HOST`: the default was the newest job, the finished check ('already exited 0', exit 0), and the
