@@ -110,6 +110,12 @@ TORCHAO_OPTIMIZERS = {"torchao_adamw8bit": LowBitAdam("AdamW8bit", 1, 256, 256),
 
 LLAMA_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 GPT2_LINEARS = ("c_attn", "attn.c_proj", "c_fc", "mlp.c_proj")
+# Phi-3's fused projections (ModelShape.fused_proj) as the linears of a model that splits them.
+FUSED_SPLIT = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def split_fused(names: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(n for name in names for n in FUSED_SPLIT.get(name, (name,))))
 
 
 @dataclass(frozen=True)
@@ -452,7 +458,8 @@ class JobFacts:
     fp32-upcast): the log-softmax is fp32, no per-chunk copy is made, and kept logits are 4 B."""
     fused_proj: bool = False
     """The model's fused projections run as such (ModelShape.fused_proj, Phi-3's qkv_proj and gate_up_proj): one
-    adapter each, and q, k, v and gate, up are views of their outputs. bin/smoke's replica runs five linears."""
+    adapter each, and q, k, v and gate, up are views of their outputs. Only a transformers model's (resolve:
+    torchtune, litgpt, podkit's model and bin/smoke's replica run five linears)."""
     logit_softcap: float = 0.0
     """The cap the model's forward soft-caps the logits with before the loss (Stack.logit_softcap and the
     model's ModelShape.logit_softcap; 0: none). A fused or Liger loss takes the cap inside its kernel and makes
@@ -952,6 +959,13 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
     # not nn.Linear modules: peft adapts those through ParamWrapper, peft_bank_names below).
     linears = tuple(dict.fromkeys(g.name for g in shape.linear_groups())) or (
         GPT2_LINEARS if arch == "gpt2" else LLAMA_LINEARS)
+    # Phi-3's qkv_proj and gate_up_proj run fused only in a transformers model: torchtune splits both on load
+    # (models/phi3/_convert_weights.py phi3_hf_to_tune), litgpt gate_up_proj (scripts/convert_hf_checkpoint.py
+    # copy_weights_phi; its qkv is its own, Stack.fused_qkv), podkit's model builds five linears. Such a stack's
+    # targets name its five; the replica of a transformers job takes the job's targets, split onto its five.
+    runs_fused = shape.fused_proj and (STACK_FACTS[train.stack].transformers_release or train.stack == "fsdp_qlora")
+    if shape.fused_proj and not runs_fused:
+        linears = split_fused(linears)
     default_targets = stack.lora_targets
     if arch == "gpt2" and default_targets != ("all",):
         default_targets = ("c_attn",)  # peft's mapping for gpt2
@@ -968,6 +982,8 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
         lora_targets = resolve_targets(value, linears, default_targets)
     if peft_banks:
         lora_targets = tuple(t for t in lora_targets if not bank_name(shape.family, t))
+    if runs_fused and replica:
+        lora_targets = split_fused(lora_targets)
     lora = train.lora_rank > 0
     fsdp = cluster.sharding in ("zero2", "zero3")
     mixed = train.mixed
@@ -1125,7 +1141,7 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
         quantized_load_16bit_on_gpu=load_16bit_on_gpu and train.base_quant == "nf4",
         logits_fp32=logits_fp32,
         logit_softcap=shape.logit_softcap if stack.logit_softcap and loss not in ("fused", "liger") else 0.0,
-        fused_proj=shape.fused_proj and not replica,
+        fused_proj=runs_fused and not replica,
         loss_autocast=loss_autocast and train.compute_bytes != 4,
         fsdp1_keeps_block_inputs=(around and lora and stack.lora_units
                                   and (not train.torch or parse_version(train.torch) >= (2, 1))),

@@ -178,6 +178,34 @@ def test_phi3_fused_projections_are_priced(job, tmp_path, lora, attention):
     assert (podkit_block, podkit_head) == (block, head)
 
 
+def test_phi3_fused_projections_are_the_transformers_models_alone(job):
+    """Review 2026-11-26: only a transformers model runs Phi-3's qkv_proj and gate_up_proj fused. torchtune splits both
+    on load (models/phi3/_convert_weights.py phi3_hf_to_tune), litgpt splits gate_up_proj into fc_1/fc_2
+    (scripts/convert_hf_checkpoint.py copy_weights_phi; its qkv is its own fused one, Stack.fused_qkv), podkit's model
+    and bin/smoke's replica build five linears. podkit priced the fused views for every stack but the replica, and
+    resolved LoRA targets against the fused names everywhere: torchtune's default q_proj and v_proj matched nothing,
+    and the replica of any Phi-3 LoRA job (bin/smoke, preflight --traced) stopped on a ValueError, its targets
+    naming qkv_proj and gate_up_proj, which its model does not have."""
+    from podkit.train.step import model_options
+
+    phi3, lora = 'preset = "phi-3-mini"', "lora_rank = 8\nprecision = 'bf16'\n"
+    split = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    for stack, fused in (("hf", True), ("deepspeed", True), ("podkit", False), ("torchtune", False)):
+        j = job(model=phi3, train=f"stack = '{stack}'\n{lora}lora_targets = 'all-linear'")
+        assert j.facts.fused_proj == fused, stack
+        assert set(j.facts.lora_targets) == ({"qkv_proj", "o_proj", "gate_up_proj", "down_proj"} if fused else split)
+        replica = j.as_replica()
+        assert not replica.facts.fused_proj and set(model_options(replica).lora_targets) == split, stack
+        # the replica's prediction walks the adapters its model runs: one on each of the five linears
+        adapted = {k.split(":")[0] for k in A.saved_per_token(A.block_facts(replica, "cpu"), "none")
+                   if "lora_A output" in k}
+        assert adapted == split, (stack, adapted)
+    tune = job(model=phi3, train=f"stack = 'torchtune'\n{lora}")  # its recipes' q, v, output and MLP targets
+    assert set(tune.facts.lora_targets) == {"q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    hf = job(model=phi3, train=f"stack = 'hf'\n{lora}lora_targets = ['qkv_proj']")
+    assert model_options(hf.as_replica()).lora_targets == ("q_proj", "k_proj", "v_proj")
+
+
 @pytest.mark.parametrize("family", ["llama", "gemma", "gemma2", "gemma3_text"])
 def test_the_replicas_gemma_block_saves_what_podkit_prices(job, tmp_path, family, lora=False):
     """bin/smoke's replica builds Gemma's norms and Gemma 2/3's sandwich norms too (train/model.py RMSNorm `gemma`,
