@@ -35,7 +35,7 @@ import functools
 import itertools
 from dataclasses import dataclass, field
 
-from podkit.checks.kernels import attention_kernel
+from podkit.checks.kernels import attention_kernel, attention_run
 from podkit.checks.stacks import adapted_banks, liger_norm_in_place, targeted
 
 QKV = ("q_proj", "k_proj", "v_proj")
@@ -138,7 +138,7 @@ def block_facts(job, device: str = "cuda", sliding: bool = False) -> BlockFacts:
     # The stack's k/v repeat happens before SDPA and eager attention; the flash-attn package takes grouped
     # k/v as they are (transformers 4.48 integrations/flash_attention.py passes key/value to
     # _flash_attention_forward unrepeated; the 4.3x-4.47 *FlashAttention2 classes alike).
-    repeat = shape.kv_heads != shape.heads and f.repeat_kv and t.attention != "flash-attn"
+    repeat = shape.kv_heads != shape.heads and f.repeat_kv and attention_run(job) != "flash-attn"
     kernel = attention_kernel(job, device, sliding)
     # The mask copy a layer's fused kernel keeps for backward (the math kernel adds the mask to its scores and keeps
     # none of it).

@@ -40,6 +40,14 @@ def sdpa_backend(gpu: GpuSpec, dtype_bytes: int, head_dim: int, gqa: bool, bf16:
     return "math"
 
 
+def attention_run(job) -> str:
+    """The attention the job's stack runs: train.attention, or "eager" where the stack computes a soft-capped
+    model's scores itself whatever that says (Stack.softcap_attention_explicit: litgpt's and torchtune's Gemma 2)."""
+    if job.shape.attn_softcap and job.facts.stack.softcap_attention_explicit:
+        return "eager"
+    return job.train.attention
+
+
 def attention_kernel(job, device: str = "cuda", sliding: bool = False) -> str:
     """The kernel a job's attention runs: flash-attn's own, eager, or SDPA's pick on the job's GPU; `sliding`: in
     its sliding-window layers, which may get a mask where the others do not (JobFacts.layer).
@@ -49,12 +57,12 @@ def attention_kernel(job, device: str = "cuda", sliding: bool = False) -> str:
     like the CUDA flash kernel, saves the output and a logsumexp.
     """
     t = job.train
+    if attention_run(job) == "eager":
+        return "eager"
     if device == "cpu" and t.attention == "sdpa":
         return "flash"
     if t.attention == "flash-attn":
         return "flash"
-    if t.attention == "eager":
-        return "eager"
     shape = job.shape
     compute = t.compute_bytes
     f = job.facts.layer(sliding)

@@ -15,7 +15,7 @@ from podkit.checks.advisor import HEADROOM, Suggestion
 from podkit.checks.config import PRECISION, PRECISIONS, JobConfig
 from podkit.checks.errors import ConfigError
 from podkit.checks.host import HostFacts
-from podkit.checks.kernels import attention_kernel
+from podkit.checks.kernels import attention_kernel, attention_run
 from podkit.checks.memory import (GIB, KEPT_INPUTS, MemoryEstimate, nf4_bytes, optimizer_bytes, trainable_groups,
                                   trainable_param_bytes, trainable_params)
 from podkit.envsetup import arch
@@ -214,11 +214,17 @@ def loss_scaling(job: JobConfig) -> CheckResult:
 
 def flash_attention(job: JobConfig) -> CheckResult:
     t, gpu, shape = job.train, job.gpu, job.shape
-    if t.attention == "eager":
+    if attention_run(job) == "eager":
         # What a block's eager attention saves per token for its s x s weights (activations: the fp32 softmax
         # output, its cast back, a soft-cap's tanh output), over the micro-batch's tokens.
         saved = A.saved_per_token(A.block_facts(job), "none")
         scores = sum(v for k, v in saved.items() if k.endswith("(s x s)")) * t.micro_batch * t.seq_len
+        stack = job.facts.stack
+        if shape.attn_softcap and stack.softcap_attention_explicit:
+            return CheckResult("attention.kernel", WARN,
+                               f"{stack.name} soft-caps {shape.family or 'this model'}'s attention in explicit s x s "
+                               f"scores whatever train.attention: it stores s x s scores, {gib(scores)} per layer",
+                               "use checkpointing = 'full' (one layer's scores at a time), or a shorter seq_len")
         return CheckResult("attention.kernel", WARN,
                            f"eager attention stores s x s scores: {gib(scores)} per layer",
                            # SDPA has no soft-cap: transformers before 5.21 drops it there, 5.21+ refuses SDPA

@@ -223,6 +223,12 @@ class Stack:
     model.py GPT.forward `clamp_head` = do_softcapping per head chunk). False: torchtune caps the final norm's
     hidden-sized output instead, before the head (models/gemma2/_component_builders.py Gemma2FinalNorm,
     pytorch/torchtune@00c242b), and torchtitan has no Gemma."""
+    softcap_attention_explicit: bool = False
+    """The stack computes a soft-capped model's attention (ModelShape.attn_softcap, Gemma 2) as explicit s x s
+    scores whatever train.attention: eager's (kernels.attention_run). litgpt model.py
+    CausalSelfAttention.scaled_dot_product_attention ("with softcapping we cannot use SDPA": q @ k.mT,
+    do_softcapping, softmax in fp32; Lightning-AI/litgpt@2685705), torchtune models/gemma2/_attention.py
+    Gemma2Attention.forward (matmul, tanh soft-cap, softmax(output.float()))."""
     precisions: tuple[str, ...] = ()
     """The train.precision values the stack's loop can run (empty: all of config.PRECISIONS). torchtune's
     recipes build the model in cfg.dtype with no autocast (training/precision.py get_dtype) and refuse
@@ -304,7 +310,7 @@ STACK_FACTS: dict[str, Stack] = {
         # BitsandbytesPrecision.convert_module, no ignore list); single-GPU fine-tuning does not
         # checkpoint, multi-GPU FSDP wraps each Block non-reentrantly.
         Stack("litgpt", "chunked", 128, 0, False, True, "block", ("q_proj", "v_proj"), "compute", "foreach", True, True, False,
-              "litgpt finetune/lora.py, utils.py chunked_cross_entropy, lora.py Config",
+              "litgpt finetune/lora.py, utils.py chunked_cross_entropy, lora.py Config", softcap_attention_explicit=True,
               previous_outputs_kept=True, loss_after_forward=True, outputs_fp32=True, fused_qkv=True, quant_from_fp16=True,
               # litgpt model.py LLaMAMoE: gate = nn.Linear(n_embd, n_expert), experts = nn.ModuleList of
               # LLaMAMLP (fc_1, fc_2, proj nn.Linear); lora.py LLaMAMoE gives gate and experts LoRA under
@@ -338,7 +344,8 @@ STACK_FACTS: dict[str, Stack] = {
         Stack("torchtune", "chunked", 0, 8, True, False, "block",
               ("q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"), "compute", "fused", False, True, False,
               "torchtune modules/loss/ce_chunked_output_loss.py, recipes/configs/llama3_1; training/_distributed.py "
-              "shard_model (fully_shard)", fsdp2=True, precisions=("bf16", "fp32"), logit_softcap=False),
+              "shard_model (fully_shard)", fsdp2=True, precisions=("bf16", "fp32"), logit_softcap=False,
+              softcap_attention_explicit=True),
     ]
 }
 

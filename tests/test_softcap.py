@@ -233,3 +233,29 @@ def test_the_eager_warning_counts_the_tanh_and_points_to_flash_attn(job):
     # fp32 softmax output + its bf16 cast (+ the bf16 tanh): Gemma 2 9B has 16 heads, Llama 3.2 1B 32
     assert f"{gib(16 * s2 * (4 + 2 + 2))} per layer" in gemma2.message and "flash-attn" in gemma2.fix
     assert f"{gib(32 * s2 * (4 + 2))} per layer" in llama.message and llama.fix == "use attention = 'sdpa'"
+
+
+@pytest.mark.parametrize("stack", ["litgpt", "torchtune"])
+def test_litgpt_and_torchtune_soft_cap_gemma2s_attention_explicitly_whatever_the_attention_setting(job, stack):
+    """Review 2026-11-26: litgpt (model.py CausalSelfAttention.scaled_dot_product_attention, "with softcapping we
+    cannot use SDPA": q @ k.mT, do_softcapping, fp32 softmax; Lightning-AI/litgpt@2685705) and torchtune
+    (models/gemma2/_attention.py Gemma2Attention.forward: matmul, tanh soft-cap, softmax(output.float())) take no
+    kernel for Gemma 2's soft-capped attention: the s x s scores, tanh's output and the fp32 softmax are kept whatever
+    train.attention says. podkit priced them under the default 'sdpa' as SDPA's flash kernel (no s x s matrix: 4 GiB
+    less per layer for Gemma 2 9B at 2 x 4096 in bf16), its check said so, and its eager warning pointed to flash-attn,
+    which these stacks do not use for it."""
+    from podkit.checks.rules import WARN, flash_attention
+    from podkit.train.step import model_options
+
+    gemma2 = 'preset = "gemma-2-9b"'
+    train = f"stack = '{stack}'\nprecision = 'bf16'\nmicro_batch = 2\nseq_len = 4096\n"
+    eager = A.saved_per_token(A.block_facts(job(model=gemma2, train=train + "attention = 'eager'")), "none")
+    assert "soft-capped scores' tanh (s x s)" in eager
+    for attention in ("sdpa", "flash-attn", "eager"):
+        j = job(model=gemma2, train=train + f"attention = '{attention}'")
+        assert A.saved_per_token(A.block_facts(j), "none") == eager, attention
+        assert model_options(j.as_replica()).attention == "eager", attention  # bin/smoke's replica runs it so too
+        check = flash_attention(j)
+        assert check.status == WARN and "s x s scores" in check.message and "flash-attn" not in check.fix, check
+    # a model without the cap runs the setting's kernel (Gemma 1: torchtune's and litgpt's SDPA)
+    assert A.attention_kernel(job(model='preset = "gemma-2b"', train=train + "attention = 'sdpa'")) != "eager"

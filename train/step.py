@@ -16,6 +16,7 @@ import torch
 
 from podkit.checks import activations as A
 from podkit.checks.config import JobConfig
+from podkit.checks.kernels import attention_run
 from podkit.train import model as model_mod
 from podkit.train import parallel
 
@@ -26,7 +27,7 @@ def model_options(job: JobConfig) -> model_mod.ModelOptions:
     chunks = f.loss_chunks or (-(-t.seq_len // f.loss_chunk_tokens) if f.loss_chunk_tokens else 0)
     kwargs = {"loss_chunks": chunks} if chunks else {}
     return model_mod.ModelOptions(
-        attention=t.attention, ac_policy=f.ac_policy, loss=f.loss, lora_rank=t.lora_rank,
+        attention=attention_run(job), ac_policy=f.ac_policy, loss=f.loss, lora_rank=t.lora_rank,
         lora_targets=f.lora_targets or model_mod.ModelOptions.lora_targets, lora_dropout=f.lora_dropout,
         lora_dtype=f.lora_dtype, base_quant=t.base_quant, max_seq_len=t.seq_len,
         loss_upcast=f.loss_upcast, logits_kept=f.logits_kept, logits_fp32=f.logits_fp32, logit_softcap=f.logit_softcap,
