@@ -118,6 +118,7 @@ class BlockFacts:
     attn_softcap: bool = False  # eager attention soft-caps its scores (ModelShape.attn_softcap): tanh keeps s x s
     gemma_norm: bool = False  # GemmaRMSNorm: scaled in fp32 by (1 + weight), cast after (ModelShape.gemma_norm)
     fused_proj: bool = False  # one qkv_proj and one gate_up_proj, sliced into views (JobFacts.fused_proj)
+    v_copied: bool = False  # SDPA gets a contiguous copy of v (JobFacts.sdpa_contiguous), not a view of a fused qkv
     sandwich_norms: bool = False  # the attention's and the MLP's outputs normed before each residual add
 
 
@@ -162,6 +163,7 @@ def block_facts(job, device: str = "cuda", sliding: bool = False) -> BlockFacts:
         # their explicit paths. flash-attn takes the cap inside its kernel; SDPA has none.
         attn_softcap=bool(shape.attn_softcap) and kernel == "eager",
         gemma_norm=shape.gemma_norm, sandwich_norms=shape.sandwich_norms, fused_proj=f.fused_proj,
+        v_copied=f.sdpa_contiguous,
         repeat_kv=repeat,
         fused_qkv=f.stack.fused_qkv, liger=f.block_kernels == "liger",
         liger_norm_in_place=liger_norm_in_place(shape.family),
@@ -449,6 +451,12 @@ class Trace:
         elif f.fused_qkv:
             # v is still a view of the fused qkv output: saving it keeps the q and k parts alive too.
             kept_v = self.new("fused qkv output (v is a view of it)", qd + 2 * kvd, f.e, grad=False)
+        elif f.fused_proj and f.v_copied:
+            # transformers 4.48-4.55 sdpa_attention_forward: `value = value.contiguous()` copies Phi-3's v out of
+            # the qkv output, which then dies with the attention's forward (q and k were made anew by RoPE).
+            vc = self.new("v made contiguous (sdpa_attention_forward)", kvd, f.e)
+            self.op([v], [vc])
+            v = kept_v = vc
         out = self.new("attention output", qd, f.e)
         # The s x s weights' gradient and the scores' gradient computed from it (softmax backward).
         scores_grad = f.heads * f.seq_len * (4 + f.e)

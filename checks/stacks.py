@@ -481,6 +481,10 @@ class JobFacts:
     repeat_kv: bool = False
     """Grouped-query k/v are copied out to every head before attention (Stack.repeat_kv, or the transformers
     release of the hf and deepspeed stacks and whether a mask reaches SDPA: repeats_kv)."""
+    sdpa_contiguous: bool = False
+    """transformers' SDPA path makes q, k and v contiguous before the kernel (4.48.0 to 4.55.x
+    integrations/sdpa_attention.py `value = value.contiguous()`, 4.55.4 l.72-74; gone in 4.56.2): a v sliced
+    from Phi-3's fused qkv output (fused_proj) is copied out, and the kernel keeps the copy, not the whole output."""
     attn_mask: AttentionMask | None = None
     """The attention mask the model builds for SDPA's full-attention layers (attention_mask); None: SDPA runs
     causal without one, or every layer slides (sliding_mask)."""
@@ -1153,6 +1157,8 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
         fsdp1_keeps_block_inputs=(around and lora and stack.lora_units
                                   and (not train.torch or parse_version(train.torch) >= (2, 1))),
         repeat_kv=repeats_kv(stack, train, mask),
+        sdpa_contiguous=(stack.transformers_release and train.attention == "sdpa" and bool(train.transformers)
+                         and (4, 48) <= parse_version(train.transformers) < (4, 56)),
         attn_mask=mask,  # the replica builds it too (train/model.py ModelOptions.attn_mask)
         sliding_own=sliding_own,
         sliding_mask=sliding,

@@ -212,3 +212,25 @@ def test_deepspeed_stack_follows_the_release_but_steps_with_deepspeeds_optimizer
     # backward's 3 x 4 B; test 3 above).
     assert part(estimate(shifted), "loss:", "forward-end") - part(estimate(current), "loss:", "forward-end") \
         == (14 - 12) * 32000 * 1024
+
+
+# ---- 6. SDPA's contiguous q, k and v ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("transformers,v_kept", [
+    ("4.47.1", 3 * 3072),  # Phi3SdpaAttention: .contiguous() only on CUDA with a mask (l.621-623)
+    ("4.48.3", 3072), ("4.55.4", 3072),  # sdpa_attention_forward `value = value.contiguous()` (4.55.4 l.72-74)
+    ("4.56.2", 3 * 3072), ("", 3 * 3072),  # no copy: the saved v is a view that keeps the whole qkv output
+])
+def test_phi3s_v_is_a_view_of_the_qkv_output_only_where_sdpa_gets_it_uncopied(job, transformers, v_kept):
+    """Review 2026-11-26: 65e7959 priced the v Phi-3's SDPA saves as a view keeping the whole fused qkv output (so in
+    transformers 5.23, measured). transformers 4.48.0-4.55.x make q, k and v contiguous before the kernel
+    (integrations/sdpa_attention.py), which copies v out of the qkv output; the kernel keeps that copy and the qkv
+    output dies with the attention's forward: Phi-3 mini (MHA, q_dim = kv_dim = 3072) keeps 3072 bf16 values per
+    token for v, not 3 x 3072."""
+    def saved(t):
+        j = job(model='preset = "phi-3-mini"', train=f"stack = 'hf'\nlora_rank = 8\nlora_targets = 'all-linear'\n"
+                                                    f"precision = 'bf16'\nseq_len = 1024\ntransformers = '{t}'")
+        return sum(A.saved_per_token(A.block_facts(j), "none").values())
+
+    assert saved(transformers) - saved("") == (v_kept - 3 * 3072) * 2
