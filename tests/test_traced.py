@@ -156,6 +156,36 @@ def test_liger_block_kernels_phases_match_the_trace(train):
         assert traced.phases["forward"].peak < 0.87 * torch_traced.phases["forward"].peak
 
 
+def test_the_replicas_liger_norm_of_a_gemma_model_scales_by_one_plus_its_weight():
+    """Review 2026-11-26: af5a847 initialised a Gemma norm's weight to 0 in bin/smoke's replica (GemmaRMSNorm scales
+    by 1 + weight), but the replica's Liger RMSNorm scaled by the weight alone: with block_kernels = 'liger' every
+    norm of a Gemma replica gave zeros, so its blocks and head saw none of the input and a LoRA run's loss could not
+    fall (bin/smoke's 'loss did not fall'). Liger's Gemma norm takes offset=1.0 (liger_kernel/transformers/
+    rms_norm.py LigerRMSNormForGemma2, init_fn='zeros'); the replica's does now, as its torch norm."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 40, 32, dtype=torch.float64, requires_grad=True)
+    w = (0.1 * torch.randn(32, dtype=torch.float64)).requires_grad_()
+    y = liger.RMSNormFunction.apply(x, w, 1e-6, False, 1.0)
+    y_ref = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * (1.0 + w)  # GemmaRMSNorm, fp64 throughout
+    g = torch.randn_like(y)
+    got, want = torch.autograd.grad(y, (x, w), g.clone()), torch.autograd.grad(y_ref, (x, w), g)
+    assert torch.allclose(y, y_ref) and all(torch.allclose(a, c) for a, c in zip(got, want))
+    norms = {}
+    for kernels in ("torch", "liger"):
+        j = parse_job(f'[model]\npreset = "gemma-2-2b"\n[train]\nprecision = "fp32"\nseq_len = 64\n'
+                      f'block_kernels = "{kernels}"\n[cluster]\n').as_replica()
+        shape = dataclasses.replace(j.shape, layers=1, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128,
+                                    vocab=256, sliding_layers=(0,))
+        from podkit.train.step import model_options
+
+        torch.manual_seed(0)
+        model = model_mod.materialize(model_mod.build(shape, model_options(j), "fp32"), torch.device("cpu"), 0)
+        ids = torch.randint(0, 256, (1, 64))
+        with torch.no_grad():
+            norms[kernels] = model.norm(model.embed_tokens(ids))
+    assert norms["liger"].abs().mean() > 0.5 and torch.allclose(norms["liger"], norms["torch"], atol=1e-5)
+
+
 def test_liger_block_kernel_emulations_give_torch_s_gradients_and_write_in_place():
     """The emulated Functions compute what transformers' modules compute (fp64 here), and keep Liger's
     storage: RoPE returns the projections rotated in place, RMSNorm's dX is dY's storage, SiLU-mul's

@@ -31,11 +31,12 @@ class RMSNormFunction(torch.autograd.Function):
     """LigerRMSNormFunction, casting_mode "llama": Y = (X.float() * rstd).to(X.dtype) * W in X's dtype, an
     fp32 rstd per row, ctx.save_for_backward(X, W, RSTD); backward writes dX into dY's storage with
     in_place=True (LigerRMSNorm's and monkey_patch's default for Llama-style models), into a new
-    zeros_like(dY) without (Gemma 2/3)."""
+    zeros_like(dY) without (Gemma 2/3). `offset`: Y scaled by (offset + W), 1.0 for Gemma's norms (LigerRMSNorm
+    offset=1.0, init_fn="zeros": liger_kernel/transformers/rms_norm.py LigerRMSNormForGemma*)."""
 
     @staticmethod
-    def forward(ctx, x, weight, eps: float, in_place: bool = True):
-        ctx.in_place = in_place
+    def forward(ctx, x, weight, eps: float, in_place: bool = True, offset: float = 0.0):
+        ctx.in_place, ctx.offset = in_place, offset
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
         with torch.no_grad(), torch.autocast(x.device.type, enabled=False):
@@ -45,7 +46,7 @@ class RMSNormFunction(torch.autograd.Function):
                 xf = _up(flat[s])
                 r = torch.rsqrt(xf.pow(2).mean(-1) + eps)
                 rstd[s] = r
-                y[s] = (xf * r[:, None]).to(x.dtype) * weight
+                y[s] = (xf * r[:, None]).to(x.dtype) * (weight + offset if offset else weight)
         ctx.save_for_backward(x, weight, rstd)
         return y.view(shape)
 
@@ -64,10 +65,10 @@ class RMSNormFunction(torch.autograd.Function):
                 xf, r, g = _up(flat_x[s]), rstd[s][:, None], flat_dy[s]
                 if dw is not None:
                     dw += _up(g * (xf * r).to(x.dtype)).sum(0)
-                m = _up(g * weight)
+                m = _up(g * (weight + ctx.offset if ctx.offset else weight))
                 dx = r * m - (r.pow(3) / n) * (m * xf).sum(-1, keepdim=True) * xf
                 flat_dy[s] = dx.to(dy.dtype)  # in place: dX is dY's storage
-        return dy, (dw.to(weight.dtype) if dw is not None else None), None, None
+        return dy, (dw.to(weight.dtype) if dw is not None else None), None, None, None
 
 
 def _rotate(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: float) -> None:

@@ -171,7 +171,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.liger_kernel:
-            return liger.RMSNormFunction.apply(x, self.weight, self.eps, self.liger_in_place)
+            return liger.RMSNormFunction.apply(x, self.weight, self.eps, self.liger_in_place, float(self.gemma))
         if self.gemma:
             out = x.float()
             out = out * torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + self.eps)
