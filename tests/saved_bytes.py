@@ -1,5 +1,5 @@
-"""What autograd saves under one module of a real forward, and the traced and estimated step peaks of a job: the counts
-the activation and mask checks compare with podkit's."""
+"""What autograd saves under one module of a real forward, the traced and estimated step peaks of a job, and the
+replica's loss peaks: the counts the activation, mask and loss checks compare with podkit's."""
 
 from __future__ import annotations
 
@@ -42,3 +42,31 @@ def step_peaks(job) -> tuple[list[int], list[int]]:
     analytic = [max(sum(p.bytes for p in est.phase_parts[m] if p.term != "overhead") for m in moments)
                 for moments in (("forward-end",), ("backward", "backward-end"))]
     return [traced.phases["forward"].peak, traced.phases["backward"].peak], analytic
+
+
+def loss_peaks(loss: str, precision: str, **opts) -> tuple[int, int]:
+    """Peak bytes above the start in forward and in backward, counted by real torch on the CPU; a "-mixed"
+    precision runs the forward under autocast (bf16), as accelerate's native AMP does. `opts`: more
+    ModelOptions."""
+    from podkit.checks.models import preset as shape_of
+    from podkit.train import model as model_mod
+    from podkit.train.memprobe import TensorCounter
+
+    torch.manual_seed(0)
+    model = model_mod.build(shape_of("tiny"), model_mod.ModelOptions(max_seq_len=128, loss=loss, **opts), precision)
+    model = model_mod.materialize(model, torch.device("cpu"), 0)
+    x, y = torch.randint(512, (4, 128)), torch.randint(512, (4, 128))
+    counter = TensorCounter()
+    counter.switch_on()
+    try:
+        counter.reset_peak()
+        before = counter.allocated()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision.endswith("-mixed")):
+            out = model(x, y)
+        forward = counter.window_peak() - before
+        counter.reset_peak()
+        out.backward()
+        backward = counter.window_peak() - before
+    finally:
+        counter.switch_off()
+    return forward, backward

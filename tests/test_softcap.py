@@ -102,28 +102,12 @@ def test_the_stacks_that_soft_cap_the_logits(job, tmp_path):
 def test_the_replica_soft_caps_as_the_model_does():
     """bin/smoke's replica makes the same three tensors (train/model.py Decoder._head), whole or per chunk of a
     chunked loss: e B per logit more at the loss's forward and backward peaks."""
-    torch = pytest.importorskip("torch")
-    from podkit.checks.models import preset as shape_of
+    pytest.importorskip("torch")
     from podkit.train import model as model_mod
-    from podkit.train.memprobe import TensorCounter
+    from tests.saved_bytes import loss_peaks
 
     def peaks(cap, loss, precision):
-        torch.manual_seed(0)
-        opts = model_mod.ModelOptions(max_seq_len=128, loss=loss, logit_softcap=cap)
-        model = model_mod.materialize(model_mod.build(shape_of("tiny"), opts, precision), torch.device("cpu"), 0)
-        x, y = torch.randint(512, (4, 128)), torch.randint(512, (4, 128))
-        counter = TensorCounter()
-        counter.switch_on()
-        try:
-            counter.reset_peak()
-            before = counter.allocated()
-            out = model(x, y)
-            forward = counter.window_peak() - before
-            counter.reset_peak()
-            out.backward()
-            return forward, counter.window_peak() - before
-        finally:
-            counter.switch_off()
+        return loss_peaks(loss, precision, logit_softcap=cap)
 
     logits = 4 * 128 * 512
     for loss in ("fp32-upcast", "chunked"):

@@ -22,6 +22,7 @@ from podkit.train.memprobe import TensorCounter, cuda_block_bytes
 from podkit.train.parallel import World
 from podkit.train.smoke import SmokeRun
 from podkit.train.traced import trace
+from tests.saved_bytes import loss_peaks as _loss_peaks
 from tests.smoke_helpers import ROOT, tiny_job
 
 GIB = 1 << 30
@@ -472,30 +473,6 @@ def test_repeated_kv_and_reentrant_checkpointing():
     assert reentrant == pytest.approx(block, rel=0.05) and reentrant < native / 2
     with pytest.raises(ValueError, match="reentrant"):
         model_mod.ModelOptions(ac_policy="op-sac", reentrant=True)
-
-
-def _loss_peaks(loss: str, precision: str, **opts) -> tuple[int, int]:
-    """Peak bytes above the start in forward and in backward, counted by real torch on the CPU; a "-mixed"
-    precision runs the forward under autocast (bf16), as accelerate's native AMP does. `opts`: more
-    ModelOptions."""
-    torch.manual_seed(0)
-    model = model_mod.build(shape_of("tiny"), model_mod.ModelOptions(max_seq_len=128, loss=loss, **opts), precision)
-    model = model_mod.materialize(model, torch.device("cpu"), 0)
-    x, y = torch.randint(512, (4, 128)), torch.randint(512, (4, 128))
-    counter = TensorCounter()
-    counter.switch_on()
-    try:
-        counter.reset_peak()
-        before = counter.allocated()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision.endswith("-mixed")):
-            out = model(x, y)
-        forward = counter.window_peak() - before
-        counter.reset_peak()
-        out.backward()
-        backward = counter.window_peak() - before
-    finally:
-        counter.switch_off()
-    return forward, backward
 
 
 def test_transformers_4_46_loss_copies_the_fp32_logits_it_shifts():
