@@ -197,7 +197,11 @@ def trainable_groups(job: JobConfig) -> list[ParamGroup]:
         return shape.param_groups()
     targets = job.facts.lora_targets
     adapters = []
-    for g in shape.linear_groups():  # exact counts (DeepSeek's dense and MoE blocks differ)
+    linears = shape.linear_groups()  # exact counts (DeepSeek's dense and MoE blocks differ)
+    if shape.fused_proj and not job.facts.fused_proj:
+        # A stack (or bin/smoke's replica) that splits Phi-3's qkv_proj and gate_up_proj adapts its five linears.
+        linears = dataclasses.replace(shape, fused_proj=False).linear_groups()
+    for g in linears:
         if targeted(g.name, targets):
             adapters.append(ParamGroup(f"{g.name}.lora_A", g.rows, r, g.count, True, True))
             adapters.append(ParamGroup(f"{g.name}.lora_B", r, g.cols, g.count, True, True))

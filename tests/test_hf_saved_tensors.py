@@ -200,6 +200,17 @@ def test_phi3_fused_projections_are_the_transformers_models_alone(job):
         adapted = {k.split(":")[0] for k in A.saved_per_token(A.block_facts(replica, "cpu"), "none")
                    if "lora_A output" in k}
         assert adapted == split, (stack, adapted)
+    # ... and the adapters' weights it trains (memory.trainable_groups), by hand for Phi-3 mini (hidden 3072, q, k and v
+    # 3072 wide each, ffn 8192, 32 layers, r 8): split, q, k, v are three A (3072 x 8) and three B (8 x 3072), and gate,
+    # up two A (3072 x 8) and two B (8 x 8192), against fused qkv_proj's one A and one B (8 x 9216) and gate_up_proj's
+    # one A and one B (8 x 16384); o_proj and down_proj alike.
+    from podkit.checks.memory import trainable_groups
+
+    j = job(model=phi3, train=f"stack = 'hf'\n{lora}lora_targets = 'all-linear'")
+    fused, split_total = (sum(g.total for g in trainable_groups(x)) for x in (j, j.as_replica()))
+    h, q, ffn, r = 3072, 3072, 8192, 8
+    assert split_total - fused == 32 * ((3 * (h * r + r * q) - (h * r + r * 3 * q))
+                                        + (2 * (h * r + r * ffn) - (h * r + r * 2 * ffn)))
     tune = job(model=phi3, train=f"stack = 'torchtune'\n{lora}")  # its recipes' q, v, output and MLP targets
     assert set(tune.facts.lora_targets) == {"q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
     hf = job(model=phi3, train=f"stack = 'hf'\n{lora}lora_targets = ['qkv_proj']")
