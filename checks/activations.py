@@ -496,7 +496,10 @@ class Trace:
         # transposed view, so out.transpose(1, 2).reshape(b, s, -1) (HF: .contiguous()) is a view;
         # the math and eager outputs are (b, heads, s, d) and get copied.
         o_in = out
-        if f.kernel not in ("flash", "efficient"):
+        # A flash kernel allocates its output like q (CUDA flash_api.cpp mha_fwd `out = at::empty_like(q_padded)`, the
+        # CPU flash kernel alike): a q that RoPE built with torch.cat (Phi3's apply_rotary_pos_emb) is
+        # (b, heads, s, d)-contiguous, so the output is too, and the copy back to (b, s, heads x d) is real.
+        if f.kernel not in ("flash", "efficient") or (f.kernel == "flash" and f.fused_proj):
             o_in = self.new("attention output made contiguous", qd, f.e)
             self.op([out], [o_in])
         elif f.flash_repad:
