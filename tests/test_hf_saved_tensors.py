@@ -10,6 +10,7 @@ memory.estimate prices them (bytes per token x the sequence's tokens).
 
 import json
 import re
+import weakref
 
 import pytest
 
@@ -53,12 +54,13 @@ ROUTING_BOOKKEEPING = {"mixtral": 8 * TOP_K + (4 + 4 * TOP_K) + 3 * 8 * TOP_K + 
                        "qwen3_moe": 8 * TOP_K + 3 * 8 * TOP_K + 2 * TOP_K}
 
 
-def _build(job, tmp_path, family, lora, attention, seq):
+def _build(job, tmp_path, family, lora, attention, seq, batch=1):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     (tmp_path / "config.json").write_text(json.dumps({**BASE, **TINY[family]}))
     train = (f"stack = 'hf'\ntransformers = '5.23.0'\nprecision = 'bf16'\ncheckpointing = 'none'\nseq_len = {seq}\n"
-             f"attention = '{attention}'\n" + ("lora_rank = 4\nlora_targets = 'all-linear'\n" if lora else ""))
+             f"attention = '{attention}'\nmicro_batch = {batch}\npadding = 'none'\n"
+             + ("lora_rank = 4\nlora_targets = 'all-linear'\n" if lora else ""))
     j = job(model=f'hf_config = "{tmp_path / "config.json"}"', train=train)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tmp_path), dtype=torch.bfloat16,
@@ -68,51 +70,84 @@ def _build(job, tmp_path, family, lora, attention, seq):
     return model.train(), j
 
 
-def _saved_by_part(model, seq) -> dict[str, int]:
-    """Bytes autograd saves in one forward (no labels: the loss is priced apart), by storage, under the module that
-    saved it first: "layerN", "head" (the final norm and lm_head) or the module's name."""
+class _Held:
+    """A saved tensor as the graph holds it (a tensor's own Python object may die while the graph keeps the tensor)."""
+
+    __slots__ = ("tensor", "__weakref__")
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+
+def _saved_storages(model, seq, batch=1) -> list[tuple[str, torch.Tensor]]:
+    """What autograd saves in one forward (no labels: the loss is priced apart) and keeps for backward, once per
+    storage, with the module that saved it first; parameters left out."""
     names = {m: n for n, m in model.named_modules()}
     stack = []
     pre = torch.nn.modules.module.register_module_forward_pre_hook(lambda m, a: stack.append(names.get(m, "?")))
-    post = torch.nn.modules.module.register_module_forward_hook(lambda m, a, o: stack.pop() and None)
+
+    def popped(module, args, output):
+        stack.pop()  # and returns None: a hook's non-None return value replaces the module's output
+
+    post = torch.nn.modules.module.register_module_forward_hook(popped)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen, parts = set(), {}
+    saved = []  # (weak reference to what the graph holds, module): a node that dies within the forward drops it
 
     def pack(t):
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in params | seen:
-            seen.add(storage.data_ptr())
-            name = stack[-1] if stack else ""
-            layer = re.search(r"layers\.(\d+)\.", name + ".")
-            part = f"layer{layer.group(1)}" if layer else "head" if re.search(r"model\.norm$|lm_head$", name) else name
-            parts[part] = parts.get(part, 0) + storage.nbytes()
-        return t
+        held = _Held(t)
+        saved.append((weakref.ref(held), stack[-1] if stack else ""))
+        return held
 
     torch.manual_seed(1)
-    ids = torch.randint(0, BASE["vocab_size"], (1, seq))
+    ids = torch.randint(0, BASE["vocab_size"], (batch, seq))
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            model(input_ids=ids)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda held: held.tensor):
+            out = model(input_ids=ids)
     finally:
         pre.remove()
         post.remove()
+    # What is alive for backward. A branch of the graph the output does not reach (a router's top-k bookkeeping under
+    # no gradient) is freed before the forward returns, and its storage may be reused by a later tensor: counted by
+    # address while the tensors saved are alive.
+    seen, kept = set(), []
+    for ref, name in saved:
+        held = ref()
+        if held is None:
+            continue
+        ptr = held.tensor.untyped_storage().data_ptr()
+        if ptr not in params | seen:
+            seen.add(ptr)
+            kept.append((name, held.tensor))
+    del out
+    return kept
+
+
+def _saved_by_part(model, seq, batch=1) -> dict[str, int]:
+    """Bytes saved for backward by part: "layerN", "head" (the final norm and lm_head) or the module's name."""
+    parts = {}
+    for name, t in _saved_storages(model, seq, batch):
+        layer = re.search(r"layers\.(\d+)\.", name + ".")
+        part = f"layer{layer.group(1)}" if layer else "head" if re.search(r"model\.norm$|lm_head$", name) else name
+        parts[part] = parts.get(part, 0) + t.untyped_storage().nbytes()
     return parts
 
 
-def _per_token(job, tmp_path, family, lora, attention="sdpa"):
-    """(podkit, measured) bytes per token for the last block and for the head, from the two sequence lengths."""
+def _per_token(job, tmp_path, family, lora, attention="sdpa", layer=-1, batch=1):
+    """(podkit, measured) bytes per token for a block (the last, or `layer`: not the first, which saves the rotary
+    tables every layer shares) and for the head, from the two sequence lengths."""
     bytes_at = {}
     for seq in SEQS:
-        model, j = _build(job, tmp_path, family, lora, attention, seq)
+        model, j = _build(job, tmp_path, family, lora, attention, seq, batch)
         bf = A.block_facts(j, device="cpu")
         assert j.facts.ac_policy == "none"
-        block = sum(A.saved_per_token(bf, "none", j.shape.moe_layers > 0).values())
+        index = layer % j.shape.layers
+        moe = j.shape.moe is not None and index >= j.shape.moe.dense_layers
+        block = sum(A.saved_per_token(bf, "none", moe).values())
         head = sum(A.head_saved_per_token(bf, not j.facts.lora, j.facts.quantize_head).values())
-        parts = _saved_by_part(model, seq)
-        last = f"layer{j.shape.layers - 1}"
-        bytes_at[seq] = (block * seq, head * seq, parts[last], parts["head"])
+        parts = _saved_by_part(model, seq, batch)
+        bytes_at[seq] = (block * seq * batch, head * seq * batch, parts[f"layer{index}"], parts["head"])
     lo, hi = SEQS
-    return [(bytes_at[hi][i] - bytes_at[lo][i]) / (hi - lo) for i in range(4)]
+    return [(bytes_at[hi][i] - bytes_at[lo][i]) / (hi - lo) / batch for i in range(4)]
 
 
 @pytest.mark.parametrize("lora", [False, True])
@@ -244,3 +279,4 @@ def test_the_replicas_gemma_block_saves_what_podkit_prices(job, tmp_path, family
         per_seq[seq] = (saved, sum(A.saved_per_token(A.block_facts(j, "cpu"), "none").values()) * seq)
     (lo_real, lo_podkit), (hi_real, hi_podkit) = per_seq[SEQS[0]], per_seq[SEQS[1]]
     assert hi_real - lo_real == hi_podkit - lo_podkit
+
