@@ -120,6 +120,8 @@ class BlockFacts:
     fused_proj: bool = False  # one qkv_proj and one gate_up_proj, sliced into views (JobFacts.fused_proj)
     v_copied: bool = False  # SDPA gets a contiguous copy of v (JobFacts.sdpa_contiguous), not a view of a fused qkv
     sandwich_norms: bool = False  # the attention's and the MLP's outputs normed before each residual add
+    mla: object = None  # checks.models.MlaSpec: DeepSeek-V2/V3 latent attention, or None
+    mla_value: str = ""  # what MLA's attention keeps for v (mla_value): "view" | "copy" | "padded"
 
 
 def block_facts(job, device: str = "cuda", sliding: bool = False) -> BlockFacts:
@@ -181,7 +183,28 @@ def block_facts(job, device: str = "cuda", sliding: bool = False) -> BlockFacts:
         qk_norm=qk_norm(job),
         mask_values=mask_values,
         flash_repad=f.flash_repad,
+        mla=shape.mla,
+        mla_value=mla_value(job, kernel) if shape.mla else "",
     )
+
+
+def mla_value(job, kernel: str) -> str:
+    """What a latent-attention layer's kernel keeps for v (transformers 5.23 DeepseekV3Attention.expand_kv: v is a
+    split of kv_b_proj's (b, s, heads, nope + v) output, transposed; torchtitan's deepseek_v3 Attention alike).
+    "padded": the flash-attn path pads v up to q's head dim, a new tensor (5.23 integrations/flash_attention.py
+    `F.pad(value, ...)`; 4.51-5.x DeepseekV3Attention.forward itself). "copy": a contiguous heads x v_head_dim copy,
+    made by transformers 4.48-4.55's sdpa_attention_forward (JobFacts.sdpa_contiguous), or by torch.matmul in eager
+    (and the math kernel's) probs @ v, whose reshape of v to (b x heads, s, v) cannot view a batch of more than one
+    row. "view": the kernel saves v as given (the memory-efficient kernel, derivatives.yaml
+    _scaled_dot_product_efficient_attention: value; the reshape's view of one row), which keeps all of kv_b_proj's
+    output, the no-RoPE keys' part too."""
+    f, t = job.facts, job.train
+    if attention_run(job) == "flash-attn" and job.shape.v_head_dim != job.shape.d_head:
+        return "padded"
+    if f.sdpa_contiguous and t.attention == "sdpa":
+        return "copy"
+    one_row = t.micro_batch == 1 or t.padding == "flattened"
+    return "copy" if kernel in ("eager", "math") and not one_row else "view"
 
 
 def main_block_facts(job, device: str = "cuda") -> BlockFacts:
@@ -279,7 +302,9 @@ class Trace:
             self.op([x], [out], saved=(x, self.new(f"{name}: rstd (Liger)", rows, 4, grad=False)),
                     grad_alias=f.liger_norm_in_place)
             return out
-        xf = x if x.bytes == 4 * w else self.new(f"{name}: fp32 upcast", w, 4)
+        # x.to(torch.float32) is x itself when x is fp32 already, a slice of a wider output too (MLA's kv latent):
+        # pow then saves that view, which keeps the whole output.
+        xf = x if x.dtype_bytes == 4 else self.new(f"{name}: fp32 upcast", w, 4)
         if xf is not x:
             self.op([x], [xf])
         xn = self.new(f"{name}: normalised", w, 4)
@@ -407,6 +432,8 @@ class Trace:
 
     def attention(self, y: Tensor) -> Tensor:
         f = self.facts
+        if f.mla:
+            return self.latent_attention(y)
         h, qd, kvd = f.hidden, f.q_dim, f.kv_dim
         self.qkv_dropout = None  # (its input, its output): the fused qkv adapter's one dropout
         if f.fused_proj:
@@ -457,7 +484,55 @@ class Trace:
             vc = self.new("v made contiguous (sdpa_attention_forward)", kvd, f.e)
             self.op([v], [vc])
             v = kept_v = vc
-        out = self.new("attention output", qd, f.e)
+        return self._attend(y, q, k, v, kept_v, qd)
+
+    def latent_attention(self, y: Tensor) -> Tensor:
+        """Multi-head latent attention as transformers 5.23 DeepseekV3Attention runs it (DeepseekV2Attention, and
+        torchtitan's deepseek_v3 Attention, alike): q through the q_lora_rank latent and its RMSNorm (or one q_proj),
+        the kv latent plus one shared RoPE key from kv_a_proj_with_mqa, the latent's RMSNorm, kv_b_proj up to every
+        head's no-RoPE key and value. RoPE turns the RoPE slices of q and of the shared key into new tensors (its
+        cos/sin are shared by every layer); q is torch.cat of q's no-RoPE slice and its rotated one, k a new tensor
+        the no-RoPE keys and the shared rotated key are copied into (expand_kv; 4.51-5.x torch.cat), both (b, heads,
+        s, qk_head_dim)-contiguous; v stays a view of kv_b_proj's output (BlockFacts.mla_value)."""
+        f, m = self.facts, self.facts.mla
+        h, heads = f.hidden, f.heads
+        qd, vd, rope = heads * m.qk_head_dim, heads * m.v_head_dim, m.qk_rope_head_dim
+        if m.q_lora_rank:
+            q_latent = self.linear(y, h, m.q_lora_rank, "q_a_proj")
+            q0 = self.linear(self.rmsnorm(q_latent, "q_a_layernorm", m.q_lora_rank), m.q_lora_rank, qd, "q_b_proj")
+        else:
+            q0 = self.linear(y, h, qd, "q_proj")
+        kv_latent = self.linear(y, h, m.kv_lora_rank + rope, "kv_a_proj_with_mqa")
+        kv = self.linear(self.rmsnorm(kv_latent, "kv_a_layernorm", m.kv_lora_rank), m.kv_lora_rank,
+                         heads * (m.qk_nope_head_dim + m.v_head_dim), "kv_b_proj")
+        # The interleaved RoPE (apply_rotary_pos_emb_interleave): four products, a difference and a sum of half-width
+        # slices, then their torch.cat; each product saves only cos or sin.
+        q_rot = self.new("q's RoPE part, rotated", heads * rope, q0.dtype_bytes)
+        self.op([q0], [q_rot], scratch=2 * heads * rope * q0.dtype_bytes)
+        k_rot = self.new("shared RoPE key, rotated", rope, kv_latent.dtype_bytes)
+        self.op([kv_latent], [k_rot], scratch=2 * rope * kv_latent.dtype_bytes)
+        q = self.new("query (no-RoPE and rotated parts)", qd, f.e)
+        self.op([q0, q_rot], [q])
+        k = self.new("key (every head's no-RoPE part and the shared rotated key)", qd, f.e)
+        self.op([kv, k_rot], [k])
+        v = kv
+        if f.mla_value == "copy":
+            v = self.new("v made contiguous", vd, f.e)
+            self.op([kv], [v])
+        elif f.mla_value == "padded":
+            v = self.new("v padded to the q/k head dim (flash-attn)", qd, f.e)
+            self.op([kv], [v])
+        return self._attend(y, q, k, v, v, qd, vd, out_width=qd if f.mla_value == "padded" else vd)
+
+    def _attend(self, y: Tensor, q: Tensor, k: Tensor, v: Tensor, kept_v: Tensor, qd: float, vd: float = 0,
+                out_width: float = 0) -> Tensor:
+        """The attention kernel on q, k, v (`kept_v`: what its saved v keeps alive), then o_proj. `qd`: q's width per
+        token, `vd`: the output's as o_proj takes it (0: qd), `out_width`: the kernel's (0: vd)."""
+        f = self.facts
+        h = f.hidden
+        vd = vd or qd
+        out_width = out_width or vd
+        out = self.new("attention output", out_width, f.e)
         # The s x s weights' gradient and the scores' gradient computed from it (softmax backward).
         scores_grad = f.heads * f.seq_len * (4 + f.e)
         if f.kernel in ("flash", "efficient"):
@@ -478,14 +553,14 @@ class Trace:
         elif f.kernel == "math":
             # aten _scaled_dot_product_attention_math: k/v repeated to every head for GQA, q and k
             # scaled by sqrt(scale), softmax(q k^T) kept for backward, then @ v.
-            rep_v = self.new("v repeated to every head", qd, f.e, grad=False) if f.gqa else kept_v
+            rep_v = self.new("v repeated to every head", vd, f.e, grad=False) if f.gqa else kept_v
             probs = self.new("attention weights s x s (math kernel)", f.heads * f.seq_len, f.e, grad=False)
             self.op([q, k, v], [out], saved=(self.new("q scaled", qd, f.e, grad=False),
                                              self.new("k scaled (repeated)", qd, f.e, grad=False), rep_v, probs),
                     scratch=scores_grad)
         else:  # eager: HF's repeat_kv, fp32 softmax, probabilities cast back for probs @ v
             rep_k = self.new("k repeated", qd, f.e, grad=False) if f.gqa else k
-            rep_v = self.new("v repeated", qd, f.e, grad=False) if f.gqa else kept_v
+            rep_v = self.new("v repeated", vd, f.e, grad=False) if f.gqa else kept_v
             saved = [q, rep_k, rep_v, self.new("softmax output fp32 (s x s)", f.heads * f.seq_len, 4, grad=False)]
             if f.attn_softcap:  # TanhBackward0 keeps its output; the scaled scores, quotient and product die
                 saved.append(self.new("soft-capped scores' tanh (s x s)", f.heads * f.seq_len, f.e, grad=False))
@@ -496,16 +571,20 @@ class Trace:
         # transposed view, so out.transpose(1, 2).reshape(b, s, -1) (HF: .contiguous()) is a view;
         # the math and eager outputs are (b, heads, s, d) and get copied.
         o_in = out
+        if f.flash_repad:  # pad_input's output is (b, s, heads, d)
+            o_in = self.new("attention output padded back (flash-attn pad_input)", out_width, f.e)
+            self.op([out], [o_in])
         # A flash kernel allocates its output like q (CUDA flash_api.cpp mha_fwd `out = at::empty_like(q_padded)`, the
-        # CPU flash kernel alike): a q that RoPE built with torch.cat (Phi3's apply_rotary_pos_emb) is
-        # (b, heads, s, d)-contiguous, so the output is too, and the copy back to (b, s, heads x d) is real.
-        if f.kernel not in ("flash", "efficient") or (f.kernel == "flash" and f.fused_proj):
-            o_in = self.new("attention output made contiguous", qd, f.e)
-            self.op([out], [o_in])
-        elif f.flash_repad:
-            o_in = self.new("attention output padded back (flash-attn pad_input)", qd, f.e)
-            self.op([out], [o_in])
-        res = self.linear(o_in, qd, h, "o_proj")
+        # CPU flash kernel alike): a q that torch.cat built (Phi3's apply_rotary_pos_emb, MLA's query) is
+        # (b, heads, s, d)-contiguous, so the output is too, and the copy back to (b, s, heads x d) is real. An
+        # output cropped back to v's head dim (MLA's padded v) is copied whatever its layout.
+        heads_first = f.kernel not in ("flash", "efficient") or (f.kernel == "flash" and (f.fused_proj or f.mla)
+                                                                 and not f.flash_repad)
+        if heads_first or out_width != vd:
+            cont = self.new("attention output made contiguous", vd, f.e)
+            self.op([o_in], [cont])
+            o_in = cont
+        res = self.linear(o_in, vd, h, "o_proj")
         self.hold(y)
         return res
 

@@ -24,18 +24,21 @@ from podkit.checks.gpus import GpuSpec
 
 
 def sdpa_backend(gpu: GpuSpec, dtype_bytes: int, head_dim: int, gqa: bool, bf16: bool = False,
-                 masked: bool = False) -> str:
+                 masked: bool = False, v_head_dim: int = 0) -> str:
     """'flash' | 'efficient' | 'math' for a causal training SDPA call of this dtype and head layout; `masked`:
     with an attn_mask, which the flash kernel does not take (sdp_utils.cpp use_flash_attention:
-    check_for_attn_mask), so the memory-efficient kernel runs it where it can."""
+    check_for_attn_mask), so the memory-efficient kernel runs it where it can; `v_head_dim`: the values' head
+    dim where it is not q's and k's (0: the same)."""
     half, cc = dtype_bytes == 2, gpu.compute_capability
+    v_head_dim = v_head_dim or head_dim
     if bf16 and cc < (8, 0):
         return "math"  # no fused kernel takes bf16 before Ampere
     training_d_ok = not (cc in ((8, 6), (8, 9), (12, 0)) and head_dim > 192)
     if (half and not masked and (8, 0) <= cc <= (12, 1) and head_dim <= 256 and head_dim % 8 == 0
-            and training_d_ok):
+            and training_d_ok and v_head_dim == head_dim):
         return "flash"
-    if cc >= (5, 0) and not gqa and head_dim % (8 if half else 4) == 0:
+    align = 8 if half else 4
+    if cc >= (5, 0) and not gqa and head_dim % align == 0 and v_head_dim % align == 0:
         return "efficient"
     return "math"
 
@@ -59,12 +62,15 @@ def attention_kernel(job, device: str = "cuda", sliding: bool = False) -> str:
     t = job.train
     if attention_run(job) == "eager":
         return "eager"
+    shape = job.shape
     if device == "cpu" and t.attention == "sdpa":
-        return "flash"
+        # The CPU flash kernel too wants one head dim for q, k and v (sdp_utils_cpp.cpp check_head_dim_size_cpp).
+        return "flash" if shape.v_head_dim == shape.d_head else "math"
     if t.attention == "flash-attn":
         return "flash"
-    shape = job.shape
     compute = t.compute_bytes
     f = job.facts.layer(sliding)
-    gqa = shape.kv_heads != shape.heads and not f.repeat_kv  # repeated k/v: plain MHA
-    return sdpa_backend(job.gpu, compute, shape.d_head, gqa, bf16=t.dtype == "bf16", masked=f.attn_mask is not None)
+    # repeated k/v: plain MHA; MLA expands its keys and values to every head (DeepseekV3Attention.expand_kv)
+    gqa = shape.kv_heads != shape.heads and not f.repeat_kv and not shape.mla
+    return sdpa_backend(job.gpu, compute, shape.d_head, gqa, bf16=t.dtype == "bf16", masked=f.attn_mask is not None,
+                        v_head_dim=shape.v_head_dim)

@@ -278,6 +278,11 @@ class ModelShape:
         return self.head_dim or self.hidden // self.heads
 
     @property
+    def v_head_dim(self) -> int:
+        """Per-head value width: MLA's v_head_dim, else the query/key head dim."""
+        return self.mla.v_head_dim if self.mla else self.d_head
+
+    @property
     def q_dim(self) -> int:
         return self.heads * self.d_head
 

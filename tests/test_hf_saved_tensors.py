@@ -40,6 +40,14 @@ TINY = {  # the MoE ones as tests/test_lora_banks.py builds them
                "final_logit_softcapping": None, "attn_logit_softcapping": None},
     "gemma3_text": {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "intermediate_size": 96,
                     "head_dim": 16},
+    # Multi-head latent attention (modeling_deepseek_v3.py DeepseekV3Attention): every head its own k and v
+    # (num_key_value_heads = heads, as DeepSeek-V3's and V2-Lite's config.json), q through a 32-wide latent, the kv
+    # latent 16 wide, q/k 16 + 8 RoPE wide and v 16. Layers 0 and 1 dense (first_k_dense_replace), layer 2 MoE.
+    "deepseek_v3": {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "num_hidden_layers": 3,
+                    "num_key_value_heads": 4, "intermediate_size": 96, "q_lora_rank": 32, "kv_lora_rank": 16,
+                    "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16, "first_k_dense_replace": 2,
+                    "n_routed_experts": 8, "n_shared_experts": 1, "moe_intermediate_size": 32, "n_group": 1,
+                    "topk_group": 1, "use_cache": False},
 }
 SEQS = (64, 128)
 TOP_K = BASE["num_experts_per_tok"]
@@ -279,4 +287,25 @@ def test_the_replicas_gemma_block_saves_what_podkit_prices(job, tmp_path, family
         per_seq[seq] = (saved, sum(A.saved_per_token(A.block_facts(j, "cpu"), "none").values()) * seq)
     (lo_real, lo_podkit), (hi_real, hi_podkit) = per_seq[SEQS[0]], per_seq[SEQS[1]]
     assert hi_real - lo_real == hi_podkit - lo_podkit
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_latent_attention_is_priced(job, tmp_path, lora):
+    # DeepseekV3Attention (transformers 5.23 modeling_deepseek_v3.py): the q latent and its RMSNorm, the kv latent's
+    # RMSNorm over a slice of kv_a_proj_with_mqa's output (its fp32 upcast a copy of that slice), kv_b_proj up to every
+    # head's key and value; q and k are new (b, heads, s, 24) tensors, and eager's probs @ v keeps v as a view of
+    # kv_b_proj's whole output (a batch of one row). podkit once priced a Llama block of 4 heads of 24 (7176 against
+    # 7568 measured, full; 6680 against 7584 with LoRA, whose adapters sit on the five latent projections).
+    podkit_block, podkit_head, block, head = _per_token(job, tmp_path, "deepseek_v3", lora, "eager", layer=1)
+    assert (podkit_block, podkit_head) == (block, head)
+
+
+def test_latent_attention_copies_v_for_a_batch(job, tmp_path):
+    # torch.matmul(probs, v) reshapes v to (b x heads, s, 16), which cannot view a strided split of kv_b_proj's output
+    # once b > 1: the kept v is a heads x v_head_dim copy (4 x 16 x 2 B per token), and kv_b_proj's output (4 x 32 x
+    # 2 B) dies with the forward (BlockFacts.mla_value "copy"; a batch of one keeps the view).
+    podkit_block, podkit_head, block, head = _per_token(job, tmp_path, "deepseek_v3", False, "eager", layer=1, batch=2)
+    assert (podkit_block, podkit_head) == (block, head)
+    one = _per_token(job, tmp_path, "deepseek_v3", False, "eager", layer=1)
+    assert one[2] - block == 4 * 16 * 2
 

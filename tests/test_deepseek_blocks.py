@@ -1,0 +1,54 @@
+"""DeepSeek-V2/V3 blocks, derived by hand: the kernel SDPA picks for latent attention's q/k and v of different head
+dims and what each attention path keeps of v.
+tests/test_hf_saved_tensors.py holds the eager walk to a real transformers 5.23 model."""
+
+from podkit.checks import activations as A
+from podkit.checks.gpus import lookup
+from podkit.checks.kernels import attention_kernel, sdpa_backend
+
+LITE = 'preset = "deepseek-v2-lite"'  # 16 heads, q/k 128 + 64 RoPE = 192 wide, v 128, kv latent 512, no q latent
+H100 = "gpu = 'H100-SXM'"
+
+
+def test_sdpa_on_an_h100_runs_the_memory_efficient_kernel(job):
+    # The flash kernel wants q, k and v of one head dim (sdp_utils.cpp check_head_dim_size_flash); the memory-efficient
+    # kernel only q's equal to k's, each a multiple of 8 in 16-bit (check_head_dim_size_mem_efficient).
+    j = job(model=LITE, train="stack = 'hf'", cluster=H100)
+    assert (j.shape.d_head, j.shape.v_head_dim) == (192, 128)
+    assert attention_kernel(j) == "efficient"
+    h100 = lookup("H100-SXM")
+    assert sdpa_backend(h100, 2, 192, False) == "flash"
+    assert sdpa_backend(h100, 2, 192, False, v_head_dim=128) == "efficient"
+    assert sdpa_backend(h100, 2, 192, False, v_head_dim=132) == "math"  # v not a multiple of 8
+    # The CPU's flash kernel has the same rule (sdp_utils_cpp.cpp check_head_dim_size_cpp).
+    assert attention_kernel(j, "cpu") == "math"
+
+
+def _saved(job, train):
+    j = job(model=LITE, train="stack = 'hf'\ntransformers = '5.23.0'\n" + train, cluster=H100)
+    return j, sum(A.saved_per_token(A.block_facts(j), "none", False).values())
+
+
+def test_flash_attn_pads_v_and_crops_the_output(job):
+    # A full fine-tune in bf16, per token of a dense block. The memory-efficient kernel keeps q and k (16 x 192 x 2 B
+    # each), v as the view of kv_b_proj's (b, s, 16, 128 + 128) output it is (8192 B), its (b, s, 16, 128) output,
+    # which o_proj takes as a view (4096 B), and an fp32 logsumexp. flash-attn gets v padded to 192 (5.23
+    # integrations/flash_attention.py F.pad), allocates its output like q (16 x 192), and the output cropped to 128
+    # is copied for o_proj (4096 B); kv_b_proj's output dies with the forward.
+    j, efficient = _saved(job, "precision = 'bf16'")
+    assert A.block_facts(j).mla_value == "view"
+    j, flash = _saved(job, "precision = 'bf16'\nattention = 'flash-attn'")
+    assert A.block_facts(j).mla_value == "padded"
+    q = 16 * 192 * 2
+    assert flash - efficient == (q + q + 4096) - (8192 + 4096)
+
+
+def test_transformers_4_48_to_4_55_sdpa_copies_v(job):
+    # sdpa_attention_forward's `value = value.contiguous()` (4.48.0-4.55.x): the kernel keeps a 16 x 128 copy, not
+    # kv_b_proj's 16 x 256 output.
+    j = job(model=LITE, train="stack = 'hf'\ntransformers = '4.55.4'\nprecision = 'bf16'", cluster=H100)
+    assert A.block_facts(j).mla_value == "copy"
+    old = sum(A.saved_per_token(A.block_facts(j), "none", False).values())
+    _, new = _saved(job, "precision = 'bf16'")
+    assert new - old == 16 * 256 * 2 - 16 * 128 * 2
+
