@@ -121,6 +121,7 @@ class BlockFacts:
     v_copied: bool = False  # SDPA gets a contiguous copy of v (JobFacts.sdpa_contiguous), not a view of a fused qkv
     sandwich_norms: bool = False  # the attention's and the MLP's outputs normed before each residual add
     mla: object = None  # checks.models.MlaSpec: DeepSeek-V2/V3 latent attention, or None
+    router_fp32: bool = False  # the router's linear runs on an fp32 copy of the hidden states (router_fp32)
     mla_value: str = ""  # what MLA's attention keeps for v (mla_value): "view" | "copy" | "padded"
 
 
@@ -185,7 +186,17 @@ def block_facts(job, device: str = "cuda", sliding: bool = False) -> BlockFacts:
         flash_repad=f.flash_repad,
         mla=shape.mla,
         mla_value=mla_value(job, kernel) if shape.mla else "",
+        router_fp32=router_fp32(job),
     )
+
+
+def router_fp32(job) -> bool:
+    """transformers' DeepSeek routers score in fp32: `F.linear(hidden_states.type(torch.float32),
+    self.weight.type(torch.float32))` (DeepseekV3TopkRouter.forward, 4.51.3 through 5.23.0; DeepseekV2Moe's gate
+    4.55-4.57, DeepseekV2Experts' router 5.x). torchtitan's router runs its nn.Linear in the compute dtype and casts
+    the scores after (models/moe.py TokenChoiceTopKRouter: `F.sigmoid(scores.to(torch.float32))`)."""
+    return (job.shape.moe is not None and job.shape.family in ("deepseek_v2", "deepseek_v3")
+            and job.facts.stack.transformers_release)
 
 
 def mla_value(job, kernel: str) -> str:
@@ -625,7 +636,12 @@ class Trace:
         backward hold one expert's intermediates at a time, over its share of the routed tokens (an even
         share: top_k / experts rows per token); 3-D banks run as one grouped op over all of them."""
         f, m = self.facts, self.facts.moe
-        logits = self.linear(y, f.hidden, m.experts, f.router_name, module=f.router_linear)
+        router_in = y
+        if f.router_fp32 and y.dtype_bytes != 4:
+            # The copy the router's linear keeps where its weight trains (under autocast it casts it back down).
+            router_in = self.new("router input in fp32", f.hidden, 4)
+            self.op([y], [router_in])
+        logits = self.linear(router_in, f.hidden, m.experts, f.router_name, module=f.router_linear)
         probs = self.new("router softmax (fp32)", m.experts, 4)
         self.op([logits], [probs], saved=(probs,))
         if not f.expert_loop:

@@ -298,6 +298,30 @@ def _bank_folds(job: JobConfig, ac: str) -> dict[str, int]:
     return {"bwd": in_backward, "end": end, "last": layer}
 
 
+ROUTER_CASTS = "routers' weights cast to fp32 (transformers' DeepSeek)"
+ROUTER_NOTE = ("F.linear(hidden_states.type(torch.float32), self.weight.type(torch.float32)): each MoE layer's matmul "
+               "keeps its router weight's copy for the input's gradient, until that layer's backward")
+
+
+def _router_casts(job: JobConfig, ac: str) -> dict[str, int]:
+    """Bytes of the fp32 router weight copies transformers' DeepSeek MoE layers keep (activations.router_fp32), at
+    each moment of the step (as _bank_folds). `self.weight.type(torch.float32)` copies a 16-bit weight (a LoRA base,
+    pure 16-bit, FSDP's or DeepSpeed's 16-bit weights); fp32 masters under autocast and a base prepared for k-bit
+    training (prepare_model_for_kbit_training casts every non-4-bit parameter to fp32) are used as they are. Under
+    autocast the fp32 copy is cast down again, and that 16-bit copy is the one kept. A checkpointed block keeps
+    none in its first forward, only while it is recomputed."""
+    f, s = job.facts, job.shape
+    if not A.router_fp32(job) or (f.autocast and not f.lora) or f.kbit_prepared:
+        return {}
+    layer = s.moe.experts * s.hidden * (job.train.compute_bytes if f.autocast else 4)
+    # The first block's backward ends the step's; DeepSeek's first_k_dense_replace blocks, dense, come first.
+    end = 0 if s.moe.dense_layers else layer
+    if ac == "none":
+        saved = s.moe_layers * layer
+        return {"fwd": saved, "head_bwd": saved, "blocks": saved, "last": saved, "bwd": saved, "end": end}
+    return {"bwd": layer, "end": end, "last": layer}
+
+
 def _frozen_bytes(job: JobConfig, stored: bool = False) -> int:
     """The frozen base's bytes; stored=True: as sharded storage holds them (fsdp2_stored)."""
     return int(sum(g.total * per for g, per, _ in _frozen_storage(job, stored)))
@@ -618,6 +642,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
     cache_note = ("torch autocast caches casts of leaf weights that require grad for the autocast region; "
                   "afterwards only the casts saved for backward live")
     folds = _bank_folds(job, f.ac_policy)
+    router_casts = _router_casts(job, f.ac_policy)
     if t.base_quant != "none":
         biggest = max([i * o for _, i, o in shape.linear_shapes()]
                       + ([shape.vocab * shape.hidden] if f.quantize_head else []))
@@ -1107,8 +1132,11 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
                        if gap > 0 else [])
 
     def cache(label_bytes: int, moment: str) -> list[Part]:
-        """The autocast casts alive at a moment, and peft's rebuilt expert banks (_bank_folds)."""
+        """The autocast casts alive at a moment, peft's rebuilt expert banks (_bank_folds) and DeepSeek's fp32 router
+        weights (_router_casts)."""
         fold = [Part("params", FOLDED_BANKS, folds[moment], FOLDED_NOTE, transient=True)] if folds.get(moment) else []
+        fold += ([Part("params", ROUTER_CASTS, router_casts[moment], ROUTER_NOTE, transient=True)]
+                 if router_casts.get(moment) else [])
         return ([Part("params", "autocast weight cache", label_bytes, cache_note, transient=True)]
                 if label_bytes else []) + fold
 

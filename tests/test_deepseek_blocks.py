@@ -1,10 +1,11 @@
 """DeepSeek-V2/V3 blocks, derived by hand: the kernel SDPA picks for latent attention's q/k and v of different head
-dims and what each attention path keeps of v.
+dims, what each attention path keeps of v, and the fp32 router weights transformers' MoE layers keep.
 tests/test_hf_saved_tensors.py holds the eager walk to a real transformers 5.23 model."""
 
 from podkit.checks import activations as A
 from podkit.checks.gpus import lookup
 from podkit.checks.kernels import attention_kernel, sdpa_backend
+from podkit.checks.memory import ROUTER_CASTS, estimate
 
 LITE = 'preset = "deepseek-v2-lite"'  # 16 heads, q/k 128 + 64 RoPE = 192 wide, v 128, kv latent 512, no q latent
 H100 = "gpu = 'H100-SXM'"
@@ -52,3 +53,24 @@ def test_transformers_4_48_to_4_55_sdpa_copies_v(job):
     _, new = _saved(job, "precision = 'bf16'")
     assert new - old == 16 * 256 * 2 - 16 * 128 * 2
 
+
+
+def _router_casts(est, phase):
+    return [p.bytes for p in est.phase_parts[phase] if p.label == ROUTER_CASTS]
+
+
+def test_router_weights_cast_to_fp32_are_kept_per_moe_layer(job):
+    # DeepSeek-V2-Lite: 26 MoE layers (first_k_dense_replace 1 of 27), 64 routed experts, hidden 2048. Each MoE layer's
+    # F.linear(hidden.float(), weight.float()) keeps the fp32 copy of a bf16 weight: 64 x 2048 x 4 B = 512 KiB.
+    layer = 64 * 2048 * 4
+    lora = "stack = 'hf'\nlora_rank = 16\nprecision = 'bf16'\n"
+    assert _router_casts(estimate(job(model=LITE, train=lora + "checkpointing = 'none'", cluster=H100)),
+                         "forward-end") == [26 * layer]
+    # Checkpointed: only the block being recomputed keeps one.
+    assert _router_casts(estimate(job(model=LITE, train=lora + "checkpointing = 'full'", cluster=H100)),
+                         "backward") == [layer]
+    # fp32 masters under autocast are used as they are; torchtitan's router runs its linear in the compute dtype.
+    full = "precision = 'bf16-mixed'\ncheckpointing = 'none'\n"
+    assert _router_casts(estimate(job(model=LITE, train="stack = 'hf'\n" + full, cluster=H100)), "forward-end") == []
+    assert _router_casts(estimate(job(model=LITE, train="stack = 'torchtitan'\n" + full, cluster=H100)),
+                         "forward-end") == []

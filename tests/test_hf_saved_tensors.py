@@ -15,6 +15,7 @@ import weakref
 import pytest
 
 from podkit.checks import activations as A
+from podkit.checks import memory
 from podkit.checks import stacks
 
 torch = pytest.importorskip("torch")
@@ -58,8 +59,12 @@ TOP_K = BASE["num_experts_per_tok"]
 # its int64 indices (TopkBackward0). Mixtral's router (modeling_mixtral.py MixtralTopKRouter) renormalises its fp32
 # top values in place (`/= sum`: the sum and a copy of the values kept); Qwen3-MoE's (norm_topk_prob false) casts
 # them to bf16.
+# DeepSeek-V3's router (modeling_deepseek_v3.py DeepseekV3TopkRouter) picks its experts under no gradient (the group and
+# expert top-k's indices die with that branch); what lives on is the gather of the chosen scores (its int64 index)
+# and the in-place renormalisation `topk_weights /= denominator` (the fp32 denominator and a copy of the weights).
 ROUTING_BOOKKEEPING = {"mixtral": 8 * TOP_K + (4 + 4 * TOP_K) + 3 * 8 * TOP_K + 4 * TOP_K,
-                       "qwen3_moe": 8 * TOP_K + 3 * 8 * TOP_K + 2 * TOP_K}
+                       "qwen3_moe": 8 * TOP_K + 3 * 8 * TOP_K + 2 * TOP_K,
+                       "deepseek_v3": 8 * TOP_K + (4 + 4 * TOP_K) + 3 * 8 * TOP_K + 4 * TOP_K}
 
 
 def _build(job, tmp_path, family, lora, attention, seq, batch=1):
@@ -309,3 +314,21 @@ def test_latent_attention_copies_v_for_a_batch(job, tmp_path):
     one = _per_token(job, tmp_path, "deepseek_v3", False, "eager", layer=1)
     assert one[2] - block == 4 * 16 * 2
 
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_deepseek_moe_router_scores_in_fp32(job, tmp_path, lora):
+    # DeepseekV3TopkRouter: F.linear(hidden_states.type(torch.float32), self.weight.type(torch.float32)). Its weight
+    # trains in a full fine-tune, and peft adapts it under all-linear: either way the linear keeps the fp32 copy of
+    # the hidden states, 4 x 64 B per token here, which podkit once left out (and the routing's bookkeeping).
+    j = job(model='preset = "deepseek-v2-lite"', train="stack = 'hf'\nattention = 'eager'")
+    assert A.block_facts(j).router_fp32
+    assert not A.block_facts(job(model='preset = "deepseek-v2-lite"', train="stack = 'torchtitan'")).router_fp32
+    podkit_block, podkit_head, block, head = _per_token(job, tmp_path, "deepseek_v3", lora, "eager")
+    assert block - podkit_block == ROUTING_BOOKKEEPING["deepseek_v3"] and podkit_head == head
+    # The router weight's own fp32 copy (experts x hidden), kept by the same matmul for the input's gradient: one per
+    # MoE layer and step, whatever the tokens (memory._router_casts).
+    model, j = _build(job, tmp_path, "deepseek_v3", lora, "eager", SEQS[1])  # 128 tokens: not the (64, 8) copy
+    copies = [t for name, t in _saved_storages(model, SEQS[1])
+              if re.search(r"\.mlp\.gate\b", name) and t.dtype == torch.float32 and t.shape == (64, 8)]
+    assert len(copies) == 1 and copies[0].untyped_storage().nbytes() == 8 * 64 * 4
+    assert memory._router_casts(j, "none")["fwd"] == j.shape.moe_layers * 8 * 64 * 4
