@@ -227,6 +227,12 @@ class TrainConfig:
     """The torch release the job runs, when it matters: before 2.5 FSDP2 allocated each reduce-scatter
     input on its reduce-scatter stream (moved to the default stream by pytorch PR #129721, after the 2.4
     branch cut); "" = a current release. A nightly is named by its release, e.g. "2.4.0"."""
+    torchtitan: str = ""
+    """The torchtitan release the torchtitan stack runs, when it matters ("" = a current release; a main-branch
+    commit is named by the last release before it, e.g. "0.1.0" for July 2025): before 0.2.0 a MoE layer's shared
+    experts were one GroupedExperts(num_experts=1), 3-D (1, dim, hidden) Parameters (models/deepseek_v3/model/
+    moe.py and experiments/llama4/model/moe.py until pytorch/torchtitan 7354848d, PR #1561, which made them a
+    FeedForward), whose dim 0 of size 1 FSDP2 cannot split (memory.fsdp2_stored)."""
     transformers: str = ""
     """The transformers release the hf and deepspeed stacks run, when it matters ("" = a current
     release): it decides the loss path (4.46-4.48 also copy the fp32 logits shifted), the Trainer's
@@ -304,6 +310,8 @@ class TrainConfig:
             raise ConfigError("train.bitsandbytes", f"{self.bitsandbytes!r} is not a version", "e.g. \"0.42.0\"")
         if self.torch and not stacks.parse_version(self.torch):
             raise ConfigError("train.torch", f"{self.torch!r} is not a version", "e.g. \"2.4.0\"")
+        if self.torchtitan and not stacks.parse_version(self.torchtitan):
+            raise ConfigError("train.torchtitan", f"{self.torchtitan!r} is not a version", "e.g. \"0.1.0\"")
         if self.transformers:
             release = stacks.parse_version(self.transformers)
             if not release:
@@ -473,7 +481,7 @@ class JobConfig:
     def __post_init__(self):
         self.shape = self.model.shape(self.base_dir)
         self.facts = stacks.resolve(self.train, self.cluster, self.shape, self.replica)
-        self.shape = self.shape.laid_out(self.facts.expert_linears)
+        self.shape = self.shape.laid_out(self.facts.expert_linears, self.facts.shared_bank)
 
     def as_replica(self) -> "JobConfig":
         """This job as bin/smoke's replica runs it; stacks.left_out(...) says what that leaves out."""
@@ -484,7 +492,7 @@ class JobConfig:
         job = self.replace(cluster={"offload": "all"} if self.cluster.offload == "optimizer" else {})
         job.replica = True
         job.facts = stacks.resolve(job.train, job.cluster, job.shape, True)
-        job.shape = job.shape.laid_out(job.facts.expert_linears)
+        job.shape = job.shape.laid_out(job.facts.expert_linears, job.facts.shared_bank)
         return job
 
     @property
@@ -513,7 +521,7 @@ class JobConfig:
         # The model section is unchanged by every lever, so its shape carries over unresolved.
         job.shape = self.shape if "model" not in sections else job.model.shape(job.base_dir)
         job.facts = stacks.resolve(job.train, job.cluster, job.shape, job.replica)
-        job.shape = job.shape.laid_out(job.facts.expert_linears)
+        job.shape = job.shape.laid_out(job.facts.expert_linears, job.facts.shared_bank)
         return job
 
 

@@ -410,7 +410,8 @@ def fsdp2_stored(job: JobConfig, groups: list[ParamGroup]) -> list[ParamGroup]:
     reduce-scatter's input and output are padded alike (_fsdp_collectives.py foreach_reduce:
     _get_dim0_padded_size), and rank 0's optimizer states are zeros_like its whole chunk. A routed-expert
     bank's dim 0 is the expert count: 8 experts over 16 ranks are one expert per rank, ranks 8-15 holding
-    padding, so each rank stores twice its even share. Other jobs: the groups as they are (FSDP1 pads its
+    padding, so each rank stores twice its even share. A shared-expert bank's (torchtitan < 0.2.0) is 1:
+    every rank stores the whole weight, and rank 0 its states. Other jobs: the groups as they are (FSDP1 pads its
     flat parameters, checks/fsdp1.py; DeepSpeed partitions flat, evenly).
 
     An nn.Linear weight is (out, in), and a ParamGroup of a block linear is (in, out) (models.py), so dim 0
@@ -426,7 +427,8 @@ def fsdp2_stored(job: JobConfig, groups: list[ParamGroup]) -> list[ParamGroup]:
     out = []
     for g in groups:
         if g.bank:
-            out.append(dataclasses.replace(g, count=g.count // experts * -(-experts // world) * world))
+            n = experts if g.expert else 1  # the bank's dim 0
+            out.append(dataclasses.replace(g, count=g.count // n * -(-n // world) * world))
         elif (g.linear or g.name == job.shape.router_name) and g.cols > 1 and g.name != "lm_head":
             out.append(dataclasses.replace(g, cols=-(-g.cols // world) * world))
         else:
@@ -461,9 +463,10 @@ def _step_transient(job: JobConfig, groups: list[ParamGroup], state_bytes: int, 
     experts = job.shape.moe.experts if job.shape.moe else 1
     local = job.facts.fsdp_version == 2 and shards > 1
     if local:
-        largest = max(g.numel * -(-experts // shards) if g.bank else -(-g.numel // shards) for g in groups)
+        largest = max(g.numel * -(-(experts if g.expert else 1) // shards) if g.bank else -(-g.numel // shards)
+                      for g in groups)
     else:
-        largest = max(g.numel * (experts if g.bank else 1) for g in groups)
+        largest = max(g.numel * (experts if g.bank and g.expert else 1) for g in groups)
     decayed = sum(g.total for g in groups if g.cols > 1) // shards
     everything = sum(g.total for g in groups) // shards
     if opt == "adamw" and impl == "foreach":
@@ -545,7 +548,7 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
         if frozen else [])
     padded = n_stored > n_trainable
     experts = shape.moe.experts if shape.moe else 1
-    if f.fsdp and f.fsdp_version == 2 and any(g.bank for g in shape.param_groups()) and experts % world:
+    if f.fsdp and f.fsdp_version == 2 and any(g.bank and g.expert for g in shape.param_groups()) and experts % world:
         experts_here = -(-experts // world)
         notes.append(f"FSDP2 shards each expert bank by whole experts: {experts} experts over {world} GPUs "
                      f"leave {experts_here} on each GPU, {experts_here * world / experts:.2g} x an even "

@@ -28,7 +28,8 @@ class ParamGroup:
     expert: bool = False
     """A routed expert's weight: only top_k of the experts run for each token."""
     bank: bool = False
-    """Not an nn.Linear but one 3-D Parameter holding a weight of every expert of a layer, as
+    """Not an nn.Linear but one 3-D Parameter holding a weight of every expert of a layer (of its one expert
+    where `expert` is False: torchtitan's shared-expert bank, ModelShape.shared_bank), as
     transformers 5.x builds routed experts (MixtralExperts gate_up_proj / down_proj): bitsandbytes leaves it unquantized (5.23.0 integrations/bitsandbytes.py replace_with_bnb_linear
     converts `type(module) is nn.Linear` only) and peft adapts it only through ParamWrapper, where
     stacks.peft_bank_names says it does (no module-level LoRA)."""
@@ -221,11 +222,16 @@ class ModelShape:
     expert's gate, up and down and an nn.Linear router (transformers < 5.0, litgpt), or 3-D banks
     (transformers >= 5.0). Decided by the job's stack (stacks.resolve: JobFacts.expert_linears)."""
 
-    def laid_out(self, expert_linears: bool) -> "ModelShape":
-        """This model as the job's code builds its experts (ModelShape.expert_linears)."""
-        if not self.moe or self.expert_linears == expert_linears:
+    shared_bank: bool = False
+    """The shared experts as the code builds them: one 3-D bank of a single expert, (1, hidden, ffn) Parameters
+    (torchtitan < 0.2.0: GroupedExperts(num_experts=1)), not a gated MLP of nn.Linear. Decided by the job's
+    stack (stacks.resolve: JobFacts.shared_bank)."""
+
+    def laid_out(self, expert_linears: bool, shared_bank: bool = False) -> "ModelShape":
+        """This model as the job's code builds its experts (ModelShape.expert_linears, shared_bank)."""
+        if not self.moe or (self.expert_linears, self.shared_bank) == (expert_linears, shared_bank):
             return self
-        return dataclasses.replace(self, expert_linears=expert_linears)
+        return dataclasses.replace(self, expert_linears=expert_linears, shared_bank=shared_bank)
 
     def __post_init__(self):
         if self.sliding_layers and (self.sliding_window <= 0 or max(self.sliding_layers) >= self.layers):
@@ -426,7 +432,14 @@ class ModelShape:
                 name, linear = self.router_name, self.router_linear
                 groups.append(ParamGroup(name, h, m.experts, Lm, linear, True))
                 groups += self._mlp_groups("experts.", m.expert_ffn, m.experts * Lm, expert=True)
-                groups += self._mlp_groups("shared_expert.", m.shared_ffn, Lm if m.shared_ffn else 0)
+                if self.shared_bank and m.shared_ffn:
+                    # torchtitan < 0.2.0 MoE.shared_expert = GroupedExperts(dim, hidden_dim * n_shared_experts,
+                    # num_experts=1): w1, w3 (1, dim, ffn) and w2 (1, ffn, dim), a bank whose one expert every
+                    # token runs (expert=False).
+                    groups += [ParamGroup("shared_expert.w1,w3", h, m.shared_ffn, 2 * Lm, True, True, bank=True),
+                               ParamGroup("shared_expert.w2", m.shared_ffn, h, Lm, True, True, bank=True)]
+                else:
+                    groups += self._mlp_groups("shared_expert.", m.shared_ffn, Lm if m.shared_ffn else 0)
                 if m.shared_gate:
                     # Qwen2MoeSparseMoeBlock.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
                     groups.append(ParamGroup("shared_expert_gate", h, 1, Lm, True, True))

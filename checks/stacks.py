@@ -427,6 +427,9 @@ class JobFacts:
     expert_linears: bool = False
     """A MoE model's routed experts and router are nn.Linear modules in the job's code (Stack.expert_linears,
     or the transformers release of the hf and deepspeed stacks): JobConfig.shape is laid out so."""
+    shared_bank: bool = False
+    """A MoE layer's shared experts are one 3-D bank of a single expert (torchtitan < 0.2.0, train.torchtitan):
+    JobConfig.shape is laid out so (ModelShape.shared_bank)."""
     kbit_prepared: bool = False
     """peft's prepare_model_for_kbit_training ran on the quantized base (peft 0.13.2 utils/other.py: every
     fp16/bf16 parameter that is not a Params4bit becomes fp32), then TRL's peft_module_casting_to_bf16
@@ -965,7 +968,11 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
             stack_impl = tf.adamw_impl
     rope_buffers = rope_buffers and not replica  # the replica has none, whichever release decided them
     expert_linears = expert_linears and shape.moe is not None
-    shape = shape.laid_out(expert_linears)
+    # torchtitan before 0.2.0 (pytorch/torchtitan 7354848d, PR #1561) built the shared experts as a
+    # GroupedExperts with num_experts=1; the replica runs podkit's model.
+    shared_bank = (train.stack == "torchtitan" and not replica and bool(shape.moe and shape.moe.shared_ffn)
+                   and bool(train.torchtitan) and parse_version(train.torchtitan) < (0, 2))
+    shape = shape.laid_out(expert_linears, shared_bank)
     # The block linears LoRA can adapt as modules, as named in the model (routed experts held as 3-D banks are
     # not nn.Linear modules: peft adapts those through ParamWrapper, peft_bank_names below).
     linears = tuple(dict.fromkeys(g.name for g in shape.linear_groups())) or (
@@ -1141,6 +1148,7 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
         reentrant=reentrant,
         block_kernels=train.block_kernels,
         expert_linears=expert_linears,
+        shared_bank=shared_bank,
         kbit_prepared=kbit and not replica,
         # pytorch PR #129721 "[FSDP2] Ran reduce-scatter copy-in in default stream" (2024-06-27, after
         # the 2.4 branch cut) moved the input's allocation out of the reduce-scatter stream.

@@ -117,3 +117,40 @@ def test_for_loop_adamw_temporaries_are_the_local_piece(job):
             cluster="gpus_per_node = 8\nnodes = 2\nsharding = 'zero3'\nfsdp_version = 2")
     [step] = [p.bytes for p in estimate(j).phase_parts["step"] if p.label == "step temporaries"]
     assert step == 2 * (2 * 14336 * 4096) * 4
+
+
+def test_one_expert_bank_is_whole_on_every_rank(fake_world):
+    # torchtitan < 0.2.0's shared experts: GroupedExperts(num_experts=1), w1 / w3 (1, dim, hidden) and w2 (1, hidden,
+    # dim) Parameters (models/deepseek_v3/model/moe.py at d655e167). fully_shard's dim-0 chunks of a size-1 dim over 8
+    # ranks are the whole tensor on rank 0 and padding of the same size on ranks 1-7.
+    import torch
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+
+    shared = nn.Module()
+    shared.w1, shared.w3, shared.w2 = (nn.Parameter(torch.empty(s, device="meta")) for s in
+                                       [(1, 64, 96), (1, 64, 96), (1, 96, 64)])
+    fake_world(8)
+    fully_shard(shared)
+    assert [p.to_local().numel() for p in shared.parameters()] == [64 * 96] * 3
+
+
+def _deepseek_v2_lite(job, torchtitan=""):
+    return job(model='preset = "deepseek-v2-lite"',
+               train="stack = 'torchtitan'\nprecision = 'bf16-mixed'\ncheckpointing = 'full'\nseq_len = 2048\n"
+               + (f"torchtitan = '{torchtitan}'" if torchtitan else ""),
+               cluster="gpus_per_node = 8\nsharding = 'zero3'")
+
+
+def test_torchtitan_before_0_2_keeps_whole_shared_experts_on_every_rank_by_hand(job):
+    # DeepSeek-V2-Lite: 26 MoE layers, each with 2 shared experts of moe_intermediate_size 1408 -> one
+    # (2048 -> 2816) gated MLP, 3 x 2048 x 2816 = 17,301,504 values. torchtitan 0.2.0 builds it as a FeedForward
+    # of nn.Linear (rows of 2816 / 2048 split evenly over 8 GPUs); before it as a 1-expert bank that every GPU
+    # stores whole (padded on ranks 1-7), rank 0 with its AdamW states.
+    shared, layers, world = 3 * 2048 * 2816, 26, 8
+    extra = layers * (shared - shared // world)  # values per rank beyond the even share
+    now, before = estimate(_deepseek_v2_lite(job)), estimate(_deepseek_v2_lite(job, "0.1.0"))
+    assert before.term("params", "step") - now.term("params", "step") == extra * 4  # fp32 masters
+    assert before.term("grads", "step") - now.term("grads", "step") == extra * 4  # fp32 reduce-scatter output
+    assert before.term("optimizer", "step") - now.term("optimizer", "step") == extra * 8  # exp_avg, exp_avg_sq
+    assert estimate(_deepseek_v2_lite(job, "0.2.0")).term("params", "step") == now.term("params", "step")
