@@ -298,27 +298,34 @@ def _bank_folds(job: JobConfig, ac: str) -> dict[str, int]:
     return {"bwd": in_backward, "end": end, "last": layer}
 
 
-ROUTER_CASTS = "routers' weights cast to fp32 (transformers' DeepSeek)"
+ROUTER_CASTS = "routers' weights cast for their fp32 matmul (transformers' DeepSeek)"
 ROUTER_NOTE = ("F.linear(hidden_states.type(torch.float32), self.weight.type(torch.float32)): each MoE layer's matmul "
-               "keeps its router weight's copy for the input's gradient, until that layer's backward")
+               "keeps its router weight's cast (fp32, or autocast's 16-bit one) for the input's gradient, until that "
+               "layer's backward")
 
 
 def _router_casts(job: JobConfig, ac: str) -> dict[str, int]:
-    """Bytes of the fp32 router weight copies transformers' DeepSeek MoE layers keep (activations.router_fp32), at
-    each moment of the step (as _bank_folds). `self.weight.type(torch.float32)` copies a 16-bit weight (a LoRA base,
-    pure 16-bit, FSDP's or DeepSpeed's 16-bit weights); fp32 masters under autocast and a base prepared for k-bit
-    training (prepare_model_for_kbit_training casts every non-4-bit parameter to fp32) are used as they are. Under
-    autocast the fp32 copy is cast down again, and that 16-bit copy is the one kept. A checkpointed block keeps
-    none in its first forward, only while it is recomputed."""
-    f, s = job.facts, job.shape
-    if not A.router_fp32(job) or (f.autocast and not f.lora) or f.kbit_prepared:
+    """Bytes of the router weight casts transformers' DeepSeek MoE layers keep (activations.router_fp32), at each
+    moment of the step (as _bank_folds). Without autocast `self.weight.type(torch.float32)` copies a 16-bit weight
+    (a LoRA base, pure 16-bit, FSDP's or DeepSpeed's 16-bit weights) and an fp32 one is used as it is. Under
+    autocast F.linear casts the weight to the compute dtype, and that 16-bit cast is the one kept: from an fp32
+    master, a 16-bit base's fp32 copy, or the frozen fp32 weight of a base prepared for k-bit training
+    (prepare_model_for_kbit_training casts every non-4-bit parameter to fp32). The router is no nn.Linear, so the
+    autocast weight cache priced beside it leaves it out; autocast caches the cast of an fp32 master that trains
+    for its whole region (aten autocast_mode.cpp cached_cast: `arg.requires_grad() && arg.is_leaf()`), every MoE
+    layer's, checkpointed or not, and casts the others anew at each call. A checkpointed block keeps none in its first forward, only while it is recomputed.
+    Verified on a tiny real DeepSeek-V3 (tests/test_hf_saved_tensors.py)."""
+    f, s, t = job.facts, job.shape, job.train
+    if not A.router_fp32(job) or (not f.autocast and t.compute_bytes == 4):
         return {}
-    layer = s.moe.experts * s.hidden * (job.train.compute_bytes if f.autocast else 4)
+    layer = s.moe.experts * s.hidden * (t.compute_bytes if f.autocast else 4)
+    saved = s.moe_layers * layer
     # The first block's backward ends the step's; DeepSeek's first_k_dense_replace blocks, dense, come first.
     end = 0 if s.moe.dense_layers else layer
     if ac == "none":
-        saved = s.moe_layers * layer
         return {"fwd": saved, "head_bwd": saved, "blocks": saved, "last": saved, "bwd": saved, "end": end}
+    if f.autocast and not f.lora:  # cached while the forward's autocast region lasts
+        return {"fwd": saved, "last": saved, "bwd": layer, "end": end}
     return {"bwd": layer, "end": end, "last": layer}
 
 

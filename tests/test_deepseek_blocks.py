@@ -69,8 +69,15 @@ def test_router_weights_cast_to_fp32_are_kept_per_moe_layer(job):
     # Checkpointed: only the block being recomputed keeps one.
     assert _router_casts(estimate(job(model=LITE, train=lora + "checkpointing = 'full'", cluster=H100)),
                          "backward") == [layer]
-    # fp32 masters under autocast are used as they are; torchtitan's router runs its linear in the compute dtype.
-    full = "precision = 'bf16-mixed'\ncheckpointing = 'none'\n"
-    assert _router_casts(estimate(job(model=LITE, train="stack = 'hf'\n" + full, cluster=H100)), "forward-end") == []
-    assert _router_casts(estimate(job(model=LITE, train="stack = 'torchtitan'\n" + full, cluster=H100)),
+    # fp32 masters under autocast: F.linear keeps autocast's bf16 cast, which the autocast cache holds for every MoE
+    # layer through a checkpointed forward too; torchtitan's router runs its linear in the compute dtype.
+    mixed = "stack = 'hf'\nprecision = 'bf16-mixed'\ncheckpointing = "
+    for ckpt in ("'none'", "'full'"):
+        est = estimate(job(model=LITE, train=mixed + ckpt, cluster=H100))
+        assert _router_casts(est, "forward-end") == [26 * layer // 2]
+    assert _router_casts(est, "backward") == [layer // 2]
+    assert _router_casts(estimate(job(model=LITE, train="stack = 'torchtitan'\nprecision = 'bf16-mixed'",
+                                      cluster=H100)), "forward-end") == []
+    # Pure fp32: weight.type(torch.float32) is the weight itself.
+    assert _router_casts(estimate(job(model=LITE, train="stack = 'hf'\nprecision = 'fp32'", cluster=H100)),
                          "forward-end") == []

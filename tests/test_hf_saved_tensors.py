@@ -332,3 +332,33 @@ def test_deepseek_moe_router_scores_in_fp32(job, tmp_path, lora):
               if re.search(r"\.mlp\.gate\b", name) and t.dtype == torch.float32 and t.shape == (64, 8)]
     assert len(copies) == 1 and copies[0].untyped_storage().nbytes() == 8 * 64 * 4
     assert memory._router_casts(j, "none")["fwd"] == j.shape.moe_layers * 8 * 64 * 4
+
+
+@pytest.mark.parametrize("precision, lora_quant", [("bf16-mixed", ""), ("bf16-mixed", "nf4"), ("fp32", "")])
+def test_deepseek_router_weight_casts_by_precision(job, tmp_path, precision, lora_quant):
+    # The router's F.linear keeps its weight's cast for the input's gradient. Under autocast F.linear casts the weight
+    # to bf16, and that copy is kept: an fp32 master's (autocast's cached cast) and the frozen fp32 weight of a base
+    # prepared for k-bit training (peft utils/other.py prepare_model_for_kbit_training casts every parameter but
+    # Params4bit to fp32; its 4-bit linears change nothing here, so the base stays unquantized) alike. An fp32 weight
+    # without autocast is used as it is. podkit once priced none for the first two and an fp32 copy for the third.
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    (tmp_path / "config.json").write_text(json.dumps({**BASE, **TINY["deepseek_v3"]}))
+    train = f"stack = 'hf'\ntransformers = '5.23.0'\nprecision = '{precision}'\ncheckpointing = 'none'\n"
+    if lora_quant:
+        train += f"lora_rank = 4\nlora_targets = ['q_a_proj']\nbase_quant = '{lora_quant}'\n"
+    j = job(model=f'hf_config = "{tmp_path / "config.json"}"', train=train)
+    assert (j.facts.autocast, j.facts.kbit_prepared) == (precision != "fp32", bool(lora_quant))
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tmp_path), attn_implementation="eager",
+                                             dtype=torch.bfloat16 if lora_quant else torch.float32)
+    if lora_quant:
+        model = peft.get_peft_model(peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False),
+                                    peft.LoraConfig(r=4, target_modules=["q_a_proj"]))
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=j.facts.autocast):
+        saved = _saved_storages(model.train(), SEQS[1])  # 128 tokens: no activation is (64, 8)
+    kept = sum(t.untyped_storage().nbytes() for name, t in saved
+               if re.search(r"\.mlp\.gate\b", name) and t.shape == (64, 8))
+    priced = memory._router_casts(j, "none").get("fwd", 0)
+    assert priced == j.shape.moe_layers * kept
+    assert kept == (8 * 64 * 2 if j.facts.autocast else 0)
