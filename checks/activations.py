@@ -36,7 +36,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from podkit.checks.kernels import attention_kernel, attention_run
-from podkit.checks.stacks import adapted_banks, liger_norm_in_place, targeted
+from podkit.checks.stacks import adapted_banks, liger_norm_in_place, parse_version, targeted
 
 QKV = ("q_proj", "k_proj", "v_proj")
 
@@ -123,6 +123,7 @@ class BlockFacts:
     mla: object = None  # checks.models.MlaSpec: DeepSeek-V2/V3 latent attention, or None
     router_fp32: bool = False  # the router's linear runs on an fp32 copy of the hidden states (router_fp32)
     mla_value: str = ""  # what MLA's attention keeps for v (mla_value): "view" | "copy" | "padded"
+    math_fp32: bool = False  # SDPA's math kernel runs 16-bit q, k and v in fp32 (math_upcast)
 
 
 def block_facts(job, device: str = "cuda", sliding: bool = False) -> BlockFacts:
@@ -187,7 +188,17 @@ def block_facts(job, device: str = "cuda", sliding: bool = False) -> BlockFacts:
         mla=shape.mla,
         mla_value=mla_value(job, kernel) if shape.mla else "",
         router_fp32=router_fp32(job),
+        math_fp32=kernel == "math" and math_upcast(job),
     )
+
+
+def math_upcast(job) -> bool:
+    """Whether SDPA's math kernel computes in fp32 what reaches it in 16 bits: torch 2.5+
+    _scaled_dot_product_attention_math (aten/src/ATen/native/transformers/attention.cpp, pytorch#128922) takes
+    `query_.to(at::kFloat)`, key's and value's alike, unless allow_fp16_bf16_reduction_math_sdp (off by default), so
+    it keeps fp32 q, k, v and attention weights (measured on a CPU: tests/test_hf_saved_tensors.py)."""
+    t = job.train
+    return t.compute_bytes == 2 and (not t.torch or parse_version(t.torch) >= (2, 5))
 
 
 def router_fp32(job) -> bool:
@@ -215,7 +226,9 @@ def mla_value(job, kernel: str) -> str:
     if f.sdpa_contiguous and t.attention == "sdpa":
         return "copy"
     one_row = t.micro_batch == 1 or t.padding == "flattened"
-    return "copy" if kernel in ("eager", "math") and not one_row else "view"
+    # The math kernel's own fp32 copy of a 16-bit v (math_upcast) is contiguous: its matmul then copies nothing.
+    matmul_reshapes = kernel == "eager" or (kernel == "math" and not math_upcast(job))
+    return "copy" if matmul_reshapes and not one_row else "view"
 
 
 def main_block_facts(job, device: str = "cuda") -> BlockFacts:
@@ -563,12 +576,17 @@ class Trace:
             self.attention_out += [out, lse]
         elif f.kernel == "math":
             # aten _scaled_dot_product_attention_math: k/v repeated to every head for GQA, q and k
-            # scaled by sqrt(scale), softmax(q k^T) kept for backward, then @ v.
-            rep_v = self.new("v repeated to every head", vd, f.e, grad=False) if f.gqa else kept_v
-            probs = self.new("attention weights s x s (math kernel)", f.heads * f.seq_len, f.e, grad=False)
-            self.op([q, k, v], [out], saved=(self.new("q scaled", qd, f.e, grad=False),
-                                             self.new("k scaled (repeated)", qd, f.e, grad=False), rep_v, probs),
-                    scratch=scores_grad)
+            # scaled by sqrt(scale), softmax(q k^T) kept for backward, then @ v; in fp32 where it casts 16-bit
+            # q, k, v up first (BlockFacts.math_fp32), v's fp32 copy the one kept.
+            ab = 4 if f.math_fp32 else f.e
+            if f.math_fp32:
+                rep_v = self.new("v in fp32 (math kernel)", vd, 4, grad=False)
+            else:
+                rep_v = self.new("v repeated to every head", vd, f.e, grad=False) if f.gqa else kept_v
+            probs = self.new("attention weights s x s (math kernel)", f.heads * f.seq_len, ab, grad=False)
+            self.op([q, k, v], [out], saved=(self.new("q scaled", qd, ab, grad=False),
+                                             self.new("k scaled (repeated)", qd, ab, grad=False), rep_v, probs),
+                    scratch=f.heads * f.seq_len * (4 + ab))
         else:  # eager: HF's repeat_kv, fp32 softmax, probabilities cast back for probs @ v
             rep_k = self.new("k repeated", qd, f.e, grad=False) if f.gqa else k
             rep_v = self.new("v repeated", vd, f.e, grad=False) if f.gqa else kept_v

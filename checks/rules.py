@@ -247,7 +247,9 @@ def flash_attention(job: JobConfig) -> CheckResult:
         if kernel == "math":
             # torch's SDPA falls back to its math kernel (sdp_utils.cpp): no flash for fp32 or
             # pre-sm80, no memory-efficient kernel for grouped-query attention.
-            scores = shape.heads * t.seq_len * t.seq_len * t.micro_batch * t.compute_bytes
+            # In fp32 where it casts 16-bit inputs up (activations.math_upcast).
+            weight = 4 if A.math_upcast(job) else t.compute_bytes
+            scores = shape.heads * t.seq_len * t.seq_len * t.micro_batch * weight
             gqa = shape.kv_heads != shape.heads
             why = ("fp32 with grouped-query attention" if t.dtype == "fp32" and gqa
                    else f"{t.precision} with grouped-query attention on sm{gpu.sm}" if t.dtype == "fp16" and gqa

@@ -49,6 +49,12 @@ TINY = {  # the MoE ones as tests/test_lora_banks.py builds them
                     "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16, "first_k_dense_replace": 2,
                     "n_routed_experts": 8, "n_shared_experts": 1, "moe_intermediate_size": 32, "n_group": 1,
                     "topk_group": 1, "use_cache": False},
+    # DeepSeek-V2-Lite's layout (modeling_deepseek_v2.py DeepseekV2Attention): no q latent, one q_proj; RoPE as
+    # complex products of fp32 copies (apply_rotary_emb).
+    "deepseek_v2": {"architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "num_hidden_layers": 3,
+                    "num_key_value_heads": 4, "intermediate_size": 96, "q_lora_rank": None, "kv_lora_rank": 16,
+                    "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16, "first_k_dense_replace": 2,
+                    "n_routed_experts": 8, "n_shared_experts": 1, "moe_intermediate_size": 32, "use_cache": False},
 }
 SEQS = (64, 128)
 TOP_K = BASE["num_experts_per_tok"]
@@ -294,14 +300,27 @@ def test_the_replicas_gemma_block_saves_what_podkit_prices(job, tmp_path, family
     assert hi_real - lo_real == hi_podkit - lo_podkit
 
 
+@pytest.mark.parametrize("family", ["deepseek_v3", "deepseek_v2"])
 @pytest.mark.parametrize("lora", [False, True])
-def test_latent_attention_is_priced(job, tmp_path, lora):
+def test_latent_attention_is_priced(job, tmp_path, lora, family):
     # DeepseekV3Attention (transformers 5.23 modeling_deepseek_v3.py): the q latent and its RMSNorm, the kv latent's
     # RMSNorm over a slice of kv_a_proj_with_mqa's output (its fp32 upcast a copy of that slice), kv_b_proj up to every
     # head's key and value; q and k are new (b, heads, s, 24) tensors, and eager's probs @ v keeps v as a view of
     # kv_b_proj's whole output (a batch of one row). podkit once priced a Llama block of 4 heads of 24 (7176 against
     # 7568 measured, full; 6680 against 7584 with LoRA, whose adapters sit on the five latent projections).
-    podkit_block, podkit_head, block, head = _per_token(job, tmp_path, "deepseek_v3", lora, "eager", layer=1)
+    # DeepseekV2's apply_rotary_emb multiplies complex views of fp32 copies of q's and the shared key's RoPE parts by
+    # freqs_cis, which no gradient reaches: it keeps only that table, shared by every layer, like V3's cos and sin.
+    podkit_block, podkit_head, block, head = _per_token(job, tmp_path, family, lora, "eager", layer=1)
+    assert (podkit_block, podkit_head) == (block, head)
+
+
+@pytest.mark.parametrize("family", ["deepseek_v2", "deepseek_v3"])
+@pytest.mark.parametrize("batch", [1, 2])
+def test_latent_attention_under_sdpa_on_the_cpu(job, tmp_path, family, batch):
+    # q and k 24 wide, v 16: no CPU flash kernel (sdp_utils_cpp.cpp check_head_dim_size_cpp) but the math one, which
+    # casts bf16 q, k and v to fp32 first (torch 2.5+ attention.cpp _scaled_dot_product_attention_math): it keeps fp32
+    # q, k, v and attention weights, which podkit once priced in bf16 (1920 B per token short, 2048 for two rows).
+    podkit_block, podkit_head, block, head = _per_token(job, tmp_path, family, False, "sdpa", layer=1, batch=batch)
     assert (podkit_block, podkit_head) == (block, head)
 
 

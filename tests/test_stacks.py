@@ -414,6 +414,21 @@ def test_pure_fp16_attention_kernel_by_gpu(job):
     assert attention_kernel(litgpt) == "efficient" and flash_attention(litgpt).status == "pass"
 
 
+def test_math_kernel_keeps_16_bit_inputs_in_fp32(job):
+    """torch 2.5+ _scaled_dot_product_attention_math casts 16-bit q, k and v to fp32 first (attention.cpp
+    `query_.to(at::kFloat)`, pytorch#128922): it keeps fp32 q, k, v and s x s weights; torch 2.4 keeps them in fp16."""
+    from podkit.checks.rules import gib
+
+    fp16 = "precision = 'fp16'\nseq_len = 1024\n"
+    for torch_version, b in (("", 4), ("2.5.0", 4), ("2.4.1", 2)):
+        j = job(train=fp16 + (f"torch = '{torch_version}'" if torch_version else ""), cluster="gpu = 'T4'")
+        per_token = A.saved_per_token(A.block_facts(j), "none")
+        heads, q = j.shape.heads, j.shape.q_dim
+        assert per_token["attention weights s x s (math kernel)"] == heads * 1024 * b
+        assert per_token["q scaled"] == per_token["k scaled (repeated)"] == q * b
+        assert gib(heads * 1024 * 1024 * b) in flash_attention(j).message
+
+
 def test_fp32_gqa_keeps_the_s_by_s_weights(job):
     fp32 = job(model=LLAMA8B, train="precision = 'fp32'\nseq_len = 1024", cluster="gpu = 'H100'")
     per_token = A.saved_per_token(A.block_facts(fp32), "none")
