@@ -1005,8 +1005,9 @@ def estimate(job: JobConfig, gpu: GpuSpec | None = None, device: str = "cuda", *
         # post-backward stream.
         ag_pool = int(_root_stored_bytes(job, e) + min(2, L) * _layer_stored_bytes(job, e))
         rs_pool = grads_all if offload == "all" else full_grads.bytes
+        # fsdp1._block walks a Llama block's q/k/v_proj attention, not DeepSeek's latent attention.
         if (replay and f.stack.fsdp_init_on_device and offload in ("none", "all") and shape.arch == "llama"
-                and step_replay.blocks_replayable(job)
+                and not shape.mla and step_replay.blocks_replayable(job)
                 and f.loss in ("fp32-logits-kept", "fp32-upcast-shifted", "fp32-upcast")):
             # Replay the wrap and two whole steps (forward, loss, each block's recompute and backward, with
             # FSDP1's kept inputs where it keeps them) through the caching allocator's rules: the default

@@ -2,6 +2,8 @@
 dims, what each attention path keeps of v, and the fp32 router weights transformers' MoE layers keep.
 tests/test_hf_saved_tensors.py holds the eager walk to a real transformers 5.23 model."""
 
+import json
+
 from podkit.checks import activations as A
 from podkit.checks.gpus import lookup
 from podkit.checks.kernels import attention_kernel, sdpa_backend
@@ -81,3 +83,23 @@ def test_router_weights_cast_to_fp32_are_kept_per_moe_layer(job):
     # Pure fp32: weight.type(torch.float32) is the weight itself.
     assert _router_casts(estimate(job(model=LITE, train="stack = 'hf'\nprecision = 'fp32'", cluster=H100)),
                          "forward-end") == []
+
+
+def test_fsdp1_does_not_replay_a_latent_attention_block_as_llama_s(job, tmp_path):
+    # The FSDP1 wrap-and-step replay (checks/fsdp1.py) walks a transformers LlamaDecoderLayer's forward (q_proj,
+    # k_proj, v_proj of heads x head dim), not MLA's latents and kv_b_proj: an all-MoE DeepSeek-V3 (no
+    # first_k_dense_replace block), which it could otherwise take, is priced by the closed form.
+    config = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 2048,
+              "num_hidden_layers": 8, "num_attention_heads": 16, "num_key_value_heads": 16, "vocab_size": 32000,
+              "intermediate_size": 8192, "q_lora_rank": 512, "kv_lora_rank": 256, "qk_nope_head_dim": 128,
+              "qk_rope_head_dim": 64, "v_head_dim": 128, "first_k_dense_replace": 0, "n_routed_experts": 8,
+              "num_experts_per_tok": 2, "n_shared_experts": 1, "moe_intermediate_size": 1024, "n_group": 1,
+              "topk_group": 1, "max_position_embeddings": 4096}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    train = ("stack = 'hf'\ntransformers = '4.57.1'\nprecision = 'bf16'\nmicro_batch = 2\nseq_len = 4096\n"
+             "checkpointing = 'full'\nattention = 'flash-attn'\nlora_rank = 16\nloss = 'stack'\n"
+             "lora_targets = ['q_a_proj', 'o_proj']")
+    j = job(model=f'hf_config = "{tmp_path / "config.json"}"', train=train,
+            cluster="gpu = 'A100-80GB'\ngpus_per_node = 2\nsharding = 'zero3'")
+    assert j.facts.fsdp_version == 1 and j.shape.mla and j.shape.moe.dense_layers == 0
+    assert not [p for p in estimate(j).phase_parts["step"] if p.label.startswith("default-stream segments of the wrap")]
