@@ -203,9 +203,10 @@ def math_upcast(job) -> bool:
 
 def router_fp32(job) -> bool:
     """transformers' DeepSeek routers score in fp32: `F.linear(hidden_states.type(torch.float32),
-    self.weight.type(torch.float32))` (DeepseekV3TopkRouter.forward, 4.51.3 through 5.23.0; DeepseekV2Moe's gate
-    4.55-4.57, DeepseekV2Experts' router 5.x). torchtitan's router runs its nn.Linear in the compute dtype and casts
-    the scores after (models/moe.py TokenChoiceTopKRouter: `F.sigmoid(scores.to(torch.float32))`)."""
+    self.weight.type(torch.float32))` (DeepseekV3TopkRouter.forward, 4.51.3 through 5.23.0; DeepseekV2MoEGate
+    4.55-4.57; DeepseekV2Moe.forward on its nn.Linear gate's weight in 5.0 and 5.10; DeepseekV2TopkRouter 5.23).
+    torchtitan's router runs its nn.Linear in the compute dtype and casts the scores after (models/moe.py
+    TokenChoiceTopKRouter: `torch.sigmoid(scores.to(torch.float32))`)."""
     return (job.shape.moe is not None and job.shape.family in ("deepseek_v2", "deepseek_v3")
             and job.facts.stack.transformers_release)
 
