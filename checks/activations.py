@@ -122,6 +122,7 @@ class BlockFacts:
     sandwich_norms: bool = False  # the attention's and the MLP's outputs normed before each residual add
     mla: object = None  # checks.models.MlaSpec: DeepSeek-V2/V3 latent attention, or None
     router_fp32: bool = False  # the router's linear runs on an fp32 copy of the hidden states (router_fp32)
+    router_scores_bytes: int = 4  # dtype of the router scores it keeps: fp32 but for DeepSeek-V3 under autocast
     mla_value: str = ""  # what MLA's attention keeps for v (mla_value): "view" | "copy" | "padded"
     math_fp32: bool = False  # SDPA's math kernel runs 16-bit q, k and v in fp32 (math_upcast)
 
@@ -188,6 +189,10 @@ def block_facts(job, device: str = "cuda", sliding: bool = False) -> BlockFacts:
         mla=shape.mla,
         mla_value=mla_value(job, kernel) if shape.mla else "",
         router_fp32=router_fp32(job),
+        # DeepseekV3TopkRouter's `router_logits.sigmoid()` (4.51-5.23) keeps its output in the logits' dtype, which
+        # autocast's F.linear makes the compute dtype whatever the fp32 copies; the others' softmax is fp32
+        # (`softmax(..., dtype=torch.float32)`, Mixtral's `router_logits.float()`).
+        router_scores_bytes=e if router_fp32(job) and f.autocast and shape.family == "deepseek_v3" else 4,
         math_fp32=kernel == "math" and math_upcast(job),
     )
 
@@ -661,7 +666,7 @@ class Trace:
             router_in = self.new("router input in fp32", f.hidden, 4)
             self.op([y], [router_in])
         logits = self.linear(router_in, f.hidden, m.experts, f.router_name, module=f.router_linear)
-        probs = self.new("router softmax (fp32)", m.experts, 4)
+        probs = self.new("router scores (softmax or sigmoid)", m.experts, f.router_scores_bytes)
         self.op([logits], [probs], saved=(probs,))
         if not f.expert_loop:
             routed = self.new("tokens gathered per expert", f.hidden * m.top_k, y.dtype_bytes)

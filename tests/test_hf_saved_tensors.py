@@ -381,3 +381,8 @@ def test_deepseek_router_weight_casts_by_precision(job, tmp_path, precision, lor
     priced = memory._router_casts(j, "none").get("fwd", 0)
     assert priced == j.shape.moe_layers * kept
     assert kept == (8 * 64 * 2 if j.facts.autocast else 0)
+    # Its scores, `router_logits.sigmoid()` kept for backward, are in the logits' dtype: bf16 under autocast.
+    scores = [t for name, t in saved if re.search(r"\.mlp\.gate\b", name) and t.shape == (SEQS[1], 8)]
+    per_token = A.saved_per_token(A.block_facts(j, "cpu"), "none", True)["router scores (softmax or sigmoid)"]
+    assert [t.untyped_storage().nbytes() for t in scores] == [per_token * SEQS[1]]
+    assert per_token == 8 * (2 if j.facts.autocast else 4)
