@@ -36,7 +36,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from podkit.checks.kernels import attention_kernel, attention_run
-from podkit.checks.stacks import adapted_banks, liger_norm_in_place, parse_version, targeted
+from podkit.checks.stacks import adapted_banks, liger_norm_in_place, parse_version, router_adapter_runs, targeted
 
 QKV = ("q_proj", "k_proj", "v_proj")
 
@@ -267,6 +267,7 @@ def bank_targets(job) -> frozenset:
     the routed experts' gate and up (one fused gate_up_proj bank), their down, the router."""
     shape = job.shape
     gate_up, down, router = adapted_banks(shape.family, job.facts.peft_banks)
+    router = router and router_adapter_runs(shape.family, job.train.transformers)
     gate, up, down_name = shape.expert_names
     return frozenset(([f"experts.{gate}", f"experts.{up}"] if gate_up else [])
                      + ([f"experts.{down_name}"] if down else []) + ([shape.router_name] if router else []))

@@ -580,6 +580,18 @@ def adapted_banks(family: str, moved: tuple[str, ...]) -> tuple[bool, bool, bool
     return fused_first in moved, down in moved, router in moved
 
 
+def router_adapter_runs(family: str, transformers: str) -> bool:
+    """Whether peft's adapter on a MoE router's weight takes part in the forward. DeepSeek-V2 in transformers 5.0 to
+    5.12 keeps its router an nn.Linear `gate` whose weight DeepseekV2Moe.forward reads itself
+    (`nn.functional.linear(hidden_states.type(torch.float32), self.gate.weight.type(torch.float32))`, 5.12.0
+    modeling_deepseek_v2.py): peft's ParamWrapper adds W + BA only inside its own forward, so the router stays
+    frozen and its adapter gets no gradient (measured with peft 0.21.2). 5.13.0 made it DeepseekV2TopkRouter, whose
+    forward reads its own weight."""
+    if family != "deepseek_v2" or not transformers:
+        return True
+    return not ((5, 0) <= parse_version(transformers) < (5, 13))
+
+
 def resolve_targets(value: str | list, linears: tuple[str, ...], default: tuple[str, ...]) -> tuple[str, ...]:
     """The LoRA module target list: "stack" (its default), "all-linear" (peft: every block nn.Linear but the
     head; 3-D expert banks are no modules: peft_bank_names), or names matched as peft matches them."""

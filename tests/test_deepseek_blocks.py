@@ -103,3 +103,18 @@ def test_fsdp1_does_not_replay_a_latent_attention_block_as_llama_s(job, tmp_path
             cluster="gpu = 'A100-80GB'\ngpus_per_node = 2\nsharding = 'zero3'")
     assert j.facts.fsdp_version == 1 and j.shape.mla and j.shape.moe.dense_layers == 0
     assert not [p for p in estimate(j).phase_parts["step"] if p.label.startswith("default-stream segments of the wrap")]
+
+
+def test_deepseek_v2_router_adapter_runs_from_transformers_5_13(job):
+    # peft's all-linear puts a ParamWrapper on DeepSeek-V2's router weight. In transformers 5.0-5.12 DeepseekV2Moe's
+    # forward reads `self.gate.weight` itself, so the adapter never runs and the router stays frozen: its fp32 linear
+    # keeps no copy of the hidden states. From 5.13 (DeepseekV2TopkRouter) the router trains and keeps it: 4 x 2048 B
+    # per token in each MoE block.
+    def moe_block(release):
+        j = job(model=LITE, cluster=H100, train="stack = 'hf'\nlora_rank = 16\nlora_targets = 'all-linear'\n"
+                f"precision = 'bf16'\ntransformers = '{release}'")
+        assert "gate" in j.facts.peft_banks
+        return sum(A.saved_per_token(A.block_facts(j), "none", True).values())
+
+    assert moe_block("5.13.0") - moe_block("5.12.0") == 4 * 2048
+    assert moe_block("5.23.0") == moe_block("5.13.0")
