@@ -20,7 +20,7 @@ from podkit.checks.errors import ConfigError
 from podkit.checks.models import MlaSpec, ModelShape, MoeSpec, VisionSpec
 
 DENSE = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "gemma3", "phi3", "gpt2")
-MOE = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3")
+MOE = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3", "gpt_oss")
 SUPPORTED = DENSE + MOE
 
 # Gemma3TextConfig's defaults (transformers 5.23.0 models/gemma3/configuration_gemma3.py): Google's
@@ -136,15 +136,23 @@ def _decoder(k: _Keys, mt: str, name: str) -> ModelShape:
                       k.need("num_experts_per_tok"), k.need("intermediate_size"))
     elif mt in ("deepseek_v2", "deepseek_v3"):
         moe, mla = _deepseek(k, mt)
+    elif mt == "gpt_oss":
+        # GptOssMLP (transformers 5.23 modeling_gpt_oss.py): every block's MLP is the MoE, a router with a bias and
+        # num_local_experts experts of intermediate_size with biased gate_up and down banks, no shared expert.
+        # swiglu_limit and swiglu_alpha shape the activation, not any tensor's size.
+        moe = MoeSpec(k.need("num_local_experts"), k.need("num_experts_per_tok"), k.need("intermediate_size"),
+                      biases=True)
     ffn = k.need("intermediate_size") if mt not in ("qwen2_moe", "qwen3_moe") else k.get("intermediate_size", 0)
     k.check(mt)
     if moe and not moe.dense_layers:
         ffn = moe.expert_ffn
     # Families whose configuration_*.py default head_dim is not hidden // heads.
-    head_dim = k.get("head_dim", {"qwen3": 128, "gemma": 256, "gemma2": 256, "gemma3_text": 256}.get(mt, 0))
+    head_dim = k.get("head_dim", {"qwen3": 128, "gemma": 256, "gemma2": 256, "gemma3_text": 256,
+                                  "gpt_oss": 64}.get(mt, 0))
     if mla:
         head_dim = mla.qk_head_dim
-    attention_bias = bool(k.get("attention_bias", False))
+    # GptOssConfig's attention_bias defaults to True (q, k, v and o_proj), every other family's to False.
+    attention_bias = bool(k.get("attention_bias", mt == "gpt_oss"))
     if mt == "qwen2":
         qkv_bias, o_bias = True, False  # Qwen2Attention: bias=True on q, k, v; none on o_proj
     elif mt == "qwen2_moe":
@@ -177,14 +185,14 @@ def _decoder(k: _Keys, mt: str, name: str) -> ModelShape:
 
 
 # configuration_*.py's sliding_window default where config.json leaves the key out (transformers 5.23.0: Mistral,
-# Gemma 2, Gemma3TextConfig, Qwen2/Qwen3/their MoE 4096; Mixtral, Phi-3 None). A key given as null means no window.
+# Gemma 2, Gemma3TextConfig, Qwen2/Qwen3/their MoE 4096; GptOssConfig 128; Mixtral, Phi-3 None). A key given as null means no window.
 _WINDOW_DEFAULT = {"mistral": 4096, "gemma2": 4096, "gemma3_text": 4096, "qwen2": 4096, "qwen3": 4096,
-                   "qwen2_moe": 4096, "qwen3_moe": 4096}
+                   "qwen2_moe": 4096, "qwen3_moe": 4096, "gpt_oss": 128}
 # The families whose decoder picks each layer's mask by config.layer_types (modeling_*.py `causal_mask_mapping[
 # self.config.layer_types[i]]`); Mistral, Mixtral, Phi-3 and Qwen3-MoE give every layer the sliding mask once a
 # window is set (`mask_function = create_causal_mask if self.config.sliding_window is None else
 # create_sliding_window_causal_mask`).
-_LAYER_TYPED = ("gemma2", "gemma3_text", "qwen2", "qwen3", "qwen2_moe")
+_LAYER_TYPED = ("gemma2", "gemma3_text", "qwen2", "qwen3", "qwen2_moe", "gpt_oss")
 
 
 def _softcap(cfg: dict, key: str, family_default: float) -> float:
@@ -207,8 +215,8 @@ def _sliding(cfg: dict, mt: str, layers: int) -> dict:
     mwl = cfg.get("max_window_layers", 28)
     if mt in _LAYER_TYPED and isinstance(types, list):
         sliding = [i for i, kind in enumerate(types[:layers]) if kind == "sliding_attention"]
-    elif mt == "gemma2":
-        sliding = [i for i in range(layers) if (i + 1) % 2]  # Gemma2Config: `bool((i + 1) % 2)`
+    elif mt in ("gemma2", "gpt_oss"):
+        sliding = [i for i in range(layers) if (i + 1) % 2]  # Gemma2Config, GptOssConfig: `bool((i + 1) % 2)`
     elif mt == "gemma3_text":
         # Gemma3TextConfig: `bool((i + 1) % self._sliding_window_pattern)`, the pattern 6 unless config.json says
         sliding = [i for i in range(layers) if (i + 1) % cfg.get("sliding_window_pattern", 6)]

@@ -63,6 +63,10 @@ class MoeSpec:
     """Qwen2-MoE: a sigmoid gate (hidden -> 1 linear) scales the shared expert's output."""
     router_bias: bool = False
     """DeepSeek-V3's e_score_correction_bias: a per-expert fp32 buffer added before top-k, not a parameter."""
+    biases: bool = False
+    """GPT-OSS: a bias Parameter on the router's linear and on every expert's gate_up and down banks
+    (transformers 5.23 modeling_gpt_oss.py GptOssTopKRouter.bias, GptOssExperts.gate_up_proj_bias /
+    down_proj_bias)."""
     dense_layers: int = 0
     """Blocks that keep a dense MLP instead (DeepSeek first_k_dense_replace, Qwen mlp_only_layers)."""
     dense_ffn: int = 0
@@ -356,6 +360,9 @@ class ModelShape:
             groups.append(ParamGroup("qkv_bias", self.q_dim + 2 * self.kv_dim, 1, L, False, True))
         if self.o_bias:
             groups.append(ParamGroup("o_proj.bias", h, 1, L, False, True))
+        if self.attn_sinks:
+            # GptOssAttention.sinks: one learned logit per head, a bare Parameter (transformers 5.23 modeling_gpt_oss.py).
+            groups.append(ParamGroup("sinks", self.heads, 1, L, False, True))
         if self.qk_norm == "head":
             # Qwen3Attention / Gemma3Attention: q_norm, k_norm = RMSNorm(head_dim), shared by all heads.
             groups.append(ParamGroup("q_norm,k_norm", self.d_head, 1, 2 * L, False, True))
@@ -432,6 +439,16 @@ class ModelShape:
                 name, linear = self.router_name, self.router_linear
                 groups.append(ParamGroup(name, h, m.experts, Lm, linear, True))
                 groups += self._mlp_groups("experts.", m.expert_ffn, m.experts * Lm, expert=True)
+                if m.biases:
+                    # GptOssTopKRouter.bias (experts); GptOssExperts.gate_up_proj_bias (experts, 2 ffn) and
+                    # down_proj_bias (experts, hidden): banks like the weights, one entry per expert.
+                    groups += [
+                        ParamGroup(f"{name}.bias", m.experts, 1, Lm, False, True),
+                        ParamGroup("experts.gate_up_proj_bias", 2 * m.expert_ffn, 1, m.experts * Lm, False, True,
+                                   expert=True, bank=True),
+                        ParamGroup("experts.down_proj_bias", h, 1, m.experts * Lm, False, True, expert=True,
+                                   bank=True),
+                    ]
                 if self.shared_bank and m.shared_ffn:
                     # torchtitan < 0.2.0 MoE.shared_expert = GroupedExperts(dim, hidden_dim * n_shared_experts,
                     # num_experts=1): w1, w3 (1, dim, ffn) and w2 (1, ffn, dim), a bank whose one expert every
@@ -509,7 +526,7 @@ class ModelShape:
 
     def expert_linear_shapes(self) -> list[tuple[str, int, int]]:
         """(name, in, out) of one routed expert's matmuls; each is in experts x moe_layers copies."""
-        return [(g.name, g.rows, g.cols) for g in self.param_groups() if g.expert]
+        return [(g.name, g.rows, g.cols) for g in self.param_groups() if g.expert and g.cols > 1]
 
     @property
     def expert_names(self) -> tuple[str, str, str]:
@@ -524,6 +541,25 @@ class ModelShape:
         self.weight.float())`, then `.type_as(x)`), where LlamaRMSNorm casts back first and scales in the input's
         dtype (transformers 5.23 modeling_gemma.py / modeling_gemma2.py / modeling_gemma3.py)."""
         return self.family in ("gemma", "gemma2", "gemma3", "gemma3_text")
+
+    @property
+    def norm_scaled_fp32(self) -> bool:
+        """The RMSNorm multiplies by its weight in fp32 and casts after: Gemma's (gemma_norm) and GptOssRMSNorm
+        (transformers 5.23 modeling_gpt_oss.py: `(self.weight * hidden_states).to(input_dtype)`, hidden_states the
+        fp32 normalised x), whose product keeps that fp32 x for the weight's gradient."""
+        return self.gemma_norm or self.family == "gpt_oss"
+
+    @property
+    def attn_sinks(self) -> bool:
+        """GPT-OSS's attention sinks: one learned logit per head joins every row's softmax and is dropped after it
+        (modeling_gpt_oss.py eager_attention_forward; flash-attn 3's s_aux)."""
+        return self.family == "gpt_oss"
+
+    @property
+    def clamped_swiglu(self) -> bool:
+        """GPT-OSS's experts: gate_up's interleaved gate and up columns clamped at swiglu_limit, then
+        (up + 1) * gate * sigmoid(alpha * gate) (GptOssExperts._apply_gate), not silu(gate) * up."""
+        return self.family == "gpt_oss"
 
     @property
     def sandwich_norms(self) -> bool:

@@ -174,6 +174,20 @@ CONFIGS: dict[str, tuple[str, dict]] = {
                      "moe_intermediate_size": 2048, "n_routed_experts": 256, "n_shared_experts": 1,
                      "num_experts_per_tok": 8, "first_k_dense_replace": 3, "q_lora_rank": 1536,
                      "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}),
+    # openai/gpt-oss-20b and -120b config.json (copies: the 120b's quoted in full from
+    # huggingface.co/openai/gpt-oss-120b/raw/main/config.json in a public test suite, layer_types 18 x [sliding, full];
+    # the 20b's in circuit-tracer's tests, 24 layers alternating sliding/full). The released weights are MXFP4
+    # experts; transformers trains them dequantized to bf16, which is what podkit sizes.
+    "gpt-oss-20b": ("openai/gpt-oss-20b",
+                    {"model_type": "gpt_oss", **_llama(2880, 24, 64, 8, 2880, 201088, head_dim=64),
+                     "num_local_experts": 32, "num_experts_per_tok": 4, "attention_bias": True,
+                     "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"] * 12,
+                     "max_position_embeddings": 131072}),
+    "gpt-oss-120b": ("openai/gpt-oss-120b",
+                     {"model_type": "gpt_oss", **_llama(2880, 36, 64, 8, 2880, 201088, head_dim=64),
+                      "num_local_experts": 128, "num_experts_per_tok": 4, "attention_bias": True,
+                      "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"] * 18,
+                      "max_position_embeddings": 131072}),
 }
 
 

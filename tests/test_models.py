@@ -55,6 +55,8 @@ ROUNDED = {
     "deepseek-v2-lite": ("15.7B", "DeepSeek-V2 paper (DeepSeek-AI 2024) / V2-Lite model card: 15.7B total"),
     "deepseek-v2": ("236B", "DeepSeek-V2 paper: 236B total parameters"),
     "deepseek-v3": ("671B", "DeepSeek-V3 report (DeepSeek-AI 2024): 671B total (the Hub's 685B adds the MTP module)"),
+    "gpt-oss-20b": ("20.91B", "gpt-oss-120b & gpt-oss-20b model card (OpenAI 2025) Table 1: 20.91B total"),
+    "gpt-oss-120b": ("116.83B", "gpt-oss model card Table 1: 116.83B total"),
 }
 
 # Active parameters per token of the MoE models, (figure, source).
@@ -71,6 +73,9 @@ ACTIVE = {
     "deepseek-v2-lite": ("2.4B", "DeepSeek-V2 paper / V2-Lite model card: 2.4B activated"),
     "deepseek-v2": ("21B", "DeepSeek-V2 paper: 21B activated for each token"),
     "deepseek-v3": ("37B", "DeepSeek-V3 report: 37B activated for each token"),
+    # The gpt-oss model card counts the unembedding among the active parameters, not the embedding.
+    "gpt-oss-20b": ("3.61B", "gpt-oss model card Table 1: 3.61B active"),
+    "gpt-oss-120b": ("5.13B", "gpt-oss model card Table 1: 5.13B active"),
 }
 
 # Non-embedding counts (embedding table and untied head left out), where the source gives them. The
@@ -133,8 +138,8 @@ def test_moe_active_parameters_match_published(name):
     shape = preset(name)
     text, source = ACTIVE[name]
     active = shape.active_params
-    if shape.family.startswith("deepseek"):
-        active -= shape.vocab * shape.hidden  # DeepSeek's convention: without the input embedding
+    if shape.family.startswith("deepseek") or shape.family == "gpt_oss":
+        active -= shape.vocab * shape.hidden  # DeepSeek's and gpt-oss's convention: without the input embedding
     assert shape.moe and active < shape.params
     assert matches(active, text), f"{name}: {active:,} active vs {text} ({source})"
 
@@ -301,7 +306,7 @@ def test_family_features_are_on_the_shape():
     assert norms == {"q_norm": 2048, "k_norm": 2048} and olmoe.qk_norm == "full"
     assert {preset(n).family for n in PRESETS if n != "tiny"} >= {
         "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "gpt2",
-        "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3"}
+        "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3", "gpt_oss"}
 
 
 def test_moe_counts_every_expert_and_separates_them():
@@ -383,6 +388,9 @@ VARIANTS = {
                     "text_config": {**_BASE, "head_dim": 16, "vocab_size": 300},
                     "vision_config": {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
                                       "num_attention_heads": 4, "patch_size": 4, "image_size": 32}},
+    # GptOssConfig's defaults: head_dim 64 (not hidden // heads), attention_bias True; biased router and expert banks,
+    # one sink per head.
+    "gptoss-defaults": {"model_type": "gpt_oss", **_BASE, "num_local_experts": 4, "num_experts_per_tok": 2},
     "gpt2-inner": {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "n_inner": 100, "vocab_size": 99,
                    "n_positions": 32},
 }
@@ -399,6 +407,7 @@ TRANSFORMERS_COUNTS = {
     "phi3-tied": 2_175_552,
     "gemma2-nocap": 132_160,
     "mistral-hd": 115_264,
+    "gptoss-defaults": 515_936,
     "gpt2-inner": 68_232,
     "gemma3-head": 171_536,
 }
