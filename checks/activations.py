@@ -116,7 +116,7 @@ class BlockFacts:
     mask_values: int = 0  # values per token of the mask copy each layer's fused SDPA kernel keeps, or 0
     flash_repad: bool = False  # the attention output is padded back into a new tensor (JobFacts.flash_repad)
     attn_softcap: bool = False  # eager attention soft-caps its scores (ModelShape.attn_softcap): tanh keeps s x s
-    gemma_norm: bool = False  # GemmaRMSNorm: scaled in fp32 by (1 + weight), cast after (ModelShape.gemma_norm)
+    norm_scaled_fp32: bool = False  # the norm scales in fp32, casts after: Gemma's, GPT-OSS's (ModelShape.norm_scaled_fp32)
     fused_proj: bool = False  # one qkv_proj and one gate_up_proj, sliced into views (JobFacts.fused_proj)
     v_copied: bool = False  # SDPA gets a contiguous copy of v (JobFacts.sdpa_contiguous), not a view of a fused qkv
     sandwich_norms: bool = False  # the attention's and the MLP's outputs normed before each residual add
@@ -125,6 +125,10 @@ class BlockFacts:
     router_scores_bytes: int = 4  # dtype of the router scores it keeps: fp32 but for DeepSeek-V3 under autocast
     mla_value: str = ""  # what MLA's attention keeps for v (mla_value): "view" | "copy" | "padded"
     math_fp32: bool = False  # SDPA's math kernel runs 16-bit q, k and v in fp32 (math_upcast)
+    attn_sinks: bool = False  # eager attention joins a learned sink logit to every row (ModelShape.attn_sinks)
+    rope_cat: bool = False  # RoPE returns q and k as torch.cat outputs, (b, heads, s, d)-contiguous (GPT-OSS)
+    clamped_swiglu: bool = False  # routed experts' clamped SwiGLU on one gate_up output (ModelShape.clamped_swiglu)
+    router_topk_softmax: bool = False  # the router keeps a softmax over its top-k logits only, in their dtype
 
 
 def block_facts(job, device: str = "cuda", sliding: bool = False) -> BlockFacts:
@@ -167,7 +171,7 @@ def block_facts(job, device: str = "cuda", sliding: bool = False) -> BlockFacts:
         # multiplies back before the mask and softmax; litgpt's and torchtune's Gemma 2 attention do the same in
         # their explicit paths. flash-attn takes the cap inside its kernel; SDPA has none.
         attn_softcap=bool(shape.attn_softcap) and kernel == "eager",
-        gemma_norm=shape.gemma_norm, sandwich_norms=shape.sandwich_norms, fused_proj=f.fused_proj,
+        norm_scaled_fp32=shape.norm_scaled_fp32, sandwich_norms=shape.sandwich_norms, fused_proj=f.fused_proj,
         v_copied=f.sdpa_contiguous,
         repeat_kv=repeat,
         fused_qkv=f.stack.fused_qkv, liger=f.block_kernels == "liger",
@@ -194,6 +198,11 @@ def block_facts(job, device: str = "cuda", sliding: bool = False) -> BlockFacts:
         # (`softmax(..., dtype=torch.float32)`, Mixtral's `router_logits.float()`).
         router_scores_bytes=e if router_fp32(job) and f.autocast and shape.family == "deepseek_v3" else 4,
         math_fp32=kernel == "math" and math_upcast(job),
+        # transformers 5.23 modeling_gpt_oss.py: eager_attention_forward's sink column, _apply_rotary_emb's
+        # torch.cat((first_, second_), dim=-1), GptOssExperts._apply_gate, GptOssTopKRouter's
+        # softmax(router_top_value, dim=1, dtype=router_top_value.dtype).
+        attn_sinks=shape.attn_sinks, rope_cat=shape.attn_sinks, clamped_swiglu=shape.clamped_swiglu,
+        router_topk_softmax=shape.clamped_swiglu,
     )
 
 
@@ -345,9 +354,11 @@ class Trace:
         # x-sized tensors while MeanBackward's expanded gradient and the product's x-gradient live: five
         # x-sized tensors, two of which the replay counts (the output's gradient, then x's).
         self.op([xf], [xn], saved=(xf, self.new(f"{name}: rsqrt", rows, 4, grad=False)), scratch=12 * w)
-        if f.gemma_norm:
+        if f.norm_scaled_fp32:
             # GemmaRMSNorm: `output * (1.0 + self.weight.float())` in fp32, whose MulBackward0 saves the normalised
-            # x for the weight's gradient, then `.type_as(x)` (a no-op for an fp32 input).
+            # x for the weight's gradient, then `.type_as(x)` (a no-op for an fp32 input). GptOssRMSNorm alike:
+            # `(self.weight * hidden_states).to(input_dtype)`, hidden_states the fp32 normalised x (a 16-bit weight
+            # times it is promoted to fp32).
             xs = self.new(f"{name}: scaled in fp32", w, 4)
             self.op([xn], [xs], saved=(xn,) if f.weights_trainable else ())
             if x.dtype_bytes == 4:
@@ -597,10 +608,23 @@ class Trace:
         else:  # eager: HF's repeat_kv, fp32 softmax, probabilities cast back for probs @ v
             rep_k = self.new("k repeated", qd, f.e, grad=False) if f.gqa else k
             rep_v = self.new("v repeated", vd, f.e, grad=False) if f.gqa else kept_v
-            saved = [q, rep_k, rep_v, self.new("softmax output fp32 (s x s)", f.heads * f.seq_len, 4, grad=False)]
+            saved = [q, rep_k, rep_v]
+            # The softmax's dtype and width: fp32 over s columns, or GPT-OSS's (modeling_gpt_oss.py
+            # eager_attention_forward): torch.cat of the scores and the sinks' column, promoted to the sinks' dtype
+            # (fp32 masters under autocast), minus its row max (MaxBackward0 keeps the int64 indices, one per head
+            # and row), softmax in that dtype, kept s + 1 wide, sliced back to s; dropout at p=0 hands the slice on and
+            # `.to(value_states.dtype)` copies it only where the dtypes differ, so probs @ v keeps a view of the whole
+            # softmax output, or that copy.
+            sm = max(f.e, f.norm_weight_bytes) if f.attn_sinks else 4
+            if f.attn_sinks:
+                saved += [self.new("row max indices of the scores and sink (int64)", f.heads, 8, grad=False),
+                          self.new("softmax output with the sink column (s x s)", f.heads * (f.seq_len + 1), sm,
+                                   grad=False)]
+            else:
+                saved.append(self.new("softmax output fp32 (s x s)", f.heads * f.seq_len, 4, grad=False))
             if f.attn_softcap:  # TanhBackward0 keeps its output; the scaled scores, quotient and product die
                 saved.append(self.new("soft-capped scores' tanh (s x s)", f.heads * f.seq_len, f.e, grad=False))
-            if f.e != 4:
+            if f.e != sm:
                 saved.append(self.new("attention weights cast back (s x s)", f.heads * f.seq_len, f.e, grad=False))
             self.op([q, k, v], [out], saved=saved, scratch=scores_grad)
         # flash and memory-efficient kernels allocate their output as (b, s, heads, d) and return a
@@ -611,11 +635,12 @@ class Trace:
             o_in = self.new("attention output padded back (flash-attn pad_input)", out_width, f.e)
             self.op([out], [o_in])
         # A flash kernel allocates its output like q (CUDA flash_api.cpp mha_fwd `out = at::empty_like(q_padded)`, the
-        # CPU flash kernel alike): a q that torch.cat built (Phi3's apply_rotary_pos_emb, MLA's query) is
+        # CPU flash kernel alike): a q that torch.cat built (Phi3's apply_rotary_pos_emb, MLA's query, GPT-OSS's
+        # _apply_rotary_emb: BlockFacts.rope_cat) is
         # (b, heads, s, d)-contiguous, so the output is too, and the copy back to (b, s, heads x d) is real. An
         # output cropped back to v's head dim (MLA's padded v) is copied whatever its layout.
-        heads_first = f.kernel not in ("flash", "efficient") or (f.kernel == "flash" and (f.fused_proj or f.mla)
-                                                                 and not f.flash_repad)
+        heads_first = f.kernel not in ("flash", "efficient") or (
+            f.kernel == "flash" and (f.fused_proj or f.mla or f.rope_cat) and not f.flash_repad)
         if heads_first or out_width != vd:
             cont = self.new("attention output made contiguous", vd, f.e)
             self.op([o_in], [cont])
@@ -631,6 +656,8 @@ class Trace:
         f = self.facts
         ffn = ffn or f.ffn
         gate_name, up_name, down_name = names
+        if f.clamped_swiglu and prefix == "experts.":
+            return self._clamped_swiglu(y, ffn, prefix, per_token, down_name, module)
         if f.fused_proj and not prefix:
             # Phi3MLP: gate_up_proj's output chunked into gate and up, two views of one storage.
             gate = up = self.linear(y, f.hidden, 2 * ffn, "gate_up_proj")
@@ -647,6 +674,35 @@ class Trace:
             self.op([gate], [act], saved=(gate,))  # SiluBackward keeps its input
             self.op([act, up], [prod], saved=(act, up))  # the product keeps both factors
         out = self.linear(prod, ffn * per_token, f.hidden * per_token, prefix + down_name, per_token, module)
+        self.hold(y)
+        return out
+
+    def _clamped_swiglu(self, y: Tensor, ffn: int, prefix: str, k: float, down_name: str, module: bool) -> Tensor:
+        """GPT-OSS's routed experts (transformers 5.23 integrations/moe.py grouped_mm_experts_forward with
+        GptOssExperts._apply_gate): gate_up (interleaved gate and up columns) with its gathered bias added in place,
+        gate = gate_up[..., ::2].clamp(max=limit), up = gate_up[..., 1::2].clamp(-limit, limit), glu = gate *
+        sigmoid(gate * alpha), (up + 1) * glu, then down. Each clamp keeps its input, a strided view that keeps the
+        whole gate_up output; sigmoid keeps its output; each product keeps its factors (a number's product keeps
+        nothing): 2 + 5 ffn values per routed row where silu(gate) * up keeps 4."""
+        f = self.facts
+        w = ffn * k
+        gate_up = self.linear(y, f.hidden * k, 2 * w, prefix + "gate_up_proj", k, module)
+        e = gate_up.dtype_bytes
+        gate = self.new(prefix + "gate, clamped", w, e)
+        self.op([gate_up], [gate], saved=(gate_up,))
+        scaled = self.new(prefix + "gate x alpha", w, e)
+        self.op([gate], [scaled])
+        sig = self.new(prefix + "sigmoid(gate x alpha)", w, e)
+        self.op([scaled], [sig], saved=(sig,))
+        glu = self.new(prefix + "gate x sigmoid", w, e)
+        self.op([gate, sig], [glu], saved=(gate, sig))
+        up = self.new(prefix + "up, clamped", w, e)
+        self.op([gate_up], [up], saved=(gate_up,))
+        up1 = self.new(prefix + "up + 1", w, e)
+        self.op([up], [up1])
+        prod = self.new(prefix + "(up + 1) x glu", w, e)
+        self.op([up1, glu], [prod], saved=(up1, glu))
+        out = self.linear(prod, w, f.hidden * k, prefix + down_name, k, module)
         self.hold(y)
         return out
 
@@ -667,7 +723,11 @@ class Trace:
             router_in = self.new("router input in fp32", f.hidden, 4)
             self.op([y], [router_in])
         logits = self.linear(router_in, f.hidden, m.experts, f.router_name, module=f.router_linear)
-        probs = self.new("router scores (softmax or sigmoid)", m.experts, f.router_scores_bytes)
+        if f.router_topk_softmax:
+            # GptOssTopKRouter: topk of the logits, then softmax over the top_k values in their dtype (kept).
+            probs = self.new("router scores over the top-k (softmax)", m.top_k, logits.dtype_bytes)
+        else:
+            probs = self.new("router scores (softmax or sigmoid)", m.experts, f.router_scores_bytes)
         self.op([logits], [probs], saved=(probs,))
         if not f.expert_loop:
             routed = self.new("tokens gathered per expert", f.hidden * m.top_k, y.dtype_bytes)

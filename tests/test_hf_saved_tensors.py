@@ -55,6 +55,11 @@ TINY = {  # the MoE ones as tests/test_lora_banks.py builds them
                     "num_key_value_heads": 4, "intermediate_size": 96, "q_lora_rank": None, "kv_lora_rank": 16,
                     "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16, "first_k_dense_replace": 2,
                     "n_routed_experts": 8, "n_shared_experts": 1, "moe_intermediate_size": 32, "use_cache": False},
+    # GPT-OSS (modeling_gpt_oss.py): every block MoE, 8 experts of 32 with biases, a biased router, one sink per head;
+    # layer 0 full attention, layer 1 sliding, its window beyond the sequences (no layer's mask differs).
+    "gpt_oss": {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "head_dim": 16, "intermediate_size": 32,
+                "num_local_experts": 8, "layer_types": ["full_attention", "sliding_attention"], "sliding_window": 512,
+                "use_cache": False},
 }
 SEQS = (64, 128)
 TOP_K = BASE["num_experts_per_tok"]
@@ -68,9 +73,15 @@ TOP_K = BASE["num_experts_per_tok"]
 # DeepSeek-V3's router (modeling_deepseek_v3.py DeepseekV3TopkRouter) picks its experts under no gradient (the group and
 # expert top-k's indices die with that branch); what lives on is the gather of the chosen scores (its int64 index)
 # and the in-place renormalisation `topk_weights /= denominator` (the fp32 denominator and a copy of the weights).
+# GPT-OSS's router (modeling_gpt_oss.py GptOssTopKRouter) keeps topk's int64 indices; its softmax over the top values
+# is priced. grouped_mm_experts_forward keeps the three int64 indices above and, where the expert biases train, a
+# fourth: expert_ids_g, which gathers gate_up_proj_bias and down_proj_bias (one storage for both); the sorted routing
+# weights are bf16 (the router's dtype).
 ROUTING_BOOKKEEPING = {"mixtral": 8 * TOP_K + (4 + 4 * TOP_K) + 3 * 8 * TOP_K + 4 * TOP_K,
                        "qwen3_moe": 8 * TOP_K + 3 * 8 * TOP_K + 2 * TOP_K,
-                       "deepseek_v3": 8 * TOP_K + (4 + 4 * TOP_K) + 3 * 8 * TOP_K + 4 * TOP_K}
+                       "deepseek_v3": 8 * TOP_K + (4 + 4 * TOP_K) + 3 * 8 * TOP_K + 4 * TOP_K,
+                       "gpt_oss": 8 * TOP_K + 4 * 8 * TOP_K + 2 * TOP_K}
+BIAS_INDEX = 8 * TOP_K  # GPT-OSS's expert_ids_g, kept only where the expert biases train (not under LoRA)
 
 
 def _build(job, tmp_path, family, lora, attention, seq, batch=1):
@@ -386,3 +397,18 @@ def test_deepseek_router_weight_casts_by_precision(job, tmp_path, precision, lor
     per_token = A.saved_per_token(A.block_facts(j, "cpu"), "none", True)["router scores (softmax or sigmoid)"]
     assert [t.untyped_storage().nbytes() for t in scores] == [per_token * SEQS[1]]
     assert per_token == 8 * (2 if j.facts.autocast else 4)
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_gpt_oss_block_is_priced(job, tmp_path, lora):
+    # GptOssDecoderLayer (transformers 5.23 modeling_gpt_oss.py) under eager attention: GptOssRMSNorm keeps the fp32
+    # normalised x for its weight's gradient (as GemmaRMSNorm); RoPE's torch.cat makes q and k anew; the softmax over
+    # the scores and each head's sink column is kept in bf16, s + 1 wide, beside the row max's int64 indices (one per
+    # head); the router keeps its softmax over the top 2 only; each routed row keeps gate_up's whole output (the clamps'
+    # strided inputs), the clamped gate, sigmoid's output, glu and up + 1 (and with the experts trained, their inputs).
+    # podkit once refused the model_type; read but walked as a Mixtral block (Llama norms, an fp32 s x s softmax and its
+    # cast, silu(gate) * up, fp32 scores of all 8 experts) it priced 7208 B per token against 4872 measured (full),
+    # 7272 against 4664 (LoRA on q, k, v, o), and the head 516 against 644 (full).
+    podkit_block, podkit_head, block, head = _per_token(job, tmp_path, "gpt_oss", lora, "eager")
+    assert block - podkit_block == ROUTING_BOOKKEEPING["gpt_oss"] - (BIAS_INDEX if lora else 0)
+    assert podkit_head == head
