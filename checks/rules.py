@@ -227,9 +227,11 @@ def flash_attention(job: JobConfig) -> CheckResult:
                                "use checkpointing = 'full' (one layer's scores at a time), or a shorter seq_len")
         return CheckResult("attention.kernel", WARN,
                            f"eager attention stores s x s scores: {gib(scores)} per layer",
-                           # SDPA has no soft-cap: transformers before 5.21 drops it there, 5.21+ refuses SDPA
+                           # SDPA has no soft-cap: transformers before 5.21 drops it there, 5.21+ refuses SDPA;
+                           # nor sinks (stacks.gpt_oss_runnable)
                            "use attention = 'flash-attn' (it soft-caps inside its kernel)" if shape.attn_softcap
-                           else "use attention = 'sdpa'")
+                           else "use attention = 'flash-attn' (kernels-community/vllm-flash-attn3 takes the sinks)"
+                           if shape.attn_sinks else "use attention = 'sdpa'")
     if (t.attention == "sdpa" and shape.attn_softcap and job.facts.stack.transformers_release
             and (stacks.parse_version(t.transformers) if t.transformers else (99,)) >= (5, 21)):
         # transformers 5.21.0 modeling_gemma2.py `_supports_sdpa = False  # sdpa does not support softcapping`

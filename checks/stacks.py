@@ -959,6 +959,26 @@ def left_out(train, cluster, facts: JobFacts) -> list[str]:
     return out
 
 
+def gpt_oss_runnable(train, stack: Stack) -> None:
+    """GPT-OSS is priced as transformers 5.x runs it (modeling_gpt_oss.py, read in 5.23): refused where podkit would
+    price something else. No torch SDPA kernel takes its sinks: GptOssPreTrainedModel._supports_sdpa = False, so
+    from_pretrained(attn_implementation="sdpa") raises and a load that names none runs eager. transformers 4.55-4.57
+    ran its experts in a loop over the hit experts in training (GptOssExperts.forward), with no grouped_mm."""
+    from podkit.checks.errors import ConfigError
+
+    if not stack.transformers_release:
+        raise ConfigError("train.stack", f"podkit prices GPT-OSS as transformers runs it, not as {stack.name!r} "
+                          "builds it", "use stack = 'hf' or 'deepspeed'")
+    if train.transformers and parse_version(train.transformers) < (5,):
+        raise ConfigError("train.transformers", f"GPT-OSS under transformers {train.transformers} (its 4.x experts "
+                          "loop) is not modelled", "leave it unset or give a 5.x release (read in 5.23)")
+    if train.attention == "sdpa":
+        raise ConfigError("train.attention", "transformers has no SDPA path for GPT-OSS's attention sinks "
+                          "(GptOssPreTrainedModel._supports_sdpa = False: attn_implementation='sdpa' raises; "
+                          "a load that names none runs eager)",
+                          "set attention = 'eager' (its default) or 'flash-attn' (kernels-community/vllm-flash-attn3)")
+
+
 def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
     """Derive the job's facts from its train and cluster sections (already validated) and the model;
     `replica`: as bin/smoke's replica runs it (replica_stack)."""
@@ -978,6 +998,8 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
         load_16bit_on_gpu = load_16bit_on_gpu and tf.quantized_load_16bit_on_gpu
         if not stack.deepspeed_engine:
             stack_impl = tf.adamw_impl
+    if shape.family == "gpt_oss" and not replica:
+        gpt_oss_runnable(train, stack)
     rope_buffers = rope_buffers and not replica  # the replica has none, whichever release decided them
     expert_linears = expert_linears and shape.moe is not None
     # torchtitan before 0.2.0 (pytorch/torchtitan 7354848d, PR #1561) built the shared experts as a
