@@ -136,3 +136,15 @@ def test_eager_warning_points_at_flash_attn_not_sdpa(job):
 
     result = flash_attention(_block(job, lora=True))
     assert "flash-attn" in result.fix and "'sdpa'" not in result.fix
+
+
+def test_layer_types_default_to_every_other_layer_sliding():
+    # GptOssConfig.__post_init__: `"sliding_attention" if bool((i + 1) % 2) else "full_attention"`, window 128.
+    from podkit.checks.hf_config import shape_from_config
+
+    cfg = {"model_type": "gpt_oss", "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": 128, "num_local_experts": 4,
+           "num_experts_per_tok": 2}
+    shape = shape_from_config(cfg, "x")
+    assert (shape.sliding_window, shape.sliding_layers, shape.d_head, shape.qkv_bias, shape.o_bias) == (
+        128, (0, 2), 64, True, True)
