@@ -412,3 +412,31 @@ def test_gpt_oss_block_is_priced(job, tmp_path, lora):
     podkit_block, podkit_head, block, head = _per_token(job, tmp_path, "gpt_oss", lora, "eager")
     assert block - podkit_block == ROUTING_BOOKKEEPING["gpt_oss"] - (BIAS_INDEX if lora else 0)
     assert podkit_head == head
+
+
+def test_gpt_oss_sink_softmax_under_autocast(job, tmp_path):
+    # fp32 masters under CPU autocast (bf16-mixed): torch.cat promotes the bf16 scores to the fp32 sinks' dtype, so the
+    # softmax of the scores and the sink column is kept in fp32, and `.to(value_states.dtype)` makes the bf16 copy of
+    # the sliced weights that probs @ v keeps; with q, the repeated k and v and the row max's int64 indices, the
+    # attention module's saved tensors are exactly what podkit prices (5040 B per token here). (The experts'
+    # grouped_mm runs on the fp32 bank weights under autocast, which podkit's 5.x MoE walk prices in bf16.)
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    (tmp_path / "config.json").write_text(json.dumps({**BASE, **TINY["gpt_oss"]}))
+    kept = {}
+    for seq in SEQS:
+        j = job(model=f'hf_config = "{tmp_path / "config.json"}"',
+                train=f"stack = 'hf'\nprecision = 'bf16-mixed'\ncheckpointing = 'none'\nseq_len = {seq}\n"
+                      "attention = 'eager'")
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tmp_path), dtype=torch.float32,
+                                                 attn_implementation="eager").train()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            saved = _saved_storages(model, seq)
+        measured = sum(t.untyped_storage().nbytes() for name, t in saved if re.search(r"layers\.1\.self_attn$", name))
+        priced = A.saved_per_token(A.block_facts(j, "cpu"), "none", True)
+        attention = ("q after RoPE", "k repeated to every head", "v repeated to every head",
+                     "row max indices of the scores and sink (int64)")
+        kept[seq] = (measured, seq * sum(v for k, v in priced.items() if k.endswith("(s x s)") or k in attention))
+    (lo_real, lo_podkit), (hi_real, hi_podkit) = kept[SEQS[0]], kept[SEQS[1]]
+    assert hi_real - lo_real == hi_podkit - lo_podkit == 5040 * (SEQS[1] - SEQS[0])
