@@ -201,7 +201,7 @@ def block_facts(job, device: str = "cuda", sliding: bool = False) -> BlockFacts:
         # transformers 5.23 modeling_gpt_oss.py: eager_attention_forward's sink column, _apply_rotary_emb's
         # torch.cat((first_, second_), dim=-1), GptOssExperts._apply_gate, GptOssTopKRouter's
         # softmax(router_top_value, dim=1, dtype=router_top_value.dtype).
-        attn_sinks=shape.attn_sinks, rope_cat=shape.attn_sinks, clamped_swiglu=shape.clamped_swiglu,
+        attn_sinks=shape.attn_sinks, rope_cat=shape.rope_cat, clamped_swiglu=shape.clamped_swiglu,
         router_topk_softmax=shape.clamped_swiglu,
     )
 

@@ -556,6 +556,13 @@ class ModelShape:
         return self.family == "gpt_oss"
 
     @property
+    def rope_cat(self) -> bool:
+        """RoPE returns q and k as torch.cat outputs, (b, heads, s, d)-contiguous: GPT-OSS's _apply_rotary_emb
+        (`torch.cat((first_, second_), dim=-1)`, transformers 5.23 modeling_gpt_oss.py). Phi-3 (fused_proj) and MLA
+        (mla) cat theirs too and are told apart by those facts."""
+        return self.family == "gpt_oss"
+
+    @property
     def clamped_swiglu(self) -> bool:
         """GPT-OSS's experts: gate_up's interleaved gate and up columns clamped at swiglu_limit, then
         (up + 1) * gate * sigmoid(alpha * gate) (GptOssExperts._apply_gate), not silu(gate) * up."""
