@@ -25,6 +25,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -67,7 +68,10 @@ def ledger_row(tmp: Path, env: dict[str, str]) -> dict:
     times = {}
     for path in sorted((ROOT / "benchmarks" / "published").glob("*/*.toml")):
         job = tmp / "ledger-job.toml"
-        job.write_text(path.read_text().split("[published]")[0])
+        # A model config named relative to the case (hf_config = "dir/config.json") stays the case's own.
+        text = re.sub(r'^(hf_config\s*=\s*")([^"/][^"]*)"', lambda m: f'{m[1]}{path.parent / m[2]}"',
+                      path.read_text().split("[published]")[0], flags=re.M)
+        job.write_text(text)
         argv = ["bin/preflight", "--no-probe", "--config", str(job)]
         times[f"{path.parent.name}/{path.stem}"] = min(timed(argv, env, ok=(0, 1)) for _ in range(3))
     slowest = max(times, key=times.get)
