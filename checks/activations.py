@@ -129,6 +129,7 @@ class BlockFacts:
     rope_cat: bool = False  # RoPE returns q and k as torch.cat outputs, (b, heads, s, d)-contiguous (GPT-OSS)
     clamped_swiglu: bool = False  # routed experts' clamped SwiGLU on one gate_up output (ModelShape.clamped_swiglu)
     router_topk_softmax: bool = False  # the router keeps a softmax over its top-k logits only, in their dtype
+    bank_bytes: int = 0  # the dtype transformers 5.x experts' grouped matmuls run in (bank_dtype_bytes); 0: autocast's
 
 
 def block_facts(job, device: str = "cuda", sliding: bool = False) -> BlockFacts:
@@ -203,7 +204,20 @@ def block_facts(job, device: str = "cuda", sliding: bool = False) -> BlockFacts:
         # softmax(router_top_value, dim=1, dtype=router_top_value.dtype).
         attn_sinks=shape.attn_sinks, rope_cat=shape.rope_cat, clamped_swiglu=shape.clamped_swiglu,
         router_topk_softmax=shape.clamped_swiglu,
+        bank_bytes=bank_dtype_bytes(job),
     )
+
+
+def bank_dtype_bytes(job) -> int:
+    """The dtype a transformers 5.x MoE's routed experts compute in: their 3-D banks' own. _grouped_mm (5.23
+    integrations/moe.py) is not autocast-enabled and runs `input.to(weight.dtype)`, so fp32 banks compute in fp32:
+    fp32 masters under autocast, and a base prepared for k-bit training (peft prepare_model_for_kbit_training casts
+    every parameter but Params4bit to fp32, and bitsandbytes quantizes no 3-D bank). 0 where the experts are no
+    transformers 5.x banks (nn.Linear experts, torchtitan's, which casts to bf16 itself): autocast rules."""
+    f, shape = job.facts, job.shape
+    if not (shape.moe and not shape.expert_linears and f.stack.transformers_release):
+        return 0
+    return 4 if (f.autocast and not f.lora) or f.kbit_prepared else job.train.compute_bytes
 
 
 def math_upcast(job) -> bool:
@@ -378,15 +392,22 @@ class Trace:
         return out
 
     def linear(self, x: Tensor, fan_in: float, fan_out: float, name: str, copies: float = 1.0,
-               module: bool = True) -> Tensor:
+               module: bool = True, grouped: bool = False) -> Tensor:
         """`fan_in`/`fan_out`: widths per token (a routed expert's are top_k copies of its own, `copies`);
-        `module`: an nn.Linear, which bitsandbytes may quantize and LoRA adapt (not a 3-D bank)."""
+        `module`: an nn.Linear, which bitsandbytes may quantize and LoRA adapt (not a 3-D bank); `grouped`: a 3-D
+        bank's grouped matmul, which runs in the bank's dtype where BlockFacts.bank_bytes says so."""
         f = self.facts
         inp = x
-        if f.autocast and x.bytes == 4 * fan_in:  # autocast's per-call cast of an fp32 input
+        out_bytes = f.e
+        if grouped and f.bank_bytes:
+            out_bytes = f.bank_bytes
+            if x.dtype_bytes != out_bytes:  # _grouped_mm's input.to(weight.dtype)
+                inp = self.new(f"{name}: input cast to the bank's dtype", fan_in, out_bytes)
+                self.op([x], [inp])
+        elif f.autocast and x.bytes == 4 * fan_in:  # autocast's per-call cast of an fp32 input
             inp = self.new(f"{name}: autocast input cast", fan_in, f.e)
             self.op([x], [inp])
-        out = self.new(f"{name}: output", fan_out, f.e)
+        out = self.new(f"{name}: output", fan_out, out_bytes)
         trained = f.weights_trainable and module
         # A bank peft adapts is a new weight W + B A that requires grad: its matmul keeps its input for that.
         self.op([inp], [out], saved=(inp,) if f.weights_trainable or name in f.lora_banks else (),
@@ -662,8 +683,10 @@ class Trace:
             # Phi3MLP: gate_up_proj's output chunked into gate and up, two views of one storage.
             gate = up = self.linear(y, f.hidden, 2 * ffn, "gate_up_proj")
         else:
-            gate = self.linear(y, f.hidden * per_token, ffn * per_token, prefix + gate_name, per_token, module)
-            up = self.linear(y, f.hidden * per_token, ffn * per_token, prefix + up_name, per_token, module)
+            gate = self.linear(y, f.hidden * per_token, ffn * per_token, prefix + gate_name, per_token, module,
+                               grouped=not module)
+            up = self.linear(y, f.hidden * per_token, ffn * per_token, prefix + up_name, per_token, module,
+                             grouped=not module)
         prod = self.new(prefix + "silu(gate) * up", ffn * per_token, max(gate.dtype_bytes, up.dtype_bytes))
         if f.liger:
             # LigerSiLUMulFunction (liger_kernel/ops/swiglu.py): c = empty_like(a), ctx.save_for_backward(a, b);
@@ -673,7 +696,8 @@ class Trace:
             act = self.new(prefix + "silu(gate)", ffn * per_token, gate.dtype_bytes)
             self.op([gate], [act], saved=(gate,))  # SiluBackward keeps its input
             self.op([act, up], [prod], saved=(act, up))  # the product keeps both factors
-        out = self.linear(prod, ffn * per_token, f.hidden * per_token, prefix + down_name, per_token, module)
+        out = self.linear(prod, ffn * per_token, f.hidden * per_token, prefix + down_name, per_token, module,
+                          grouped=not module)
         self.hold(y)
         return out
 
@@ -686,7 +710,7 @@ class Trace:
         nothing): 2 + 5 ffn values per routed row where silu(gate) * up keeps 4."""
         f = self.facts
         w = ffn * k
-        gate_up = self.linear(y, f.hidden * k, 2 * w, prefix + "gate_up_proj", k, module)
+        gate_up = self.linear(y, f.hidden * k, 2 * w, prefix + "gate_up_proj", k, module, grouped=not module)
         e = gate_up.dtype_bytes
         gate = self.new(prefix + "gate, clamped", w, e)
         self.op([gate_up], [gate], saved=(gate_up,))
@@ -702,7 +726,7 @@ class Trace:
         self.op([up], [up1])
         prod = self.new(prefix + "(up + 1) x glu", w, e)
         self.op([up1, glu], [prod], saved=(up1, glu))
-        out = self.linear(prod, w, f.hidden * k, prefix + down_name, k, module)
+        out = self.linear(prod, w, f.hidden * k, prefix + down_name, k, module, grouped=not module)
         self.hold(y)
         return out
 

@@ -440,3 +440,29 @@ def test_gpt_oss_sink_softmax_under_autocast(job, tmp_path):
         kept[seq] = (measured, seq * sum(v for k, v in priced.items() if k.endswith("(s x s)") or k in attention))
     (lo_real, lo_podkit), (hi_real, hi_podkit) = kept[SEQS[0]], kept[SEQS[1]]
     assert hi_real - lo_real == hi_podkit - lo_podkit == 5040 * (SEQS[1] - SEQS[0])
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
+def test_moe_banks_run_in_fp32_under_autocast(job, tmp_path, family):
+    # fp32 masters under CPU autocast (bf16-mixed, a full fine-tune): transformers 5.x's experts call _grouped_mm, which
+    # is not autocast-enabled and runs `input.to(weight.dtype)` (integrations/moe.py): on fp32 banks the gathered
+    # tokens, gate, up, their product and the down output are all fp32, where autocast's nn.Linear layers would be
+    # bf16. podkit once priced them in bf16 (1492 B per token short on a tiny GPT-OSS, found in its review).
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    (tmp_path / "config.json").write_text(json.dumps({**BASE, **TINY[family]}))
+    per_seq = {}
+    for seq in SEQS:
+        j = job(model=f'hf_config = "{tmp_path / "config.json"}"',
+                train=f"stack = 'hf'\nprecision = 'bf16-mixed'\ncheckpointing = 'none'\nseq_len = {seq}\n"
+                      "attention = 'eager'")
+        assert j.facts.autocast and A.block_facts(j, "cpu").bank_bytes == 4
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tmp_path), dtype=torch.float32,
+                                                 attn_implementation="eager").train()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            saved = _saved_storages(model, seq)
+        measured = sum(t.untyped_storage().nbytes() for name, t in saved if ".layers.1." in name + ".")
+        per_seq[seq] = (measured, seq * sum(A.saved_per_token(A.block_facts(j, "cpu"), "none", True).values()))
+    (lo_real, lo_podkit), (hi_real, hi_podkit) = per_seq[SEQS[0]], per_seq[SEQS[1]]
+    assert (hi_real - lo_real) - (hi_podkit - lo_podkit) == ROUTING_BOOKKEEPING[family] * (SEQS[1] - SEQS[0])

@@ -676,10 +676,12 @@ def test_moe_lora_on_banks_keeps_no_per_token_adapter_outputs(job):
     assert not any(k.startswith("experts.") and "lora" in k
                    for k in A.saved_per_token(A.block_facts(j), "none", moe_layer=True))
     # The routing weights still need a gradient (it reaches the hidden states through the frozen
-    # router), so their product keeps the expert outputs: top_k bf16 copies of h per token.
+    # router), so their product keeps the expert outputs: top_k copies of h per token, in the banks' dtype (fp32
+    # here: the stack's prepare_model_for_kbit_training casts the unquantized banks to fp32, activations.bank_dtype_bytes).
     bf = A.block_facts(j)
     saved = A.saved_per_token(bf, "none", moe_layer=True)
-    assert saved["experts.down_proj: output"] == 2 * 4096 * 2
+    assert j.facts.kbit_prepared and bf.bank_bytes == 4
+    assert saved["experts.down_proj: output"] == 2 * 4096 * 4
     # A 3-D bank is no nn.Linear: even a target naming it adapts nothing there.
     named = dataclasses.replace(bf, targets=frozenset({"experts.gate_proj"}), lora_dropout=True)
     assert not any(k.startswith("experts.") and "lora" in k for k in A.saved_per_token(named, "none", moe_layer=True))
