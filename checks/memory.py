@@ -33,7 +33,7 @@ from podkit.checks import fsdp1, step_replay
 from podkit.checks.allocator import round_size, segment_size
 from podkit.checks.config import JobConfig
 from podkit.checks.gpus import GpuSpec
-from podkit.checks.models import ParamGroup
+from podkit.checks.models import EMBEDDING_GROUPS, ParamGroup
 from podkit.checks.stacks import (TORCHAO_OPTIMIZERS, adapted_banks, padded_batches, parse_version, past_window,
                                   targeted)
 
@@ -253,10 +253,16 @@ def frozen_groups(job: JobConfig) -> list[tuple[ParamGroup, float]]:
         if quant != "none" and g.linear and not g.bank and (g.per_layer or head_too):
             # LLM.int8 (Dettmers et al. 2022): int8 weights plus an fp32 scale per output row.
             per = nf4_bytes(job) if quant == "nf4" else 1 + 4 / g.rows
+        elif job.facts.kbit_prepared and g.name not in EMBEDDING_GROUPS:
+            # prepare_model_for_kbit_training (peft utils/other.py) casts every fp16/bf16 parameter that is not a
+            # Params4bit to fp32: the norms, biases, routers and a transformers 5.x MoE's expert banks; TRL's
+            # peft_module_casting_to_bf16 casts only embed_tokens and lm_head back (JobFacts.kbit_prepared).
+            per = 4
         else:
             per = e
         out.append((g, per))
     return out
+
 
 
 FOLDED_BANKS = "expert banks rebuilt with their LoRA (peft ParamWrapper)"
@@ -281,7 +287,8 @@ def _bank_folds(job: JobConfig, ac: str) -> dict[str, int]:
     gate_up, down, _ = adapted_banks(job.shape.family, job.facts.peft_banks)
     if not (gate_up or down):
         return {}  # the router's rebuilt (experts, hidden) weight is a few KiB
-    s, e = job.shape, job.train.compute_bytes
+    s = job.shape
+    e = A.bank_dtype_bytes(job) or job.train.compute_bytes  # W's dtype: fp32 where k-bit preparation cast it
     unit = s.moe.experts * s.moe.expert_ffn * s.hidden * e
     # get_delta_factors hands baddbmm the adapters `.to(W.dtype)`, which baddbmm keeps: copies when they differ.
     # (FSDP's mixed-precision gather and DeepSpeed's engine already hand them over in the compute dtype).

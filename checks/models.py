@@ -15,6 +15,10 @@ from pathlib import Path
 from podkit.checks.errors import ConfigError, closest
 
 
+EMBEDDING_GROUPS = ("embed_tokens", "wte", "wpe", "lm_head")
+"""The token and position embeddings and the LM head, as param_groups names them."""
+
+
 @dataclass(frozen=True)
 class ParamGroup:
     """`count` identical parameter tensors of shape (rows, cols); cols == 1 for vectors."""
@@ -495,7 +499,7 @@ class ModelShape:
     @property
     def embedding_params(self) -> int:
         """Token (and learned position) embeddings, plus the LM head when untied."""
-        return sum(g.total for g in self.param_groups() if g.name in ("embed_tokens", "wte", "wpe", "lm_head"))
+        return sum(g.total for g in self.param_groups() if g.name in EMBEDDING_GROUPS)
 
     @property
     def vision_params(self) -> int:

@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from podkit.checks import activations as A
 from podkit.checks.errors import ConfigError
 from podkit.checks.memory import FOLDED_BANKS, _bank_folds, estimate, trainable_params
 
@@ -180,3 +181,35 @@ def test_rebuilt_banks_alive_in_backward(job, tmp_path, checkpointing):
     folds = _bank_folds(j, j.facts.ac_policy)
     assert peak["backward"] == folds["bwd"]
     assert peak["forward"] == (folds["fwd"] if checkpointing == "none" else folds["last"])
+
+
+def test_kbit_prepared_banks_are_fp32_and_compute_in_fp32(job):
+    # QLoRA of a transformers 5 MoE under TRL (bf16-mixed: prepare_model_for_kbit_training): bitsandbytes quantizes no
+    # 3-D bank, and peft's prepare casts every parameter but Params4bit to fp32 (utils/other.py), so Qwen3-30B-A3B's
+    # routed experts (48 layers x 128 experts x 3 x 768 x 2048) are held at 4 B each, and TRL casts back only the
+    # embeddings and head. Their grouped matmuls then run in fp32 (transformers integrations/moe.py _grouped_mm:
+    # input.to(weight.dtype)), so every routed row's activations are fp32 too.
+    from podkit.checks.memory import frozen_groups
+
+    j = job(model='preset = "qwen3-30b-a3b"', train="stack = 'hf'\ntransformers = '5.23.0'\nprecision = 'bf16-mixed'\n"
+            "lora_rank = 16\nlora_targets = ['q_proj', 'v_proj']\nbase_quant = 'nf4'")
+    assert j.facts.kbit_prepared and not j.shape.expert_linears
+    per = {g.name: p for g, p in frozen_groups(j)}
+    banks = [g for g, _ in frozen_groups(j) if g.bank]
+    assert sum(g.total for g in banks) == 48 * 128 * 3 * 768 * 2048 == j.shape.routed_params
+    assert {per[g.name] for g in banks} == {4} and per["embed_tokens"] == per["lm_head"] == 2
+    bf = A.block_facts(j)
+    assert bf.bank_bytes == 4
+    kept = A.saved_per_token(bf, "none", True)
+    # gate and up outputs of the top 8 routed copies, 768 wide each, in fp32 (saved by silu and the product)
+    assert kept["experts.gate_proj: output"] == kept["experts.up_proj: output"] == 8 * 768 * 4
+    # Without k-bit preparation the bf16 banks compute in bf16.
+    plain = job(model='preset = "qwen3-30b-a3b"', train="stack = 'hf'\ntransformers = '5.23.0'\n"
+                "precision = 'bf16-mixed'\nlora_rank = 16\nlora_targets = ['q_proj', 'v_proj']\nbase_quant = 'nf4'\n"
+                "kbit_prepare = 'off'")
+    assert A.block_facts(plain).bank_bytes == 2 and {p for g, p in frozen_groups(plain) if g.bank} == {2}
+    # peft's rebuilt banks W + BA (ParamWrapper) are in W's dtype: fp32, and the fp32 adapters need no cast for it.
+    folded = job(model='preset = "qwen3-30b-a3b"', train="stack = 'hf'\ntransformers = '5.23.0'\n"
+                 "precision = 'bf16-mixed'\nlora_rank = 16\nlora_targets = 'all-linear'\nbase_quant = 'nf4'\n"
+                 "checkpointing = 'none'")
+    assert _bank_folds(folded, "none")["fwd"] == 48 * 3 * (128 * 768 * 2048 * 4)
