@@ -351,7 +351,8 @@ def quantized_experts(job: JobConfig) -> CheckResult:
                            f"({experts / 1e9:.2f}B parameters)")
     # transformers >= 5.0 holds them as 3-D Parameters that replace_with_bnb_linear skips
     # (ModelShape.expert_linears); bitsandbytes issue #1849.
-    e, per = t.compute_bytes, nf4_bytes(job) if t.base_quant == "nf4" else 1.0
+    # prepare_model_for_kbit_training casts them to fp32 (memory.frozen_groups).
+    e, per = 4 if job.facts.kbit_prepared else t.compute_bytes, nf4_bytes(job) if t.base_quant == "nf4" else 1.0
     fix = ("run transformers 4.x and say so (train.transformers = '4.57.1'): it builds each expert as an "
            f"nn.Linear that bitsandbytes quantizes, {gib(experts * per)} instead"
            if job.facts.stack.transformers_release else "expect them in 16 bits")
