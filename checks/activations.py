@@ -202,7 +202,8 @@ def block_facts(job, device: str = "cuda", sliding: bool = False) -> BlockFacts:
         # transformers 5.23 modeling_gpt_oss.py: eager_attention_forward's sink column, _apply_rotary_emb's
         # torch.cat((first_, second_), dim=-1), GptOssExperts._apply_gate, GptOssTopKRouter's
         # softmax(router_top_value, dim=1, dtype=router_top_value.dtype).
-        attn_sinks=shape.attn_sinks, rope_cat=shape.rope_cat, clamped_swiglu=shape.clamped_swiglu,
+        attn_sinks=shape.attn_sinks, rope_cat=shape.rope_cat and not (kernel == "flash" and flash3_sinks(job)),
+        clamped_swiglu=shape.clamped_swiglu,
         router_topk_softmax=shape.clamped_swiglu,
         bank_bytes=bank_dtype_bytes(job),
     )
@@ -218,6 +219,17 @@ def bank_dtype_bytes(job) -> int:
     if not (shape.moe and not shape.expert_linears and f.stack.transformers_release):
         return 0
     return 4 if (f.autocast and not f.lora) or f.kbit_prepared else job.train.compute_bytes
+
+
+def flash3_sinks(job) -> bool:
+    """Whether a GPT-OSS job's flash path runs kernels-community/vllm-flash-attn3: transformers 5.10+ lists it first in
+    GptOssPreTrainedModel._compatible_flash_implementations and swaps flash_attention_2/3 for it on CUDA
+    (modeling_utils.py _check_and_adjust_attn_implementation; read in 5.10, 5.11, 5.12 and 5.23, absent in 5.0). Its
+    mha_fwd (kernels-community vllm-flash-attn3/flash-attn/flash_api.cpp) allocates the output as
+    `torch::empty({batch_size, seqlen_q, num_heads, head_size_v})`, (b, s, heads, d)-contiguous whatever q's layout,
+    so o_proj takes a view of it; the flash-attn package's empty_like(q) follows RoPE's torch.cat layout instead."""
+    t = job.train
+    return job.shape.attn_sinks and (not t.transformers or parse_version(t.transformers) >= (5, 10))
 
 
 def math_upcast(job) -> bool:
@@ -657,7 +669,7 @@ class Trace:
             self.op([out], [o_in])
         # A flash kernel allocates its output like q (CUDA flash_api.cpp mha_fwd `out = at::empty_like(q_padded)`, the
         # CPU flash kernel alike): a q that torch.cat built (Phi3's apply_rotary_pos_emb, MLA's query, GPT-OSS's
-        # _apply_rotary_emb: BlockFacts.rope_cat) is
+        # _apply_rotary_emb: BlockFacts.rope_cat, but for its vllm-flash-attn3 kernel, flash3_sinks) is
         # (b, heads, s, d)-contiguous, so the output is too, and the copy back to (b, s, heads x d) is real. An
         # output cropped back to v's head dim (MLA's padded v) is copied whatever its layout.
         heads_first = f.kernel not in ("flash", "efficient") or (

@@ -99,11 +99,26 @@ def test_router_keeps_its_top_k_softmax_only(job):
     assert "router scores (softmax or sigmoid)" not in saved
 
 
-def test_flash_output_is_copied_back_for_o_proj(job):
-    # _apply_rotary_emb's torch.cat makes q (b, heads, s, d)-contiguous; a flash kernel allocates its output like q,
-    # so `attn_output.reshape(...).contiguous()` copies it (64 x 64 x 2 B per token), which a trained o_proj keeps.
-    saved = A.saved_per_token(A.block_facts(_block(job, lora=False, attention="flash-attn")), "none", True)
+def test_flash_output_is_copied_back_for_o_proj_before_5_10(job):
+    # _apply_rotary_emb's torch.cat makes q (b, heads, s, d)-contiguous; transformers 5.0 runs flash_attention_2 as
+    # asked (no _compatible_flash_implementations), and the flash-attn package allocates its output like q, so
+    # `attn_output.reshape(...).contiguous()` copies it (64 x 64 x 2 B per token), which a trained o_proj keeps.
+    train = "stack = 'hf'\nprecision = 'bf16'\nattention = 'flash-attn'\ntransformers = '5.0.0'"
+    j = job(model=GPT_OSS_20B, train=train)
+    saved = A.saved_per_token(A.block_facts(j), "none", True)
     assert saved["attention output made contiguous"] == 64 * 64 * 2
+
+
+@pytest.mark.parametrize("release", ["", "5.10.0", "5.23.0"])
+def test_vllm_flash_attn3_output_is_not_copied(job, release):
+    # transformers 5.10+ swaps flash_attention_2 for kernels-community/vllm-flash-attn3 on CUDA
+    # (GptOssPreTrainedModel._compatible_flash_implementations), whose mha_fwd allocates its output
+    # (b, s, heads, d)-contiguous whatever q's layout: o_proj takes a view of what the kernel saved, no copy.
+    # podkit once priced the copy (64 x 64 x 2 B per token and layer) as for the flash-attn package.
+    train = "stack = 'hf'\nprecision = 'bf16'\nattention = 'flash-attn'"
+    train += f"\ntransformers = '{release}'" if release else ""
+    saved = A.saved_per_token(A.block_facts(job(model=GPT_OSS_20B, train=train)), "none", True)
+    assert "attention output made contiguous" not in saved
 
 
 @pytest.mark.parametrize("stack", ["hf", "deepspeed"])
