@@ -230,9 +230,15 @@ class TrainConfig:
     torchtitan: str = ""
     """The torchtitan release the torchtitan stack runs, when it matters ("" = a current release; a main-branch
     commit is named by the last release before it, e.g. "0.1.0" for July 2025): before 0.2.0 a MoE layer's shared
-    experts were one GroupedExperts(num_experts=1), 3-D (1, dim, hidden) Parameters (models/deepseek_v3/model/
-    moe.py and experiments/llama4/model/moe.py until pytorch/torchtitan 7354848d, PR #1561, which made them a
+    experts were one GroupedExperts(num_experts=1), 3-D (1, dim, hidden) Parameters (torchtitan/models/moe.py,
+    experiments/llama4/model/moe.py in 0.1.0, until pytorch/torchtitan 7354848d, PR #1561, which made them a
     FeedForward), whose dim 0 of size 1 FSDP2 cannot split (memory.fsdp2_stored)."""
+    trl: str = ""
+    """The TRL release the hf stack's SFTTrainer runs, when it matters ("" = a current release): before 0.26.0 it
+    runs peft's prepare_model_for_kbit_training on a quantized base that is not FSDP-sharded (0.13.0
+    sft_trainer.py l.182-233; 0.22-0.25 trl/models/utils.py prepare_peft_model), whose fp32 casts train.kbit_prepare
+    describes; from 0.26.0 (huggingface/trl 2af35fb0d, PR #4577) it does not, and casts a quantized model's trainable
+    parameters, the adapters, to bf16 instead (sft_trainer.py `param.data = param.data.to(torch.bfloat16)`)."""
     transformers: str = ""
     """The transformers release the hf and deepspeed stacks run, when it matters ("" = a current
     release): it decides the loss path (4.46-4.48 also copy the fp32 logits shifted), the Trainer's
@@ -248,7 +254,8 @@ class TrainConfig:
     ran its longest batch first)."""
     kbit_prepare: str = "stack"
     """Whether peft's prepare_model_for_kbit_training runs on the quantized base: "stack" (hf: where TRL's
-    SFTTrainer runs it, a QLoRA base not sharded by FSDP, with bf16-mixed or fp16-mixed) | "on" | "off". It
+    SFTTrainer runs it, before TRL 0.26 (train.trl), a QLoRA base not sharded by FSDP, with bf16-mixed or
+    fp16-mixed) | "on" (your own script calls it) | "off". It
     makes every 16-bit parameter fp32 and TRL casts the embeddings and head back under bf16, so the norms
     stay fp32 and the residual stream turns fp32 after the first block (stacks.JobFacts.kbit_prepared)."""
     padding: str = "stack"
@@ -312,6 +319,8 @@ class TrainConfig:
             raise ConfigError("train.torch", f"{self.torch!r} is not a version", "e.g. \"2.4.0\"")
         if self.torchtitan and not stacks.parse_version(self.torchtitan):
             raise ConfigError("train.torchtitan", f"{self.torchtitan!r} is not a version", "e.g. \"0.1.0\"")
+        if self.trl and not stacks.parse_version(self.trl):
+            raise ConfigError("train.trl", f"{self.trl!r} is not a version", "e.g. \"0.25.1\"")
         if self.transformers:
             release = stacks.parse_version(self.transformers)
             if not release:

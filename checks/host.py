@@ -19,6 +19,7 @@ from podkit.envsetup.fingerprint import Gpu
 PACKAGES = {
     "torch": "torch",
     "transformers": "transformers",
+    "trl": "trl",
     "bitsandbytes": "bitsandbytes",
     "torchao": "torchao",
     "flash-attn": "flash_attn",

@@ -517,7 +517,7 @@ def dependencies(job: JobConfig, facts: HostFacts) -> CheckResult:
 
 
 # The releases a prediction reads (train.<key>): each changes facts of some jobs (stacks.resolve).
-VERSION_KEYS = ("transformers", "bitsandbytes", "torch")
+VERSION_KEYS = ("transformers", "bitsandbytes", "torch", "trl")
 
 
 def versions(job: JobConfig, facts: HostFacts) -> CheckResult:

@@ -197,8 +197,9 @@ class Stack:
     (runtime/bf16_optimizer.py, zero/stage_1_and_2.py, zero/stage3.py), 16-bit gradients, and its own
     ZeRO-3 gradient bucket."""
     kbit_prepare: bool = False
-    """A quantized base that each rank loads whole (not FSDP-sharded) goes through peft's
-    prepare_model_for_kbit_training before the adapters are added (JobFacts.kbit_prepared)."""
+    """The stack trains with TRL's SFTTrainer: before TRL 0.26 a quantized base that each rank loads whole (not
+    FSDP-sharded) goes through peft's prepare_model_for_kbit_training before the adapters are added
+    (JobFacts.kbit_prepared); from 0.26 a quantized model's adapters are cast to bf16 instead (trl_prepares_kbit)."""
     checkpoint_around_unit: bool = False
     """Per-block activation checkpointing wraps the call of the block's FSDP unit (the model's loop runs
     checkpoint(decoder_layer.__call__, ...) on the wrapped layer), rather than running inside the unit's
@@ -282,9 +283,10 @@ STACK_FACTS: dict[str, Stack] = {
               "accelerate utils/dataclasses.py, accelerator.py",
               fsdp_init_on_device=True, lora_units=True, fsdp_no_sync=True, quantized_load_on_gpu=True,
               adapter_input_cast=True, transformers_release=True,
-              # TRL's SFTTrainer (0.13.0 sft_trainer.py l.182-233) calls prepare_model_for_kbit_training on a
-              # model loaded in 4 or 8 bits unless its Params4bit sit on cpu/meta (an FSDP-sharded QLoRA),
-              # then, with args.bf16, peft_module_casting_to_bf16 (trl/trainer/utils.py).
+              # TRL's SFTTrainer before 0.26 (0.13.0 sft_trainer.py l.182-233) calls prepare_model_for_kbit_training
+              # on a model loaded in 4 or 8 bits unless its Params4bit sit on cpu/meta (an FSDP-sharded QLoRA),
+              # then, with args.bf16, peft_module_casting_to_bf16 (trl/trainer/utils.py); from 0.26 it casts the
+              # adapters of a quantized model to bf16 instead (trl_prepares_kbit).
               kbit_prepare=True),
         # DeepSpeed via the HF Trainer integration: the same transformers model, loss and checkpointing
         # (so the same train.transformers facts) and peft defaults; the step runs inside DeepSpeed's
@@ -578,6 +580,13 @@ def adapted_banks(family: str, moved: tuple[str, ...]) -> tuple[bool, bool, bool
         return False, False, False
     router, fused_first, _, down = PEFT_BANK_NAMES[PEFT_BANK_PATTERN[family]]
     return fused_first in moved, down in moved, router in moved
+
+
+def trl_prepares_kbit(train) -> bool:
+    """Whether the job's TRL (train.trl; "" = a current release) runs prepare_model_for_kbit_training on a quantized
+    base: releases before 0.26.0. huggingface/trl 2af35fb0d (PR #4577, "Clean up model preparation", first in 0.26.0)
+    removed the call from SFTTrainer."""
+    return bool(train.trl) and parse_version(train.trl) < (0, 26)
 
 
 def router_adapter_runs(family: str, transformers: str) -> bool:
@@ -1104,7 +1113,7 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
     # The stack's default applies where podkit models it: under autocast (TRL's bf16=True, which casts the
     # embeddings and head back). Without it the prepared model runs every matmul in fp32: not modelled.
     kbit = (train.kbit_prepare == "on" or (train.kbit_prepare == "stack" and stack.kbit_prepare and autocast
-                                           and train.base_quant != "none"))
+                                           and train.base_quant != "none" and trl_prepares_kbit(train)))
     if kbit and not autocast and not replica:
         from podkit.checks.errors import ConfigError
 
@@ -1116,6 +1125,11 @@ def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
     around = fsdp and fsdp_version == 1 and ac == "block" and reentrant and around_unit
     adapter = (0 if not lora else 4 if lora_dtype == "fp32" or train.compute_bytes == 4
                else 2 if lora_dtype == "compute" or train.pure_16bit else 4)
+    if (lora and stack.kbit_prepare and train.lora_dtype == "stack" and train.base_quant != "none"
+            and not trl_prepares_kbit(train) and not replica):
+        # TRL >= 0.26 SFTTrainer: `if is_loaded_in_4bit or is_loaded_in_8bit: for param in model.parameters():
+        # if param.requires_grad: param.data = param.data.to(torch.bfloat16)` (v0.26.0 sft_trainer.py l.715-718).
+        adapter = 2
     if train.padding != "stack" and not stack.transformers_release and not replica:
         from podkit.checks.errors import ConfigError
 

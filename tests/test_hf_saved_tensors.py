@@ -376,7 +376,7 @@ def test_deepseek_router_weight_casts_by_precision(job, tmp_path, precision, lor
     (tmp_path / "config.json").write_text(json.dumps({**BASE, **TINY["deepseek_v3"]}))
     train = f"stack = 'hf'\ntransformers = '5.23.0'\nprecision = '{precision}'\ncheckpointing = 'none'\n"
     if lora_quant:
-        train += f"lora_rank = 4\nlora_targets = ['q_a_proj']\nbase_quant = '{lora_quant}'\n"
+        train += f"lora_rank = 4\nlora_targets = ['q_a_proj']\nbase_quant = '{lora_quant}'\ntrl = '0.25.1'\n"
     j = job(model=f'hf_config = "{tmp_path / "config.json"}"', train=train)
     assert (j.facts.autocast, j.facts.kbit_prepared) == (precision != "fp32", bool(lora_quant))
     torch.manual_seed(0)

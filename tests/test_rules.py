@@ -341,9 +341,9 @@ def test_quantized_experts_warns_when_bitsandbytes_skips_expert_banks(job):
     # Mixtral 8x7B: 32 layers x 8 experts x 3 x 4096 x 14336 = 45.1B expert weights, 84.0 GiB in bf16.
     assert result.status == "warn" and "84.0 GiB, 97% of the weights" in result.message
     assert "train.transformers = '4.57.1'" in result.fix
-    # Under autocast TRL's prepare_model_for_kbit_training casts them to fp32: twice that.
+    # Under autocast TRL's prepare_model_for_kbit_training (before TRL 0.26) casts them to fp32: twice that.
     result = rules.quantized_experts(job(model=moe, train=qlora.replace("'bf16'", "'bf16-mixed'")
-                                         + "transformers = '5.0.0'"))
+                                         + "transformers = '5.0.0'\ntrl = '0.25.1'"))
     assert "32-bit" in result.message and "168.0 GiB" in result.message
     # A stack with no transformers release to change (torchtitan's GroupedExperts are 3-D too).
     assert rules.quantized_experts(job(model=moe, train=qlora.replace("'hf'", "'torchtitan'"))).fix == \

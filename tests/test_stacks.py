@@ -308,7 +308,7 @@ def test_old_bitsandbytes_keeps_quantized_inputs_even_under_checkpointing(job):
         # transformers 4.39 (bitsandbytes 0.42's time): the Trainer's checkpoint is reentrant by default.
         j = job(model=LLAMA8B, train=f"lora_rank = 16\nbase_quant = 'nf4'\nprecision = 'bf16'\nseq_len = 512\n"
                                       f"stack = '{stack}'\ncheckpointing = '{ckpt}'\nbitsandbytes = '{bnb}'\n"
-                                      f"transformers = '4.39.3'")
+                                      f"transformers = '4.39.3'\ntrl = '0.8.6'")
         return part(estimate(j), "saved activations", "forward-end")
 
     # Inputs of q/k/v (one shared normed tensor, h), gate/up (h), down (ffn), bf16; o_proj's input is
@@ -330,7 +330,7 @@ def test_old_bitsandbytes_keeps_quantized_inputs_while_a_checkpointed_block_reco
     def in_backward(bnb):
         j = job(model=LLAMA8B, train=f"lora_rank = 16\nbase_quant = 'nf4'\nprecision = 'bf16'\nseq_len = 512\n"
                                       f"stack = 'hf'\ncheckpointing = 'full'\nbitsandbytes = '{bnb}'\n"
-                                      f"transformers = '4.39.3'")
+                                      f"transformers = '4.39.3'\ntrl = '0.8.6'")
         return part(estimate(j), "one block in backward", "backward")
 
     assert in_backward("0.43.0") - in_backward("0.43.2") == 512 * (2 * H + F) * 2
@@ -676,12 +676,12 @@ def test_moe_lora_on_banks_keeps_no_per_token_adapter_outputs(job):
     assert not any(k.startswith("experts.") and "lora" in k
                    for k in A.saved_per_token(A.block_facts(j), "none", moe_layer=True))
     # The routing weights still need a gradient (it reaches the hidden states through the frozen
-    # router), so their product keeps the expert outputs: top_k copies of h per token, in the banks' dtype (fp32
-    # here: the stack's prepare_model_for_kbit_training casts the unquantized banks to fp32, activations.bank_dtype_bytes).
+    # router), so their product keeps the expert outputs: top_k copies of h per token, in the banks' dtype (bf16:
+    # a current TRL prepares nothing; tests/test_lora_banks.py has the fp32 banks of a k-bit-prepared base).
     bf = A.block_facts(j)
     saved = A.saved_per_token(bf, "none", moe_layer=True)
-    assert j.facts.kbit_prepared and bf.bank_bytes == 4
-    assert saved["experts.down_proj: output"] == 2 * 4096 * 4
+    assert not j.facts.kbit_prepared and bf.bank_bytes == 2
+    assert saved["experts.down_proj: output"] == 2 * 4096 * 2
     # A 3-D bank is no nn.Linear: even a target naming it adapts nothing there.
     named = dataclasses.replace(bf, targets=frozenset({"experts.gate_proj"}), lora_dropout=True)
     assert not any(k.startswith("experts.") and "lora" in k for k in A.saved_per_token(named, "none", moe_layer=True))
@@ -696,7 +696,7 @@ def test_moe_lora_on_banks_keeps_no_per_token_adapter_outputs(job):
 
 
 MIXTRAL_QLORA = ("stack = 'hf'\nprecision = 'bf16'\nlora_rank = 16\nlora_targets = 'all-linear'\nbase_quant = 'nf4'\n"
-                 "checkpointing = 'full'\nseq_len = 2048\n")
+                 "checkpointing = 'full'\nseq_len = 2048\ntrl = '0.25.1'\n")
 
 
 def test_transformers_4_experts_are_linears_that_bitsandbytes_quantizes_and_peft_adapts(job):
@@ -772,7 +772,8 @@ def test_which_stacks_build_experts_as_linears(job):
         assert _step_transient(j, j.shape.param_groups(), 2, 1)[0] == 2 * largest * 2
 
 
-MISTRAL_TRL_QLORA = ("stack = 'hf'\ntransformers = '4.48.1'\nbitsandbytes = '0.43.3'\nprecision = 'bf16-mixed'\n"
+MISTRAL_TRL_QLORA = ("stack = 'hf'\ntransformers = '4.48.1'\ntrl = '0.13.0'\nbitsandbytes = '0.43.3'\n"
+                     "precision = 'bf16-mixed'\n"
                      "lora_rank = 16\nlora_targets = ['q_proj', 'k_proj', 'v_proj', 'o_proj']\nbase_quant = 'nf4'\n"
                      "checkpointing = 'full'\nattention = 'flash-attn'\nseq_len = 4096\nmicro_batch = 4\n")
 
@@ -811,6 +812,31 @@ def test_trl_prepares_a_single_gpu_qlora_base_and_its_stream_turns_fp32(job):
     # back to bf16 for F.linear: 4 + 2 B per weight of the largest linear.
     assert part(estimate(one), "dequantized weight", "backward") == 14336 * h * 6
     assert part(estimate(off), "dequantized weight", "backward") == 14336 * h * 2
+
+
+def test_trl_0_26_prepares_nothing_and_casts_the_adapters_to_bf16(job):
+    # huggingface/trl 2af35fb0d (PR #4577, first in 0.26.0) removed SFTTrainer's prepare_model_for_kbit_training; for
+    # a model loaded in 4 or 8 bits it casts every trainable parameter, the adapters, to bf16 instead (v0.26.0
+    # sft_trainer.py l.715-718). A job that names no TRL release is priced as a current one.
+    current = MISTRAL_TRL_QLORA.replace("trl = '0.13.0'\n", "")
+    now = job(model='preset = "mistral-7b"', train=current, cluster="gpu = 'A100-80GB'")
+    old = job(model='preset = "mistral-7b"', train=MISTRAL_TRL_QLORA, cluster="gpu = 'A100-80GB'")
+    assert not now.facts.kbit_prepared and now.facts.adapter_bytes == 2
+    assert old.facts.kbit_prepared and old.facts.adapter_bytes == 4
+    assert job(model='preset = "mistral-7b"', train=current + "trl = '0.26.0'",
+               cluster="gpu = 'A100-80GB'").facts == now.facts
+    # The stream stays bf16: the checkpointed block inputs are 2 B per value (fp32 after the first block before).
+    h, layers, tokens = 4096, 32, 4 * 4096
+    assert part(estimate(now), "saved activations", "forward-end") < part(estimate(old), "saved activations",
+                                                                          "forward-end") - (layers - 2) * 2 * h * tokens
+    # Your own script's prepare_model_for_kbit_training is still priced when said so; a LoRA base is never cast.
+    assert job(model='preset = "mistral-7b"', train=current + "kbit_prepare = 'on'",
+               cluster="gpu = 'A100-80GB'").facts.kbit_prepared
+    lora = job(model='preset = "mistral-7b"', train=current.replace("base_quant = 'nf4'\n", ""),
+               cluster="gpu = 'A100-80GB'")
+    assert lora.facts.adapter_bytes == 4
+    with pytest.raises(ConfigError, match="train.trl"):
+        job(train="trl = 'latest'")
 
 
 def test_kbit_prepare_asks_for_what_podkit_models(job):
