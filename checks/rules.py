@@ -230,7 +230,8 @@ def flash_attention(job: JobConfig) -> CheckResult:
                            # SDPA has no soft-cap: transformers before 5.21 drops it there, 5.21+ refuses SDPA;
                            # nor sinks (stacks.gpt_oss_runnable)
                            "use attention = 'flash-attn' (it soft-caps inside its kernel)" if shape.attn_softcap
-                           else "use attention = 'flash-attn' (kernels-community/vllm-flash-attn3 takes the sinks)"
+                           else "use attention = 'flash-attn' (kernels-community/vllm-flash-attn3 takes the sinks "
+                           "in its forward; its backward gives them no gradient)"
                            if shape.attn_sinks else "use attention = 'sdpa'")
     if (t.attention == "sdpa" and shape.attn_softcap and job.facts.stack.transformers_release
             and (stacks.parse_version(t.transformers) if t.transformers else (99,)) >= (5, 21)):

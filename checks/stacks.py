@@ -985,7 +985,8 @@ def gpt_oss_runnable(train, stack: Stack) -> None:
         raise ConfigError("train.attention", "transformers has no SDPA path for GPT-OSS's attention sinks "
                           "(GptOssPreTrainedModel._supports_sdpa = False: attn_implementation='sdpa' raises; "
                           "a load that names none runs eager)",
-                          "set attention = 'eager' (its default) or 'flash-attn' (kernels-community/vllm-flash-attn3)")
+                          "set attention = 'eager' (its default) or 'flash-attn' (kernels-community/vllm-flash-attn3, "
+                          "whose backward leaves the sinks untrained)")
 
 
 def resolve(train, cluster, shape, replica: bool = False) -> JobFacts:
