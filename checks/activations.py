@@ -155,6 +155,7 @@ def block_facts(job, device: str = "cuda", sliding: bool = False) -> BlockFacts:
     # none of it).
     mask_values = (f.attn_mask.layer_values_per_token(t.seq_len, t.micro_batch, kernel)
                    if f.attn_mask and kernel in ("flash", "efficient") else 0)
+    fp32_router = router_fp32(job)
     return BlockFacts(
         hidden=shape.hidden, q_dim=shape.q_dim, kv_dim=shape.kv_dim, ffn=shape.dense_ffn, heads=shape.heads,
         moe=shape.moe,
@@ -193,18 +194,18 @@ def block_facts(job, device: str = "cuda", sliding: bool = False) -> BlockFacts:
         flash_repad=f.flash_repad,
         mla=shape.mla,
         mla_value=mla_value(job, kernel) if shape.mla else "",
-        router_fp32=router_fp32(job),
+        router_fp32=fp32_router,
         # DeepseekV3TopkRouter's `router_logits.sigmoid()` (4.51-5.23) keeps its output in the logits' dtype, which
         # autocast's F.linear makes the compute dtype whatever the fp32 copies; the others' softmax is fp32
         # (`softmax(..., dtype=torch.float32)`, Mixtral's `router_logits.float()`).
-        router_scores_bytes=e if router_fp32(job) and f.autocast and shape.family == "deepseek_v3" else 4,
+        router_scores_bytes=e if fp32_router and f.autocast and shape.family == "deepseek_v3" else 4,
         math_fp32=kernel == "math" and math_upcast(job),
         # transformers 5.23 modeling_gpt_oss.py: eager_attention_forward's sink column, _apply_rotary_emb's
         # torch.cat((first_, second_), dim=-1), GptOssExperts._apply_gate, GptOssTopKRouter's
         # softmax(router_top_value, dim=1, dtype=router_top_value.dtype).
         attn_sinks=shape.attn_sinks, rope_cat=shape.rope_cat and not (kernel == "flash" and flash3_sinks(job)),
         clamped_swiglu=shape.clamped_swiglu,
-        router_topk_softmax=shape.clamped_swiglu,
+        router_topk_softmax=shape.router_topk_softmax,
         bank_bytes=bank_dtype_bytes(job),
     )
 

@@ -567,6 +567,12 @@ class ModelShape:
         return self.family == "gpt_oss"
 
     @property
+    def router_topk_softmax(self) -> bool:
+        """The router keeps a softmax over its top-k logits only, in their dtype: GptOssTopKRouter
+        (`softmax(router_top_value, dim=1, dtype=router_top_value.dtype)`, transformers 5.23 modeling_gpt_oss.py)."""
+        return self.family == "gpt_oss"
+
+    @property
     def clamped_swiglu(self) -> bool:
         """GPT-OSS's experts: gate_up's interleaved gate and up columns clamped at swiglu_limit, then
         (up + 1) * gate * sigmoid(alpha * gate) (GptOssExperts._apply_gate), not silu(gate) * up."""
