@@ -320,8 +320,8 @@ def _router_casts(job: JobConfig, ac: str) -> dict[str, int]:
     (prepare_model_for_kbit_training casts every non-4-bit parameter to fp32). The router is no nn.Linear, so the
     autocast weight cache priced beside it leaves it out; autocast caches the cast of an fp32 master that trains
     for its whole region (aten autocast_mode.cpp cached_cast: `arg.requires_grad() && arg.is_leaf()`), every MoE
-    layer's, checkpointed or not, and casts the others anew at each call. A checkpointed block keeps none in its first forward, only while it is recomputed.
-    Verified on a tiny real DeepSeek-V3 (tests/test_hf_saved_tensors.py)."""
+    layer's, checkpointed or not, and casts the others anew at each call. A checkpointed block keeps none in its
+    first forward, only while it is recomputed. Verified on a tiny real DeepSeek-V3 (tests/test_hf_saved_tensors.py)."""
     f, s, t = job.facts, job.shape, job.train
     if not A.router_fp32(job) or (not f.autocast and t.compute_bytes == 4):
         return {}
