@@ -116,7 +116,7 @@ class BlockFacts:
     mask_values: int = 0  # values per token of the mask copy each layer's fused SDPA kernel keeps, or 0
     flash_repad: bool = False  # the attention output is padded back into a new tensor (JobFacts.flash_repad)
     attn_softcap: bool = False  # eager attention soft-caps its scores (ModelShape.attn_softcap): tanh keeps s x s
-    norm_scaled_fp32: bool = False  # the norm scales in fp32, casts after: Gemma's, GPT-OSS's (ModelShape.norm_scaled_fp32)
+    norm_scaled_fp32: bool = False  # the norm scales in fp32, casts after: Gemma, GPT-OSS (ModelShape.norm_scaled_fp32)
     fused_proj: bool = False  # one qkv_proj and one gate_up_proj, sliced into views (JobFacts.fused_proj)
     v_copied: bool = False  # SDPA gets a contiguous copy of v (JobFacts.sdpa_contiguous), not a view of a fused qkv
     sandwich_norms: bool = False  # the attention's and the MLP's outputs normed before each residual add
