@@ -162,7 +162,7 @@ def test_uneven_routing_reserves_segments_that_even_shares_reuse(job, tmp_path):
     # (16.8 GiB for the step's activations and loss) reuse.
     mixtral = job(model='preset = "mixtral-8x7b"', train=MOE_LORA.replace("micro_batch = 8", "micro_batch = 4")
                   .replace("seq_len = 1024", "seq_len = 4096").replace('"bf16"', '"bf16-mixed"')
-                  + '\nbase_quant = "nf4"\nlora_dtype = "compute"\nbitsandbytes = "0.43.3"',
+                  + '\nbase_quant = "nf4"\nlora_dtype = "compute"\nbitsandbytes = "0.43.3"\ntrl = "0.13.0"',
                   cluster='gpu = "A100-80GB"')
     bf, s = A.block_facts(mixtral), mixtral.shape
     even = step_replay._replay(bf, s.layers, s.vocab, s.hidden, 2, 4, 4 * 4096, True)
